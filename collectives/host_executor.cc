@@ -1,0 +1,325 @@
+#include "collectives/host_executor.h"
+
+#include <poll.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace loom::collectives {
+
+void schedulePeers(const Schedule& schedule, std::vector<int>* sendPeers,
+                   std::vector<int>* recvPeers) {
+  sendPeers->clear();
+  recvPeers->clear();
+  for (const auto& phase : schedule.phases) {
+    for (const auto& st : phase) {
+      if (st.count == 0) continue;
+      for (int i = 0; i < st.nsend; ++i) sendPeers->push_back(st.sendPeers[i]);
+      for (int i = 0; i < st.nrecv; ++i) recvPeers->push_back(st.recvPeers[i]);
+    }
+  }
+  for (auto* v : {sendPeers, recvPeers}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+}
+
+namespace {
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+struct StepState {
+  const Step* step = nullptr;
+  size_t pieces = 0;
+  size_t done = 0;
+  transport::SendConnection* send[kMaxStepPeers] = {nullptr, nullptr};
+  transport::RecvConnection* recv[kMaxStepPeers] = {nullptr, nullptr};
+  // Connection keys: (peer << 1) | isSend.
+  int keys[2 * kMaxStepPeers];
+  int nkeys = 0;
+  bool finished() const { return done == pieces; }
+};
+
+class PhaseRunner {
+ public:
+  PhaseRunner(const ExecArgs& a, ConnectionProvider& c) : args_(a), conns_(c) {
+    esize_ = dataTypeSize(a.type);
+    pieceElems_ = std::max<size_t>(1, a.pieceBytes / esize_);
+  }
+
+  Status run(const Phase& phase) {
+    LOOM_TRY(setUp(phase));
+    Clock::time_point lastProgress = Clock::now();
+    Clock::time_point lastCheck = lastProgress;
+    int idle = 0;
+    const int64_t spinLimit = args_.spinUs > 0 ? args_.spinUs : 50;
+    while (true) {
+      bool progressed = false;
+      bool allDone = true;
+      for (size_t i = 0; i < states_.size(); ++i) {
+        StepState& s = states_[i];
+        if (s.finished()) continue;
+        allDone = false;
+        if (!eligible(i)) continue;
+        // A few pieces at a time, so that the other steps of the phase move too.
+        for (int burst = 0; burst < 4 && !s.finished(); ++burst) {
+          LOOM_ASSIGN_OR_RETURN(bool moved, advance(s));
+          if (!moved) break;
+          progressed = true;
+        }
+        if (s.finished()) retire(i);
+      }
+      if (allDone) return Status::ok();
+      if (progressed) {
+        idle = 0;
+        lastProgress = Clock::now();
+        continue;
+      }
+      // Nothing moved: let the transports work, then wait politely.
+      for (auto* sc : activeSends_) LOOM_TRY(sc->progress());
+      ++idle;
+      Clock::time_point now = Clock::now();
+      auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(now - lastProgress).count();
+      if (idleUs < spinLimit) {
+        cpuRelax();
+      } else {
+        fds_.clear();
+        for (auto* sc : activeSends_) sc->addPollFds(&fds_);
+        for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
+        if (!fds_.empty() && allPollable()) {
+          ::poll(fds_.data(), fds_.size(), 1);
+        } else if (idleUs < 2000) {
+          sched_yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+      }
+      if (now - lastCheck > std::chrono::milliseconds(100)) {
+        lastCheck = now;
+        LOOM_TRY(checkHealth(now, lastProgress));
+      }
+    }
+  }
+
+ private:
+  Status setUp(const Phase& phase) {
+    states_.clear();
+    states_.resize(phase.size());
+    keyQueues_.clear();
+    activeSends_.clear();
+    activeRecvs_.clear();
+    for (size_t i = 0; i < phase.size(); ++i) {
+      StepState& s = states_[i];
+      s.step = &phase[i];
+      s.pieces = (s.step->count + pieceElems_ - 1) / pieceElems_;
+      if (s.pieces == 0) continue;
+      for (int j = 0; j < s.step->nsend; ++j) {
+        int p = s.step->sendPeers[j];
+        s.send[j] = conns_.sendConnection(p);
+        if (!s.send[j]) return errorf(Code::kInternalError, "no send connection to rank %d", p);
+        s.keys[s.nkeys++] = (p << 1) | 1;
+        addUnique(&activeSends_, s.send[j]);
+      }
+      for (int j = 0; j < s.step->nrecv; ++j) {
+        int p = s.step->recvPeers[j];
+        s.recv[j] = conns_.recvConnection(p);
+        if (!s.recv[j]) return errorf(Code::kInternalError, "no recv connection from rank %d", p);
+        s.keys[s.nkeys++] = p << 1;
+        addUnique(&activeRecvs_, s.recv[j]);
+      }
+      for (int k = 0; k < s.nkeys; ++k) keyQueues_[s.keys[k]].push_back(i);
+    }
+    return Status::ok();
+  }
+
+  template <typename T>
+  static void addUnique(std::vector<T*>* v, T* p) {
+    if (std::find(v->begin(), v->end(), p) == v->end()) v->push_back(p);
+  }
+
+  bool allPollable() const {
+    for (auto* sc : activeSends_) if (!sc->pollable()) return false;
+    for (auto* rc : activeRecvs_) if (!rc->pollable()) return false;
+    return true;
+  }
+
+  // Steps sharing a connection use it in phase order.
+  bool eligible(size_t i) const {
+    const StepState& s = states_[i];
+    for (int k = 0; k < s.nkeys; ++k) {
+      const auto& q = keyQueues_.at(s.keys[k]);
+      if (q.front() != i) return false;
+    }
+    return true;
+  }
+
+  void retire(size_t i) {
+    StepState& s = states_[i];
+    for (int k = 0; k < s.nkeys; ++k) {
+      auto& q = keyQueues_[s.keys[k]];
+      if (!q.empty() && q.front() == i) q.erase(q.begin());
+    }
+    s.nkeys = 0;
+  }
+
+  char* bufferAt(const Region& r) const {
+    switch (r.buffer) {
+      case Buffer::kInput: return const_cast<char*>(static_cast<const char*>(args_.input)) + r.offset * esize_;
+      case Buffer::kOutput: return static_cast<char*>(args_.output) + r.offset * esize_;
+      case Buffer::kAbsolute: return reinterpret_cast<char*>(r.offset);
+      default: return nullptr;
+    }
+  }
+
+  // Moves one piece of step `s` if every slot it needs is ready.
+  Result<bool> advance(StepState& s) {
+    const Step& st = *s.step;
+    void* sendSlot[kMaxStepPeers] = {nullptr, nullptr};
+    const void* recvData[kMaxStepPeers] = {nullptr, nullptr};
+    size_t first = s.done * pieceElems_;
+    size_t elems = std::min(pieceElems_, st.count - first);
+    size_t bytes = elems * esize_;
+    for (int j = 0; j < st.nrecv; ++j) {
+      size_t got = 0;
+      LOOM_ASSIGN_OR_RETURN(const void* p, s.recv[j]->tryRecv(&got));
+      if (!p) {
+        waitingOn_ = st.recvPeers[j];
+        waitingSend_ = false;
+        return false;
+      }
+      if (got != bytes) {
+        return errorf(Code::kInvalidUsage,
+                      "rank %d sent %zu bytes where %zu were expected: the ranks called "
+                      "different operations or counts",
+                      st.recvPeers[j], got, bytes);
+      }
+      recvData[j] = p;
+    }
+    for (int j = 0; j < st.nsend; ++j) {
+      LOOM_ASSIGN_OR_RETURN(void* p, s.send[j]->trySendSlot());
+      if (!p) {
+        waitingOn_ = st.sendPeers[j];
+        waitingSend_ = true;
+        return false;
+      }
+      sendSlot[j] = p;
+    }
+    const char* src = st.src.buffer == Buffer::kNone ? nullptr : bufferAt(st.src) + first * esize_;
+    char* dst = st.dst.buffer == Buffer::kNone ? nullptr : bufferAt(st.dst) + first * esize_;
+    char* target = st.nsend > 0 ? static_cast<char*>(sendSlot[0]) : dst;
+    if (target && elems > 0) {
+      compute(st, target, src, recvData, elems);
+      if (dst && dst != target) std::memcpy(dst, target, bytes);
+      for (int j = 1; j < st.nsend; ++j) std::memcpy(sendSlot[j], target, bytes);
+    }
+    for (int j = 0; j < st.nsend; ++j) LOOM_TRY(s.send[j]->postSend(bytes));
+    for (int j = 0; j < st.nrecv; ++j) LOOM_TRY(s.recv[j]->releaseRecv());
+    ++s.done;
+    return true;
+  }
+
+  void compute(const Step& st, char* target, const char* src, const void* const* recv,
+               size_t elems) {
+    const size_t bytes = elems * esize_;
+    const Schedule& sch = *args_.schedule;
+    if (sch.reduces) {
+      int r0 = 0;
+      if (src && st.nrecv > 0) {
+        reduceWithLocal(args_.type, args_.op, target, src, recv[0], elems);
+        r0 = 1;
+      } else if (src) {
+        applyPreOp(args_.type, args_.op, target, src, elems);
+      } else if (st.nrecv > 0) {
+        if (target != recv[0]) std::memcpy(target, recv[0], bytes);
+        r0 = 1;
+      }
+      for (int j = r0; j < st.nrecv; ++j) reduce(args_.type, args_.op, target, target, recv[j], elems);
+      if (st.final && hasPostOp(args_.op)) applyPostOp(args_.type, args_.op, target, target, elems);
+    } else {
+      const void* from = src ? static_cast<const void*>(src) : recv[0];
+      if (from && from != target) std::memcpy(target, from, bytes);
+    }
+  }
+
+  Status checkHealth(Clock::time_point now, Clock::time_point lastProgress) {
+    if (args_.abortFlag && args_.abortFlag->load(std::memory_order_relaxed)) {
+      return errorf(Code::kSystemError, "%s on rank %d: aborted by ncclCommAbort",
+                    args_.what.c_str(), args_.rank);
+    }
+    for (auto* sc : activeSends_) {
+      Status st = sc->checkPeer();
+      if (!st) return st.withContext(args_.what + " on rank " + std::to_string(args_.rank));
+    }
+    for (auto* rc : activeRecvs_) {
+      Status st = rc->checkPeer();
+      if (!st) return st.withContext(args_.what + " on rank " + std::to_string(args_.rank));
+    }
+    auto idleMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - lastProgress).count();
+    if (args_.timeoutMs >= 0 && idleMs > args_.timeoutMs) {
+      return errorf(Code::kRemoteError,
+                    "%s on rank %d: no progress for %lld ms while %s rank %d (LOOM_TIMEOUT_MS=%lld); "
+                    "that rank may be stuck, dead, or calling a different operation",
+                    args_.what.c_str(), args_.rank, (long long)idleMs,
+                    waitingSend_ ? "sending to" : "receiving from", waitingOn_,
+                    (long long)args_.timeoutMs);
+    }
+    return Status::ok();
+  }
+
+  const ExecArgs& args_;
+  ConnectionProvider& conns_;
+  size_t esize_ = 1;
+  size_t pieceElems_ = 1;
+  std::vector<StepState> states_;
+  std::map<int, std::vector<size_t>> keyQueues_;
+  std::vector<transport::SendConnection*> activeSends_;
+  std::vector<transport::RecvConnection*> activeRecvs_;
+  std::vector<pollfd> fds_;
+  int waitingOn_ = -1;
+  bool waitingSend_ = false;
+
+ public:
+  const std::vector<transport::SendConnection*>& sends() const { return activeSends_; }
+};
+
+}  // namespace
+
+Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
+  const Schedule& sch = *args.schedule;
+  std::vector<int> sendPeers, recvPeers;
+  schedulePeers(sch, &sendPeers, &recvPeers);
+  LOOM_TRY(conns.ensureConnected(sendPeers, recvPeers));
+  PhaseRunner runner(args, conns);
+  for (const auto& phase : sch.phases) LOOM_TRY(runner.run(phase));
+  // Everything posted must have left this process before the call returns: nobody
+  // drives these connections between operations.
+  Deadline deadline = Deadline::afterMs(args.timeoutMs, args.abortFlag);
+  for (int p : sendPeers) {
+    transport::SendConnection* sc = conns.sendConnection(p);
+    while (!sc->flushed()) {
+      LOOM_TRY(sc->progress());
+      if (sc->flushed()) break;
+      std::vector<pollfd> fds;
+      sc->addPollFds(&fds);
+      ::poll(fds.data(), fds.size(), 1);
+      if (deadline.aborted() || deadline.expired()) {
+        return errorf(Code::kRemoteError, "%s on rank %d: rank %d is not draining its connection",
+                      args.what.c_str(), args.rank, p);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace loom::collectives

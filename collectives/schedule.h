@@ -1,0 +1,101 @@
+// Collectives as pure schedules: for rank r of n, the phases of steps it runs. An
+// executor (host_executor.h) runs them over connections; tests run them in a
+// simulator. Nothing here touches memory, sockets or time.
+//
+// A Step streams `count` elements in pieces. For each piece, in this order:
+//   acc  = src                        (pre-op applied when the collective reduces)
+//   acc  = acc (+) recv(p)  for each recv peer p, in order   (copy if there is no src)
+//   acc  = post(acc)                  when `final`
+//   dst  = acc;  send(acc) to each send peer
+// so one Step covers send, recv, recv-reduce-send, recv-reduce-copy(-send),
+// recv-copy-send and local copies. Steps of one Phase progress together (p2p, trees);
+// Phases run one after the other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::collectives {
+
+// kAbsolute: `offset` is itself a byte address (the p2p calls of a group, each with
+// its own buffer, run byte-wise).
+enum class Buffer : uint8_t { kNone = 0, kInput = 1, kOutput = 2, kAbsolute = 3 };
+
+struct Region {
+  Buffer buffer = Buffer::kNone;
+  size_t offset = 0;  // in elements (bytes of address for kAbsolute)
+};
+
+inline constexpr int kMaxStepPeers = 2;
+
+struct Step {
+  Region src;
+  Region dst;
+  size_t count = 0;
+  int recvPeers[kMaxStepPeers] = {-1, -1};
+  int sendPeers[kMaxStepPeers] = {-1, -1};
+  int nrecv = 0;
+  int nsend = 0;
+  bool final = false;  // apply the post-op (the result is complete after this step)
+
+  Step& recvFrom(int p) {
+    recvPeers[nrecv++] = p;
+    return *this;
+  }
+  Step& sendTo(int p) {
+    sendPeers[nsend++] = p;
+    return *this;
+  }
+};
+
+using Phase = std::vector<Step>;
+
+enum class CollType : uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kAllToAll,
+  kSendRecv,  // the p2p calls of a group
+};
+
+enum class Algorithm : uint8_t { kRing, kTree, kChain, kOneShot, kDirect };
+
+const char* collTypeName(CollType type);
+const char* algorithmName(Algorithm algo);
+
+struct Schedule {
+  bool reduces = false;  // src goes through the pre-op and recv data is reduced
+  std::vector<Phase> phases;
+  // Elements the Input and Output buffers must hold on this rank.
+  size_t inputCount = 0;
+  size_t outputCount = 0;
+};
+
+// Element range of chunk i when `count` is split into n near-equal chunks.
+void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
+
+// The schedules. `count` follows the C API: per-rank count for AllGather (sendcount)
+// and ReduceScatter (recvcount), per-peer block for AllToAll, total otherwise.
+Schedule ringAllReduce(int rank, int n, size_t count);
+Schedule treeAllReduce(int rank, int n, size_t count);    // double binary tree
+Schedule ringAllGather(int rank, int n, size_t count);
+Schedule ringReduceScatter(int rank, int n, size_t count);
+Schedule chainBroadcast(int rank, int n, size_t count, int root);
+Schedule treeBroadcast(int rank, int n, size_t count, int root);
+Schedule treeReduce(int rank, int n, size_t count, int root);
+Schedule directAllToAll(int rank, int n, size_t count);
+
+// The binary tree over positions 0..n-1 used by the tree schedules: parent (-1 for the
+// root) and children (0-2) of position p. Leaves are the even positions.
+struct TreeLinks {
+  int parent = -1;
+  int children[2] = {-1, -1};
+  int nchildren = 0;
+};
+TreeLinks binaryTree(int position, int n);
+
+}  // namespace loom::collectives

@@ -1,0 +1,346 @@
+#include <algorithm>
+
+#include "collectives/schedule.h"
+
+namespace loom::collectives {
+
+const char* collTypeName(CollType type) {
+  switch (type) {
+    case CollType::kAllReduce: return "AllReduce";
+    case CollType::kAllGather: return "AllGather";
+    case CollType::kReduceScatter: return "ReduceScatter";
+    case CollType::kBroadcast: return "Broadcast";
+    case CollType::kReduce: return "Reduce";
+    case CollType::kAllToAll: return "AllToAll";
+    case CollType::kSendRecv: return "SendRecv";
+  }
+  return "?";
+}
+
+const char* algorithmName(Algorithm algo) {
+  switch (algo) {
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kTree: return "tree";
+    case Algorithm::kChain: return "chain";
+    case Algorithm::kOneShot: return "oneshot";
+    case Algorithm::kDirect: return "direct";
+  }
+  return "?";
+}
+
+void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size) {
+  size_t base = count / n;
+  size_t extra = count % n;
+  size_t idx = static_cast<size_t>(i);
+  *offset = idx * base + std::min(idx, extra);
+  *size = base + (idx < extra ? 1 : 0);
+}
+
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+Region in(size_t off) { return {Buffer::kInput, off}; }
+Region out(size_t off) { return {Buffer::kOutput, off}; }
+
+Phase single(const Step& s) { return Phase{s}; }
+
+// The reduce-scatter half of a ring over `count` elements split into n chunks; rank r
+// ends with chunk r reduced. `finalToOutput(chunk)` gives where the final chunk goes;
+// `keepSending` makes the final step also forward it (for all-reduce).
+void ringReducePhases(Schedule* s, int r, int n, size_t count, bool inputIsChunked,
+                      size_t chunkCountForRS, bool allReduce) {
+  const int next = mod(r + 1, n);
+  const int prev = mod(r - 1, n);
+  auto range = [&](int c, size_t* off, size_t* sz) {
+    if (inputIsChunked) {
+      *off = static_cast<size_t>(c) * chunkCountForRS;
+      *sz = chunkCountForRS;
+    } else {
+      chunkRange(count, n, c, off, sz);
+    }
+  };
+  size_t off, sz;
+  // Step 0: send my contribution to chunk r-1.
+  range(mod(r - 1, n), &off, &sz);
+  Step first;
+  first.src = in(off);
+  first.count = sz;
+  first.sendTo(next);
+  s->phases.push_back(single(first));
+  // Steps 1..n-2: receive chunk r-s-1, add mine, pass on.
+  for (int st = 1; st <= n - 2; ++st) {
+    range(mod(r - st - 1, n), &off, &sz);
+    Step step;
+    step.src = in(off);
+    step.count = sz;
+    step.recvFrom(prev).sendTo(next);
+    s->phases.push_back(single(step));
+  }
+  // Step n-1: receive chunk r, add mine: the result is final.
+  range(r, &off, &sz);
+  Step last;
+  last.src = in(off);
+  last.count = sz;
+  last.recvFrom(prev);
+  last.final = true;
+  last.dst = allReduce ? out(off) : out(0);
+  if (allReduce) last.sendTo(next);
+  s->phases.push_back(single(last));
+}
+
+}  // namespace
+
+Schedule ringAllReduce(int r, int n, size_t count) {
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  if (n == 1) {
+    Step st;
+    st.src = in(0);
+    st.dst = out(0);
+    st.count = count;
+    st.final = true;
+    s.phases.push_back(single(st));
+    return s;
+  }
+  ringReducePhases(&s, r, n, count, false, 0, true);
+  const int next = mod(r + 1, n);
+  const int prev = mod(r - 1, n);
+  // All-gather half: receive chunk r-t, keep it, pass it on (but the last one).
+  for (int t = 1; t <= n - 1; ++t) {
+    size_t off, sz;
+    chunkRange(count, n, mod(r - t, n), &off, &sz);
+    Step st;
+    st.count = sz;
+    st.dst = out(off);
+    st.recvFrom(prev);
+    if (t < n - 1) st.sendTo(next);
+    s.phases.push_back(single(st));
+  }
+  return s;
+}
+
+Schedule ringReduceScatter(int r, int n, size_t recvcount) {
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = recvcount * n;
+  s.outputCount = recvcount;
+  if (n == 1) {
+    Step st;
+    st.src = in(0);
+    st.dst = out(0);
+    st.count = recvcount;
+    st.final = true;
+    s.phases.push_back(single(st));
+    return s;
+  }
+  ringReducePhases(&s, r, n, recvcount * n, true, recvcount, false);
+  return s;
+}
+
+Schedule ringAllGather(int r, int n, size_t sendcount) {
+  Schedule s;
+  s.reduces = false;
+  s.inputCount = sendcount;
+  s.outputCount = sendcount * n;
+  const int next = mod(r + 1, n);
+  const int prev = mod(r - 1, n);
+  Step first;
+  first.src = in(0);
+  first.dst = out(static_cast<size_t>(r) * sendcount);
+  first.count = sendcount;
+  if (n > 1) first.sendTo(next);
+  s.phases.push_back(single(first));
+  for (int t = 1; t <= n - 1; ++t) {
+    Step st;
+    st.count = sendcount;
+    st.dst = out(static_cast<size_t>(mod(r - t, n)) * sendcount);
+    st.recvFrom(prev);
+    if (t < n - 1) st.sendTo(next);
+    s.phases.push_back(single(st));
+  }
+  return s;
+}
+
+Schedule chainBroadcast(int r, int n, size_t count, int root) {
+  Schedule s;
+  s.reduces = false;
+  s.inputCount = r == root ? count : 0;
+  s.outputCount = count;
+  const int pos = mod(r - root, n);
+  Step st;
+  st.count = count;
+  st.dst = out(0);
+  if (pos == 0) {
+    st.src = in(0);
+  } else {
+    st.recvFrom(mod(r - 1, n));
+  }
+  if (pos < n - 1) st.sendTo(mod(r + 1, n));
+  s.phases.push_back(single(st));
+  return s;
+}
+
+TreeLinks binaryTree(int p, int n) {
+  // In-order binary tree on 1-based labels i = p + 1: the level of i is its lowest set
+  // bit; the parent of a level-k node is i -/+ 2^k (towards the other side of bit k+1),
+  // skipping labels past n. The root is the largest power of two <= n.
+  auto parentOf = [n](int i) {
+    int k = __builtin_ctz(static_cast<unsigned>(i));
+    int rootLabel = 1;
+    while (rootLabel * 2 <= n) rootLabel *= 2;
+    if (i == rootLabel) return -1;
+    int cur = i;
+    while (true) {
+      int step = 1 << k;
+      int par = (cur & (step << 1)) ? cur - step : cur + step;
+      if (par <= n) return par;
+      cur = par;
+      k = __builtin_ctz(static_cast<unsigned>(cur));
+    }
+  };
+  TreeLinks t;
+  int i = p + 1;
+  int par = parentOf(i);
+  t.parent = par < 0 ? -1 : par - 1;
+  for (int j = 1; j <= n; ++j) {
+    if (j != i && parentOf(j) == i && t.nchildren < 2) t.children[t.nchildren++] = j - 1;
+  }
+  return t;
+}
+
+namespace {
+
+// Tree position <-> rank for a tree rooted at `root`: positions are ranks rotated so
+// that the tree's root position maps to `root`.
+struct RootedTree {
+  int n, root, rootPos;
+  explicit RootedTree(int n_, int root_) : n(n_), root(root_) {
+    rootPos = 0;
+    for (int p = 0; p < n; ++p) {
+      if (binaryTree(p, n).parent < 0) rootPos = p;
+    }
+  }
+  int rankOf(int pos) const { return mod(pos - rootPos + root, n); }
+  int posOf(int rank) const { return mod(rank - root + rootPos, n); }
+};
+
+}  // namespace
+
+Schedule treeBroadcast(int r, int n, size_t count, int root) {
+  Schedule s;
+  s.reduces = false;
+  s.inputCount = r == root ? count : 0;
+  s.outputCount = count;
+  RootedTree rt(n, root);
+  TreeLinks t = binaryTree(rt.posOf(r), n);
+  Step st;
+  st.count = count;
+  st.dst = out(0);
+  if (t.parent < 0) {
+    st.src = in(0);
+  } else {
+    st.recvFrom(rt.rankOf(t.parent));
+  }
+  for (int c = 0; c < t.nchildren; ++c) st.sendTo(rt.rankOf(t.children[c]));
+  s.phases.push_back(single(st));
+  return s;
+}
+
+Schedule treeReduce(int r, int n, size_t count, int root) {
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = count;
+  s.outputCount = r == root ? count : 0;
+  RootedTree rt(n, root);
+  TreeLinks t = binaryTree(rt.posOf(r), n);
+  Step st;
+  st.count = count;
+  st.src = in(0);
+  for (int c = 0; c < t.nchildren; ++c) st.recvFrom(rt.rankOf(t.children[c]));
+  if (t.parent < 0) {
+    st.dst = out(0);
+    st.final = true;
+  } else {
+    st.sendTo(rt.rankOf(t.parent));
+  }
+  s.phases.push_back(single(st));
+  return s;
+}
+
+Schedule treeAllReduce(int r, int n, size_t count) {
+  if (n <= 2) return ringAllReduce(r, n, count);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  // Two trees, each carrying half the data. The second is the first mirrored (n even)
+  // or shifted by one (n odd), so a rank that is a leaf in one is inside the other.
+  Phase phase;
+  for (int tree = 0; tree < 2; ++tree) {
+    size_t off, sz;
+    chunkRange(count, 2, tree, &off, &sz);
+    auto posOf = [&](int rank) {
+      if (tree == 0) return rank;
+      return n % 2 == 0 ? n - 1 - rank : mod(rank + 1, n);
+    };
+    auto rankOf = [&](int pos) {
+      if (tree == 0) return pos;
+      return n % 2 == 0 ? n - 1 - pos : mod(pos - 1, n);
+    };
+    TreeLinks t = binaryTree(posOf(r), n);
+    Step up;
+    up.src = in(off);
+    up.count = sz;
+    for (int c = 0; c < t.nchildren; ++c) up.recvFrom(rankOf(t.children[c]));
+    if (t.parent < 0) {
+      // The root finishes the reduction and starts the broadcast in one pass.
+      up.final = true;
+      up.dst = out(off);
+      for (int c = 0; c < t.nchildren; ++c) up.sendTo(rankOf(t.children[c]));
+      phase.push_back(up);
+    } else {
+      up.sendTo(rankOf(t.parent));
+      phase.push_back(up);
+      Step down;
+      down.count = sz;
+      down.dst = out(off);
+      down.recvFrom(rankOf(t.parent));
+      for (int c = 0; c < t.nchildren; ++c) down.sendTo(rankOf(t.children[c]));
+      phase.push_back(down);
+    }
+  }
+  s.phases.push_back(phase);
+  return s;
+}
+
+Schedule directAllToAll(int r, int n, size_t count) {
+  Schedule s;
+  s.reduces = false;
+  s.inputCount = s.outputCount = count * n;
+  Phase phase;
+  Step self;
+  self.src = in(static_cast<size_t>(r) * count);
+  self.dst = out(static_cast<size_t>(r) * count);
+  self.count = count;
+  phase.push_back(self);
+  // Peers in a rotating order so that no rank is everyone's first target.
+  for (int k = 1; k < n; ++k) {
+    int to = mod(r + k, n);
+    int from = mod(r - k, n);
+    Step send;
+    send.src = in(static_cast<size_t>(to) * count);
+    send.count = count;
+    send.sendTo(to);
+    phase.push_back(send);
+    Step recv;
+    recv.dst = out(static_cast<size_t>(from) * count);
+    recv.count = count;
+    recv.recvFrom(from);
+    phase.push_back(recv);
+  }
+  s.phases.push_back(phase);
+  return s;
+}
+
+}  // namespace loom::collectives

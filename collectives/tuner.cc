@@ -1,0 +1,135 @@
+#include "collectives/tuner.h"
+
+#include <strings.h>
+
+#include <cmath>
+
+namespace loom::collectives {
+
+namespace {
+
+// Cost model: time = steps * latency + bytesOnBusiestLink / bandwidth. Latency and
+// bandwidth are per hop of the transports in use; only their ratio matters here.
+constexpr double kHopLatencyUs = 10.0;
+constexpr double kLinkGBs = 4.0;
+
+double ringAllReduceUs(size_t bytes, int n) {
+  return 2.0 * (n - 1) * kHopLatencyUs + 2.0 * (n - 1) / n * bytes / (kLinkGBs * 1e3);
+}
+
+double treeAllReduceUs(size_t bytes, int n) {
+  double depth = std::ceil(std::log2(static_cast<double>(n)));
+  // Each half crosses every tree link twice; an inner node moves 3x its half.
+  return 2.0 * depth * kHopLatencyUs + 1.5 * bytes / (kLinkGBs * 1e3);
+}
+
+bool algoAllowed(const std::string& forced, const char* name) {
+  if (forced.empty()) return true;
+  // NCCL syntax: comma list, optionally "^" to exclude.
+  bool exclude = forced[0] == '^';
+  std::string list = exclude ? forced.substr(1) : forced;
+  bool listed = false;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    std::string tok = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (strcasecmp(tok.c_str(), name) == 0) listed = true;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return exclude ? !listed : listed;
+}
+
+}  // namespace
+
+Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced) {
+  if (!forced.empty()) {
+    std::string f = forced[0] == '^' ? forced.substr(1) : forced;
+    size_t pos = 0;
+    while (pos <= f.size()) {
+      size_t comma = f.find(',', pos);
+      std::string tok = f.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      static const char* kKnown[] = {"ring", "tree", "chain", "direct", "nvls", "nvlstree",
+                                     "collnetdirect", "collnetchain", "pat"};
+      bool ok = false;
+      for (const char* k : kKnown) ok = ok || strcasecmp(tok.c_str(), k) == 0;
+      if (!ok) {
+        return errorf(Code::kInvalidArgument,
+                      "LOOM_ALGO/NCCL_ALGO names unknown algorithm '%s' (loom knows ring, tree, "
+                      "chain)", tok.c_str());
+      }
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+  TunerChoice c;
+  const size_t bytes = req.count * req.elemSize;
+  const int n = req.nranks;
+  switch (req.type) {
+    case CollType::kAllReduce: {
+      bool ring = algoAllowed(forced, "ring");
+      bool tree = algoAllowed(forced, "tree") && n > 2;
+      if (ring && tree) {
+        double r = ringAllReduceUs(bytes, n), t = treeAllReduceUs(bytes, n);
+        c.algo = t < r ? Algorithm::kTree : Algorithm::kRing;
+        c.reason = "cost model: ring " + std::to_string(r) + " us, tree " + std::to_string(t) + " us";
+      } else if (tree) {
+        c.algo = Algorithm::kTree;
+        c.reason = "forced by LOOM_ALGO";
+      } else {
+        c.algo = Algorithm::kRing;
+        c.reason = ring && !forced.empty() ? "forced by LOOM_ALGO" : "ring is the only choice";
+        if (!ring) c.reason = "no allowed algorithm fits " + std::to_string(n) + " ranks; using ring";
+      }
+      break;
+    }
+    case CollType::kBroadcast: {
+      bool chain = algoAllowed(forced, "chain") || algoAllowed(forced, "ring");
+      bool tree = algoAllowed(forced, "tree");
+      // A pipelined chain moves each byte once per link at full bandwidth; a tree halves
+      // the hops but sends twice from inner nodes: chain for large, tree for small.
+      if (tree && (!chain || (bytes < 256 * 1024 && n > 4))) {
+        c.algo = Algorithm::kTree;
+        c.reason = chain ? "small message over many ranks" : "forced by LOOM_ALGO";
+      } else {
+        c.algo = Algorithm::kChain;
+        c.reason = "pipelined chain";
+      }
+      break;
+    }
+    case CollType::kReduce:
+      c.algo = Algorithm::kTree;
+      c.reason = "reduce runs on a binary tree";
+      break;
+    case CollType::kAllGather:
+    case CollType::kReduceScatter:
+      c.algo = Algorithm::kRing;
+      c.reason = "ring";
+      break;
+    case CollType::kAllToAll:
+    case CollType::kSendRecv:
+      c.algo = Algorithm::kDirect;
+      c.reason = "direct exchange";
+      break;
+  }
+  return c;
+}
+
+Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
+  const int r = req.rank, n = req.nranks;
+  switch (req.type) {
+    case CollType::kAllReduce:
+      return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count) : ringAllReduce(r, n, req.count);
+    case CollType::kAllGather: return ringAllGather(r, n, req.count);
+    case CollType::kReduceScatter: return ringReduceScatter(r, n, req.count);
+    case CollType::kBroadcast:
+      return algo == Algorithm::kTree ? treeBroadcast(r, n, req.count, req.root)
+                                      : chainBroadcast(r, n, req.count, req.root);
+    case CollType::kReduce: return treeReduce(r, n, req.count, req.root);
+    case CollType::kAllToAll: return directAllToAll(r, n, req.count);
+    case CollType::kSendRecv: return Schedule{};
+  }
+  return Schedule{};
+}
+
+}  // namespace loom::collectives

@@ -1,0 +1,33 @@
+// Picks the algorithm for a collective from its type, size and rank count, with a
+// simple cost model; LOOM_ALGO / NCCL_ALGO override it. Also builds the schedule.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "collectives/schedule.h"
+#include "common/status.h"
+
+namespace loom::collectives {
+
+struct CollRequest {
+  CollType type = CollType::kAllReduce;
+  size_t count = 0;       // as the C API counts
+  size_t elemSize = 4;
+  int nranks = 1;
+  int rank = 0;
+  int root = 0;
+};
+
+struct TunerChoice {
+  Algorithm algo = Algorithm::kRing;
+  std::string reason;
+};
+
+// `forced` is the LOOM_ALGO text (empty: choose). Unknown names are an error; an
+// algorithm that does not exist for the collective falls back with the reason noted.
+Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced);
+
+Schedule buildSchedule(const CollRequest& req, Algorithm algo);
+
+}  // namespace loom::collectives

@@ -1,0 +1,463 @@
+#include "comm/communicator.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "collectives/tuner.h"
+#include "common/log.h"
+#include "common/settings.h"
+
+namespace loom::comm {
+
+namespace {
+
+uint64_t fnv(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Connection set-up messages: one per (sender, receiver) pair and direction.
+uint64_t connectTag(int sender, int receiver) {
+  return (1ull << 62) | (static_cast<uint64_t>(sender) << 28) | static_cast<uint64_t>(receiver);
+}
+
+}  // namespace
+
+uint64_t hostHash() {
+  std::string id = settings::getString("LOOM_HOST_ID");
+  if (id.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    id = host;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string b;
+    if (boot >> b) id += ":" + b;
+  }
+  return fnv(id);
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::create(const IdContents& id, int rank,
+                                                           int nranks,
+                                                           const CommOptions& options) {
+  std::unique_ptr<Communicator> c(new Communicator());
+  LOOM_TRY(c->init(id, rank, nranks, options));
+  return c;
+}
+
+Status Communicator::init(const IdContents& id, int rank, int nranks, const CommOptions& options) {
+  options_ = options;
+  rank_ = rank;
+  nranks_ = nranks;
+  timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
+  forcedAlgo_ = settings::getString("LOOM_ALGO");
+  log::RankScope scope(rank);
+  if (rank == 0 && id.fromEnv) {
+    IdContents rootId = id;
+    Status st = startRoot(&rootId, timeoutMs_);
+    if (!st) return st.withContext("rank 0 starting the bootstrap root at LOOM_COMM_ID");
+  }
+  LOOM_ASSIGN_OR_RETURN(bootstrap_, Bootstrap::join(id, rank, nranks, timeoutMs_, &abortFlag_));
+
+  transport::PeerInfo me;
+  me.rank = rank;
+  me.cudaDev = cudaDev_;
+  me.pid = getpid();
+  me.hostHash = hostHash();
+  struct stat st {};
+  me.shmDevHash = stat("/dev/shm", &st) == 0 ? static_cast<uint64_t>(st.st_dev) : 0;
+  gethostname(me.hostName, sizeof(me.hostName) - 1);
+  peers_.assign(nranks, transport::PeerInfo{});
+  peers_[rank] = me;
+  LOOM_TRY(bootstrap_->allGather(peers_.data(), sizeof(transport::PeerInfo)));
+  for (int r = 0; r < nranks; ++r) {
+    if (peers_[r].rank != r) {
+      return errorf(Code::kInternalError, "peer table entry %d holds rank %d", r, peers_[r].rank);
+    }
+  }
+
+  context_.self = me;
+  int64_t buff = settings::getInt("LOOM_BUFFSIZE");
+  int64_t steps = std::clamp<int64_t>(settings::getInt("LOOM_STEPS"), 2, 64);
+  if (buff < 4096 * steps) buff = 4096 * steps;
+  context_.fifo.slots = static_cast<int>(steps);
+  context_.fifo.slotBytes = static_cast<size_t>(buff / steps) / 64 * 64;
+  int64_t chunk = settings::getInt("LOOM_CHUNK_BYTES");
+  if (chunk > 0 && static_cast<size_t>(chunk) < context_.fifo.slotBytes) {
+    context_.fifo.slotBytes = static_cast<size_t>(chunk) / 64 * 64 + 64;
+  }
+  context_.abortFlag = &abortFlag_;
+  context_.commHash = fnv(std::to_string(id.secret[0]) + ":" + std::to_string(id.secret[1]));
+
+  // Transports, in order of preference.
+  std::string allowed = settings::getString("LOOM_TRANSPORTS");
+  auto want = [&](const char* name) {
+    if (allowed.empty()) return true;
+    return ("," + allowed + ",").find(std::string(",") + name + ",") != std::string::npos;
+  };
+  if (want("self") || true) transports_.push_back(transport::makeSelfTransport(context_));
+  if (want("shm")) transports_.push_back(transport::makeShmTransport(context_));
+  if (want("tcp")) {
+    auto tcp = transport::makeTcpTransport(context_);
+    if (!tcp) return tcp.status().withContext("setting up the tcp transport");
+    transports_.push_back(std::move(tcp).value());
+  }
+  sends_.resize(nranks);
+  recvs_.resize(nranks);
+  sendTransport_.assign(nranks, -1);
+  recvTransport_.assign(nranks, -1);
+  LOOM_INFO(kInit, "comm %s rank %d of %d on %s (pid %d), host memory, FIFO %d x %zu bytes%s%s",
+            options_.name.empty() ? "-" : options_.name.c_str(), rank, nranks, me.hostName,
+            (int)me.pid, context_.fifo.slots, context_.fifo.slotBytes,
+            allowed.empty() ? "" : ", LOOM_TRANSPORTS=", allowed.c_str());
+  logTopologyChoices();
+  return Status::ok();
+}
+
+void Communicator::logTopologyChoices() {
+  if (!log::enabled(log::kInfo, log::kInit)) return;
+  std::ostringstream ring;
+  for (int r = 0; r < nranks_; ++r) ring << r << (r + 1 < nranks_ ? " -> " : " -> 0");
+  LOOM_INFO(kInit, "ring: %s (rank order; ranks on one host are adjacent as launched)",
+            ring.str().c_str());
+  auto t = collectives::binaryTree(rank_, nranks_);
+  LOOM_INFO(kInit, "tree 0: parent %d, children %d %d; tree 1 mirrors it", t.parent,
+            t.children[0], t.children[1]);
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    auto sel = selectTransport(p);
+    if (sel) {
+      LOOM_INFO(kInit, "peer %d: would use %s (%s)", p, transports_[*sel]->name(),
+                peers_[p].hostHash == peers_[rank_].hostHash ? "same host" : "another host");
+    }
+  }
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lock(workMutex_);
+    stopWorker_ = true;
+  }
+  workCv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  sends_.clear();
+  recvs_.clear();
+  transports_.clear();
+}
+
+Result<int> Communicator::selectTransport(int peer) const {
+  std::string reasons;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    auto cap = transports_[i]->canConnect(peers_[rank_], peers_[peer]);
+    if (cap.reachable) return static_cast<int>(i);
+    reasons += std::string(" ") + transports_[i]->name() + ": " + cap.reason + ";";
+  }
+  return errorf(Code::kInvalidUsage, "no transport can reach rank %d from rank %d:%s "
+                "(check LOOM_TRANSPORTS)", peer, rank_, reasons.c_str());
+}
+
+Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
+                                     const std::vector<int>& recvPeers) {
+  std::vector<int> needSend, needRecv;
+  for (int p : sendPeers) if (!sends_[p]) needSend.push_back(p);
+  for (int p : recvPeers) if (!recvs_[p]) needRecv.push_back(p);
+  if (needSend.empty() && needRecv.empty()) return Status::ok();
+  Deadline deadline = Deadline::afterMs(timeoutMs_, &abortFlag_);
+  // 1. Receivers prepare and tell their senders how to reach them.
+  std::vector<std::unique_ptr<transport::RecvSetup>> setups(needRecv.size());
+  std::vector<int> setupTransport(needRecv.size());
+  for (size_t i = 0; i < needRecv.size(); ++i) {
+    int p = needRecv[i];
+    LOOM_ASSIGN_OR_RETURN(int t, selectTransport(p));
+    auto setup = transports_[t]->listen(peers_[p], deadline);
+    if (!setup) return setup.status().withContext("preparing the connection from rank " + std::to_string(p));
+    setups[i] = std::move(setup).value();
+    setupTransport[i] = t;
+    ConnectMessage msg{t, setups[i]->blob()};
+    if (p == rank_) {
+      // Talking to ourselves: no message, the sender side picks it up below.
+      selfMessage_ = msg;
+      continue;
+    }
+    LOOM_TRY(bootstrap_->send(p, connectTag(p, rank_), &msg, sizeof(msg)));
+  }
+  // 2. Senders connect.
+  for (int p : needSend) {
+    ConnectMessage msg{};
+    if (p == rank_) {
+      msg = selfMessage_;
+    } else {
+      LOOM_TRY(bootstrap_->recv(p, connectTag(rank_, p), &msg, sizeof(msg)));
+    }
+    if (msg.transport < 0 || msg.transport >= static_cast<int>(transports_.size())) {
+      return errorf(Code::kRemoteError,
+                    "rank %d chose transport #%d, which rank %d does not have (LOOM_TRANSPORTS "
+                    "must be the same on every rank)", p, msg.transport, rank_);
+    }
+    auto conn = transports_[msg.transport]->connect(peers_[p], msg.blob, deadline);
+    if (!conn) return conn.status().withContext("connecting to rank " + std::to_string(p));
+    sends_[p] = std::move(conn).value();
+    sendTransport_[p] = msg.transport;
+    LOOM_INFO(kInit, "connected to rank %d via %s", p, transports_[msg.transport]->name());
+  }
+  // 3. Receivers take the connections.
+  for (size_t i = 0; i < needRecv.size(); ++i) {
+    int p = needRecv[i];
+    auto conn = setups[i]->accept(deadline);
+    if (!conn) return conn.status().withContext("accepting the connection from rank " + std::to_string(p));
+    recvs_[p] = std::move(conn).value();
+    recvTransport_[p] = setupTransport[i];
+  }
+  return Status::ok();
+}
+
+transport::SendConnection* Communicator::sendConnection(int peer) {
+  return peer >= 0 && peer < nranks_ ? sends_[peer].get() : nullptr;
+}
+
+transport::RecvConnection* Communicator::recvConnection(int peer) {
+  return peer >= 0 && peer < nranks_ ? recvs_[peer].get() : nullptr;
+}
+
+std::string Communicator::transportTo(int peer) const {
+  if (peer < 0 || peer >= nranks_ || sendTransport_[peer] < 0) return "";
+  return transports_[sendTransport_[peer]]->name();
+}
+
+Result<int> Communicator::createPreMulSum(const void* scalar, DataType type,
+                                          ncclScalarResidence_t residence) {
+  std::lock_guard<std::mutex> lock(opsMutex_);
+  UserOp u;
+  u.live = true;
+  u.type = type;
+  if (residence == ncclScalarHostImmediate) {
+    u.scalar = loadAsDouble(type, scalar, 0);
+  } else {
+    u.devicePtr = scalar;  // host-memory communicators: read at call time
+  }
+  for (size_t i = 0; i < userOps_.size(); ++i) {
+    if (!userOps_[i].live) {
+      userOps_[i] = u;
+      return static_cast<int>(ncclNumOps + i);
+    }
+  }
+  userOps_.push_back(u);
+  return static_cast<int>(ncclNumOps + userOps_.size() - 1);
+}
+
+Status Communicator::destroyRedOp(int op) {
+  std::lock_guard<std::mutex> lock(opsMutex_);
+  size_t i = static_cast<size_t>(op - ncclNumOps);
+  if (op < ncclNumOps || i >= userOps_.size() || !userOps_[i].live) {
+    return errorf(Code::kInvalidArgument, "ncclRedOpDestroy: op %d was not created on this "
+                  "communicator (or is already destroyed)", op);
+  }
+  userOps_[i].live = false;
+  return Status::ok();
+}
+
+bool Communicator::validOp(int ncclOp) const {
+  if (ncclOp >= 0 && ncclOp < ncclNumOps) return true;
+  std::lock_guard<std::mutex> lock(opsMutex_);
+  size_t i = static_cast<size_t>(ncclOp - ncclNumOps);
+  return ncclOp >= ncclNumOps && i < userOps_.size() && userOps_[i].live;
+}
+
+Result<RedOp> Communicator::resolveOp(int ncclOp, DataType type) const {
+  RedOp r;
+  switch (ncclOp) {
+    case ncclSum: r.kind = RedKind::kSum; return r;
+    case ncclProd: r.kind = RedKind::kProd; return r;
+    case ncclMax: r.kind = RedKind::kMax; return r;
+    case ncclMin: r.kind = RedKind::kMin; return r;
+    case ncclAvg:
+      if (isFloatType(type)) {
+        r.kind = RedKind::kPreMulSum;
+        r.scalar = 1.0 / nranks_;
+      } else {
+        r.kind = RedKind::kSumPostDiv;
+        r.divisor = static_cast<uint64_t>(nranks_);
+      }
+      return r;
+    default: break;
+  }
+  std::lock_guard<std::mutex> lock(opsMutex_);
+  size_t i = static_cast<size_t>(ncclOp - ncclNumOps);
+  if (ncclOp < ncclNumOps || i >= userOps_.size() || !userOps_[i].live) {
+    return errorf(Code::kInvalidArgument, "reduction op %d is not valid on this communicator", ncclOp);
+  }
+  const UserOp& u = userOps_[i];
+  if (u.type != type) {
+    return errorf(Code::kInvalidArgument, "PreMulSum op %d was created for %s but used with %s",
+                  ncclOp, dataTypeName(u.type), dataTypeName(type));
+  }
+  r.kind = RedKind::kPreMulSum;
+  r.scalar = u.devicePtr ? loadAsDouble(type, u.devicePtr, 0) : u.scalar;
+  return r;
+}
+
+Status Communicator::execute(const std::vector<Operation>& ops) {
+  log::RankScope scope(rank_);
+  if (abortFlag_.load()) return errorf(Code::kInvalidUsage, "the communicator was aborted");
+  if (asyncError_.load() != ncclSuccess) {
+    return errorf(static_cast<Code>(asyncError_.load()),
+                  "rank %d: the communicator failed earlier (ncclCommGetAsyncError) and can "
+                  "only be destroyed or aborted", rank_);
+  }
+  size_t i = 0;
+  while (i < ops.size()) {
+    Status st;
+    if (ops[i].type == collectives::CollType::kSendRecv) {
+      size_t j = i;
+      while (j < ops.size() && ops[j].type == collectives::CollType::kSendRecv) ++j;
+      st = runP2p(ops, i, j);
+      i = j;
+    } else {
+      st = runCollective(ops[i]);
+      ++i;
+    }
+    if (!st) {
+      setAsyncError(st.code());
+      // Tell every connected peer, so nobody waits on us until its timeout.
+      for (auto& s : sends_) if (s) s->abort();
+      for (auto& r : recvs_) if (r) r->abort();
+      LOOM_WARN(kColl, "%s", st.message().c_str());
+      return st;
+    }
+  }
+  return Status::ok();
+}
+
+Status Communicator::runCollective(const Operation& op) {
+  collectives::CollRequest req;
+  req.type = op.type;
+  req.count = op.count;
+  req.elemSize = dataTypeSize(op.dtype);
+  req.nranks = nranks_;
+  req.rank = rank_;
+  req.root = op.root;
+  LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
+  collectives::Schedule sch = collectives::buildSchedule(req, choice.algo);
+  collectives::ExecArgs args;
+  args.schedule = &sch;
+  args.type = op.dtype;
+  args.input = op.sendbuff;
+  args.output = op.recvbuff;
+  args.rank = rank_;
+  args.pieceBytes = context_.fifo.slotBytes;
+  args.timeoutMs = timeoutMs_;
+  args.spinUs = settings::getInt("LOOM_SPIN_US");
+  args.abortFlag = &abortFlag_;
+  if (sch.reduces) {
+    LOOM_ASSIGN_OR_RETURN(args.op, resolveOp(op.ncclOp, op.dtype));
+  }
+  char what[160];
+  std::snprintf(what, sizeof(what), "%s(%s, %zu x %s)", collectives::collTypeName(op.type),
+                collectives::algorithmName(choice.algo), op.count, dataTypeName(op.dtype));
+  args.what = what;
+  LOOM_TRACE(kColl, "%s: %s", what, choice.reason.c_str());
+  // In-place all-to-all reads blocks that it also overwrites: work from a copy.
+  std::vector<char> copy;
+  if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff && op.count > 0) {
+    size_t bytes = op.count * nranks_ * req.elemSize;
+    copy.assign(static_cast<const char*>(op.sendbuff), static_cast<const char*>(op.sendbuff) + bytes);
+    args.input = copy.data();
+  }
+  return collectives::runSchedule(args, *this);
+}
+
+Status Communicator::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
+  // Byte-wise steps, each on its own buffer: one phase progressing all of them.
+  collectives::Schedule sch;
+  sch.reduces = false;
+  collectives::Phase phase;
+  std::vector<const void*> bases;
+  for (size_t i = begin; i < end; ++i) {
+    const Operation& op = ops[i];
+    collectives::Step st;
+    st.count = op.count * dataTypeSize(op.dtype);
+    if (op.isSend) {
+      st.src = {collectives::Buffer::kAbsolute, 0};
+      st.sendTo(op.root);
+    } else {
+      st.dst = {collectives::Buffer::kAbsolute, 0};
+      st.recvFrom(op.root);
+    }
+    phase.push_back(st);
+  }
+  // Each step has its own buffer: its region holds the address itself.
+  for (size_t i = 0; i < phase.size(); ++i) {
+    const Operation& op = ops[begin + i];
+    uintptr_t addr = op.isSend ? reinterpret_cast<uintptr_t>(op.sendbuff)
+                               : reinterpret_cast<uintptr_t>(op.recvbuff);
+    if (op.isSend) phase[i].src.offset = addr; else phase[i].dst.offset = addr;
+  }
+  sch.phases.push_back(std::move(phase));
+  collectives::ExecArgs args;
+  args.schedule = &sch;
+  args.type = DataType::kUint8;
+  args.input = nullptr;
+  args.output = nullptr;
+  args.rank = rank_;
+  args.pieceBytes = context_.fifo.slotBytes;
+  args.timeoutMs = timeoutMs_;
+  args.spinUs = settings::getInt("LOOM_SPIN_US");
+  args.abortFlag = &abortFlag_;
+  args.what = "Send/Recv group (" + std::to_string(end - begin) + " calls)";
+  return collectives::runSchedule(args, *this);
+}
+
+void Communicator::setAsyncError(Code code) {
+  int expected = ncclSuccess;
+  asyncError_.compare_exchange_strong(expected, static_cast<int>(code));
+}
+
+void Communicator::abort() {
+  abortFlag_.store(true);
+  for (auto& s : sends_) if (s) s->abort();
+  for (auto& r : recvs_) if (r) r->abort();
+}
+
+void Communicator::leave() {
+  if (busy_.fetch_sub(1) == 1) {
+    std::lock_guard<std::mutex> lock(idleMutex_);
+    idleCv_.notify_all();
+  }
+}
+
+bool Communicator::waitIdle(int64_t ms) {
+  std::unique_lock<std::mutex> lock(idleMutex_);
+  return idleCv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return busy_.load() == 0; });
+}
+
+void Communicator::executeAsync(std::vector<Operation> ops, std::function<void(Status)> done) {
+  {
+    std::lock_guard<std::mutex> lock(workMutex_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { workerMain(); });
+    work_.push_back([this, ops = std::move(ops), done = std::move(done)] { done(execute(ops)); });
+  }
+  workCv_.notify_one();
+}
+
+void Communicator::workerMain() {
+  while (true) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(workMutex_);
+      workCv_.wait(lock, [&] { return stopWorker_ || !work_.empty(); });
+      if (work_.empty()) return;
+      job = std::move(work_.front());
+      work_.pop_front();
+    }
+    job();
+  }
+}
+
+}  // namespace loom::comm

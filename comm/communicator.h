@@ -1,0 +1,146 @@
+// The communicator: one rank's membership in a group of ranks, its bootstrap, the
+// peers' descriptions, the connections (made on first use, per peer and direction,
+// through the best transport the pair allows) and the operations it runs.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/host_executor.h"
+#include "collectives/schedule.h"
+#include "comm/bootstrap.h"
+#include "common/datatype.h"
+#include "nccl.h"
+#include "transports/transport.h"
+
+namespace loom::comm {
+
+// One call of the C API, as queued inside a group.
+struct Operation {
+  collectives::CollType type = collectives::CollType::kAllReduce;
+  const void* sendbuff = nullptr;
+  void* recvbuff = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  int ncclOp = 0;  // ncclRedOp_t value
+  int root = 0;    // root, or the peer for Send/Recv
+  bool isSend = false;
+  cudaStream_t stream = nullptr;
+};
+
+// The set-up message a receiver sends its sender (see ensureConnected).
+struct ConnectMessage {
+  int32_t transport = -1;
+  transport::Blob blob;
+};
+
+struct CommOptions {
+  std::string name;
+};
+
+class Communicator : public collectives::ConnectionProvider {
+ public:
+  static Result<std::unique_ptr<Communicator>> create(const IdContents& id, int rank, int nranks,
+                                                      const CommOptions& options);
+  ~Communicator() override;
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  int cudaDevice() const { return cudaDev_; }
+  const std::string& name() const { return options_.name; }
+  Bootstrap& bootstrap() { return *bootstrap_; }
+
+  // Runs this communicator's operations of one group, in order (consecutive
+  // Send/Recv calls go together). Host memory: returns when they are complete.
+  Status execute(const std::vector<Operation>& ops);
+  // Same, on this communicator's worker thread; `done` is called with the result.
+  void executeAsync(std::vector<Operation> ops, std::function<void(Status)> done);
+
+  // User reduction operators (PreMulSum). Returns the ncclRedOp_t value.
+  Result<int> createPreMulSum(const void* scalar, DataType type, ncclScalarResidence_t residence);
+  Status destroyRedOp(int op);
+  // The kernels' RedOp for a C API op and type (Avg and PreMulSum resolved).
+  Result<RedOp> resolveOp(int ncclOp, DataType type) const;
+  bool validOp(int ncclOp) const;
+
+  // Errors and shutdown.
+  ncclResult_t asyncError() const { return static_cast<ncclResult_t>(asyncError_.load()); }
+  void setAsyncError(Code code);
+  // Stops operations in flight and tells connected peers; safe from any thread.
+  void abort();
+  const std::atomic<bool>& abortFlag() const { return abortFlag_; }
+  // Marks the start and end of a call that uses this object (abort waits for them).
+  void enter() { busy_.fetch_add(1); }
+  void leave();
+  bool waitIdle(int64_t ms);
+
+  // ConnectionProvider.
+  Status ensureConnected(const std::vector<int>& sendPeers, const std::vector<int>& recvPeers) override;
+  transport::SendConnection* sendConnection(int peer) override;
+  transport::RecvConnection* recvConnection(int peer) override;
+
+  // Which transport connects to `peer` (empty when not connected yet).
+  std::string transportTo(int peer) const;
+
+ private:
+  Communicator() = default;
+  Status init(const IdContents& id, int rank, int nranks, const CommOptions& options);
+  Status runCollective(const Operation& op);
+  Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
+  Result<int> selectTransport(int peer) const;
+  void logTopologyChoices();
+  void workerMain();
+
+  struct UserOp {
+    bool live = false;
+    DataType type = DataType::kFloat32;
+    double scalar = 1.0;
+    const void* devicePtr = nullptr;  // ncclScalarDevice: read at call time
+  };
+
+  CommOptions options_;
+  int rank_ = 0;
+  int nranks_ = 0;
+  int cudaDev_ = -1;
+  int64_t timeoutMs_ = 300000;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<transport::PeerInfo> peers_;
+  transport::TransportContext context_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;
+  std::vector<std::unique_ptr<transport::SendConnection>> sends_;
+  std::vector<std::unique_ptr<transport::RecvConnection>> recvs_;
+  std::vector<int> sendTransport_;  // index into transports_, -1 when not connected
+  std::vector<int> recvTransport_;
+  std::vector<UserOp> userOps_;
+  mutable std::mutex opsMutex_;
+  std::string forcedAlgo_;
+  ConnectMessage selfMessage_;
+
+  std::atomic<bool> abortFlag_{false};
+  std::atomic<int> asyncError_{ncclSuccess};
+  std::atomic<int> busy_{0};
+  std::mutex idleMutex_;
+  std::condition_variable idleCv_;
+
+  // Worker for groups that span several communicators of one thread.
+  std::mutex workMutex_;
+  std::condition_variable workCv_;
+  std::deque<std::function<void()>> work_;
+  std::thread worker_;
+  bool stopWorker_ = false;
+};
+
+// Converts between internal codes and the C API.
+inline ncclResult_t toNccl(Code c) { return static_cast<ncclResult_t>(c); }
+
+// A stable 64-bit hash of this host's identity (LOOM_HOST_ID, else hostname + boot id).
+uint64_t hostHash();
+
+}  // namespace loom::comm

@@ -1,0 +1,123 @@
+// Groups: calls between ncclGroupStart and ncclGroupEnd are queued per thread and run
+// at the outermost ncclGroupEnd. One communicator runs inline in the calling thread;
+// several (ncclCommInitAll, -g N) each run on their own worker thread at once, since
+// their ranks wait on each other.
+#include <algorithm>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "comm/api_state.h"
+#include "common/log.h"
+
+namespace loom::comm {
+
+namespace {
+
+struct GroupState {
+  int depth = 0;
+  std::vector<std::pair<ncclComm*, Operation>> ops;
+  Status error;  // the first error seen by a call inside the group
+};
+
+thread_local GroupState tlsGroup;
+thread_local std::string tlsLastError;
+
+std::mutex registryMutex;
+std::set<const ncclComm*>& registry() {
+  static auto* r = new std::set<const ncclComm*>();
+  return *r;
+}
+
+Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
+  // Order of first appearance, keeping each communicator's calls in order.
+  std::vector<ncclComm*> comms;
+  std::map<ncclComm*, std::vector<Operation>> perComm;
+  for (auto& [c, op] : ops) {
+    if (!perComm.count(c)) comms.push_back(c);
+    perComm[c].push_back(op);
+  }
+  for (ncclComm* c : comms) c->impl->enter();
+  Status result;
+  if (comms.size() == 1) {
+    result = comms[0]->impl->execute(perComm[comms[0]]);
+  } else {
+    std::vector<std::promise<Status>> promises(comms.size());
+    std::vector<std::future<Status>> futures;
+    for (auto& p : promises) futures.push_back(p.get_future());
+    for (size_t i = 0; i < comms.size(); ++i) {
+      comms[i]->impl->executeAsync(perComm[comms[i]],
+                                   [&promises, i](Status st) { promises[i].set_value(st); });
+    }
+    for (auto& f : futures) {
+      Status st = f.get();
+      if (!st && result) result = st;
+    }
+  }
+  for (ncclComm* c : comms) c->impl->leave();
+  return result;
+}
+
+}  // namespace
+
+void registerComm(ncclComm* c) {
+  std::lock_guard<std::mutex> lock(registryMutex);
+  registry().insert(c);
+}
+
+void unregisterComm(ncclComm* c) {
+  std::lock_guard<std::mutex> lock(registryMutex);
+  registry().erase(c);
+}
+
+bool isLiveComm(const ncclComm* c) {
+  if (!c) return false;
+  std::lock_guard<std::mutex> lock(registryMutex);
+  return registry().count(c) != 0 && c->magic == kCommMagic;
+}
+
+ncclResult_t fail(const Status& st) {
+  tlsLastError = st.message();
+  LOOM_WARN(kColl, "%s", st.message().c_str());
+  return toNccl(st.code());
+}
+
+const char* lastError() { return tlsLastError.c_str(); }
+void clearLastError() { tlsLastError.clear(); }
+
+void groupStart() { ++tlsGroup.depth; }
+bool inGroup() { return tlsGroup.depth > 0; }
+int groupDepth() { return tlsGroup.depth; }
+
+ncclResult_t groupEnd() {
+  if (tlsGroup.depth <= 0) {
+    return fail(errorf(Code::kInvalidUsage, "ncclGroupEnd without a matching ncclGroupStart"));
+  }
+  if (--tlsGroup.depth > 0) return ncclSuccess;
+  auto ops = std::move(tlsGroup.ops);
+  tlsGroup.ops.clear();
+  Status pending = tlsGroup.error;
+  tlsGroup.error = Status();
+  if (!pending) return fail(pending);
+  if (ops.empty()) return ncclSuccess;
+  for (auto& [c, op] : ops) {
+    if (!isLiveComm(c)) {
+      return fail(errorf(Code::kInvalidArgument, "a communicator used in this group was destroyed"));
+    }
+  }
+  Status st = runGroup(ops);
+  return st ? ncclSuccess : fail(st);
+}
+
+ncclResult_t enqueue(ncclComm* comm, const Operation& op) {
+  if (tlsGroup.depth > 0) {
+    tlsGroup.ops.emplace_back(comm, op);
+    return ncclSuccess;
+  }
+  std::vector<std::pair<ncclComm*, Operation>> ops{{comm, op}};
+  Status st = runGroup(ops);
+  return st ? ncclSuccess : fail(st);
+}
+
+}  // namespace loom::comm

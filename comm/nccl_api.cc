@@ -1,0 +1,602 @@
+// The NCCL C API: every entry point loom exports through libnccl.so.2. Each one
+// validates its arguments, converts to the C++ core and never lets an exception or a
+// crash through. pnccl* names (NCCL's profiling aliases) point at the same code.
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "comm/api_state.h"
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "comm/unique_id.h"
+#include "common/log.h"
+#include "common/settings.h"
+#include "nccl.h"
+
+using loom::Code;
+using loom::DataType;
+using loom::Status;
+using loom::errorf;
+using loom::collectives::CollType;
+using loom::comm::Operation;
+using loom::comm::fail;
+
+namespace {
+
+// Runs `body`, turning exceptions into ncclInternalError.
+template <typename F>
+ncclResult_t guarded(const char* fn, F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(errorf(Code::kSystemError, "%s: out of host memory", fn));
+  } catch (const std::exception& e) {
+    return fail(errorf(Code::kInternalError, "%s: unexpected exception: %s", fn, e.what()));
+  } catch (...) {
+    return fail(errorf(Code::kInternalError, "%s: unexpected exception", fn));
+  }
+}
+
+Status checkComm(const char* fn, const ncclComm* comm) {
+  if (!comm) return errorf(Code::kInvalidArgument, "%s: comm is NULL", fn);
+  if (!loom::comm::isLiveComm(comm)) {
+    return errorf(Code::kInvalidArgument, "%s: comm %p is not a live communicator (destroyed?)",
+                  fn, static_cast<const void*>(comm));
+  }
+  return Status::ok();
+}
+
+Status checkType(const char* fn, ncclDataType_t t) {
+  if (!loom::isValidDataType(static_cast<int>(t))) {
+    return errorf(Code::kInvalidArgument, "%s: invalid datatype %d (valid: 0..%d)", fn,
+                  static_cast<int>(t), ncclNumTypes - 1);
+  }
+  return Status::ok();
+}
+
+Status checkBuffer(const char* fn, const char* name, const void* p, size_t count) {
+  if (!p && count > 0) {
+    return errorf(Code::kInvalidArgument, "%s: %s is NULL with count %zu", fn, name, count);
+  }
+  return Status::ok();
+}
+
+Status checkBytes(const char* fn, size_t count, size_t multiplier, size_t elem) {
+  size_t total;
+  if (__builtin_mul_overflow(count, multiplier, &total) ||
+      __builtin_mul_overflow(total, elem, &total) || total > (size_t{1} << 62)) {
+    return errorf(Code::kInvalidArgument, "%s: count %zu overflows the addressable size", fn, count);
+  }
+  return Status::ok();
+}
+
+ncclResult_t submit(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                    ncclDataType_t datatype, int op, int root, ncclComm_t comm,
+                    cudaStream_t stream, CollType type, bool reduces) {
+  return guarded(fn, [&]() -> ncclResult_t {
+    Status st = checkComm(fn, comm);
+    if (st) st = checkType(fn, datatype);
+    if (!st) return fail(st);
+    auto& impl = *comm->impl;
+    const int n = impl.nranks();
+    const size_t esz = loom::dataTypeSize(static_cast<DataType>(datatype));
+    if (reduces && !impl.validOp(op)) {
+      return fail(errorf(Code::kInvalidArgument, "%s: invalid reduction op %d", fn, op));
+    }
+    bool rooted = type == CollType::kBroadcast || type == CollType::kReduce;
+    if (rooted && (root < 0 || root >= n)) {
+      return fail(errorf(Code::kInvalidArgument, "%s: root %d out of range [0, %d)", fn, root, n));
+    }
+    size_t inMul = 1, outMul = 1;
+    if (type == CollType::kAllGather) outMul = n;
+    if (type == CollType::kReduceScatter) inMul = n;
+    if (type == CollType::kAllToAll) inMul = outMul = n;
+    st = checkBytes(fn, count, std::max(inMul, outMul), esz);
+    bool needSend = !(type == CollType::kBroadcast && impl.rank() != root);
+    bool needRecv = !(type == CollType::kReduce && impl.rank() != root);
+    if (st && needSend) st = checkBuffer(fn, "sendbuff", sendbuff, count);
+    if (st && needRecv) st = checkBuffer(fn, "recvbuff", recvbuff, count);
+    if (!st) return fail(st);
+    Operation o;
+    o.type = type;
+    o.sendbuff = sendbuff;
+    o.recvbuff = recvbuff;
+    o.count = count;
+    o.dtype = static_cast<DataType>(datatype);
+    o.ncclOp = op;
+    o.root = root;
+    o.stream = stream;
+    return loom::comm::enqueue(comm, o);
+  });
+}
+
+ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
+                      const ncclConfig_t* config) {
+  if (!out) return fail(errorf(Code::kInvalidArgument, "ncclCommInitRank: comm pointer is NULL"));
+  *out = nullptr;
+  if (nranks < 1) {
+    return fail(errorf(Code::kInvalidArgument, "ncclCommInitRank: nranks %d must be >= 1", nranks));
+  }
+  if (rank < 0 || rank >= nranks) {
+    return fail(errorf(Code::kInvalidArgument, "ncclCommInitRank: rank %d out of range [0, %d)",
+                       rank, nranks));
+  }
+  auto contents = loom::comm::decodeId(id);
+  if (!contents) return fail(contents.status());
+  loom::comm::CommOptions options;
+  if (config && config->commName) options.name = config->commName;
+  auto c = loom::comm::Communicator::create(*contents, rank, nranks, options);
+  if (!c) return fail(c.status().withContext("ncclCommInitRank(rank " + std::to_string(rank) + ")"));
+  auto* handle = new ncclComm{loom::comm::kCommMagic, std::move(c).value()};
+  loom::comm::registerComm(handle);
+  *out = handle;
+  return ncclSuccess;
+}
+
+ncclResult_t makeId(ncclUniqueId* id) {
+  std::string env = loom::settings::getString("LOOM_COMM_ID");
+  if (!env.empty()) {
+    auto addr = loom::SocketAddress::parse(env);
+    if (!addr) {
+      return fail(addr.status().withContext("LOOM_COMM_ID/NCCL_COMM_ID"));
+    }
+    loom::comm::encodeId(loom::comm::idFromAddress(*addr), id);
+    return ncclSuccess;
+  }
+  auto ifs = loom::findInterfacesFromSettings();
+  if (!ifs) return fail(ifs.status().withContext("ncclGetUniqueId"));
+  loom::comm::IdContents c;
+  c.root = ifs->front().address;
+  c.root.setPort(0);
+  Status st = loom::comm::randomSecret(c.secret);
+  if (st) st = loom::comm::startRoot(&c, loom::settings::getInt("LOOM_TIMEOUT_MS"));
+  if (!st) return fail(st.withContext("ncclGetUniqueId"));
+  LOOM_INFO(kBootstrap, "ncclGetUniqueId: bootstrap root on %s (%s)", c.root.toString().c_str(),
+            ifs->front().name.c_str());
+  loom::comm::encodeId(c, id);
+  return ncclSuccess;
+}
+
+ncclResult_t destroyComm(ncclComm_t comm, bool abort) {
+  const char* fn = abort ? "ncclCommAbort" : "ncclCommDestroy";
+  if (!comm) return abort ? ncclSuccess : fail(errorf(Code::kInvalidArgument, "%s: comm is NULL", fn));
+  Status st = checkComm(fn, comm);
+  if (!st) return fail(st);
+  loom::comm::unregisterComm(comm);
+  if (abort) {
+    comm->impl->abort();
+    // A call still running on another thread sees the abort within ~100 ms.
+    if (!comm->impl->waitIdle(10000)) {
+      LOOM_WARN(kInit, "ncclCommAbort: an operation did not stop within 10 s; leaking the "
+                       "communicator instead of freeing memory in use");
+      return ncclSuccess;
+    }
+  } else if (!comm->impl->waitIdle(loom::settings::getInt("LOOM_TIMEOUT_MS"))) {
+    return fail(errorf(Code::kInvalidUsage, "ncclCommDestroy: the communicator is still in use"));
+  }
+  comm->magic = 0;
+  delete comm;
+  return ncclSuccess;
+}
+
+}  // namespace
+
+#define LOOM_ALIAS(name) __attribute__((alias(#name), visibility("default")))
+#define LOOM_API extern "C" __attribute__((visibility("default")))
+
+LOOM_API ncclResult_t ncclGetVersion(int* version) {
+  if (!version) return fail(errorf(Code::kInvalidArgument, "ncclGetVersion: version is NULL"));
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclGetVersion(int* version) LOOM_ALIAS(ncclGetVersion);
+
+LOOM_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
+  if (!uniqueId) return fail(errorf(Code::kInvalidArgument, "ncclGetUniqueId: uniqueId is NULL"));
+  return guarded("ncclGetUniqueId", [&] { return makeId(uniqueId); });
+}
+LOOM_API ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) LOOM_ALIAS(ncclGetUniqueId);
+
+LOOM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                             int rank, ncclConfig_t* config) {
+  return guarded("ncclCommInitRankConfig", [&] { return initRank(comm, nranks, commId, rank, config); });
+}
+LOOM_API ncclResult_t pncclCommInitRankConfig(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*)
+    LOOM_ALIAS(ncclCommInitRankConfig);
+
+LOOM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return guarded("ncclCommInitRank", [&] { return initRank(comm, nranks, commId, rank, nullptr); });
+}
+LOOM_API ncclResult_t pncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int) LOOM_ALIAS(ncclCommInitRank);
+
+LOOM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                               ncclUniqueId* commIds, ncclConfig_t* config) {
+  if (nId < 1 || !commIds) {
+    return fail(errorf(Code::kInvalidArgument, "ncclCommInitRankScalable: needs at least one id"));
+  }
+  return guarded("ncclCommInitRankScalable",
+                 [&] { return initRank(newcomm, nranks, commIds[0], myrank, config); });
+}
+LOOM_API ncclResult_t pncclCommInitRankScalable(ncclComm_t*, int, int, int, ncclUniqueId*, ncclConfig_t*)
+    LOOM_ALIAS(ncclCommInitRankScalable);
+
+LOOM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  return guarded("ncclCommInitAll", [&]() -> ncclResult_t {
+    if (!comms) return fail(errorf(Code::kInvalidArgument, "ncclCommInitAll: comms is NULL"));
+    if (ndev < 1) return fail(errorf(Code::kInvalidArgument, "ncclCommInitAll: ndev %d < 1", ndev));
+    ncclUniqueId id;
+    // Ranks of one process always meet over loopback.
+    loom::comm::IdContents c;
+    auto lo = loom::SocketAddress::parse("127.0.0.1:0");
+    if (!lo) return fail(lo.status());
+    c.root = *lo;
+    Status st = loom::comm::randomSecret(c.secret);
+    if (st) st = loom::comm::startRoot(&c, loom::settings::getInt("LOOM_TIMEOUT_MS"));
+    if (!st) return fail(st.withContext("ncclCommInitAll"));
+    loom::comm::encodeId(c, &id);
+    std::vector<ncclResult_t> results(ndev, ncclSuccess);
+    std::vector<std::string> errors(ndev);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < ndev; ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = initRank(&comms[i], ndev, id, i, nullptr);
+        if (results[i] != ncclSuccess) errors[i] = loom::comm::lastError();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < ndev; ++i) {
+      if (results[i] != ncclSuccess) {
+        for (int j = 0; j < ndev; ++j) {
+          if (comms[j]) destroyComm(comms[j], true);
+          comms[j] = nullptr;
+        }
+        return fail(Status(static_cast<Code>(results[i]), errors[i]));
+      }
+    }
+    (void)devlist;
+    return ncclSuccess;
+  });
+}
+LOOM_API ncclResult_t pncclCommInitAll(ncclComm_t*, int, const int*) LOOM_ALIAS(ncclCommInitAll);
+
+LOOM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  Status st = checkComm("ncclCommFinalize", comm);
+  return st ? ncclSuccess : fail(st);
+}
+LOOM_API ncclResult_t pncclCommFinalize(ncclComm_t) LOOM_ALIAS(ncclCommFinalize);
+
+LOOM_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return guarded("ncclCommDestroy", [&] { return destroyComm(comm, false); });
+}
+LOOM_API ncclResult_t pncclCommDestroy(ncclComm_t) LOOM_ALIAS(ncclCommDestroy);
+
+LOOM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return guarded("ncclCommAbort", [&] { return destroyComm(comm, true); });
+}
+LOOM_API ncclResult_t pncclCommAbort(ncclComm_t) LOOM_ALIAS(ncclCommAbort);
+
+LOOM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  return fail(errorf(Code::kInvalidUsage, "ncclCommRevoke is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t pncclCommRevoke(ncclComm_t, int) LOOM_ALIAS(ncclCommRevoke);
+
+LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                    ncclConfig_t* config) {
+  return guarded("ncclCommSplit", [&]() -> ncclResult_t {
+    Status st = checkComm("ncclCommSplit", comm);
+    if (!st) return fail(st);
+    if (!newcomm) return fail(errorf(Code::kInvalidArgument, "ncclCommSplit: newcomm is NULL"));
+    *newcomm = nullptr;
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
+      return fail(errorf(Code::kInvalidArgument, "ncclCommSplit: color %d must be >= 0 or "
+                         "NCCL_SPLIT_NOCOLOR", color));
+    }
+    auto& impl = *comm->impl;
+    auto& bs = impl.bootstrap();
+    const int n = impl.nranks(), me = impl.rank();
+    struct Entry { int color, key, rank; };
+    std::vector<Entry> all(n);
+    all[me] = {color, key, me};
+    st = bs.allGather(all.data(), sizeof(Entry));
+    if (!st) return fail(st.withContext("ncclCommSplit"));
+    uint64_t idTag = bs.nextTag();
+    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    std::vector<Entry> members;
+    for (const auto& e : all) if (e.color == color) members.push_back(e);
+    std::stable_sort(members.begin(), members.end(), [](const Entry& a, const Entry& b) {
+      return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+    });
+    int newRank = 0;
+    for (size_t i = 0; i < members.size(); ++i) if (members[i].rank == me) newRank = static_cast<int>(i);
+    ncclUniqueId id;
+    if (newRank == 0) {
+      loom::comm::IdContents c;
+      c.root = bs.address(me);
+      c.root.setPort(0);
+      st = loom::comm::randomSecret(c.secret);
+      if (st) st = loom::comm::startRoot(&c, loom::settings::getInt("LOOM_TIMEOUT_MS"));
+      if (!st) return fail(st.withContext("ncclCommSplit"));
+      loom::comm::encodeId(c, &id);
+      for (size_t i = 1; i < members.size(); ++i) {
+        st = bs.send(members[i].rank, idTag, &id, sizeof(id));
+        if (!st) return fail(st.withContext("ncclCommSplit"));
+      }
+    } else {
+      st = bs.recv(members[0].rank, idTag, &id, sizeof(id));
+      if (!st) return fail(st.withContext("ncclCommSplit"));
+    }
+    return initRank(newcomm, static_cast<int>(members.size()), id, newRank, config);
+  });
+}
+LOOM_API ncclResult_t pncclCommSplit(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*)
+    LOOM_ALIAS(ncclCommSplit);
+
+LOOM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                     ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  return fail(errorf(Code::kInvalidUsage, "ncclCommShrink is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t pncclCommShrink(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int)
+    LOOM_ALIAS(ncclCommShrink);
+
+LOOM_API const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with LOOM_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with LOOM_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the loom developers";
+    case ncclInvalidArgument: return "invalid argument (run with LOOM_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with LOOM_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+LOOM_API const char* pncclGetErrorString(ncclResult_t) LOOM_ALIAS(ncclGetErrorString);
+
+LOOM_API const char* ncclGetLastError(ncclComm_t) { return loom::comm::lastError(); }
+LOOM_API const char* pncclGetLastError(ncclComm_t) LOOM_ALIAS(ncclGetLastError);
+
+LOOM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  Status st = checkComm("ncclCommGetAsyncError", comm);
+  if (!st) return fail(st);
+  if (!asyncError) return fail(errorf(Code::kInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL"));
+  *asyncError = comm->impl->asyncError();
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclCommGetAsyncError(ncclComm_t, ncclResult_t*) LOOM_ALIAS(ncclCommGetAsyncError);
+
+LOOM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  Status st = checkComm("ncclCommCount", comm);
+  if (!st) return fail(st);
+  if (!count) return fail(errorf(Code::kInvalidArgument, "ncclCommCount: count is NULL"));
+  *count = comm->impl->nranks();
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclCommCount(const ncclComm_t, int*) LOOM_ALIAS(ncclCommCount);
+
+LOOM_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  Status st = checkComm("ncclCommCuDevice", comm);
+  if (!st) return fail(st);
+  if (!device) return fail(errorf(Code::kInvalidArgument, "ncclCommCuDevice: device is NULL"));
+  *device = comm->impl->cudaDevice();
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclCommCuDevice(const ncclComm_t, int*) LOOM_ALIAS(ncclCommCuDevice);
+
+LOOM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  Status st = checkComm("ncclCommUserRank", comm);
+  if (!st) return fail(st);
+  if (!rank) return fail(errorf(Code::kInvalidArgument, "ncclCommUserRank: rank is NULL"));
+  *rank = comm->impl->rank();
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclCommUserRank(const ncclComm_t, int*) LOOM_ALIAS(ncclCommUserRank);
+
+LOOM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  Status st = checkComm("ncclCommRegister", comm);
+  if (!st) return fail(st);
+  if (!handle) return fail(errorf(Code::kInvalidArgument, "ncclCommRegister: handle is NULL"));
+  // Host-memory collectives copy through FIFOs either way: registration is accepted
+  // and has no effect yet.
+  *handle = buff;
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclCommRegister(const ncclComm_t, void*, size_t, void**) LOOM_ALIAS(ncclCommRegister);
+
+LOOM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
+  Status st = checkComm("ncclCommDeregister", comm);
+  return st ? ncclSuccess : fail(st);
+}
+LOOM_API ncclResult_t pncclCommDeregister(const ncclComm_t, void*) LOOM_ALIAS(ncclCommDeregister);
+
+LOOM_API ncclResult_t ncclCommWindowRegister(ncclComm_t, void*, size_t, ncclWindow_t* win, int) {
+  if (win) *win = nullptr;
+  return fail(errorf(Code::kInvalidUsage, "ncclCommWindowRegister is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t pncclCommWindowRegister(ncclComm_t, void*, size_t, ncclWindow_t*, int)
+    LOOM_ALIAS(ncclCommWindowRegister);
+
+LOOM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t, ncclWindow_t) {
+  return fail(errorf(Code::kInvalidUsage, "ncclCommWindowDeregister is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t pncclCommWindowDeregister(ncclComm_t, ncclWindow_t) LOOM_ALIAS(ncclCommWindowDeregister);
+
+LOOM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  if (!ptr) return fail(errorf(Code::kInvalidArgument, "ncclMemAlloc: ptr is NULL"));
+  size_t rounded = (size + 4095) / 4096 * 4096;
+  *ptr = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
+  if (!*ptr) return fail(errorf(Code::kSystemError, "ncclMemAlloc: cannot allocate %zu bytes", size));
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclMemAlloc(void**, size_t) LOOM_ALIAS(ncclMemAlloc);
+
+LOOM_API ncclResult_t ncclMemFree(void* ptr) {
+  std::free(ptr);
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclMemFree(void*) LOOM_ALIAS(ncclMemFree);
+
+LOOM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                               ncclScalarResidence_t residence, ncclComm_t comm) {
+  return guarded("ncclRedOpCreatePreMulSum", [&]() -> ncclResult_t {
+    Status st = checkComm("ncclRedOpCreatePreMulSum", comm);
+    if (st) st = checkType("ncclRedOpCreatePreMulSum", datatype);
+    if (!st) return fail(st);
+    if (!op || !scalar) {
+      return fail(errorf(Code::kInvalidArgument, "ncclRedOpCreatePreMulSum: op or scalar is NULL"));
+    }
+    if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate) {
+      return fail(errorf(Code::kInvalidArgument, "ncclRedOpCreatePreMulSum: bad residence %d",
+                         static_cast<int>(residence)));
+    }
+    auto r = comm->impl->createPreMulSum(scalar, static_cast<DataType>(datatype), residence);
+    if (!r) return fail(r.status());
+    *op = static_cast<ncclRedOp_t>(*r);
+    return ncclSuccess;
+  });
+}
+LOOM_API ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t*, void*, ncclDataType_t,
+                                                ncclScalarResidence_t, ncclComm_t)
+    LOOM_ALIAS(ncclRedOpCreatePreMulSum);
+
+LOOM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  Status st = checkComm("ncclRedOpDestroy", comm);
+  if (st) st = comm->impl->destroyRedOp(static_cast<int>(op));
+  return st ? ncclSuccess : fail(st);
+}
+LOOM_API ncclResult_t pncclRedOpDestroy(ncclRedOp_t, ncclComm_t) LOOM_ALIAS(ncclRedOpDestroy);
+
+LOOM_API ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 ncclDataType_t datatype, ncclRedOp_t op, int root,
+                                 ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclReduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream,
+                CollType::kReduce, true);
+}
+LOOM_API ncclResult_t pncclReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int,
+                                  ncclComm_t, cudaStream_t) LOOM_ALIAS(ncclReduce);
+
+LOOM_API ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                    ncclDataType_t datatype, int root, ncclComm_t comm,
+                                    cudaStream_t stream) {
+  return submit("ncclBroadcast", sendbuff, recvbuff, count, datatype, 0, root, comm, stream,
+                CollType::kBroadcast, false);
+}
+LOOM_API ncclResult_t pncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                                     cudaStream_t) LOOM_ALIAS(ncclBroadcast);
+
+LOOM_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                                ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclBcast", buff, buff, count, datatype, 0, root, comm, stream,
+                CollType::kBroadcast, false);
+}
+LOOM_API ncclResult_t pncclBcast(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+    LOOM_ALIAS(ncclBcast);
+
+LOOM_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                    cudaStream_t stream) {
+  return submit("ncclAllReduce", sendbuff, recvbuff, count, datatype, op, 0, comm, stream,
+                CollType::kAllReduce, true);
+}
+LOOM_API ncclResult_t pncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                     ncclComm_t, cudaStream_t) LOOM_ALIAS(ncclAllReduce);
+
+LOOM_API ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                        cudaStream_t stream) {
+  return submit("ncclReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream,
+                CollType::kReduceScatter, true);
+}
+LOOM_API ncclResult_t pncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                         ncclComm_t, cudaStream_t) LOOM_ALIAS(ncclReduceScatter);
+
+LOOM_API ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                    ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclAllGather", sendbuff, recvbuff, sendcount, datatype, 0, 0, comm, stream,
+                CollType::kAllGather, false);
+}
+LOOM_API ncclResult_t pncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                                     cudaStream_t) LOOM_ALIAS(ncclAllGather);
+
+LOOM_API ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                   ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return submit("ncclAlltoAll", sendbuff, recvbuff, count, datatype, 0, 0, comm, stream,
+                CollType::kAllToAll, false);
+}
+LOOM_API ncclResult_t pncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                                    cudaStream_t) LOOM_ALIAS(ncclAlltoAll);
+
+LOOM_API ncclResult_t ncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+  return fail(errorf(Code::kInvalidUsage, "ncclGather is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t pncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+    LOOM_ALIAS(ncclGather);
+LOOM_API ncclResult_t ncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+  return fail(errorf(Code::kInvalidUsage, "ncclScatter is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t pncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+    LOOM_ALIAS(ncclScatter);
+
+namespace {
+ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t datatype, int peer,
+                 ncclComm_t comm, cudaStream_t stream, bool isSend) {
+  return guarded(fn, [&]() -> ncclResult_t {
+    Status st = checkComm(fn, comm);
+    if (st) st = checkType(fn, datatype);
+    if (st) st = checkBuffer(fn, isSend ? "sendbuff" : "recvbuff", buf, count);
+    if (st) st = checkBytes(fn, count, 1, loom::dataTypeSize(static_cast<DataType>(datatype)));
+    if (!st) return fail(st);
+    if (peer < 0 || peer >= comm->impl->nranks()) {
+      return fail(errorf(Code::kInvalidArgument, "%s: peer %d out of range [0, %d)", fn, peer,
+                         comm->impl->nranks()));
+    }
+    Operation o;
+    o.type = CollType::kSendRecv;
+    o.sendbuff = isSend ? buf : nullptr;
+    o.recvbuff = isSend ? nullptr : const_cast<void*>(buf);
+    o.count = count;
+    o.dtype = static_cast<DataType>(datatype);
+    o.root = peer;
+    o.isSend = isSend;
+    o.stream = stream;
+    return loom::comm::enqueue(comm, o);
+  });
+}
+}  // namespace
+
+LOOM_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                               ncclComm_t comm, cudaStream_t stream) {
+  return p2p("ncclSend", sendbuff, count, datatype, peer, comm, stream, true);
+}
+LOOM_API ncclResult_t pncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+    LOOM_ALIAS(ncclSend);
+LOOM_API ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                               ncclComm_t comm, cudaStream_t stream) {
+  return p2p("ncclRecv", recvbuff, count, datatype, peer, comm, stream, false);
+}
+LOOM_API ncclResult_t pncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
+    LOOM_ALIAS(ncclRecv);
+
+LOOM_API ncclResult_t ncclGroupStart(void) {
+  loom::comm::groupStart();
+  return ncclSuccess;
+}
+LOOM_API ncclResult_t pncclGroupStart(void) LOOM_ALIAS(ncclGroupStart);
+LOOM_API ncclResult_t ncclGroupEnd(void) {
+  return guarded("ncclGroupEnd", [] { return loom::comm::groupEnd(); });
+}
+LOOM_API ncclResult_t pncclGroupEnd(void) LOOM_ALIAS(ncclGroupEnd);
+LOOM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  if (simInfo) simInfo->estimatedTime = NCCL_UNDEF_FLOAT;
+  return fail(errorf(Code::kInvalidUsage, "ncclGroupSimulateEnd is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t*) LOOM_ALIAS(ncclGroupSimulateEnd);
+
+// Device API entry points PyTorch links against; loom has no device communicator yet.
+LOOM_API ncclResult_t ncclDevCommCreate(ncclComm_t, const void*, void*) {
+  return fail(errorf(Code::kInvalidUsage, "ncclDevCommCreate is not implemented in loom yet"));
+}
+LOOM_API ncclResult_t ncclDevCommDestroy(ncclComm_t, const void*) {
+  return fail(errorf(Code::kInvalidUsage, "ncclDevCommDestroy is not implemented in loom yet"));
+}

@@ -1,0 +1,161 @@
+#include "common/settings.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "common/log.h"
+
+namespace loom::settings {
+
+namespace {
+
+// The one table. Keep it grouped by component; `loom-settings` (tools/) prints it.
+const std::vector<Definition> kDefinitions = {
+    // logging
+    {"LOOM_DEBUG", "NCCL_DEBUG", Type::kString, "WARN",
+     "log level: NONE, VERSION, WARN, INFO, TRACE"},
+    {"LOOM_DEBUG_SUBSYS", "NCCL_DEBUG_SUBSYS", Type::kString, "INIT,ENV",
+     "log subsystems: INIT,COLL,P2P,SHM,NET,BOOTSTRAP,GRAPH,TUNING,ENV,ALL (^ excludes)"},
+    {"LOOM_DEBUG_FILE", "NCCL_DEBUG_FILE", Type::kString, "",
+     "write the log to this file instead of stderr (%h host, %p pid, %r rank)"},
+    // communicator
+    {"LOOM_COMM_ID", "NCCL_COMM_ID", Type::kString, "",
+     "host:port of the bootstrap root (ncclGetUniqueId then names it instead of listening)"},
+    {"LOOM_TIMEOUT_MS", nullptr, Type::kInt, "300000",
+     "milliseconds any wait on a peer may take before the operation fails"},
+    {"LOOM_DEVICE", nullptr, Type::kString, "auto",
+     "memory kind of communicators: auto (GPU when present), cpu (host memory)"},
+    {"LOOM_HOST_ID", "NCCL_HOSTID", Type::kString, "",
+     "override the host identity (ranks with the same id share memory)"},
+    // transports
+    {"LOOM_TRANSPORTS", nullptr, Type::kString, "",
+     "comma list of transports allowed, in order of preference (self,shm,tcp)"},
+    {"LOOM_SHM_DISABLE", "NCCL_SHM_DISABLE", Type::kBool, "0",
+     "never use shared memory between processes"},
+    {"LOOM_P2P_DISABLE", "NCCL_P2P_DISABLE", Type::kBool, "0",
+     "never use GPU peer-to-peer"},
+    {"LOOM_NET", "NCCL_NET", Type::kString, "", "network transport to use (Socket, IB, UCX)"},
+    {"LOOM_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", Type::kString, "",
+     "interfaces for sockets: prefix list, ^ to exclude, = for exact names"},
+    {"LOOM_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY", Type::kString, "",
+     "AF_INET or AF_INET6 to force an address family"},
+    {"LOOM_SOCKET_NTHREADS", "NCCL_SOCKET_NTHREADS", Type::kInt, "1",
+     "progress threads per TCP connection"},
+    {"LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", Type::kInt, "2",
+     "sockets per TCP connection"},
+    {"LOOM_BUFFSIZE", "NCCL_BUFFSIZE", Type::kInt, "4194304",
+     "bytes of FIFO per connection (split into LOOM_STEPS slots)"},
+    {"LOOM_STEPS", nullptr, Type::kInt, "8", "slots per connection FIFO"},
+    // collectives
+    {"LOOM_ALGO", "NCCL_ALGO", Type::kString, "",
+     "force an algorithm: ring, tree (double binary tree), chain"},
+    {"LOOM_PROTO", "NCCL_PROTO", Type::kString, "", "force a protocol (simple)"},
+    {"LOOM_CHUNK_BYTES", nullptr, Type::kInt, "0",
+     "pipeline chunk size for host collectives (0: automatic)"},
+    {"LOOM_SPIN_US", nullptr, Type::kInt, "0",
+     "microseconds to busy-poll before yielding while waiting on a peer (0: automatic)"},
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::map<std::string, std::optional<std::string>> overrides;
+  std::map<std::string, std::string> warned;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // never destroyed: used from atexit paths
+  return *c;
+}
+
+const Definition* find(const char* name) {
+  for (const auto& d : kDefinitions) {
+    if (std::strcmp(d.name, name) == 0) return &d;
+  }
+  return nullptr;
+}
+
+// Returns the raw text and its source.
+std::pair<std::string, std::string> raw(const char* name) {
+  const Definition* def = find(name);
+  {
+    auto& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.overrides.find(name);
+    if (it != c.overrides.end() && it->second) return {*it->second, std::string(name)};
+  }
+  if (const char* v = std::getenv(name); v && *v) return {v, name};
+  if (def && def->ncclAlias) {
+    if (const char* v = std::getenv(def->ncclAlias); v && *v) return {v, def->ncclAlias};
+  }
+  return {def ? def->defaultValue : "", "default"};
+}
+
+void warnOnce(const std::string& name, const std::string& text) {
+  auto& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.warned.count(name)) return;
+    c.warned[name] = text;
+  }
+  LOOM_WARN(kEnv, "%s", text.c_str());
+}
+
+}  // namespace
+
+const std::vector<Definition>& all() { return kDefinitions; }
+
+int64_t getInt(const char* name) {
+  auto [text, source] = raw(name);
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 0);
+  if (errno != 0 || end == text.c_str() || *end != '\0') {
+    const Definition* def = find(name);
+    const char* dflt = def ? def->defaultValue : "0";
+    warnOnce(name, std::string(source) + "='" + text + "' is not an integer; using " + dflt);
+    return std::strtoll(dflt, nullptr, 0);
+  }
+  return v;
+}
+
+bool getBool(const char* name) {
+  auto [text, source] = raw(name);
+  if (text == "1" || text == "true" || text == "TRUE" || text == "yes") return true;
+  if (text == "0" || text == "false" || text == "FALSE" || text == "no" || text.empty()) {
+    return false;
+  }
+  warnOnce(name, std::string(source) + "='" + text + "' is not 0 or 1; using 0");
+  return false;
+}
+
+std::string getString(const char* name) { return raw(name).first; }
+
+std::string sourceOf(const char* name) { return raw(name).second; }
+
+void reloadForTest() {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.warned.clear();
+}
+
+ScopedSetting::ScopedSetting(const char* name, std::string value) : name_(name) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto it = c.overrides.find(name_);
+  if (it != c.overrides.end()) previous_ = it->second;
+  c.overrides[name_] = std::move(value);
+}
+
+ScopedSetting::~ScopedSetting() {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (previous_) {
+    c.overrides[name_] = *previous_;
+  } else {
+    c.overrides.erase(name_);
+  }
+}
+
+}  // namespace loom::settings

@@ -1,0 +1,390 @@
+// `tcp`: the transport that always works. Each connection stripes its slots over
+// LOOM_NSOCKS_PERTHREAD sockets; socket 0 carries an 8-byte size header per slot, the
+// others carry only their part of large slots. Progress is driven by whoever waits on
+// the connection (the communicator's executing thread), with non-blocking sockets and
+// poll(), so no thread spins while the kernel moves bytes (see docs/decisions.md).
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "common/log.h"
+#include "common/settings.h"
+#include "common/socket.h"
+#include "transports/transport.h"
+
+namespace loom::transport {
+namespace {
+
+constexpr uint64_t kHelloMagic = 0x6c6f6f6d74637031ull;  // "loomtcp1"
+constexpr size_t kStripeMin = 128 * 1024;  // below this a slot goes on socket 0 alone
+constexpr int kMaxSocks = 16;
+
+struct TcpBlob {
+  SocketAddress address;
+  uint64_t nonce;
+  int32_t nsocks;
+};
+static_assert(sizeof(TcpBlob) <= kMaxBlob);
+
+struct Hello {
+  uint64_t magic;
+  uint64_t commHash;
+  uint64_t nonce;
+  int32_t index;
+  int32_t senderRank;
+};
+
+// The byte range of slot data that socket k carries for a slot of `total` bytes.
+void partRange(size_t total, int k, int nsocks, size_t* begin, size_t* end) {
+  if (nsocks == 1 || total < kStripeMin) {
+    *begin = 0;
+    *end = k == 0 ? total : 0;
+    return;
+  }
+  size_t per = (total + nsocks - 1) / nsocks;
+  per = (per + 63) / 64 * 64;
+  *begin = std::min(total, per * k);
+  *end = std::min(total, per * (k + 1));
+}
+
+class SlotRing {
+ public:
+  SlotRing(size_t slotBytes, int slots) : slotBytes_(slotBytes), slots_(slots) {
+    memory_ = static_cast<char*>(std::aligned_alloc(4096, (slotBytes * slots + 4095) / 4096 * 4096));
+    sizes_.assign(slots, 0);
+  }
+  ~SlotRing() { std::free(memory_); }
+  char* slot(uint64_t i) const { return memory_ + (i % slots_) * slotBytes_; }
+  uint64_t& size(uint64_t i) { return sizes_[i % slots_]; }
+  int slots() const { return slots_; }
+  size_t slotBytes() const { return slotBytes_; }
+
+ private:
+  char* memory_;
+  size_t slotBytes_;
+  int slots_;
+  std::vector<uint64_t> sizes_;
+};
+
+struct SockState {
+  Socket sock;
+  uint64_t seq = 0;     // slot this socket is working on
+  size_t done = 0;      // bytes of (header + part) done for that slot
+  uint64_t header = 0;  // socket 0 on the receive side: header being read
+};
+
+class TcpSend : public SendConnection {
+ public:
+  TcpSend(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
+      : ring_(fifo.slotBytes, fifo.slots), peer_(peer) {
+    for (auto& s : socks) {
+      SockState st;
+      st.sock = std::move(s);
+      socks_.push_back(std::move(st));
+    }
+    what_ = "rank " + std::to_string(peer);
+  }
+  Result<void*> trySendSlot() override {
+    LOOM_TRY(progress());
+    if (posted_ - completed() >= static_cast<uint64_t>(ring_.slots())) return nullptr;
+    return static_cast<void*>(ring_.slot(posted_));
+  }
+  Status postSend(size_t bytes) override {
+    ring_.size(posted_) = bytes;
+    ++posted_;
+    return progress();
+  }
+  Status progress() override {
+    for (size_t k = 0; k < socks_.size(); ++k) {
+      SockState& s = socks_[k];
+      while (s.seq < posted_) {
+        size_t total = ring_.size(s.seq);
+        size_t b, e;
+        partRange(total, static_cast<int>(k), static_cast<int>(socks_.size()), &b, &e);
+        size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
+        size_t want = hdr + (e - b);
+        if (s.done < want) {
+          size_t n = 0;
+          if (s.done < hdr) {
+            uint64_t h = total;
+            iovec iov[2] = {{reinterpret_cast<char*>(&h) + s.done, hdr - s.done},
+                            {ring_.slot(s.seq) + b, e - b}};
+            msghdr msg{};
+            msg.msg_iov = iov;
+            msg.msg_iovlen = 2;
+            ssize_t r = sendmsg(s.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (r < 0) {
+              if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+              return Status(Code::kRemoteError,
+                            sysError(errno, "sending to %s", what_.c_str()).message());
+            }
+            n = static_cast<size_t>(r);
+          } else {
+            LOOM_ASSIGN_OR_RETURN(n, s.sock.sendSome(ring_.slot(s.seq) + b + (s.done - hdr),
+                                                     want - s.done, what_.c_str()));
+          }
+          if (n == 0) break;
+          s.done += n;
+        }
+        if (s.done == want) {
+          ++s.seq;
+          s.done = 0;
+        } else {
+          break;
+        }
+      }
+    }
+    return Status::ok();
+  }
+  bool flushed() const override { return completed() == posted_; }
+  void addPollFds(std::vector<pollfd>* fds) const override {
+    for (const auto& s : socks_) {
+      if (s.seq < posted_) fds->push_back({s.sock.fd(), POLLOUT, 0});
+    }
+  }
+  bool pollable() const override { return true; }
+  void abort() override {
+    for (auto& s : socks_) s.sock.shutdown();
+  }
+
+ private:
+  uint64_t completed() const {
+    uint64_t m = posted_;
+    for (const auto& s : socks_) m = std::min(m, s.seq);
+    return m;
+  }
+  SlotRing ring_;
+  std::vector<SockState> socks_;
+  uint64_t posted_ = 0;
+  int peer_;
+  std::string what_;
+};
+
+class TcpRecv : public RecvConnection {
+ public:
+  TcpRecv(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
+      : ring_(fifo.slotBytes, fifo.slots), peer_(peer) {
+    for (auto& s : socks) {
+      SockState st;
+      st.sock = std::move(s);
+      socks_.push_back(std::move(st));
+    }
+    what_ = "rank " + std::to_string(peer);
+  }
+  Result<const void*> tryRecv(size_t* bytes) override {
+    LOOM_TRY(progress());
+    if (complete() <= released_) return nullptr;
+    *bytes = ring_.size(released_);
+    return static_cast<const void*>(ring_.slot(released_));
+  }
+  Status releaseRecv() override {
+    ++released_;
+    return Status::ok();
+  }
+  Status progress() override {
+    const uint64_t limit = released_ + ring_.slots();
+    for (size_t k = 0; k < socks_.size(); ++k) {
+      SockState& s = socks_[k];
+      while (s.seq < limit) {
+        size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
+        if (k == 0 && s.done < hdr) {
+          LOOM_ASSIGN_OR_RETURN(size_t n,
+                                s.sock.recvSome(reinterpret_cast<char*>(&s.header) + s.done,
+                                                hdr - s.done, what_.c_str()));
+          if (n == 0) break;
+          s.done += n;
+          if (s.done < hdr) break;
+          if (s.header > ring_.slotBytes()) {
+            return errorf(Code::kRemoteError,
+                          "%s announced a %llu-byte slot, larger than the %zu-byte FIFO slot "
+                          "(mismatched LOOM_BUFFSIZE or corrupt stream)",
+                          what_.c_str(), (unsigned long long)s.header, ring_.slotBytes());
+          }
+          ring_.size(s.seq) = s.header;
+          ++headers_;
+        }
+        if (k != 0 && headers_ <= s.seq) break;  // size of this slot not known yet
+        size_t total = ring_.size(s.seq);
+        size_t b, e;
+        partRange(total, static_cast<int>(k), static_cast<int>(socks_.size()), &b, &e);
+        size_t want = hdr + (e - b);
+        if (s.done < want) {
+          LOOM_ASSIGN_OR_RETURN(size_t n, s.sock.recvSome(ring_.slot(s.seq) + b + (s.done - hdr),
+                                                          want - s.done, what_.c_str()));
+          if (n == 0) break;
+          s.done += n;
+        }
+        if (s.done == want) {
+          ++s.seq;
+          s.done = 0;
+        } else {
+          break;
+        }
+      }
+    }
+    return Status::ok();
+  }
+  void addPollFds(std::vector<pollfd>* fds) const override {
+    const uint64_t limit = released_ + ring_.slots();
+    for (const auto& s : socks_) {
+      if (s.seq < limit) fds->push_back({s.sock.fd(), POLLIN, 0});
+    }
+  }
+  bool pollable() const override { return true; }
+  void abort() override {
+    for (auto& s : socks_) s.sock.shutdown();
+  }
+
+ private:
+  uint64_t complete() const {
+    uint64_t m = UINT64_MAX;
+    for (const auto& s : socks_) m = std::min(m, s.seq);
+    return m;
+  }
+  SlotRing ring_;
+  std::vector<SockState> socks_;
+  uint64_t released_ = 0;
+  uint64_t headers_ = 0;
+  int peer_;
+  std::string what_;
+};
+
+class TcpTransport;
+
+class TcpSetup : public RecvSetup {
+ public:
+  TcpSetup(TcpTransport* t, const TcpBlob& b, int peer) : transport_(t), nonce_(b.nonce),
+                                                          nsocks_(b.nsocks), peer_(peer) {
+    blob_.size = sizeof(TcpBlob);
+    std::memcpy(blob_.data, &b, sizeof(b));
+  }
+  const Blob& blob() const override { return blob_; }
+  Result<std::unique_ptr<RecvConnection>> accept(const Deadline& deadline) override;
+
+ private:
+  TcpTransport* transport_;
+  Blob blob_;
+  uint64_t nonce_;
+  int nsocks_;
+  int peer_;
+};
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport(const TransportContext& ctx, Socket listener, SocketAddress address)
+      : ctx_(ctx), listener_(std::move(listener)), address_(address),
+        rng_(std::random_device{}()) {
+    nsocks_ = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_NSOCKS_PERTHREAD") *
+                                                       settings::getInt("LOOM_SOCKET_NTHREADS"),
+                                                   1, kMaxSocks));
+  }
+  const char* name() const override { return "tcp"; }
+  Capability canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
+    Capability c;
+    c.reachable = true;
+    c.bandwidthGBs = 1;
+    c.latencyUs = 20;
+    return c;
+  }
+  Result<std::unique_ptr<RecvSetup>> listen(const PeerInfo& peer, const Deadline&) override {
+    TcpBlob b{};
+    b.address = address_;
+    b.nonce = rng_();
+    b.nsocks = nsocks_;
+    return std::unique_ptr<RecvSetup>(new TcpSetup(this, b, peer.rank));
+  }
+  Result<std::unique_ptr<SendConnection>> connect(const PeerInfo& peer, const Blob& blob,
+                                                  const Deadline& deadline) override {
+    if (blob.size != sizeof(TcpBlob)) {
+      return errorf(Code::kRemoteError, "rank %d sent a malformed tcp connection blob", peer.rank);
+    }
+    TcpBlob b;
+    std::memcpy(&b, blob.data, sizeof(b));
+    if (b.nsocks < 1 || b.nsocks > kMaxSocks) {
+      return errorf(Code::kRemoteError, "rank %d asked for %d sockets", peer.rank, b.nsocks);
+    }
+    std::vector<Socket> socks;
+    for (int i = 0; i < b.nsocks; ++i) {
+      auto s = Socket::connect(b.address, deadline);
+      if (!s) {
+        return s.status().withContext("tcp connection to rank " + std::to_string(peer.rank) +
+                                      " at " + b.address.toString());
+      }
+      Hello h{kHelloMagic, ctx_.commHash, b.nonce, i, ctx_.self.rank};
+      LOOM_TRY(s->sendAll(&h, sizeof(h), deadline, "tcp peer"));
+      socks.push_back(std::move(s).value());
+    }
+    FifoConfig f = ctx_.fifo;
+    return std::unique_ptr<SendConnection>(new TcpSend(std::move(socks), f, peer.rank));
+  }
+
+  // Accepts until all sockets carrying `nonce` have arrived; others are kept for the
+  // set-up they belong to. A connection with a bad hello is dropped and logged.
+  Result<std::vector<Socket>> acceptFor(uint64_t nonce, int nsocks, int peer,
+                                        const Deadline& deadline) {
+    while (true) {
+      auto& got = pending_[nonce];
+      if (static_cast<int>(got.size()) == nsocks) {
+        std::vector<Socket> out;
+        for (auto& [idx, s] : got) out.push_back(std::move(s));
+        pending_.erase(nonce);
+        return out;
+      }
+      auto s = listener_.accept(deadline);
+      if (!s) {
+        return s.status().withContext("waiting for rank " + std::to_string(peer) +
+                                      "'s tcp connections");
+      }
+      Hello h{};
+      Deadline helloDeadline = Deadline::afterMs(5000, deadline.abortFlag());
+      Status st = s->recvAll(&h, sizeof(h), helloDeadline, "connecting peer");
+      if (!st || h.magic != kHelloMagic || h.commHash != ctx_.commHash || h.index < 0 ||
+          h.index >= kMaxSocks) {
+        auto pa = s->peerAddress();
+        LOOM_WARN(kNet, "tcp: dropped a connection from %s with a bad hello (%s)",
+                  pa ? pa->toString().c_str() : "?", st ? "wrong magic or communicator" :
+                                                          st.message().c_str());
+        continue;
+      }
+      pending_[h.nonce][h.index] = std::move(s).value();
+    }
+  }
+
+  const FifoConfig& fifo() const { return ctx_.fifo; }
+
+ private:
+  TransportContext ctx_;
+  Socket listener_;
+  SocketAddress address_;
+  std::mt19937_64 rng_;
+  int nsocks_ = 2;
+  std::map<uint64_t, std::map<int, Socket>> pending_;
+};
+
+Result<std::unique_ptr<RecvConnection>> TcpSetup::accept(const Deadline& deadline) {
+  LOOM_ASSIGN_OR_RETURN(auto socks, transport_->acceptFor(nonce_, nsocks_, peer_, deadline));
+  for (auto& s : socks) {
+    LOOM_TRY(s.setNonBlocking(true));
+    s.setNoDelay();
+  }
+  return std::unique_ptr<RecvConnection>(new TcpRecv(std::move(socks), transport_->fifo(), peer_));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> makeTcpTransport(const TransportContext& ctx) {
+  LOOM_ASSIGN_OR_RETURN(auto ifs, findInterfacesFromSettings());
+  SocketAddress addr = ifs.front().address;
+  addr.setPort(0);
+  LOOM_ASSIGN_OR_RETURN(Socket listener, Socket::listen(addr));
+  LOOM_ASSIGN_OR_RETURN(SocketAddress bound, listener.localAddress());
+  LOOM_INFO(kNet, "tcp: listening on %s (%s)", bound.toString().c_str(), ifs.front().name.c_str());
+  return std::unique_ptr<Transport>(new TcpTransport(ctx, std::move(listener), bound));
+}
+
+}  // namespace loom::transport

@@ -1,0 +1,135 @@
+// The transport boundary. A transport moves data between two ranks through a FIFO of
+// slots owned by the receiving side (as NCCL's "simple" protocol does):
+//
+//   sender:   slot = trySendSlot(); fill it; postSend(bytes)
+//   receiver: data = tryRecv(&bytes); use it; releaseRecv()
+//
+// Both calls are non-blocking: they return nullptr when nothing is ready, and the
+// executor decides how to wait (spin, yield, or poll() on addPollFds()). Every transport
+// moves the same slot size (the communicator's chunk), so a piece of a collective
+// maps to one slot on every connection it crosses.
+//
+// Connections are set up in three steps through the bootstrap, so no rank ever waits
+// on a peer that is itself waiting:
+//   1. receiver: listen(peer) -> RecvSetup with a small blob, sent to the sender;
+//   2. sender:   connect(peer, blob) -> SendConnection;
+//   3. receiver: setup->accept() -> RecvConnection.
+#pragma once
+
+#include <poll.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace loom::transport {
+
+// What every rank publishes about itself at init (fixed layout: it travels through the
+// bootstrap between processes of the same build).
+struct PeerInfo {
+  int rank = -1;
+  int cudaDev = -1;       // -1: host memory
+  pid_t pid = 0;
+  uint64_t hostHash = 0;  // equal for ranks that share memory (same host id)
+  uint64_t shmDevHash = 0;  // identifies /dev/shm's filesystem (containers differ)
+  char hostName[64] = {0};
+};
+
+// Answer to "can these two ranks connect through you, and how well".
+struct Capability {
+  bool reachable = false;
+  bool hostMemory = true;     // moves host buffers directly
+  bool deviceMemory = false;  // moves device buffers directly (others stage)
+  double bandwidthGBs = 0;    // expected one-way bandwidth
+  double latencyUs = 0;
+  std::string reason;         // why not reachable (logged at INFO)
+};
+
+// Sizes shared by all connections of a communicator.
+struct FifoConfig {
+  size_t slotBytes = 512 * 1024;
+  int slots = 8;
+};
+
+inline constexpr size_t kMaxBlob = 256;
+struct Blob {
+  uint32_t size = 0;
+  unsigned char data[kMaxBlob] = {0};
+};
+
+class SendConnection {
+ public:
+  virtual ~SendConnection() = default;
+  // A free slot of slotBytes, or nullptr when the receiver has not freed one yet.
+  virtual Result<void*> trySendSlot() = 0;
+  // Publishes the slot returned by the last trySendSlot with `bytes` of data.
+  virtual Status postSend(size_t bytes) = 0;
+  // Moves posted data along (TCP writes to its sockets); shm has nothing to do.
+  virtual Status progress() { return Status::ok(); }
+  // True once every posted slot has left this process (TCP) or been written (shm).
+  virtual bool flushed() const { return true; }
+  // Appends the descriptors (and events) worth poll()ing while waiting on this
+  // connection; none for memory transports, which are spun on.
+  virtual void addPollFds(std::vector<pollfd>* fds) const {}
+  // True when waiting on this connection can block in poll() (sockets).
+  virtual bool pollable() const { return false; }
+  // Checks that the peer is still there (cheap enough for every ~100 ms).
+  virtual Status checkPeer() { return Status::ok(); }
+  // Tells the peer we are giving up, so that it fails instead of waiting.
+  virtual void abort() {}
+};
+
+class RecvConnection {
+ public:
+  virtual ~RecvConnection() = default;
+  // The next filled slot and its byte count, or nullptr when none has arrived.
+  virtual Result<const void*> tryRecv(size_t* bytes) = 0;
+  // Hands the slot returned by the last tryRecv back to the sender.
+  virtual Status releaseRecv() = 0;
+  virtual Status progress() { return Status::ok(); }
+  virtual void addPollFds(std::vector<pollfd>* fds) const {}
+  virtual bool pollable() const { return false; }
+  virtual Status checkPeer() { return Status::ok(); }
+  virtual void abort() {}
+};
+
+class RecvSetup {
+ public:
+  virtual ~RecvSetup() = default;
+  virtual const Blob& blob() const = 0;
+  virtual Result<std::unique_ptr<RecvConnection>> accept(const Deadline& deadline) = 0;
+};
+
+// One instance per communicator and transport kind.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  virtual Capability canConnect(const PeerInfo& self, const PeerInfo& peer) const = 0;
+  virtual Result<std::unique_ptr<RecvSetup>> listen(const PeerInfo& peer,
+                                                    const Deadline& deadline) = 0;
+  virtual Result<std::unique_ptr<SendConnection>> connect(const PeerInfo& peer, const Blob& blob,
+                                                          const Deadline& deadline) = 0;
+};
+
+// What the transports get from the communicator.
+struct TransportContext {
+  PeerInfo self;
+  FifoConfig fifo;
+  const std::atomic<bool>* abortFlag = nullptr;
+  uint64_t commHash = 0;  // distinguishes communicators in names and handshakes
+};
+
+std::unique_ptr<Transport> makeSelfTransport(const TransportContext& ctx);
+std::unique_ptr<Transport> makeShmTransport(const TransportContext& ctx);
+// Fails when no usable interface exists (the message names LOOM_SOCKET_IFNAME).
+Result<std::unique_ptr<Transport>> makeTcpTransport(const TransportContext& ctx);
+
+}  // namespace loom::transport
