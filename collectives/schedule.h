@@ -80,10 +80,12 @@ void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
 
 // The schedules. `count` follows the C API: per-rank count for AllGather (sendcount)
 // and ReduceScatter (recvcount), per-peer block for AllToAll, total otherwise.
-Schedule ringAllReduce(int rank, int n, size_t count);
-Schedule treeAllReduce(int rank, int n, size_t count);    // double binary tree
-Schedule ringAllGather(int rank, int n, size_t count);
-Schedule ringReduceScatter(int rank, int n, size_t count);
+// `piece` is the elements one FIFO slot holds: ring schedules work in blocks whose
+// chunks fit one slot each, which keeps a ring of bounded FIFOs from deadlocking.
+Schedule ringAllReduce(int rank, int n, size_t count, size_t piece);
+Schedule treeAllReduce(int rank, int n, size_t count, size_t piece);  // double binary tree
+Schedule ringAllGather(int rank, int n, size_t count, size_t piece);
+Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece);
 Schedule chainBroadcast(int rank, int n, size_t count, int root);
 Schedule treeBroadcast(int rank, int n, size_t count, int root);
 Schedule treeReduce(int rank, int n, size_t count, int root);

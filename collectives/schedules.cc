@@ -45,120 +45,133 @@ Region out(size_t off) { return {Buffer::kOutput, off}; }
 
 Phase single(const Step& s) { return Phase{s}; }
 
-// The reduce-scatter half of a ring over `count` elements split into n chunks; rank r
-// ends with chunk r reduced. `finalToOutput(chunk)` gives where the final chunk goes;
-// `keepSending` makes the final step also forward it (for all-reduce).
-void ringReducePhases(Schedule* s, int r, int n, size_t count, bool inputIsChunked,
-                      size_t chunkCountForRS, bool allReduce) {
+// One ring pass over n chunks (each at most one piece, so a step is one FIFO slot and
+// steps can run one after another without the ring deadlocking on a full FIFO).
+// `inOff(c)`, `outOff(c)`, `size(c)` place chunk c. Reduce-scatter: rank r ends with
+// chunk r reduced; all-gather: every rank ends with every chunk.
+enum class RingMode { kAllReduce, kReduceScatter, kAllGather };
+
+template <typename InOff, typename OutOff, typename Size>
+void ringPass(Schedule* s, int r, int n, RingMode mode, InOff inOff, OutOff outOff, Size size) {
   const int next = mod(r + 1, n);
   const int prev = mod(r - 1, n);
-  auto range = [&](int c, size_t* off, size_t* sz) {
-    if (inputIsChunked) {
-      *off = static_cast<size_t>(c) * chunkCountForRS;
-      *sz = chunkCountForRS;
-    } else {
-      chunkRange(count, n, c, off, sz);
+  if (mode != RingMode::kAllGather) {
+    int c = mod(r - 1, n);
+    Step first;
+    first.src = in(inOff(c));
+    first.count = size(c);
+    first.sendTo(next);
+    s->phases.push_back(single(first));
+    for (int st = 1; st <= n - 2; ++st) {
+      c = mod(r - st - 1, n);
+      Step step;
+      step.src = in(inOff(c));
+      step.count = size(c);
+      step.recvFrom(prev).sendTo(next);
+      s->phases.push_back(single(step));
     }
-  };
-  size_t off, sz;
-  // Step 0: send my contribution to chunk r-1.
-  range(mod(r - 1, n), &off, &sz);
-  Step first;
-  first.src = in(off);
-  first.count = sz;
-  first.sendTo(next);
-  s->phases.push_back(single(first));
-  // Steps 1..n-2: receive chunk r-s-1, add mine, pass on.
-  for (int st = 1; st <= n - 2; ++st) {
-    range(mod(r - st - 1, n), &off, &sz);
-    Step step;
-    step.src = in(off);
-    step.count = sz;
-    step.recvFrom(prev).sendTo(next);
-    s->phases.push_back(single(step));
+    Step last;
+    last.src = in(inOff(r));
+    last.count = size(r);
+    last.recvFrom(prev);
+    last.final = true;
+    last.dst = out(outOff(r));
+    if (mode == RingMode::kAllReduce) last.sendTo(next);
+    s->phases.push_back(single(last));
+    if (mode == RingMode::kReduceScatter) return;
+  } else {
+    Step first;
+    first.src = in(inOff(r));
+    first.dst = out(outOff(r));
+    first.count = size(r);
+    first.sendTo(next);
+    s->phases.push_back(single(first));
   }
-  // Step n-1: receive chunk r, add mine: the result is final.
-  range(r, &off, &sz);
-  Step last;
-  last.src = in(off);
-  last.count = sz;
-  last.recvFrom(prev);
-  last.final = true;
-  last.dst = allReduce ? out(off) : out(0);
-  if (allReduce) last.sendTo(next);
-  s->phases.push_back(single(last));
+  for (int t = 1; t <= n - 1; ++t) {
+    int c = mod(r - t, n);
+    Step st;
+    st.count = size(c);
+    st.dst = out(outOff(c));
+    st.recvFrom(prev);
+    if (t < n - 1) st.sendTo(next);
+    s->phases.push_back(single(st));
+  }
+}
+
+Schedule localOnly(size_t inCount, size_t outCount, size_t count, bool reduces) {
+  Schedule s;
+  s.reduces = reduces;
+  s.inputCount = inCount;
+  s.outputCount = outCount;
+  Step st;
+  st.src = in(0);
+  st.dst = out(0);
+  st.count = count;
+  st.final = reduces;
+  s.phases.push_back(single(st));
+  return s;
 }
 
 }  // namespace
 
-Schedule ringAllReduce(int r, int n, size_t count) {
+Schedule ringAllReduce(int r, int n, size_t count, size_t piece) {
+  if (n == 1) return localOnly(count, count, count, true);
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
-  if (n == 1) {
-    Step st;
-    st.src = in(0);
-    st.dst = out(0);
-    st.count = count;
-    st.final = true;
-    s.phases.push_back(single(st));
-    return s;
-  }
-  ringReducePhases(&s, r, n, count, false, 0, true);
-  const int next = mod(r + 1, n);
-  const int prev = mod(r - 1, n);
-  // All-gather half: receive chunk r-t, keep it, pass it on (but the last one).
-  for (int t = 1; t <= n - 1; ++t) {
-    size_t off, sz;
-    chunkRange(count, n, mod(r - t, n), &off, &sz);
-    Step st;
-    st.count = sz;
-    st.dst = out(off);
-    st.recvFrom(prev);
-    if (t < n - 1) st.sendTo(next);
-    s.phases.push_back(single(st));
+  const size_t block = piece * n;
+  for (size_t base = 0; base < count; base += block) {
+    size_t bc = std::min(block, count - base);
+    auto off = [&](int c) {
+      size_t o, z;
+      chunkRange(bc, n, c, &o, &z);
+      return base + o;
+    };
+    auto size = [&](int c) {
+      size_t o, z;
+      chunkRange(bc, n, c, &o, &z);
+      return z;
+    };
+    ringPass(&s, r, n, RingMode::kAllReduce, off, off, size);
   }
   return s;
 }
 
-Schedule ringReduceScatter(int r, int n, size_t recvcount) {
+Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece) {
+  if (n == 1) return localOnly(recvcount, recvcount, recvcount, true);
   Schedule s;
   s.reduces = true;
   s.inputCount = recvcount * n;
   s.outputCount = recvcount;
-  if (n == 1) {
-    Step st;
-    st.src = in(0);
-    st.dst = out(0);
-    st.count = recvcount;
-    st.final = true;
-    s.phases.push_back(single(st));
-    return s;
+  for (size_t base = 0; base < recvcount; base += piece) {
+    size_t bc = std::min(piece, recvcount - base);
+    ringPass(
+        &s, r, n, RingMode::kReduceScatter,
+        [&](int c) { return static_cast<size_t>(c) * recvcount + base; },
+        [&](int) { return base; }, [&](int) { return bc; });
   }
-  ringReducePhases(&s, r, n, recvcount * n, true, recvcount, false);
   return s;
 }
 
-Schedule ringAllGather(int r, int n, size_t sendcount) {
+Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece) {
   Schedule s;
   s.reduces = false;
   s.inputCount = sendcount;
   s.outputCount = sendcount * n;
-  const int next = mod(r + 1, n);
-  const int prev = mod(r - 1, n);
-  Step first;
-  first.src = in(0);
-  first.dst = out(static_cast<size_t>(r) * sendcount);
-  first.count = sendcount;
-  if (n > 1) first.sendTo(next);
-  s.phases.push_back(single(first));
-  for (int t = 1; t <= n - 1; ++t) {
+  if (n == 1) {
     Step st;
+    st.src = in(0);
+    st.dst = out(0);
     st.count = sendcount;
-    st.dst = out(static_cast<size_t>(mod(r - t, n)) * sendcount);
-    st.recvFrom(prev);
-    if (t < n - 1) st.sendTo(next);
     s.phases.push_back(single(st));
+    return s;
+  }
+  for (size_t base = 0; base < sendcount; base += piece) {
+    size_t bc = std::min(piece, sendcount - base);
+    ringPass(
+        &s, r, n, RingMode::kAllGather, [&](int) { return base; },
+        [&](int c) { return static_cast<size_t>(c) * sendcount + base; },
+        [&](int) { return bc; });
   }
   return s;
 }
@@ -269,48 +282,55 @@ Schedule treeReduce(int r, int n, size_t count, int root) {
   return s;
 }
 
-Schedule treeAllReduce(int r, int n, size_t count) {
-  if (n <= 2) return ringAllReduce(r, n, count);
+Schedule treeAllReduce(int r, int n, size_t count, size_t piece) {
+  if (n <= 2) return ringAllReduce(r, n, count, piece);
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
-  // Two trees, each carrying half the data. The second is the first mirrored (n even)
-  // or shifted by one (n odd), so a rank that is a leaf in one is inside the other.
+  // Two trees, each carrying half of every block. The second is the first mirrored
+  // (n even) or shifted by one (n odd), so a rank that is a leaf in one is inside the
+  // other. All blocks go in one phase: steps sharing a connection take turns in order,
+  // so the reduction streams up while results stream down.
   Phase phase;
-  for (int tree = 0; tree < 2; ++tree) {
-    size_t off, sz;
-    chunkRange(count, 2, tree, &off, &sz);
-    auto posOf = [&](int rank) {
-      if (tree == 0) return rank;
-      return n % 2 == 0 ? n - 1 - rank : mod(rank + 1, n);
-    };
-    auto rankOf = [&](int pos) {
-      if (tree == 0) return pos;
-      return n % 2 == 0 ? n - 1 - pos : mod(pos - 1, n);
-    };
-    TreeLinks t = binaryTree(posOf(r), n);
-    Step up;
-    up.src = in(off);
-    up.count = sz;
-    for (int c = 0; c < t.nchildren; ++c) up.recvFrom(rankOf(t.children[c]));
-    if (t.parent < 0) {
-      // The root finishes the reduction and starts the broadcast in one pass.
-      up.final = true;
-      up.dst = out(off);
-      for (int c = 0; c < t.nchildren; ++c) up.sendTo(rankOf(t.children[c]));
-      phase.push_back(up);
-    } else {
-      up.sendTo(rankOf(t.parent));
-      phase.push_back(up);
-      Step down;
-      down.count = sz;
-      down.dst = out(off);
-      down.recvFrom(rankOf(t.parent));
-      for (int c = 0; c < t.nchildren; ++c) down.sendTo(rankOf(t.children[c]));
-      phase.push_back(down);
+  const size_t block = 2 * piece;
+  for (size_t base = 0; base < count; base += block) {
+    size_t bc = std::min(block, count - base);
+    for (int tree = 0; tree < 2; ++tree) {
+      size_t off, sz;
+      chunkRange(bc, 2, tree, &off, &sz);
+      off += base;
+      auto posOf = [&](int rank) {
+        if (tree == 0) return rank;
+        return n % 2 == 0 ? n - 1 - rank : mod(rank + 1, n);
+      };
+      auto rankOf = [&](int pos) {
+        if (tree == 0) return pos;
+        return n % 2 == 0 ? n - 1 - pos : mod(pos - 1, n);
+      };
+      TreeLinks t = binaryTree(posOf(r), n);
+      Step up;
+      up.src = in(off);
+      up.count = sz;
+      for (int c = 0; c < t.nchildren; ++c) up.recvFrom(rankOf(t.children[c]));
+      if (t.parent < 0) {
+        // The root finishes the reduction and starts the broadcast in one pass.
+        up.final = true;
+        up.dst = out(off);
+        for (int c = 0; c < t.nchildren; ++c) up.sendTo(rankOf(t.children[c]));
+        phase.push_back(up);
+      } else {
+        up.sendTo(rankOf(t.parent));
+        phase.push_back(up);
+        Step down;
+        down.count = sz;
+        down.dst = out(off);
+        down.recvFrom(rankOf(t.parent));
+        for (int c = 0; c < t.nchildren; ++c) down.sendTo(rankOf(t.children[c]));
+        phase.push_back(down);
+      }
     }
   }
-  s.phases.push_back(phase);
+  s.phases.push_back(std::move(phase));
   return s;
 }
 

@@ -19,8 +19,9 @@ double ringAllReduceUs(size_t bytes, int n) {
 
 double treeAllReduceUs(size_t bytes, int n) {
   double depth = std::ceil(std::log2(static_cast<double>(n)));
-  // Each half crosses every tree link twice; an inner node moves 3x its half.
-  return 2.0 * depth * kHopLatencyUs + 1.5 * bytes / (kLinkGBs * 1e3);
+  // A rank is inside one tree (sends a half up and two halves down) and a leaf in the
+  // other (one half up): twice the message leaves every rank, against 2(n-1)/n for ring.
+  return 2.0 * depth * kHopLatencyUs + 2.0 * bytes / (kLinkGBs * 1e3);
 }
 
 bool algoAllowed(const std::string& forced, const char* name) {
@@ -119,9 +120,10 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
   const int r = req.rank, n = req.nranks;
   switch (req.type) {
     case CollType::kAllReduce:
-      return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count) : ringAllReduce(r, n, req.count);
-    case CollType::kAllGather: return ringAllGather(r, n, req.count);
-    case CollType::kReduceScatter: return ringReduceScatter(r, n, req.count);
+      return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems)
+                                      : ringAllReduce(r, n, req.count, req.pieceElems);
+    case CollType::kAllGather: return ringAllGather(r, n, req.count, req.pieceElems);
+    case CollType::kReduceScatter: return ringReduceScatter(r, n, req.count, req.pieceElems);
     case CollType::kBroadcast:
       return algo == Algorithm::kTree ? treeBroadcast(r, n, req.count, req.root)
                                       : chainBroadcast(r, n, req.count, req.root);

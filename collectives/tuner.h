@@ -17,6 +17,7 @@ struct CollRequest {
   int nranks = 1;
   int rank = 0;
   int root = 0;
+  size_t pieceElems = 131072;  // elements per FIFO slot
 };
 
 struct TunerChoice {

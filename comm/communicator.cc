@@ -343,6 +343,7 @@ Status Communicator::runCollective(const Operation& op) {
   req.nranks = nranks_;
   req.rank = rank_;
   req.root = op.root;
+  req.pieceElems = std::max<size_t>(1, context_.fifo.slotBytes / req.elemSize);
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
   collectives::Schedule sch = collectives::buildSchedule(req, choice.algo);
   collectives::ExecArgs args;

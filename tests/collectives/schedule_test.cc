@@ -1,0 +1,300 @@
+// Runs every schedule for every rank count 1..64 in a single-threaded simulator with
+// bounded FIFOs (as the transports have), so a schedule that deadlocks, reads a piece
+// twice, or applies the pre-/post-op a wrong number of times fails here.
+//
+// Data: rank r's input element i is r * 1000 + i % 997 + 1. The pre-op doubles a
+// contribution and the post-op negates the result, so a correct reduction yields
+// exactly -2 * (sum of inputs) and any double application shows.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "collectives/schedule.h"
+#include "collectives/tuner.h"
+
+namespace loom::collectives {
+namespace {
+
+constexpr size_t kPiece = 5;  // elements per FIFO slot: small, to exercise pipelining
+constexpr size_t kDepth = 2;  // slots per connection
+
+int64_t inputValue(int r, size_t i) { return r * 1000 + static_cast<int64_t>(i % 997) + 1; }
+
+struct RankState {
+  Schedule sch;
+  std::vector<int64_t> in, out;
+  size_t phase = 0;
+  std::vector<size_t> done;  // pieces done per step of the current phase
+};
+
+class Simulator {
+ public:
+  explicit Simulator(std::vector<Schedule> schedules, std::vector<std::vector<int64_t>> inputs)
+      : n_(static_cast<int>(schedules.size())) {
+    ranks_.resize(n_);
+    for (int r = 0; r < n_; ++r) {
+      ranks_[r].sch = std::move(schedules[r]);
+      ranks_[r].in = std::move(inputs[r]);
+      ranks_[r].out.assign(ranks_[r].sch.outputCount, INT64_MIN);
+      if (!ranks_[r].sch.phases.empty()) ranks_[r].done.assign(ranks_[r].sch.phases[0].size(), 0);
+    }
+  }
+
+  // Returns false on deadlock.
+  bool run() {
+    while (true) {
+      bool allDone = true, moved = false;
+      for (int r = 0; r < n_; ++r) {
+        RankState& s = ranks_[r];
+        if (s.phase >= s.sch.phases.size()) continue;
+        allDone = false;
+        const Phase& ph = s.sch.phases[s.phase];
+        bool phaseDone = true;
+        std::map<std::pair<int, bool>, bool> busy;  // connection used by an earlier step
+        for (size_t k = 0; k < ph.size(); ++k) {
+          const Step& st = ph[k];
+          size_t pieces = (st.count + kPiece - 1) / kPiece;
+          bool blocked = false;
+          for (int j = 0; j < st.nrecv; ++j) blocked |= busy[{st.recvPeers[j], false}];
+          for (int j = 0; j < st.nsend; ++j) blocked |= busy[{st.sendPeers[j], true}];
+          if (s.done[k] < pieces) {
+            phaseDone = false;
+            if (!blocked && tryPiece(r, st, s.done[k])) {
+              ++s.done[k];
+              moved = true;
+            }
+          }
+          if (s.done[k] < pieces) {
+            for (int j = 0; j < st.nrecv; ++j) busy[{st.recvPeers[j], false}] = true;
+            for (int j = 0; j < st.nsend; ++j) busy[{st.sendPeers[j], true}] = true;
+          }
+        }
+        if (phaseDone) {
+          ++s.phase;
+          if (s.phase < s.sch.phases.size()) s.done.assign(s.sch.phases[s.phase].size(), 0);
+          moved = true;
+        }
+      }
+      if (allDone) return fifosEmpty();
+      if (!moved) return false;
+    }
+  }
+
+  const std::vector<int64_t>& output(int r) const { return ranks_[r].out; }
+
+ private:
+  bool tryPiece(int r, const Step& st, size_t piece) {
+    RankState& s = ranks_[r];
+    size_t first = piece * kPiece;
+    size_t m = std::min(kPiece, st.count - first);
+    for (int j = 0; j < st.nrecv; ++j) {
+      auto& q = fifo_[{st.recvPeers[j], r}];
+      if (q.empty()) return false;
+      EXPECT_EQ(q.front().size(), m) << "piece size mismatch from " << st.recvPeers[j] << " to " << r;
+      if (q.front().size() != m) return false;
+    }
+    for (int j = 0; j < st.nsend; ++j) {
+      if (fifo_[{r, st.sendPeers[j]}].size() >= kDepth) return false;
+    }
+    std::vector<int64_t> acc(m);
+    bool have = false;
+    if (st.src.buffer != Buffer::kNone) {
+      const auto& buf = st.src.buffer == Buffer::kInput ? s.in : s.out;
+      for (size_t i = 0; i < m; ++i) {
+        size_t idx = st.src.offset + first + i;
+        EXPECT_LT(idx, buf.size());
+        int64_t v = idx < buf.size() ? buf[idx] : 0;
+        acc[i] = s.sch.reduces ? 2 * v : v;
+      }
+      have = true;
+    }
+    for (int j = 0; j < st.nrecv; ++j) {
+      auto& q = fifo_[{st.recvPeers[j], r}];
+      for (size_t i = 0; i < m; ++i) acc[i] = have ? acc[i] + q.front()[i] : q.front()[i];
+      EXPECT_TRUE(have || j == 0);
+      have = true;
+      q.pop_front();
+      if (!s.sch.reduces) EXPECT_EQ(st.nrecv, 1);
+    }
+    if (st.final) for (auto& v : acc) v = -v;
+    if (st.dst.buffer == Buffer::kOutput) {
+      for (size_t i = 0; i < m; ++i) {
+        size_t idx = st.dst.offset + first + i;
+        EXPECT_LT(idx, s.out.size());
+        if (idx < s.out.size()) s.out[idx] = acc[i];
+      }
+    }
+    for (int j = 0; j < st.nsend; ++j) fifo_[{r, st.sendPeers[j]}].push_back(acc);
+    return true;
+  }
+
+  bool fifosEmpty() const {
+    for (const auto& [k, q] : fifo_) {
+      if (!q.empty()) return false;
+    }
+    return true;
+  }
+
+  int n_;
+  std::vector<RankState> ranks_;
+  std::map<std::pair<int, int>, std::deque<std::vector<int64_t>>> fifo_;
+};
+
+std::vector<int> rankCounts() {
+  std::vector<int> v;
+  for (int n = 1; n <= 64; ++n) v.push_back(n);
+  return v;
+}
+
+std::vector<size_t> countsFor(int n) { return {0, 1, 2, static_cast<size_t>(n) + 3, 97}; }
+
+using Builder = std::function<Schedule(int r, int n, size_t count, int root)>;
+
+struct Case {
+  const char* name;
+  CollType type;
+  Builder build;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"RingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
+      {"TreeAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece); }},
+      {"RingAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece); }},
+      {"RingReduceScatter", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece); }},
+      {"ChainBroadcast", CollType::kBroadcast, [](int r, int n, size_t c, int root) { return chainBroadcast(r, n, c, root); }},
+      {"TreeBroadcast", CollType::kBroadcast, [](int r, int n, size_t c, int root) { return treeBroadcast(r, n, c, root); }},
+      {"TreeReduce", CollType::kReduce, [](int r, int n, size_t c, int root) { return treeReduce(r, n, c, root); }},
+      {"DirectAllToAll", CollType::kAllToAll, [](int r, int n, size_t c, int) { return directAllToAll(r, n, c); }},
+  };
+}
+
+void checkCase(const Case& cs, int n, size_t count, int root) {
+  std::vector<Schedule> schedules;
+  std::vector<std::vector<int64_t>> inputs;
+  for (int r = 0; r < n; ++r) {
+    schedules.push_back(cs.build(r, n, count, root));
+    std::vector<int64_t> in(schedules.back().inputCount);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = inputValue(r, i);
+    inputs.push_back(std::move(in));
+  }
+  Simulator sim(schedules, inputs);
+  ASSERT_TRUE(sim.run()) << cs.name << " deadlocks or leaves data behind: n=" << n << " count=" << count;
+  for (int r = 0; r < n; ++r) {
+    const auto& out = sim.output(r);
+    auto sumAt = [&](size_t i) {
+      int64_t s = 0;
+      for (int q = 0; q < n; ++q) s += inputValue(q, i);
+      return -2 * s;
+    };
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t expect = 0;
+      switch (cs.type) {
+        case CollType::kAllReduce: expect = sumAt(i); break;
+        case CollType::kReduce: expect = sumAt(i); break;
+        case CollType::kReduceScatter: expect = sumAt(r * count + i); break;
+        case CollType::kAllGather: expect = inputValue(static_cast<int>(i / count), i % count); break;
+        case CollType::kBroadcast: expect = inputValue(root, i); break;
+        case CollType::kAllToAll: expect = inputValue(static_cast<int>(i / count), r * count + i % count); break;
+        default: break;
+      }
+      ASSERT_EQ(out[i], expect) << cs.name << " n=" << n << " count=" << count << " rank " << r
+                                << " element " << i;
+    }
+  }
+}
+
+TEST(Schedules, EveryCollectiveEveryRankCount) {
+  for (const auto& cs : cases()) {
+    for (int n : rankCounts()) {
+      for (size_t count : countsFor(n)) {
+        std::vector<int> roots = {0};
+        if (cs.type == CollType::kBroadcast || cs.type == CollType::kReduce) roots = {0, n / 2, n - 1};
+        for (int root : roots) {
+          checkCase(cs, n, count, root);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(Schedules, BinaryTreeIsATree) {
+  for (int n = 1; n <= 200; ++n) {
+    int roots = 0;
+    for (int p = 0; p < n; ++p) {
+      TreeLinks t = binaryTree(p, n);
+      if (t.parent < 0) {
+        ++roots;
+        continue;
+      }
+      // My parent lists me as a child.
+      TreeLinks par = binaryTree(t.parent, n);
+      bool listed = false;
+      for (int c = 0; c < par.nchildren; ++c) listed |= par.children[c] == p;
+      ASSERT_TRUE(listed) << "n=" << n << " p=" << p;
+      // Walking up reaches the root within log2(n) + 2 steps.
+      int steps = 0, cur = p;
+      while (binaryTree(cur, n).parent >= 0 && steps < 64) {
+        cur = binaryTree(cur, n).parent;
+        ++steps;
+      }
+      ASSERT_LT(steps, 64);
+    }
+    ASSERT_EQ(roots, 1) << "n=" << n;
+  }
+}
+
+TEST(Schedules, ChunksCoverTheCount) {
+  for (int n = 1; n <= 64; ++n) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{63}, size_t{1000003}}) {
+      size_t next = 0;
+      for (int i = 0; i < n; ++i) {
+        size_t off, sz;
+        chunkRange(count, n, i, &off, &sz);
+        ASSERT_EQ(off, next);
+        next += sz;
+      }
+      ASSERT_EQ(next, count);
+    }
+  }
+}
+
+TEST(Tuner, ForcedAlgorithmAndUnknownNames) {
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.count = 1 << 20;
+  req.nranks = 8;
+  auto ring = chooseAlgorithm(req, "ring");
+  ASSERT_TRUE(ring.isOk());
+  EXPECT_EQ(ring->algo, Algorithm::kRing);
+  auto tree = chooseAlgorithm(req, "Tree");
+  ASSERT_TRUE(tree.isOk());
+  EXPECT_EQ(tree->algo, Algorithm::kTree);
+  auto notTree = chooseAlgorithm(req, "^tree");
+  ASSERT_TRUE(notTree.isOk());
+  EXPECT_EQ(notTree->algo, Algorithm::kRing);
+  auto bad = chooseAlgorithm(req, "warp");
+  EXPECT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("warp"), std::string::npos);
+}
+
+TEST(Tuner, SmallMessagesOnManyRanksUseTheTree) {
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.count = 2;
+  req.elemSize = 4;
+  req.nranks = 64;
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
+  req.count = 64 << 20;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kRing) << c->reason;
+}
+
+}  // namespace
+}  // namespace loom::collectives
