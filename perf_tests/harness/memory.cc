@@ -1,0 +1,93 @@
+#include "perf_tests/harness/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "perf_tests/harness/cuda_api.h"
+
+namespace loom::perf {
+namespace {
+
+class HostMemory final : public Memory {
+ public:
+  bool isDevice() const override { return false; }
+  const char* name() const override { return "host"; }
+  std::string setDevice(int) override { return ""; }
+  std::string allocate(size_t bytes, void** ptr) override {
+    *ptr = std::malloc(bytes == 0 ? 1 : bytes);
+    return *ptr != nullptr ? "" : "malloc of " + std::to_string(bytes) + " bytes failed";
+  }
+  void release(void* ptr) override { std::free(ptr); }
+  std::string fill(void* dst, int byte, size_t bytes) override {
+    std::memset(dst, byte, bytes);
+    return "";
+  }
+  std::string upload(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memcpy(dst, src, bytes);
+    return "";
+  }
+  std::string download(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memcpy(dst, src, bytes);
+    return "";
+  }
+  std::string createStream(cudaStream_t* stream) override {
+    *stream = nullptr;  // collectives on host memory complete before they return
+    return "";
+  }
+  void destroyStream(cudaStream_t) override {}
+  std::string query(cudaStream_t, bool* done) override {
+    *done = true;
+    return "";
+  }
+};
+
+class DeviceMemory final : public Memory {
+ public:
+  explicit DeviceMemory(const CudaApi* api) : api_(api) {}
+  bool isDevice() const override { return true; }
+  const char* name() const override { return "device"; }
+  std::string setDevice(int device) override { return check(api_->setDevice(device), "cudaSetDevice"); }
+  std::string allocate(size_t bytes, void** ptr) override {
+    return check(api_->malloc(ptr, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  }
+  void release(void* ptr) override { api_->free(ptr); }
+  std::string fill(void* dst, int byte, size_t bytes) override {
+    return check(api_->memset(dst, byte, bytes), "cudaMemset");
+  }
+  std::string upload(void* dst, const void* src, size_t bytes) override {
+    return check(api_->memcpy(dst, src, bytes, CudaApi::kMemcpyDefault), "cudaMemcpy");
+  }
+  std::string download(void* dst, const void* src, size_t bytes) override {
+    return check(api_->memcpy(dst, src, bytes, CudaApi::kMemcpyDefault), "cudaMemcpy");
+  }
+  std::string createStream(cudaStream_t* stream) override {
+    return check(api_->streamCreateWithFlags(stream, CudaApi::kStreamNonBlocking),
+                 "cudaStreamCreateWithFlags");
+  }
+  void destroyStream(cudaStream_t stream) override {
+    if (stream != nullptr) api_->streamDestroy(stream);
+  }
+  std::string query(cudaStream_t stream, bool* done) override {
+    const int e = api_->streamQuery(stream);
+    *done = e == 0;
+    return e == 0 || e == CudaApi::kErrorNotReady ? "" : check(e, "cudaStreamQuery");
+  }
+
+ private:
+  static std::string check(int error, const char* what) {
+    return error == 0 ? "" : std::string(what) + " failed: " + cudaErrorText(error);
+  }
+  const CudaApi* api_;
+};
+
+}  // namespace
+
+std::unique_ptr<Memory> makeHostMemory() { return std::make_unique<HostMemory>(); }
+
+std::unique_ptr<Memory> makeDeviceMemory() {
+  const CudaApi* api = cudaApi();
+  if (api == nullptr) return nullptr;
+  return std::make_unique<DeviceMemory>(api);
+}
+
+}  // namespace loom::perf

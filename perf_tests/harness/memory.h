@@ -1,0 +1,35 @@
+// Where the benchmark's buffers live: host memory (plain malloc) or device memory (through
+// the dlopen'd CUDA runtime). The runner moves test data through these calls only.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "nccl.h"
+
+namespace loom::perf {
+
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual bool isDevice() const = 0;
+  virtual const char* name() const = 0;  // "host" or "device"
+  // Each returns "" on success, otherwise what failed.
+  virtual std::string setDevice(int device) = 0;
+  virtual std::string allocate(size_t bytes, void** ptr) = 0;
+  virtual void release(void* ptr) = 0;
+  virtual std::string fill(void* dst, int byte, size_t bytes) = 0;
+  virtual std::string upload(void* dst, const void* hostSrc, size_t bytes) = 0;
+  virtual std::string download(void* hostDst, const void* src, size_t bytes) = 0;
+  virtual std::string createStream(cudaStream_t* stream) = 0;
+  virtual void destroyStream(cudaStream_t stream) = 0;
+  // Sets *done when all work on the stream has finished.
+  virtual std::string query(cudaStream_t stream, bool* done) = 0;
+};
+
+std::unique_ptr<Memory> makeHostMemory();
+// nullptr when the CUDA runtime cannot be loaded.
+std::unique_ptr<Memory> makeDeviceMemory();
+
+}  // namespace loom::perf

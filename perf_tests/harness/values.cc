@@ -1,0 +1,329 @@
+#include "perf_tests/harness/values.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace loom::perf {
+namespace {
+
+// ---- encoding helpers ----
+
+double roundHalfEven(double x) { return std::nearbyint(x); }  // default FP env: to nearest even
+
+int exponentBias(int exponentBits) { return (1 << (exponentBits - 1)) - 1; }
+
+double largestFinite(int exponentBits, int mantissaBits, bool finiteOnly) {
+  const int bias = exponentBias(exponentBits);
+  if (finiteOnly) {
+    // Top exponent field is usable; mantissa all-ones there is NaN.
+    const int maxField = (1 << exponentBits) - 1;
+    const double mant = 1.0 + ((1 << mantissaBits) - 2) / double(1 << mantissaBits);
+    return std::ldexp(mant, maxField - bias);
+  }
+  const int maxField = (1 << exponentBits) - 2;
+  const double mant = 1.0 + ((1 << mantissaBits) - 1) / double(1 << mantissaBits);
+  return std::ldexp(mant, maxField - bias);
+}
+
+double smallestNormal(const TypeInfo& info) {
+  switch (info.type) {
+    case ncclFloat32: return std::numeric_limits<float>::min();
+    case ncclFloat64: return std::numeric_limits<double>::min();
+    default: return std::ldexp(1.0, 1 - exponentBias(info.exponentBits));
+  }
+}
+
+bool isFiniteOnly(ncclDataType_t type) { return type == ncclFloat8e4m3; }
+
+// ---- generator helpers ----
+
+uint64_t mix(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t elementHash(uint64_t seed, int rank, size_t index) {
+  return mix(mix(seed * 0x100000001B3ull + static_cast<uint64_t>(rank)) ^ index);
+}
+
+// The largest integer magnitude the type holds exactly (capped: we never need more).
+int64_t exactLimit(const TypeInfo& info) {
+  switch (info.type) {
+    case ncclInt8: return 127;
+    case ncclUint8: return 127;  // keeps results below the 0xA5 poison
+    case ncclFloat16: return 2048;
+    case ncclBfloat16: return 256;
+    case ncclFloat8e4m3: return 16;
+    case ncclFloat8e5m2: return 8;
+    default: return int64_t{1} << 20;
+  }
+}
+
+int64_t valueRange(const DataParams& p, const TypeInfo& info) {
+  const int64_t limit = exactLimit(info);
+  if (p.op == OpKind::kMax || p.op == OpKind::kMin) return std::min<int64_t>(64, limit);
+  const int64_t perRank = p.op == OpKind::kMulSum ? 2 * int64_t{p.nranks} : p.nranks;
+  return std::clamp<int64_t>(limit / std::max<int64_t>(perRank, 1), 2, 64);
+}
+
+uint64_t widthMask(size_t size) {
+  return size >= 8 ? ~uint64_t{0} : ((uint64_t{1} << (8 * size)) - 1);
+}
+
+Expected integerReduce(const DataParams& p, const TypeInfo& info, size_t index) {
+  uint64_t acc = 0;
+  int64_t best = 0;
+  for (int r = 0; r < p.nranks; ++r) {
+    const int64_t x = inputValue(p, r, index);
+    const uint64_t ux = static_cast<uint64_t>(x);
+    switch (p.op) {
+      case OpKind::kSum:
+      case OpKind::kAvg: acc = r == 0 ? ux : acc + ux; break;
+      case OpKind::kProd: acc = r == 0 ? ux : acc * ux; break;
+      case OpKind::kMulSum: {
+        const uint64_t term = ux * static_cast<uint64_t>(mulSumScalar(r));
+        acc = r == 0 ? term : acc + term;
+        break;
+      }
+      case OpKind::kMax: best = r == 0 ? x : std::max(best, x); break;
+      case OpKind::kMin: best = r == 0 ? x : std::min(best, x); break;
+    }
+  }
+  Expected e;
+  if (p.op == OpKind::kMax || p.op == OpKind::kMin) acc = static_cast<uint64_t>(best);
+  // avg inputs are non-negative and their sum fits the type, so this is NCCL's sum-then-divide.
+  if (p.op == OpKind::kAvg) acc = static_cast<uint64_t>(static_cast<int64_t>(acc) / p.nranks);
+  e.bits = acc & widthMask(info.size);
+  return e;
+}
+
+Expected floatReduce(const DataParams& p, const TypeInfo& info, size_t index) {
+  double acc = 0, absSum = 0;
+  for (int r = 0; r < p.nranks; ++r) {
+    const double x = static_cast<double>(inputValue(p, r, index));
+    switch (p.op) {
+      case OpKind::kSum:
+      case OpKind::kAvg: acc += x; absSum += std::fabs(x); break;
+      case OpKind::kMulSum: {
+        const double term = x * static_cast<double>(mulSumScalar(r));
+        acc += term;
+        absSum += std::fabs(term);
+        break;
+      }
+      case OpKind::kProd: acc = r == 0 ? x : acc * x; break;
+      case OpKind::kMax: acc = r == 0 ? x : std::max(acc, x); break;
+      case OpKind::kMin: acc = r == 0 ? x : std::min(acc, x); break;
+    }
+  }
+  const double eps = std::ldexp(1.0, -info.mantissaBits);
+  const double n = p.nranks;
+  Expected e;
+  e.isFloat = true;
+  e.value = acc;
+  switch (p.op) {
+    case OpKind::kAvg:
+      e.value = acc / n;
+      e.tolerance = (n + 1) * eps * absSum / n;
+      break;
+    case OpKind::kSum:
+    case OpKind::kMulSum: e.tolerance = (n + 1) * eps * absSum; break;
+    case OpKind::kProd: e.tolerance = (n + 1) * eps * std::fabs(acc); break;
+    case OpKind::kMax:
+    case OpKind::kMin: e.tolerance = 0; break;
+  }
+  if (e.tolerance > 0) e.tolerance += smallestNormal(info);
+  return e;
+}
+
+}  // namespace
+
+// ---- encoding ----
+
+uint32_t encodeSmallFloat(double value, int exponentBits, int mantissaBits, bool finiteOnly) {
+  const int bias = exponentBias(exponentBits);
+  const uint32_t signBit = 1u << (exponentBits + mantissaBits);
+  const uint32_t expMask = (1u << exponentBits) - 1;
+  const uint32_t nanBits = finiteOnly ? ((expMask << mantissaBits) | ((1u << mantissaBits) - 1))
+                                      : ((expMask << mantissaBits) | (1u << (mantissaBits - 1)));
+  if (std::isnan(value)) return nanBits;
+  const uint32_t sign = std::signbit(value) ? signBit : 0;
+  double a = std::fabs(value);
+  const double maxFinite = largestFinite(exponentBits, mantissaBits, finiteOnly);
+  if (std::isinf(a)) return finiteOnly ? (sign | (nanBits & ~signBit)) : (sign | (expMask << mantissaBits));
+  if (a == 0) return sign;
+  const int minExp = 1 - bias;
+  int e2 = 0;
+  std::frexp(a, &e2);
+  int exp = e2 - 1;  // a = 1.f * 2^exp
+  if (exp < minExp) {
+    // Subnormal: quantum 2^(minExp - mantissaBits); a carry into 1 << mantissaBits is exactly
+    // the smallest normal's encoding.
+    const double m = roundHalfEven(std::ldexp(a, mantissaBits - minExp));
+    return sign | static_cast<uint32_t>(m);
+  }
+  double m = roundHalfEven(std::ldexp(a, mantissaBits - exp));  // in [2^mb, 2^(mb+1)]
+  if (m >= std::ldexp(1.0, mantissaBits + 1)) {
+    m /= 2;
+    exp += 1;
+  }
+  const double rounded = std::ldexp(m, exp - mantissaBits);
+  if (rounded > maxFinite) {
+    if (finiteOnly) return sign | encodeSmallFloat(maxFinite, exponentBits, mantissaBits, true);
+    return sign | (expMask << mantissaBits);
+  }
+  const uint32_t field = static_cast<uint32_t>(exp + bias);
+  const uint32_t frac = static_cast<uint32_t>(m) - (1u << mantissaBits);
+  return sign | (field << mantissaBits) | frac;
+}
+
+double decodeSmallFloat(uint32_t bits, int exponentBits, int mantissaBits, bool finiteOnly) {
+  const int bias = exponentBias(exponentBits);
+  const uint32_t expMask = (1u << exponentBits) - 1;
+  const uint32_t fracMask = (1u << mantissaBits) - 1;
+  const bool negative = (bits >> (exponentBits + mantissaBits)) & 1;
+  const uint32_t field = (bits >> mantissaBits) & expMask;
+  const uint32_t frac = bits & fracMask;
+  double v;
+  if (field == 0) {
+    v = std::ldexp(static_cast<double>(frac), 1 - bias - mantissaBits);
+  } else if (field == expMask && !finiteOnly) {
+    v = frac ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  } else if (field == expMask && finiteOnly && frac == fracMask) {
+    v = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    v = std::ldexp(1.0 + static_cast<double>(frac) / (1u << mantissaBits),
+                   static_cast<int>(field) - bias);
+  }
+  return negative ? -v : v;
+}
+
+void storeFloat(ncclDataType_t type, double value, void* dst) {
+  const TypeInfo& info = typeInfo(type);
+  if (type == ncclFloat32) {
+    const float f = static_cast<float>(value);
+    std::memcpy(dst, &f, sizeof f);
+  } else if (type == ncclFloat64) {
+    std::memcpy(dst, &value, sizeof value);
+  } else {
+    const uint32_t bits =
+        encodeSmallFloat(value, info.exponentBits, info.mantissaBits, isFiniteOnly(type));
+    std::memcpy(dst, &bits, info.size);  // little-endian: the low bytes
+  }
+}
+
+double loadFloat(ncclDataType_t type, const void* src) {
+  const TypeInfo& info = typeInfo(type);
+  if (type == ncclFloat32) {
+    float f;
+    std::memcpy(&f, src, sizeof f);
+    return f;
+  }
+  if (type == ncclFloat64) {
+    double d;
+    std::memcpy(&d, src, sizeof d);
+    return d;
+  }
+  uint32_t bits = 0;
+  std::memcpy(&bits, src, info.size);
+  return decodeSmallFloat(bits, info.exponentBits, info.mantissaBits, isFiniteOnly(type));
+}
+
+void storeInteger(ncclDataType_t type, uint64_t value, void* dst) {
+  std::memcpy(dst, &value, typeInfo(type).size);
+}
+
+uint64_t loadIntegerBits(ncclDataType_t type, const void* src) {
+  uint64_t v = 0;
+  std::memcpy(&v, src, typeInfo(type).size);
+  return v;
+}
+
+void storeValue(ncclDataType_t type, int64_t value, void* dst) {
+  if (typeInfo(type).isFloat) {
+    storeFloat(type, static_cast<double>(value), dst);
+  } else {
+    storeInteger(type, static_cast<uint64_t>(value), dst);
+  }
+}
+
+// ---- generator ----
+
+int64_t mulSumScalar(int rank) { return 1 + rank % 2; }
+
+int64_t inputValue(const DataParams& p, int rank, size_t index) {
+  const TypeInfo& info = typeInfo(p.type);
+  if (p.op == OpKind::kProd) {
+    // One rank in n+1 positions holds 2 (none for the remaining index), another holds -1.
+    const uint64_t slots = static_cast<uint64_t>(p.nranks) + 1;
+    const uint64_t h = mix(p.seed ^ index);
+    if (static_cast<uint64_t>(rank) == h % slots) return 2;
+    if (info.isSigned && static_cast<uint64_t>(rank) == (h >> 32) % slots) return -1;
+    return 1;
+  }
+  const int64_t k = valueRange(p, info);
+  const int64_t v = static_cast<int64_t>(elementHash(p.seed, rank, index) % static_cast<uint64_t>(k));
+  const bool nonNegative = !info.isSigned || (p.op == OpKind::kAvg && !info.isFloat);
+  return nonNegative ? v : v - k / 2;
+}
+
+void fillInput(const DataParams& params, int rank, void* dst, size_t count) {
+  const size_t size = typeInfo(params.type).size;
+  auto* out = static_cast<char*>(dst);
+  for (size_t i = 0; i < count; ++i) storeValue(params.type, inputValue(params, rank, i), out + i * size);
+}
+
+int poisonByte(ncclDataType_t type) { return typeInfo(type).isFloat ? 0x7F : 0xA5; }
+
+// ---- expected ----
+
+Expected expectedReduce(const DataParams& params, size_t index) {
+  const TypeInfo& info = typeInfo(params.type);
+  return info.isFloat ? floatReduce(params, info, index) : integerReduce(params, info, index);
+}
+
+Expected expectedCopy(const DataParams& params, int rank, size_t index) {
+  const TypeInfo& info = typeInfo(params.type);
+  const int64_t x = inputValue(params, rank, index);
+  Expected e;
+  e.isFloat = info.isFloat;
+  if (info.isFloat) {
+    // The stored input is the exact value rounded into the type; a copy must match it exactly.
+    char buf[8] = {};
+    storeFloat(params.type, static_cast<double>(x), buf);
+    e.value = loadFloat(params.type, buf);
+  } else {
+    e.bits = static_cast<uint64_t>(x) & widthMask(info.size);
+  }
+  return e;
+}
+
+Expected expectedFor(const DataParams& params, const Source& source) {
+  if (source.kind == Source::Kind::kCopy) return expectedCopy(params, source.rank, source.index);
+  return expectedReduce(params, source.index);
+}
+
+bool matches(ncclDataType_t type, const Expected& expected, const void* element) {
+  if (!expected.isFloat) return loadIntegerBits(type, element) == expected.bits;
+  const double got = loadFloat(type, element);
+  if (std::isnan(got)) return false;
+  return std::fabs(got - expected.value) <= expected.tolerance;
+}
+
+int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn expect,
+                   const void* data, size_t count) {
+  const size_t size = typeInfo(params.type).size;
+  const auto* bytes = static_cast<const char*>(data);
+  int64_t wrong = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const Source source = expect(layout, j);
+    if (source.kind == Source::Kind::kUnchecked) continue;
+    if (!matches(params.type, expectedFor(params, source), bytes + j * size)) ++wrong;
+  }
+  return wrong;
+}
+
+}  // namespace loom::perf
