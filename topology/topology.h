@@ -1,0 +1,20 @@
+// loom::topology, the public face: include this one header.
+//
+//   detect.h     detectLocal / detectWithEnvironment / detectHostId (Reader-based)
+//   reader.h     Reader, DirReader (live or recorded tree), MapReader (tests)
+//   gpu_source.h NVML (dlopen) and recorded GPU answers
+//   system.h     System: the machine as NCCL's XML describes it; mergeInto
+//   xml.h        parseXml / readXmlFile / toXml / writeXmlFile
+//   graph.h      Graph::build, paths (LOC..SYS), bandwidths, closest NIC per GPU
+//   search.h     ClusterView, searchRings, searchTrees, doubleBinaryTree
+//   report.h     toJson, graphToJson, formatMatrix
+#pragma once
+
+#include "topology/detect.h"
+#include "topology/gpu_source.h"
+#include "topology/graph.h"
+#include "topology/reader.h"
+#include "topology/report.h"
+#include "topology/search.h"
+#include "topology/system.h"
+#include "topology/xml.h"
