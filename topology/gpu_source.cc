@@ -191,7 +191,8 @@ std::string gpuRecordsToJson(const std::vector<GpuRecord>& records) {
   return root.dump(2) + "\n";
 }
 
-Result<std::vector<GpuRecord>> gpuRecordsFromJson(const std::string& text) {
+namespace {
+Result<std::vector<GpuRecord>> parseGpuRecords(const std::string& text) {
   nlohmann::json root = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object() || !root.contains("gpus") || !root["gpus"].is_array()) {
     return errorf(Code::kInvalidArgument, "not a recorded NVML answer (want {\"gpus\": [...]})");
@@ -224,6 +225,16 @@ Result<std::vector<GpuRecord>> gpuRecordsFromJson(const std::string& text) {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::vector<GpuRecord>> gpuRecordsFromJson(const std::string& text) {
+  try {
+    return parseGpuRecords(text);
+  } catch (const std::exception& e) {  // a field of the wrong type
+    return errorf(Code::kInvalidArgument, "bad recorded NVML answer: %s", e.what());
+  }
 }
 
 }  // namespace loom::topology

@@ -110,6 +110,11 @@ class RingSearch {
       if (capacity_[offset_[s.node] + s.link] + kEps < speed) return false;
     return !hops_[a * gpus_.size() + b].empty();
   }
+  double remaining(int a, int b) const {
+    double r = 1e300;
+    for (const Slot& s : hops_[a * gpus_.size() + b]) r = std::min(r, capacity_[offset_[s.node] + s.link]);
+    return r;
+  }
   void take(int a, int b, double amount) {
     for (const Slot& s : hops_[a * gpus_.size() + b]) capacity_[offset_[s.node] + s.link] -= amount;
   }
@@ -131,8 +136,21 @@ class RingSearch {
       take(last, ring.front(), speed);
       return true;
     }
+    // Best path type first (order_ is sorted that way), then the hop with the most
+    // capacity left, so successive rings spread over parallel links instead of
+    // exhausting one cycle; ties keep GPU order, so the result stays deterministic.
+    std::vector<std::pair<int, double>> candidates;
     for (int next : order_[last]) {
       if (used[next] || !fits(last, next, speed)) continue;
+      candidates.emplace_back(next, remaining(last, next));
+    }
+    std::stable_sort(candidates.begin(), candidates.end(), [&](const auto& x, const auto& y) {
+      PathType tx = graph_.gpuToGpu(gpus_[last], gpus_[x.first]).type;
+      PathType ty = graph_.gpuToGpu(gpus_[last], gpus_[y.first]).type;
+      if (tx != ty) return tx < ty;
+      return x.second > y.second + kEps;
+    });
+    for (auto [next, _] : candidates) {
       take(last, next, speed);
       used[next] = 1;
       ring.push_back(next);
