@@ -148,12 +148,15 @@ Result<std::unique_ptr<Bootstrap>> Bootstrap::join(const IdContents& id, int ran
   JoinRequest req{kMsgMagic, {id.secret[0], id.secret[1]}, rank, nranks, bound};
   LOOM_TRY(conn->sendAll(&req, sizeof(req), deadline, "bootstrap root"));
   JoinReplyHeader h{};
-  Status st = conn->recvAll(&h, sizeof(h), deadline, "bootstrap root");
+  // The root gives up at the same timeout and then says which ranks are missing: wait
+  // a little longer than it does so that message arrives.
+  Deadline replyDeadline = Deadline::afterMs(timeoutMs + 3000, abortFlag);
+  Status st = conn->recvAll(&h, sizeof(h), replyDeadline, "bootstrap root");
   if (!st) return st.withContext("rank " + std::to_string(rank) + " waiting for the other ranks to join");
   if (h.magic != kMsgMagic) return errorf(Code::kRemoteError, "bootstrap root sent garbage");
   if (h.code != 0) {
     std::string msg(std::min<uint32_t>(h.messageBytes, 4096), '\0');
-    (void)conn->recvAll(msg.data(), msg.size(), deadline, "bootstrap root");
+    (void)conn->recvAll(msg.data(), msg.size(), replyDeadline, "bootstrap root");
     return Status(static_cast<Code>(h.code), msg);
   }
   b->addresses_.resize(nranks);
@@ -195,6 +198,12 @@ Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
     }
     auto s = listener_.accept(d);
     if (!s) {
+      // A peer that never sends is a remote failure, unless we were aborted.
+      if (!d.aborted()) {
+        return Status(Code::kRemoteError, s.status().message())
+            .withContext("bootstrap: rank " + std::to_string(rank_) +
+                         " waiting for a message from rank " + std::to_string(peer));
+      }
       return s.status().withContext("bootstrap: rank " + std::to_string(rank_) +
                                     " waiting for a message from rank " + std::to_string(peer));
     }

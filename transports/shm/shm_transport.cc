@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -51,10 +52,21 @@ std::string freeSpaceText() {
          " MiB";
 }
 
+// Dead, or a zombie its parent has not collected yet (kill() still succeeds then).
 Status peerAlive(pid_t pid, int rank) {
-  if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
-    return errorf(Code::kRemoteError, "rank %d (pid %d) has exited", rank, (int)pid);
+  if (pid <= 0 || pid == getpid()) return Status::ok();
+  bool dead = kill(pid, 0) != 0 && errno == ESRCH;
+  if (!dead) {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    if (FILE* f = std::fopen(path, "r")) {
+      int p = 0;
+      char comm[256], state = 0;
+      if (std::fscanf(f, "%d %255s %c", &p, comm, &state) == 3) dead = state == 'Z' || state == 'X';
+      std::fclose(f);
+    }
   }
+  if (dead) return errorf(Code::kRemoteError, "rank %d (pid %d) has exited", rank, (int)pid);
   return Status::ok();
 }
 

@@ -177,8 +177,13 @@ class TcpRecv : public RecvConnection {
     what_ = "rank " + std::to_string(peer);
   }
   Result<const void*> tryRecv(size_t* bytes) override {
-    LOOM_TRY(progress());
-    if (complete() <= released_) return nullptr;
+    // Only read more when the next slot is not complete: a peer that has sent all and
+    // closed must not turn data already here into an error.
+    if (complete() <= released_) LOOM_TRY(progress());
+    if (complete() <= released_) {
+      if (!closed_.isOk()) return closed_;
+      return nullptr;
+    }
     *bytes = ring_.size(released_);
     return static_cast<const void*>(ring_.slot(released_));
   }
@@ -194,8 +199,8 @@ class TcpRecv : public RecvConnection {
         size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
         if (k == 0 && s.done < hdr) {
           LOOM_ASSIGN_OR_RETURN(size_t n,
-                                s.sock.recvSome(reinterpret_cast<char*>(&s.header) + s.done,
-                                                hdr - s.done, what_.c_str()));
+                                readSome(s, reinterpret_cast<char*>(&s.header) + s.done,
+                                         hdr - s.done));
           if (n == 0) break;
           s.done += n;
           if (s.done < hdr) break;
@@ -214,8 +219,8 @@ class TcpRecv : public RecvConnection {
         partRange(total, static_cast<int>(k), static_cast<int>(socks_.size()), &b, &e);
         size_t want = hdr + (e - b);
         if (s.done < want) {
-          LOOM_ASSIGN_OR_RETURN(size_t n, s.sock.recvSome(ring_.slot(s.seq) + b + (s.done - hdr),
-                                                          want - s.done, what_.c_str()));
+          LOOM_ASSIGN_OR_RETURN(size_t n, readSome(s, ring_.slot(s.seq) + b + (s.done - hdr),
+                                                   want - s.done));
           if (n == 0) break;
           s.done += n;
         }
@@ -241,6 +246,19 @@ class TcpRecv : public RecvConnection {
   }
 
  private:
+  // Reads what is there; a closed connection is remembered rather than reported, since
+  // the slots already received stay valid (tryRecv reports it once they run out).
+  Result<size_t> readSome(SockState& s, void* p, size_t bytes) {
+    if (!closed_.isOk()) return size_t{0};
+    auto r = s.sock.recvSome(p, bytes, what_.c_str());
+    if (!r.isOk()) {
+      if (r.status().code() != Code::kRemoteError) return r.status();
+      closed_ = r.status();
+      return size_t{0};
+    }
+    return r;
+  }
+
   uint64_t complete() const {
     uint64_t m = UINT64_MAX;
     for (const auto& s : socks_) m = std::min(m, s.seq);
@@ -250,6 +268,7 @@ class TcpRecv : public RecvConnection {
   std::vector<SockState> socks_;
   uint64_t released_ = 0;
   uint64_t headers_ = 0;
+  Status closed_;
   int peer_;
   std::string what_;
 };
