@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# scripts/compare_ompi.sh [--repeat N] [--iters N] [--warmup N] [--out FILE]
+#
+# Host-memory all-reduce, loom against Open MPI, in the same run, 4 ranks on this machine:
+#   Open MPI  MPI_Allreduce (float, sum) from scripts/bench/ompi_allreduce.cc, mpirun -np 4,
+#             once with its defaults (shared memory) and once with --mca btl tcp,self;
+#   loom      all_reduce_perf under mpirun -np 4 (one rank per process, host memory), once
+#             with its default transports (shared memory) and once with LOOM_TRANSPORTS=tcp.
+# Sizes 8 B, 512 KiB, 2 MiB, 8 MiB, 64 MiB, 128 MiB; each run does WARMUP untimed and ITERS
+# timed calls per size. With --repeat N every configuration runs N times, interleaved, and
+# the table shows the median. Writes a markdown table (default docs/perf/host_allreduce.md)
+# with the date, the machine and the exact commands.
+#
+# Environment: BUILD_DIR (default build; all_reduce_perf is built there if missing).
+set -euo pipefail
+# shellcheck source=scripts/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+cd "$LOOM_ROOT"
+
+repeat=3
+iters=20
+warmup=5
+out=docs/perf/host_allreduce.md
+while (($# > 0)); do
+  case "$1" in
+    --repeat) repeat="$2"; shift 2 ;;
+    --iters) iters="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) loom_die "unknown argument '$1' (try --help)" ;;
+  esac
+done
+
+BUILD_DIR="${BUILD_DIR:-build}"
+SIZES=(8 524288 2097152 8388608 67108864 134217728)
+NP=4
+
+loom_setup
+loom_mpi_env
+
+# all_reduce_perf, built with MPI.
+if ! loom_configured "$BUILD_DIR"; then
+  loom_configure "$BUILD_DIR" -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCHMARKS=OFF
+fi
+loom_build "$BUILD_DIR" all_reduce_perf
+perf="$BUILD_DIR/perf_tests/all_reduce_perf"
+[[ -x "$perf" ]] || loom_die "$perf was not built"
+if ! grep -q '^LOOM_PERF_HAVE_MPI:INTERNAL=ON' "$BUILD_DIR/CMakeCache.txt"; then
+  loom_die "$perf was built without MPI (is libopenmpi-dev installed? reconfigure $BUILD_DIR)"
+fi
+
+# The Open MPI benchmark (C bindings only: the C++ ones only add warnings).
+ompi="$BUILD_DIR/ompi_allreduce"
+src=scripts/bench/ompi_allreduce.cc
+if [[ ! -x "$ompi" || "$src" -nt "$ompi" ]]; then
+  loom_log "compiling $ompi"
+  mpicxx -O2 -std=c++17 -DOMPI_SKIP_MPICXX=1 "$src" -o "$ompi"
+fi
+
+mpirun_base=(mpirun --allow-run-as-root --oversubscribe -np "$NP")
+ompi_cmd_shm=("${mpirun_base[@]}" "$ompi" -w "$warmup" -n "$iters")
+ompi_cmd_tcp=("${mpirun_base[@]}" --mca btl tcp,self "$ompi" -w "$warmup" -n "$iters")
+loom_args=(-g 1 -w "$warmup" -n "$iters" -c 1 --memory host)
+loom_cmd_shm=("${mpirun_base[@]}" "$perf")
+loom_cmd_tcp=("${mpirun_base[@]}" -x LOOM_TRANSPORTS=tcp "$perf")
+
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
+# Each result line: impl mode size time_us busbw wrong
+
+run_ompi() {  # MODE
+  local mode="$1" cmd
+  if [[ "$mode" == shm ]]; then cmd=("${ompi_cmd_shm[@]}"); else cmd=("${ompi_cmd_tcp[@]}"); fi
+  local text
+  text="$("${cmd[@]}" "${SIZES[@]}")" || loom_die "Open MPI run failed: ${cmd[*]}"
+  awk -v mode="$mode" '!/^#/ && NF >= 6 { print "ompi", mode, $1, $3, $5, $6 }' <<<"$text" >>"$results"
+}
+
+run_loom() {  # MODE
+  local mode="$1" cmd size text
+  if [[ "$mode" == shm ]]; then cmd=("${loom_cmd_shm[@]}"); else cmd=("${loom_cmd_tcp[@]}"); fi
+  for size in "${SIZES[@]}"; do
+    text="$("${cmd[@]}" -b "$size" -e "$size" "${loom_args[@]}" 2>&1)" || {
+      printf '%s\n' "$text" | tail -n 20 >&2
+      loom_die "loom run failed: ${cmd[*]} -b $size -e $size ${loom_args[*]}"
+    }
+    # nccl-tests columns: size count type redop root | time algbw busbw #wrong (out-of-place)
+    awk -v mode="$mode" -v size="$size" \
+      '!/^#/ && $1 == size && NF >= 9 { print "loom", mode, $1, $6, $8, $9; exit }' \
+      <<<"$text" >>"$results"
+  done
+}
+
+load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
+start=$SECONDS
+for ((r = 1; r <= repeat; ++r)); do
+  for mode in shm tcp; do
+    loom_log "round $r/$repeat, $mode: Open MPI"
+    run_ompi "$mode"
+    loom_log "round $r/$repeat, $mode: loom"
+    run_loom "$mode"
+  done
+done
+load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
+elapsed=$((SECONDS - start))
+
+# median IMPL MODE SIZE FIELD (4 = time_us, 5 = busbw): the median over the rounds.
+median() {
+  awk -v i="$1" -v m="$2" -v s="$3" -v f="$4" '$1 == i && $2 == m && $3 == s { print $f }' \
+    "$results" | sort -g | awk '{ v[NR] = $1 } END {
+      if (NR == 0) { print "nan"; exit }
+      if (NR % 2) print v[(NR + 1) / 2]; else printf "%.6g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+wrong_total() {
+  awk '{ w += $6 } END { print w + 0 }' "$results"
+}
+
+human() {  # bytes -> "8 B", "512 KiB", "2 MiB"
+  awk -v b="$1" 'BEGIN {
+    if (b >= 1048576 && b % 1048576 == 0) printf "%d MiB", b / 1048576
+    else if (b >= 1024 && b % 1024 == 0) printf "%d KiB", b / 1024
+    else printf "%d B", b }'
+}
+
+# The targets of issue 2 (ratio = loom busbw / Open MPI busbw = Open MPI time / loom time).
+target() {  # MODE SIZE -> minimum ratio, or "-"
+  local mode="$1" size="$2"
+  if ((size == 8)); then echo 1.0; return; fi
+  if [[ "$mode" == shm ]]; then
+    if ((size >= 524288 && size <= 67108864)); then echo 1.5; else echo -; fi
+  else
+    if ((size >= 8388608 && size <= 67108864)); then
+      echo 1.5
+    elif ((size >= 524288 && size <= 2097152)); then
+      echo 0.9
+    else
+      echo -
+    fi
+  fi
+}
+
+table() {  # MODE
+  local mode="$1" size ot lt ob lb ratio tgt verdict
+  echo "| size | Open MPI time (µs) | loom time (µs) | Open MPI busbw (GB/s) | loom busbw (GB/s) | loom / Open MPI | target |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  for size in "${SIZES[@]}"; do
+    ot="$(median ompi "$mode" "$size" 4)"
+    lt="$(median loom "$mode" "$size" 4)"
+    ob="$(median ompi "$mode" "$size" 5)"
+    lb="$(median loom "$mode" "$size" 5)"
+    ratio="$(awk -v a="$ot" -v b="$lt" 'BEGIN { if (b > 0 && a > 0) printf "%.2f", a / b; else print "n/a" }')"
+    tgt="$(target "$mode" "$size")"
+    if [[ "$tgt" == - || "$ratio" == n/a ]]; then
+      verdict="—"
+    elif awk -v r="$ratio" -v t="$tgt" 'BEGIN { exit !(r >= t) }'; then
+      verdict="≥ $tgt: met"
+    else
+      verdict="≥ $tgt: **missed**"
+    fi
+    printf '| %s | %.1f | %.1f | %.3f | %.3f | %s | %s |\n' "$(human "$size")" "$ot" "$lt" "$ob" \
+      "$lb" "$ratio" "$verdict"
+  done
+}
+
+cpu="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
+ompi_version="$(mpirun --version 2>/dev/null | head -n1)"
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+git diff --quiet HEAD -- 2>/dev/null || commit+=" (with uncommitted changes)"
+sizes_text="${SIZES[*]}"
+
+mkdir -p "$(dirname "$out")"
+{
+  echo "# Host-memory all-reduce: loom against Open MPI"
+  echo
+  echo "Written by \`scripts/compare_ompi.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand, run the script again."
+  echo
+  echo "- machine: $(nproc) cores, ${cpu:-unknown CPU}, Linux $(uname -r), $(free -g | awk '/^Mem:/ { print $2 " GiB" }') memory"
+  echo "- Open MPI: ${ompi_version:-unknown}; loom: commit $commit, \`$perf\`"
+  echo "- $NP ranks (4 processes, oversubscribed where there are fewer cores), host memory, float sum"
+  echo "- $warmup warm-up and $iters timed calls per size; every configuration ran $repeat time(s), interleaved, and each cell is the median"
+  echo "- time is the mean per call averaged over ranks; busbw = size / time × 2(n−1)/n (nccl-tests' all-reduce formula); loom's figures are all_reduce_perf's out-of-place columns"
+  echo "- load average before / after: $load_before / $load_after (the machine may be shared: read the figures with that in mind); $elapsed s in all"
+  echo "- wrong results reported across all runs: $(wrong_total)"
+  echo "- targets (issue 2): shared memory ≥ 1.5 × Open MPI at 512 KiB–64 MiB; TCP ≥ 1.5 × at 8–64 MiB and ≥ 0.9 × at 512 KiB–2 MiB; 8-byte latency no worse than Open MPI's"
+  echo
+  echo "## Shared memory (both libraries' defaults)"
+  echo
+  table shm
+  echo
+  echo "## TCP only (Open MPI \`--mca btl tcp,self\`, loom \`LOOM_TRANSPORTS=tcp\`)"
+  echo
+  table tcp
+  echo
+  echo "## Commands"
+  echo
+  echo '```sh'
+  echo "mpicxx -O2 -std=c++17 -DOMPI_SKIP_MPICXX=1 $src -o $ompi"
+  echo "# shared memory"
+  echo "${ompi_cmd_shm[*]} $sizes_text"
+  echo "for s in $sizes_text; do ${loom_cmd_shm[*]} -b \$s -e \$s ${loom_args[*]}; done"
+  echo "# TCP only"
+  echo "${ompi_cmd_tcp[*]} $sizes_text"
+  echo "for s in $sizes_text; do ${loom_cmd_tcp[*]} -b \$s -e \$s ${loom_args[*]}; done"
+  echo '```'
+  echo
+  echo "Run as root, the script also sets OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1."
+} >"$out"
+loom_log "wrote $out"
+cat "$out"

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# scripts/test.sh [--quick]
+#
+# Builds loom and runs the whole test suite, from a fresh Debian/Ubuntu machine (installs
+# what is missing as root; says what to install otherwise). Two passes:
+#   1. build/       Release, CUDA where nvcc exists, tests and benchmarks on; every test
+#                   (ctest -j2; GPU tests skip themselves where no GPU is present).
+#   2. build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (leak checks on), no CUDA,
+#                   no benchmarks; the tests labelled cpu.
+# --quick skips the second pass. Ends with one summary line; exits non-zero if a build or
+# a test failed. .ci/run calls this script.
+#
+# Environment: LOOM_JOBS (build and ctest jobs, default 2), LOOM_TEST_TIMEOUT (seconds per
+# test, default 300; the sanitizer pass allows twice that), BUILD_DIR (default build),
+# ASAN_BUILD_DIR (default build-asan).
+set -euo pipefail
+# shellcheck source=scripts/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+cd "$LOOM_ROOT"
+
+quick=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    -h | --help)
+      sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *) loom_die "unknown argument '$arg' (try --help)" ;;
+  esac
+done
+
+BUILD_DIR="${BUILD_DIR:-build}"
+ASAN_BUILD_DIR="${ASAN_BUILD_DIR:-build-asan}"
+TIMEOUT="${LOOM_TEST_TIMEOUT:-300}"
+
+loom_setup
+loom_mpi_env
+
+t0=$SECONDS
+failed=0
+summary=()
+
+# run_ctest NAME DIR TIMEOUT [CTEST ARGS...]: runs ctest in DIR, appends "NAME: p/t passed"
+# to the summary and marks failure.
+run_ctest() {
+  local name="$1" dir="$2" timeout="$3"
+  shift 3
+  local log="$dir/ctest.log" start=$SECONDS rc
+  loom_log "$name: ctest -j$LOOM_JOBS --timeout $timeout $*"
+  set +e
+  (cd "$dir" && ctest --output-on-failure -j "$LOOM_JOBS" --timeout "$timeout" "$@") 2>&1 |
+    tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  local line total nfail
+  line="$(grep -E '^[0-9]+% tests passed' "$log" | tail -n1 || true)"
+  if [[ -n "$line" ]]; then
+    nfail="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")"
+    total="$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$line")"
+    summary+=("$name: $((total - nfail))/$total passed ($(loom_duration $((SECONDS - start))))")
+  elif grep -q 'No tests were found' "$log"; then
+    summary+=("$name: no tests found")
+    rc=1
+  else
+    summary+=("$name: ctest failed (rc $rc)")
+  fi
+  if ((rc != 0)); then
+    failed=1
+    # ctest lists the failures after "The following tests FAILED:"; keep them for the end.
+    sed -n '/The following tests FAILED:/,$p' "$log" >>"$LOOM_FAILURES"
+  fi
+}
+
+LOOM_FAILURES="$(mktemp)"
+trap 'rm -f "$LOOM_FAILURES"' EXIT
+
+# Pass 1: Release, everything on.
+echo "== pass 1: Release build in $BUILD_DIR, all tests"
+if loom_configure "$BUILD_DIR" -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCHMARKS=ON -DLOOM_SANITIZE= &&
+  loom_build "$BUILD_DIR"; then
+  run_ctest "release" "$BUILD_DIR" "$TIMEOUT"
+else
+  summary+=("release: BUILD FAILED")
+  failed=1
+fi
+
+# Pass 2: sanitizers on the cpu-labelled tests.
+if ((quick == 0)); then
+  echo
+  echo "== pass 2: AddressSanitizer + UndefinedBehaviorSanitizer build in $ASAN_BUILD_DIR, tests labelled cpu"
+  # Leaks inside Open MPI's own libraries are not ours; everything else is reported.
+  export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$LOOM_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0}"
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+  if loom_configure "$ASAN_BUILD_DIR" -DLOOM_SANITIZE=address,undefined -DLOOM_WITH_CUDA=OFF \
+    -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+    loom_build "$ASAN_BUILD_DIR"; then
+    run_ctest "asan+ubsan (cpu)" "$ASAN_BUILD_DIR" $((TIMEOUT * 2)) -L cpu
+  else
+    summary+=("asan+ubsan: BUILD FAILED")
+    failed=1
+  fi
+else
+  summary+=("asan+ubsan: skipped (--quick)")
+fi
+
+if [[ -s "$LOOM_FAILURES" ]]; then
+  echo
+  echo "== failures"
+  cat "$LOOM_FAILURES"
+fi
+if [[ "${CI:-}" == true ]] && command -v ccache >/dev/null 2>&1; then
+  ccache -s 2>/dev/null | head -n 8 || true
+fi
+echo
+status=PASS
+((failed == 0)) || status=FAIL
+line="${summary[0]}"
+for s in "${summary[@]:1}"; do line+="; $s"; done
+echo "test.sh: $status: $line; total $(loom_duration $((SECONDS - t0)))"
+exit "$failed"
