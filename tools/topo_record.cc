@@ -154,7 +154,14 @@ Status recordMachine(const std::string& dirArg) {
     std::string dev = fs::canonical(d + "/device", ec).string();
     if (!ec) {
       r.link(d + "/device", dev);
-      if (dev.rfind("/sys/devices/pci", 0) == 0) r.pciDevice(fs::path(dev).filename().string());
+      // The PCI function may sit above the device (virtio: .../0000:00:03.0/virtio2).
+      for (fs::path p = dev; dev.rfind("/sys/devices/pci", 0) == 0 && p.has_filename(); p = p.parent_path()) {
+        std::string name = p.filename().string();
+        if (name.size() == 12 && name[4] == ':' && name[7] == ':' && name[10] == '.') {
+          r.pciDevice(name);
+          break;
+        }
+      }
     }
   }
 

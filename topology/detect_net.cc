@@ -41,8 +41,10 @@ uint64_t parseGuid(const std::string& text) {
 std::string pciOf(const Reader& reader, const std::string& deviceLink) {
   auto real = reader.realPath(deviceLink);
   if (!real || real.value().rfind("/sys/devices/pci", 0) != 0) return "";
-  std::string base = baseName(real.value());
-  return looksLikeBusId(base) ? base : "";
+  // A virtio NIC's device is ".../0000:00:03.0/virtio2": the PCI function is above it.
+  std::string path = real.value();
+  while (!path.empty() && !looksLikeBusId(baseName(path))) path = path.substr(0, path.rfind('/'));
+  return path.empty() ? "" : baseName(path);
 }
 
 // What libibverbs says: which devices it can open and their max_qp. Live machine only.

@@ -11,11 +11,15 @@ using testing::buildGraph;
 using testing::loadXml;
 using testing::sysfsRoot;
 
+}  // namespace
+
 bool hasWarning(const Detected& d, const std::string& text) {
   for (const auto& w : d.warnings)
     if (w.find(text) != std::string::npos) return true;
   return false;
 }
+
+namespace {
 
 class FailingSource : public GpuSource {
  public:
@@ -247,6 +251,33 @@ TEST(Detect, SmTable) {
   EXPECT_EQ(smFromDeviceId("0x2330"), 90);
   EXPECT_EQ(smFromDeviceId("0x20b2"), 80);
   EXPECT_EQ(smFromDeviceId("0x9999"), 0);
+}
+
+}  // namespace
+}  // namespace loom::topology
+
+namespace loom::topology {
+namespace {
+
+// Recorded with `loom-topo --record` on our 2 x H200 VM (host name replaced).
+TEST(Detect, RecordedH200PairVm) {
+  DirReader reader(testing::sysfsRoot("h200_x2_vm_recorded"));
+  auto d = detectLocal(reader);
+  ASSERT_TRUE(d.isOk()) << d.status().message();
+  Graph g = testing::buildGraph(d->system);
+  ASSERT_EQ(g.gpuCount(), 2);
+  EXPECT_EQ(g.nodes()[g.gpus()[0]].busId, "0000:00:06.0");
+  EXPECT_EQ(g.nodes()[g.gpus()[0]].gpu->sm, 90);
+  EXPECT_EQ(g.gpuToGpu(0, 1).type, PathType::kNvl);
+  EXPECT_EQ(g.gpuToGpu(0, 1).nvlinks, 18);  // nvidia-smi topo -m: NV18
+  EXPECT_EQ(d->system.cpus[0].modelId, 207);
+  // eth0 is virtio: its device is .../0000:00:03.0/virtio2, the PCI function above it.
+  ASSERT_GE(g.netCount(), 1);
+  EXPECT_EQ(g.nodes()[g.nets()[0]].net->name, "eth0");
+  EXPECT_EQ(g.nodes()[g.nets()[0]].busId, "0000:00:03.0");
+  EXPECT_TRUE(hasWarning(*d, "numa_node -1"));
+  HostPlan plan = planHost(g, {}, {});
+  EXPECT_NEAR(plan.channelBw * plan.rings.size(), 450.0, 1e-9);
 }
 
 }  // namespace
