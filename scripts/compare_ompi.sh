@@ -60,6 +60,7 @@ fi
 
 mpirun_base=(mpirun --allow-run-as-root --oversubscribe -np "$NP")
 ompi_cmd_shm=("${mpirun_base[@]}" "$ompi" -w "$warmup" -n "$iters")
+# shellcheck disable=SC2054 # "tcp,self" is one argument
 ompi_cmd_tcp=("${mpirun_base[@]}" --mca btl tcp,self "$ompi" -w "$warmup" -n "$iters")
 loom_args=(-g 1 -w "$warmup" -n "$iters" -c 1 --memory host)
 loom_cmd_shm=("${mpirun_base[@]}" "$perf")
@@ -112,6 +113,9 @@ median() {
       if (NR == 0) { print "nan"; exit }
       if (NR % 2) print v[(NR + 1) / 2]; else printf "%.6g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+busbw() {  # SIZE TIME_US -> GB/s, nccl-tests' all-reduce bus bandwidth
+  awk -v s="$1" -v t="$2" -v n="$NP" 'BEGIN { if (t > 0) printf "%.6g", s / (t * 1e3) * 2 * (n - 1) / n; else print "nan" }'
+}
 wrong_total() {
   awk '{ w += $6 } END { print w + 0 }' "$results"
 }
@@ -147,8 +151,9 @@ table() {  # MODE
   for size in "${SIZES[@]}"; do
     ot="$(median ompi "$mode" "$size" 4)"
     lt="$(median loom "$mode" "$size" 4)"
-    ob="$(median ompi "$mode" "$size" 5)"
-    lb="$(median loom "$mode" "$size" 5)"
+    # busbw from the median time (all_reduce_perf prints busbw with two decimals only).
+    ob="$(busbw "$size" "$ot")"
+    lb="$(busbw "$size" "$lt")"
     ratio="$(awk -v a="$ot" -v b="$lt" 'BEGIN { if (b > 0 && a > 0) printf "%.2f", a / b; else print "n/a" }')"
     tgt="$(target "$mode" "$size")"
     if [[ "$tgt" == - || "$ratio" == n/a ]]; then
@@ -179,7 +184,7 @@ mkdir -p "$(dirname "$out")"
   echo "- Open MPI: ${ompi_version:-unknown}; loom: commit $commit, \`$perf\`"
   echo "- $NP ranks (4 processes, oversubscribed where there are fewer cores), host memory, float sum"
   echo "- $warmup warm-up and $iters timed calls per size; every configuration ran $repeat time(s), interleaved, and each cell is the median"
-  echo "- time is the mean per call averaged over ranks; busbw = size / time × 2(n−1)/n (nccl-tests' all-reduce formula); loom's figures are all_reduce_perf's out-of-place columns"
+  echo "- time is the mean per call averaged over ranks (loom: all_reduce_perf's out-of-place column); busbw = size / time × 2(n−1)/n, nccl-tests' all-reduce formula, computed here from the median time for both"
   echo "- load average before / after: $load_before / $load_after (the machine may be shared: read the figures with that in mind); $elapsed s in all"
   echo "- wrong results reported across all runs: $(wrong_total)"
   echo "- targets (issue 2): shared memory ≥ 1.5 × Open MPI at 512 KiB–64 MiB; TCP ≥ 1.5 × at 8–64 MiB and ≥ 0.9 × at 512 KiB–2 MiB; 8-byte latency no worse than Open MPI's"
