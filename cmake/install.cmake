@@ -37,7 +37,8 @@ install(EXPORT loomTargets
 configure_package_config_file(
   ${CMAKE_CURRENT_LIST_DIR}/loomConfig.cmake.in
   ${PROJECT_BINARY_DIR}/cmake/loomConfig.cmake
-  INSTALL_DESTINATION ${LOOM_INSTALL_CMAKEDIR})
+  INSTALL_DESTINATION ${LOOM_INSTALL_CMAKEDIR}
+  PATH_VARS CMAKE_INSTALL_INCLUDEDIR)
 write_basic_package_version_file(
   ${PROJECT_BINARY_DIR}/cmake/loomConfigVersion.cmake
   VERSION ${PROJECT_VERSION}

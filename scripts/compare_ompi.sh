@@ -185,7 +185,7 @@ mkdir -p "$(dirname "$out")"
   echo "- $NP ranks (4 processes, oversubscribed where there are fewer cores), host memory, float sum"
   echo "- $warmup warm-up and $iters timed calls per size; every configuration ran $repeat time(s), interleaved, and each cell is the median"
   echo "- time is the mean per call averaged over ranks (loom: all_reduce_perf's out-of-place column); busbw = size / time × 2(n−1)/n, nccl-tests' all-reduce formula, computed here from the median time for both"
-  echo "- load average before / after: $load_before / $load_after (the machine may be shared: read the figures with that in mind); $elapsed s in all"
+  echo "- load average before: $load_before; after: $load_after (this includes the run's own 4 ranks; a high figure before means the machine was busy and the table is noisy); $elapsed s in all"
   echo "- wrong results reported across all runs: $(wrong_total)"
   echo "- targets (issue 2): shared memory ≥ 1.5 × Open MPI at 512 KiB–64 MiB; TCP ≥ 1.5 × at 8–64 MiB and ≥ 0.9 × at 512 KiB–2 MiB; 8-byte latency no worse than Open MPI's"
   echo

@@ -4,8 +4,9 @@
 # The main job, from a fresh Debian/Ubuntu machine: installs what is missing (as root; says
 # what to install otherwise), builds loom (Release, into build/), prints a short topology
 # summary, then runs all_reduce_perf across 4 local ranks: on GPUs where nvidia-smi lists
-# some (up to 4), on host memory otherwise. Extra arguments go to all_reduce_perf, after
-# the defaults, so they override them (e.g. `scripts/run.sh -e 8M`).
+# some (one rank per GPU, up to 4), on host memory otherwise (or when the arguments say
+# `--memory host`). Extra arguments go to all_reduce_perf, after the defaults, so they
+# override them (e.g. `scripts/run.sh -e 8M`).
 #
 # Environment: BUILD_DIR (default build), LOOM_JOBS (build jobs, default 2).
 set -euo pipefail
@@ -50,7 +51,14 @@ fi
 
 ngpus="$(loom_gpu_count)"
 echo "gpus:       $ngpus"
-if ((ngpus > 0)); then
+# `scripts/run.sh --memory host` on a GPU machine runs the host-memory job (4 ranks).
+host_memory=0
+prev=""
+for a in "$@"; do
+  [[ "$prev" == --memory && "$a" == host ]] && host_memory=1
+  prev="$a"
+done
+if ((ngpus > 0 && host_memory == 0)); then
   nranks=$((ngpus < 4 ? ngpus : 4))
   cmd=("$perf" -b 8 -e 128M -f 2 -g "$nranks" -c 1)
   echo
@@ -58,7 +66,7 @@ if ((ngpus > 0)); then
 else
   cmd=("$perf" -b 8 -e 128M -f 2 -g 4 -c 1 --memory host)
   echo
-  echo "== all_reduce_perf: 4 ranks on host memory (no GPU)"
+  echo "== all_reduce_perf: 4 ranks on host memory$( ((ngpus > 0)) || echo ' (no GPU)')"
 fi
 cmd+=("$@")
 echo "\$ ${cmd[*]}"

@@ -77,9 +77,11 @@ trap 'rm -f "$LOOM_FAILURES"' EXIT
 
 # Pass 1: Release, everything on.
 echo "== pass 1: Release build in $BUILD_DIR, all tests"
+b0=$SECONDS
 if loom_configure "$BUILD_DIR" -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCHMARKS=ON -DLOOM_SANITIZE= &&
   loom_build "$BUILD_DIR"; then
-  run_ctest "release" "$BUILD_DIR" "$TIMEOUT"
+  summary+=("release build $(loom_duration $((SECONDS - b0)))")
+  run_ctest "release tests" "$BUILD_DIR" "$TIMEOUT"
 else
   summary+=("release: BUILD FAILED")
   failed=1
@@ -93,10 +95,12 @@ if ((quick == 0)); then
   export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$LOOM_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0}"
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+  b0=$SECONDS
   if loom_configure "$ASAN_BUILD_DIR" -DLOOM_SANITIZE=address,undefined -DLOOM_WITH_CUDA=OFF \
     -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
     loom_build "$ASAN_BUILD_DIR"; then
-    run_ctest "asan+ubsan (cpu)" "$ASAN_BUILD_DIR" $((TIMEOUT * 2)) -L cpu
+    summary+=("asan+ubsan build $(loom_duration $((SECONDS - b0)))")
+    run_ctest "asan+ubsan cpu tests" "$ASAN_BUILD_DIR" $((TIMEOUT * 2)) -L cpu
   else
     summary+=("asan+ubsan: BUILD FAILED")
     failed=1

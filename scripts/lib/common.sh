@@ -11,26 +11,60 @@
 LOOM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LOOM_JOBS="${LOOM_JOBS:-2}"
 
-# Debian/Ubuntu packages the scripts need. ccache only speeds up rebuilds.
+# Debian/Ubuntu packages the scripts need. A tool counts as present when its command is on
+# PATH however it was installed (a pip cmake, say). ccache (faster rebuilds) and iproute2
+# (interfaces in the summary; network-namespace tests skip without it) are optional: when
+# they cannot be installed the scripts go on without them.
 LOOM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev
   libpugixml-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin iproute2)
+LOOM_OPTIONAL_PACKAGES=" ccache iproute2 "
 
 loom_log() { printf '[loom] %s\n' "$*" >&2; }
 loom_die() { printf '[loom] error: %s\n' "$*" >&2; exit 1; }
 
 loom_is_root() { [[ "$(id -u)" -eq 0 ]]; }
 
-# Prints the packages of LOOM_PACKAGES (plus any given) that dpkg does not have installed.
+# The command that stands for a package, if it is a tool.
+loom_package_command() {
+  case "$1" in
+    cmake) echo cmake ;;
+    ninja-build) echo ninja ;;
+    g++) echo g++ ;;
+    pkg-config) echo pkg-config ;;
+    ccache) echo ccache ;;
+    openmpi-bin) echo mpirun ;;
+    iproute2) echo ip ;;
+  esac
+}
+
+# Prints the packages of LOOM_PACKAGES (plus any given) that are missing.
 loom_missing_packages() {
-  local p
+  local p c
   for p in "${LOOM_PACKAGES[@]}" "$@"; do
+    c="$(loom_package_command "$p")"
+    if [[ -n "$c" ]] && command -v "$c" >/dev/null 2>&1; then continue; fi
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null; then
       printf '%s\n' "$p"
     fi
   done
 }
 
+# Only optional packages in the list given?
+loom_only_optional() {
+  local p
+  for p in "$@"; do
+    [[ "$LOOM_OPTIONAL_PACKAGES" == *" $p "* ]] || return 1
+  done
+}
+
+# Installs what is missing (root) or says what to install and exits 1 (not root).
+# LOOM_SKIP_SETUP=1 skips this (dependencies installed some other way).
 loom_setup() {
+  if [[ "${LOOM_SKIP_SETUP:-0}" == 1 ]]; then
+    loom_log "LOOM_SKIP_SETUP=1: not checking packages"
+    loom_check_cmake_version
+    return 0
+  fi
   if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
     loom_log "not a Debian/Ubuntu system: install these yourself (or their equivalents):"
     loom_log "  ${LOOM_PACKAGES[*]}"
@@ -48,9 +82,16 @@ loom_setup() {
       loom_log "installing: ${missing[*]}"
       export DEBIAN_FRONTEND=noninteractive
       # Update the lists only when something is missing (a second run stays offline).
-      apt-get update -qq >&2 || loom_die "apt-get update failed"
-      apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
-        loom_die "apt-get install failed for: ${missing[*]}"
+      if ! { apt-get update -qq >&2 &&
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }; then
+        if loom_only_optional "${missing[@]}"; then
+          loom_log "could not install ${missing[*]} (optional); going on without"
+        else
+          loom_die "apt-get could not install: ${missing[*]}"
+        fi
+      fi
+    elif loom_only_optional "${missing[@]}"; then
+      loom_log "optional packages missing: ${missing[*]} (sudo apt-get install -y ${missing[*]})"
     else
       loom_log "missing packages: ${missing[*]}"
       loom_log "install them with:"
