@@ -2,6 +2,7 @@
 // thread's group and its last error.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ void groupStart();
 bool inGroup();
 int groupDepth();
 ncclResult_t groupEnd();
+// Runs `init` on its own thread now; the outermost ncclGroupEnd waits for it, registers
+// `handle` on success and frees it (returning the error) on failure.
+void deferInit(ncclComm* handle, std::function<Status()> init);
 // Queues (in a group) or runs (outside) one operation.
 ncclResult_t enqueue(ncclComm* comm, const Operation& op);
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "comm/api_state.h"
 #include "common/log.h"
@@ -15,8 +16,15 @@ namespace loom::comm {
 
 namespace {
 
+struct PendingInit {
+  ncclComm* handle = nullptr;
+  std::thread thread;
+  Status result;
+};
+
 struct GroupState {
   int depth = 0;
+  std::vector<std::unique_ptr<PendingInit>> inits;
   std::vector<std::pair<ncclComm*, Operation>> ops;
   Status error;  // the first error seen by a call inside the group
 };
@@ -87,6 +95,14 @@ const char* lastError() { return tlsLastError.c_str(); }
 void clearLastError() { tlsLastError.clear(); }
 
 void groupStart() { ++tlsGroup.depth; }
+
+void deferInit(ncclComm* handle, std::function<Status()> init) {
+  auto p = std::make_unique<PendingInit>();
+  p->handle = handle;
+  PendingInit* raw = p.get();
+  p->thread = std::thread([raw, init = std::move(init)] { raw->result = init(); });
+  tlsGroup.inits.push_back(std::move(p));
+}
 bool inGroup() { return tlsGroup.depth > 0; }
 int groupDepth() { return tlsGroup.depth; }
 
@@ -95,10 +111,23 @@ ncclResult_t groupEnd() {
     return fail(errorf(Code::kInvalidUsage, "ncclGroupEnd without a matching ncclGroupStart"));
   }
   if (--tlsGroup.depth > 0) return ncclSuccess;
+  Status initError;
+  auto inits = std::move(tlsGroup.inits);
+  tlsGroup.inits.clear();
+  for (auto& p : inits) {
+    p->thread.join();
+    if (p->result) {
+      registerComm(p->handle);
+    } else {
+      if (initError) initError = p->result;
+      delete p->handle;
+    }
+  }
   auto ops = std::move(tlsGroup.ops);
   tlsGroup.ops.clear();
   Status pending = tlsGroup.error;
   tlsGroup.error = Status();
+  if (!initError) return fail(initError);
   if (!pending) return fail(pending);
   if (ops.empty()) return ncclSuccess;
   for (auto& [c, op] : ops) {

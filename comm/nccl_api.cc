@@ -47,10 +47,18 @@ Status checkComm(const char* fn, const ncclComm* comm) {
   return Status::ok();
 }
 
-Status checkType(const char* fn, ncclDataType_t t) {
-  if (!loom::isValidDataType(static_cast<int>(t))) {
+// Enums are read through their bytes: a caller's out-of-range value is not a valid
+// ncclDataType_t, and loading it as one is undefined behaviour.
+int rawEnum(const void* e) {
+  int v;
+  std::memcpy(&v, e, sizeof(v));
+  return v;
+}
+
+Status checkType(const char* fn, const ncclDataType_t& t) {
+  if (!loom::isValidDataType(rawEnum(&t))) {
     return errorf(Code::kInvalidArgument, "%s: invalid datatype %d (valid: 0..%d)", fn,
-                  static_cast<int>(t), ncclNumTypes - 1);
+                  rawEnum(&t), ncclNumTypes - 1);
   }
   return Status::ok();
 }
@@ -112,7 +120,7 @@ ncclResult_t submit(const char* fn, const void* sendbuff, void* recvbuff, size_t
 }
 
 ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
-                      const ncclConfig_t* config) {
+                      const ncclConfig_t* config, bool deferrable = false) {
   if (!out) return fail(errorf(Code::kInvalidArgument, "ncclCommInitRank: comm pointer is NULL"));
   *out = nullptr;
   if (nranks < 1) {
@@ -126,6 +134,21 @@ ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
   if (!contents) return fail(contents.status());
   loom::comm::CommOptions options;
   if (config && config->commName) options.name = config->commName;
+  if (deferrable && loom::comm::inGroup()) {
+    // Inside a group (one thread creating several ranks, as nccl-tests' -g N does) every
+    // rank must be joining at once: the init runs in the background and completes at
+    // the outermost ncclGroupEnd, which reports its result.
+    auto* handle = new ncclComm{0, nullptr};
+    loom::comm::deferInit(handle, [handle, c = *contents, rank, nranks, options]() -> Status {
+      auto made = loom::comm::Communicator::create(c, rank, nranks, options);
+      if (!made) return made.status().withContext("ncclCommInitRank(rank " + std::to_string(rank) + ")");
+      handle->impl = std::move(made).value();
+      handle->magic = loom::comm::kCommMagic;
+      return Status::ok();
+    });
+    *out = handle;
+    return ncclSuccess;
+  }
   auto c = loom::comm::Communicator::create(*contents, rank, nranks, options);
   if (!c) return fail(c.status().withContext("ncclCommInitRank(rank " + std::to_string(rank) + ")"));
   auto* handle = new ncclComm{loom::comm::kCommMagic, std::move(c).value()};
@@ -200,13 +223,13 @@ LOOM_API ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) LOOM_ALIAS(ncclGe
 
 LOOM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
                                              int rank, ncclConfig_t* config) {
-  return guarded("ncclCommInitRankConfig", [&] { return initRank(comm, nranks, commId, rank, config); });
+  return guarded("ncclCommInitRankConfig", [&] { return initRank(comm, nranks, commId, rank, config, true); });
 }
 LOOM_API ncclResult_t pncclCommInitRankConfig(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*)
     LOOM_ALIAS(ncclCommInitRankConfig);
 
 LOOM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return guarded("ncclCommInitRank", [&] { return initRank(comm, nranks, commId, rank, nullptr); });
+  return guarded("ncclCommInitRank", [&] { return initRank(comm, nranks, commId, rank, nullptr, true); });
 }
 LOOM_API ncclResult_t pncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int) LOOM_ALIAS(ncclCommInitRank);
 
@@ -216,7 +239,7 @@ LOOM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, 
     return fail(errorf(Code::kInvalidArgument, "ncclCommInitRankScalable: needs at least one id"));
   }
   return guarded("ncclCommInitRankScalable",
-                 [&] { return initRank(newcomm, nranks, commIds[0], myrank, config); });
+                 [&] { return initRank(newcomm, nranks, commIds[0], myrank, config, true); });
 }
 LOOM_API ncclResult_t pncclCommInitRankScalable(ncclComm_t*, int, int, int, ncclUniqueId*, ncclConfig_t*)
     LOOM_ALIAS(ncclCommInitRankScalable);

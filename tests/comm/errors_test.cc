@@ -18,6 +18,23 @@
 
 namespace {
 
+// An address for LOOM_COMM_ID with a port free right now. Children make their id from
+// it (rank 0 runs the root): the parent must not start the root thread itself, because
+// forking a process while another thread holds an allocator lock can leave the child
+// deadlocked (seen under AddressSanitizer).
+std::string freeCommId() {
+  auto lo = loom::SocketAddress::parse("127.0.0.1:0");
+  auto s = loom::Socket::listen(*lo);
+  return s.isOk() ? s->localAddress()->toString() : "127.0.0.1:29517";
+}
+
+ncclUniqueId childId(const std::string& address) {
+  setenv("LOOM_COMM_ID", address.c_str(), 1);
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) _exit(90);
+  return id;
+}
+
 // Runs `body(rank)` in n forked children; returns their exit codes.
 template <typename F>
 std::vector<int> forkRanks(int n, F body) {
@@ -63,9 +80,9 @@ int allReduceCheck(ncclComm_t comm, int rank, int n, size_t count) {
 }
 
 void runProcesses(int n, const char* transports, bool separateHosts) {
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::string addr = freeCommId();
   auto codes = forkRanks(n, [&](int r) {
+    ncclUniqueId id = childId(addr);
     if (transports) setenv("LOOM_TRANSPORTS", transports, 1);
     if (separateHosts) setenv("LOOM_HOST_ID", ("host" + std::to_string(r)).c_str(), 1);
     ncclComm_t comm;
@@ -83,11 +100,11 @@ TEST(Processes, TcpBetweenHosts) { runProcesses(3, nullptr, true); }
 TEST(Processes, TcpForced) { runProcesses(4, "self,tcp", false); }
 
 void peerDies(const char* transports) {
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::string addr = freeCommId();
   const int n = 3;
   auto start = std::chrono::steady_clock::now();
   auto codes = forkRanks(n, [&](int r) {
+    ncclUniqueId id = childId(addr);
     setenv("LOOM_TIMEOUT_MS", "20000", 1);
     if (transports) setenv("LOOM_TRANSPORTS", transports, 1);
     ncclComm_t comm;
