@@ -90,6 +90,9 @@ Schedule chainBroadcast(int rank, int n, size_t count, int root);
 Schedule treeBroadcast(int rank, int n, size_t count, int root);
 Schedule treeReduce(int rank, int n, size_t count, int root);
 Schedule directAllToAll(int rank, int n, size_t count);
+// Every rank sends its `count` elements to every other rank at once; block q of the
+// output holds rank q's input. The first half of a one-shot all-reduce.
+Schedule directAllGather(int rank, int n, size_t count);
 
 // The binary tree over positions 0..n-1 used by the tree schedules: parent (-1 for the
 // root) and children (0-2) of position p. Leaves are the even positions.

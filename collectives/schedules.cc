@@ -363,4 +363,33 @@ Schedule directAllToAll(int r, int n, size_t count) {
   return s;
 }
 
+Schedule directAllGather(int r, int n, size_t count) {
+  Schedule s;
+  s.reduces = false;
+  s.inputCount = count;
+  s.outputCount = count * n;
+  Phase phase;
+  Step self;
+  self.src = in(0);
+  self.dst = out(static_cast<size_t>(r) * count);
+  self.count = count;
+  phase.push_back(self);
+  for (int k = 1; k < n; ++k) {
+    int to = mod(r + k, n);
+    int from = mod(r - k, n);
+    Step send;
+    send.src = in(0);
+    send.count = count;
+    send.sendTo(to);
+    phase.push_back(send);
+    Step recv;
+    recv.dst = out(static_cast<size_t>(from) * count);
+    recv.count = count;
+    recv.recvFrom(from);
+    phase.push_back(recv);
+  }
+  s.phases.push_back(phase);
+  return s;
+}
+
 }  // namespace loom::collectives

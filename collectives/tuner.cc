@@ -12,6 +12,7 @@ namespace {
 // bandwidth are per hop of the transports in use; only their ratio matters here.
 constexpr double kHopLatencyUs = 10.0;
 constexpr double kLinkGBs = 4.0;
+constexpr size_t kOneShotMaxBytes = 96 * 1024;
 
 double ringAllReduceUs(size_t bytes, int n) {
   return 2.0 * (n - 1) * kHopLatencyUs + 2.0 * (n - 1) / n * bytes / (kLinkGBs * 1e3);
@@ -50,7 +51,7 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
     while (pos <= f.size()) {
       size_t comma = f.find(',', pos);
       std::string tok = f.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      static const char* kKnown[] = {"ring", "tree", "chain", "direct", "nvls", "nvlstree",
+      static const char* kKnown[] = {"ring", "tree", "chain", "direct", "oneshot", "nvls", "nvlstree",
                                      "collnetdirect", "collnetchain", "pat"};
       bool ok = false;
       for (const char* k : kKnown) ok = ok || strcasecmp(tok.c_str(), k) == 0;
@@ -68,6 +69,13 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
   const int n = req.nranks;
   switch (req.type) {
     case CollType::kAllReduce: {
+      // Small messages: every rank sends its input to every other at once and reduces
+      // locally in rank order (one hop instead of 2(n-1); n-1 times the data).
+      if (n > 1 && bytes * (n - 1) <= kOneShotMaxBytes && algoAllowed(forced, "oneshot")) {
+        c.algo = Algorithm::kOneShot;
+        c.reason = "small message: one-shot";
+        break;
+      }
       bool ring = algoAllowed(forced, "ring");
       bool tree = algoAllowed(forced, "tree") && n > 2;
       if (ring && tree) {
@@ -120,6 +128,7 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
   const int r = req.rank, n = req.nranks;
   switch (req.type) {
     case CollType::kAllReduce:
+      if (algo == Algorithm::kOneShot) return directAllGather(r, n, req.count);
       return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems)
                                       : ringAllReduce(r, n, req.count, req.pieceElems);
     case CollType::kAllGather: return ringAllGather(r, n, req.count, req.pieceElems);

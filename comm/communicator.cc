@@ -94,6 +94,13 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
     context_.fifo.slotBytes = static_cast<size_t>(chunk) / 64 * 64 + 64;
   }
   context_.abortFlag = &abortFlag_;
+  // Busy-polling only pays when every rank of this host has a core of its own; with
+  // more ranks than cores it takes the core the peer needs, so yield almost at once.
+  int local = 0;
+  for (const auto& p : peers_) local += p.hostHash == me.hostHash ? 1 : 0;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  spinUs_ = settings::getInt("LOOM_SPIN_US");
+  if (spinUs_ <= 0) spinUs_ = local <= cores ? 50 : 1;
   context_.commHash = fnv(std::to_string(id.secret[0]) + ":" + std::to_string(id.secret[1]));
 
   // Transports, in order of preference.
@@ -354,7 +361,7 @@ Status Communicator::runCollective(const Operation& op) {
   args.rank = rank_;
   args.pieceBytes = context_.fifo.slotBytes;
   args.timeoutMs = timeoutMs_;
-  args.spinUs = settings::getInt("LOOM_SPIN_US");
+  args.spinUs = spinUs_;
   args.abortFlag = &abortFlag_;
   if (sch.reduces) {
     LOOM_ASSIGN_OR_RETURN(args.op, resolveOp(op.ncclOp, op.dtype));
@@ -364,6 +371,7 @@ Status Communicator::runCollective(const Operation& op) {
                 collectives::algorithmName(choice.algo), op.count, dataTypeName(op.dtype));
   args.what = what;
   LOOM_TRACE(kColl, "%s: %s", what, choice.reason.c_str());
+  if (choice.algo == collectives::Algorithm::kOneShot) return runOneShotAllReduce(op, sch, args);
   // In-place all-to-all reads blocks that it also overwrites: work from a copy.
   std::vector<char> copy;
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff && op.count > 0) {
@@ -372,6 +380,34 @@ Status Communicator::runCollective(const Operation& op) {
     args.input = copy.data();
   }
   return collectives::runSchedule(args, *this);
+}
+
+Status Communicator::runOneShotAllReduce(const Operation& op, const collectives::Schedule& sch,
+                                         collectives::ExecArgs args) {
+  // Gather every rank's input, then reduce the blocks in rank order: every rank does the
+  // same arithmetic in the same order, so results are bitwise equal everywhere.
+  const size_t es = dataTypeSize(op.dtype);
+  const size_t bytes = op.count * es;
+  // The pre-op (PreMulSum's scalar) belongs to the rank that owns the input, so it is
+  // applied before sending.
+  scratch_.resize(bytes * (nranks_ + 1));
+  args.output = scratch_.data();
+  LOOM_ASSIGN_OR_RETURN(RedOp red, resolveOp(op.ncclOp, op.dtype));
+  args.op = red;
+  if (hasPreOp(red) && op.count > 0) {
+    char* pre = scratch_.data() + bytes * nranks_;
+    applyPreOp(op.dtype, red, pre, op.sendbuff, op.count);
+    args.input = pre;
+  }
+  LOOM_TRY(collectives::runSchedule(args, *this));
+  char* out = static_cast<char*>(op.recvbuff);
+  const char* block = scratch_.data();
+  if (op.count > 0) std::memcpy(out, block, bytes);
+  for (int q = 1; q < nranks_; ++q) {
+    reduce(op.dtype, red, out, out, block + q * bytes, op.count);
+  }
+  if (hasPostOp(red)) applyPostOp(op.dtype, red, out, out, op.count);
+  return Status::ok();
 }
 
 Status Communicator::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
@@ -409,7 +445,7 @@ Status Communicator::runP2p(const std::vector<Operation>& ops, size_t begin, siz
   args.rank = rank_;
   args.pieceBytes = context_.fifo.slotBytes;
   args.timeoutMs = timeoutMs_;
-  args.spinUs = settings::getInt("LOOM_SPIN_US");
+  args.spinUs = spinUs_;
   args.abortFlag = &abortFlag_;
   args.what = "Send/Recv group (" + std::to_string(end - begin) + " calls)";
   return collectives::runSchedule(args, *this);

@@ -93,6 +93,8 @@ class Communicator : public collectives::ConnectionProvider {
   Communicator() = default;
   Status init(const IdContents& id, int rank, int nranks, const CommOptions& options);
   Status runCollective(const Operation& op);
+  Status runOneShotAllReduce(const Operation& op, const collectives::Schedule& sch,
+                             collectives::ExecArgs args);
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
   Result<int> selectTransport(int peer) const;
   void logTopologyChoices();
@@ -121,6 +123,8 @@ class Communicator : public collectives::ConnectionProvider {
   std::vector<UserOp> userOps_;
   mutable std::mutex opsMutex_;
   std::string forcedAlgo_;
+  int64_t spinUs_ = 50;
+  std::vector<char> scratch_;  // one-shot all-reduce's gathered blocks
   ConnectMessage selfMessage_;
 
   std::atomic<bool> abortFlag_{false};

@@ -10,6 +10,7 @@
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/unique_id.h"
+#include "common/cuda_probe.h"
 #include "common/log.h"
 #include "common/settings.h"
 #include "nccl.h"
@@ -66,6 +67,12 @@ Status checkType(const char* fn, const ncclDataType_t& t) {
 Status checkBuffer(const char* fn, const char* name, const void* p, size_t count) {
   if (!p && count > 0) {
     return errorf(Code::kInvalidArgument, "%s: %s is NULL with count %zu", fn, name, count);
+  }
+  if (count > 0 && loom::cuda::isDevicePointer(p)) {
+    return errorf(Code::kInvalidUsage,
+                  "%s: %s is GPU memory; this loom build runs collectives on host memory only "
+                  "(device-memory collectives are not implemented yet): pass host buffers "
+                  "(perf binaries: --memory host)", fn, name);
   }
   return Status::ok();
 }

@@ -168,6 +168,7 @@ std::vector<Case> cases() {
       {"TreeBroadcast", CollType::kBroadcast, [](int r, int n, size_t c, int root) { return treeBroadcast(r, n, c, root); }},
       {"TreeReduce", CollType::kReduce, [](int r, int n, size_t c, int root) { return treeReduce(r, n, c, root); }},
       {"DirectAllToAll", CollType::kAllToAll, [](int r, int n, size_t c, int) { return directAllToAll(r, n, c); }},
+      {"DirectAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return directAllGather(r, n, c); }},
   };
 }
 
@@ -281,13 +282,16 @@ TEST(Tuner, ForcedAlgorithmAndUnknownNames) {
   EXPECT_NE(bad.status().message().find("warp"), std::string::npos);
 }
 
-TEST(Tuner, SmallMessagesOnManyRanksUseTheTree) {
+TEST(Tuner, MessageSizePicksOneShotTreeOrRing) {
   CollRequest req;
   req.type = CollType::kAllReduce;
   req.count = 2;
   req.elemSize = 4;
   req.nranks = 64;
   auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
+  c = chooseAlgorithm(req, "ring,tree");
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
   req.count = 64 << 20;

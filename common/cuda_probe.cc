@@ -1,0 +1,54 @@
+#include "common/cuda_probe.h"
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <mutex>
+
+namespace loom::cuda {
+
+namespace {
+
+// Values from the CUDA driver API (cuda.h); declared here so no CUDA header is needed.
+constexpr int kAttrMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kAttrIsManaged = 8;   // CU_POINTER_ATTRIBUTE_IS_MANAGED
+constexpr unsigned kMemoryTypeDevice = 2;
+
+using CuInit = int (*)(unsigned);
+using CuPointerGetAttribute = int (*)(void*, int, uintptr_t);
+
+struct Driver {
+  CuPointerGetAttribute getAttribute = nullptr;
+};
+
+const Driver& driver() {
+  static Driver d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    auto init = reinterpret_cast<CuInit>(dlsym(lib, "cuInit"));
+    auto get = reinterpret_cast<CuPointerGetAttribute>(dlsym(lib, "cuPointerGetAttribute"));
+    if (!init || !get || init(0) != 0) return;
+    d.getAttribute = get;
+  });
+  return d;
+}
+
+}  // namespace
+
+bool isDevicePointer(const void* ptr) {
+  if (!ptr) return false;
+  const Driver& d = driver();
+  if (!d.getAttribute) return false;
+  unsigned type = 0;
+  if (d.getAttribute(&type, kAttrMemoryType, reinterpret_cast<uintptr_t>(ptr)) != 0) return false;
+  if (type != kMemoryTypeDevice) return false;
+  unsigned managed = 0;
+  if (d.getAttribute(&managed, kAttrIsManaged, reinterpret_cast<uintptr_t>(ptr)) == 0 && managed) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace loom::cuda
