@@ -350,7 +350,20 @@ Status Communicator::runCollective(const Operation& op) {
   req.nranks = nranks_;
   req.rank = rank_;
   req.root = op.root;
-  req.pieceElems = std::max<size_t>(1, context_.fifo.slotBytes / req.elemSize);
+  // Pieces: a whole FIFO slot for large messages; for mid-size ones smaller pieces, so a
+  // ring or chain has several in flight instead of one slot-sized step at a time.
+  size_t pieceBytes = context_.fifo.slotBytes;
+  {
+    size_t total = op.count * req.elemSize;
+    if (op.type == collectives::CollType::kAllGather || op.type == collectives::CollType::kReduceScatter) {
+      total *= static_cast<size_t>(nranks_);
+    }
+    size_t want = total / (static_cast<size_t>(nranks_) * 4);
+    want = std::max<size_t>(want, 16 * 1024);
+    want = (want + 63) / 64 * 64;
+    pieceBytes = std::min(pieceBytes, want);
+  }
+  req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
   collectives::Schedule sch = collectives::buildSchedule(req, choice.algo);
   collectives::ExecArgs args;
@@ -359,7 +372,7 @@ Status Communicator::runCollective(const Operation& op) {
   args.input = op.sendbuff;
   args.output = op.recvbuff;
   args.rank = rank_;
-  args.pieceBytes = context_.fifo.slotBytes;
+  args.pieceBytes = req.pieceElems * req.elemSize;
   args.timeoutMs = timeoutMs_;
   args.spinUs = spinUs_;
   args.abortFlag = &abortFlag_;
