@@ -76,6 +76,7 @@ struct SockState {
   uint64_t seq = 0;     // slot this socket is working on
   size_t done = 0;      // bytes of (header + part) done for that slot
   uint64_t header = 0;  // socket 0 on the receive side: header being read
+  bool eof = false;     // the peer closed this socket (its data so far stays valid)
 };
 
 class TcpSend : public SendConnection {
@@ -181,7 +182,10 @@ class TcpRecv : public RecvConnection {
     // closed must not turn data already here into an error.
     if (complete() <= released_) LOOM_TRY(progress());
     if (complete() <= released_) {
-      if (!closed_.isOk()) return closed_;
+      // Report a close only once a socket that the next slot still needs has ended.
+      for (const auto& st : socks_) {
+        if (st.eof && st.seq <= released_) return closed_;
+      }
       return nullptr;
     }
     *bytes = ring_.size(released_);
@@ -249,10 +253,11 @@ class TcpRecv : public RecvConnection {
   // Reads what is there; a closed connection is remembered rather than reported, since
   // the slots already received stay valid (tryRecv reports it once they run out).
   Result<size_t> readSome(SockState& s, void* p, size_t bytes) {
-    if (!closed_.isOk()) return size_t{0};
+    if (s.eof) return size_t{0};
     auto r = s.sock.recvSome(p, bytes, what_.c_str());
     if (!r.isOk()) {
       if (r.status().code() != Code::kRemoteError) return r.status();
+      s.eof = true;
       closed_ = r.status();
       return size_t{0};
     }

@@ -1,0 +1,68 @@
+// loomCommInitFromEnv: a communicator from launcher variables (see include/loom/launch.h).
+#include "loom/launch.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "comm/api_state.h"
+#include "common/settings.h"
+#include "common/status.h"
+
+namespace {
+
+bool readInt(const char* name, int* out) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return false;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0') return false;
+  *out = static_cast<int>(x);
+  return true;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t loomRankFromEnv(int* rank,
+                                                                               int* nranks) {
+  if (!rank || !nranks) {
+    return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument, "loomRankFromEnv: NULL argument"));
+  }
+  static const char* kPairs[][2] = {{"LOOM_RANK", "LOOM_NRANKS"},
+                                    {"RANK", "WORLD_SIZE"},
+                                    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                    {"PMI_RANK", "PMI_SIZE"}};
+  for (const auto& p : kPairs) {
+    if (readInt(p[0], rank) && readInt(p[1], nranks)) {
+      if (*nranks < 1 || *rank < 0 || *rank >= *nranks) {
+        return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument,
+                                             "%s=%d and %s=%d are inconsistent", p[0], *rank, p[1], *nranks));
+      }
+      return ncclSuccess;
+    }
+  }
+  return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument,
+                                       "no rank in the environment: set LOOM_RANK/LOOM_NRANKS, "
+                                       "RANK/WORLD_SIZE (torchrun) or launch with mpirun"));
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t loomCommInitFromEnv(ncclComm_t* comm) {
+  int rank = 0, nranks = 0;
+  ncclResult_t r = loomRankFromEnv(&rank, &nranks);
+  if (r != ncclSuccess) return r;
+  if (loom::settings::getString("LOOM_COMM_ID").empty()) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    const char* port = std::getenv("MASTER_PORT");
+    if (!addr || !port) {
+      return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument,
+                                           "no root address: set LOOM_COMM_ID=host:port or "
+                                           "MASTER_ADDR and MASTER_PORT"));
+    }
+    std::string host = addr;
+    if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
+    setenv("LOOM_COMM_ID", (host + ":" + port).c_str(), 1);
+  }
+  ncclUniqueId id;
+  r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return r;
+  return ncclCommInitRank(comm, nranks, id, rank);
+}
