@@ -43,9 +43,9 @@ const std::vector<Definition> kDefinitions = {
      "AF_INET or AF_INET6 to force an address family"},
     {"LOOM_SOCKET_NTHREADS", "NCCL_SOCKET_NTHREADS", Type::kInt, "1",
      "progress threads per TCP connection"},
-    {"LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", Type::kInt, "2",
-     "sockets per TCP connection"},
-    {"LOOM_BUFFSIZE", "NCCL_BUFFSIZE", Type::kInt, "4194304",
+    {"LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", Type::kInt, "1",
+     "sockets per TCP connection (1 measured best over loopback; more may pay on fast NICs)"},
+    {"LOOM_BUFFSIZE", "NCCL_BUFFSIZE", Type::kInt, "2097152",
      "bytes of FIFO per connection (split into LOOM_STEPS slots)"},
     {"LOOM_STEPS", nullptr, Type::kInt, "8", "slots per connection FIFO"},
     // collectives

@@ -84,7 +84,10 @@ void runProcesses(int n, const char* transports, bool separateHosts) {
   auto codes = forkRanks(n, [&](int r) {
     ncclUniqueId id = childId(addr);
     if (transports) setenv("LOOM_TRANSPORTS", transports, 1);
-    if (separateHosts) setenv("LOOM_HOST_ID", ("host" + std::to_string(r)).c_str(), 1);
+    if (separateHosts) {
+      setenv("LOOM_HOST_ID", ("host" + std::to_string(r)).c_str(), 1);
+      setenv("LOOM_NSOCKS_PERTHREAD", "3", 1);  // exercise striping over several sockets
+    }
     ncclComm_t comm;
     if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) return 1;
     int code = allReduceCheck(comm, r, n, 1000003);

@@ -24,7 +24,7 @@ done
 ip -n "$a" link set "v${tag}a" up
 ip -n "$b" link set "v${tag}b" up
 port=$((20000 + RANDOM % 20000))
-common=(env LOOM_COMM_ID="198.51.100.1:$port" LOOM_NRANKS=4 LOOM_TIMEOUT_MS=30000)
+common=(env LOOM_COMM_ID="198.51.100.1:$port" LOOM_NRANKS=4 LOOM_TIMEOUT_MS=30000 LOOM_NSOCKS_PERTHREAD=2)
 pids=()
 for r in 0 1 2 3; do
   if (( r < 2 )); then ns="$a"; host=hostA; else ns="$b"; host=hostB; fi
