@@ -95,9 +95,11 @@ class PhaseRunner {
         cpuRelax();
       } else {
         fds_.clear();
-        for (auto* sc : activeSends_) sc->addPollFds(&fds_);
-        for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
-        if (!fds_.empty() && allPollable()) {
+        if (allPollable_) {
+          for (auto* sc : activeSends_) sc->addPollFds(&fds_);
+          for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
+        }
+        if (!fds_.empty()) {
           ::poll(fds_.data(), fds_.size(), 1);
         } else if (idleUs < 2000) {
           sched_yield();
@@ -140,6 +142,11 @@ class PhaseRunner {
       }
       for (int k = 0; k < s.nkeys; ++k) keyQueues_[s.keys[k]].push_back(i);
     }
+    // Blocking in poll() is only a safe way to wait when every connection is a socket;
+    // memory transports offer nothing to poll, so then we yield instead.
+    allPollable_ = true;
+    for (auto* sc : activeSends_) allPollable_ = allPollable_ && sc->pollable();
+    for (auto* rc : activeRecvs_) allPollable_ = allPollable_ && rc->pollable();
     return Status::ok();
   }
 
@@ -148,11 +155,6 @@ class PhaseRunner {
     if (std::find(v->begin(), v->end(), p) == v->end()) v->push_back(p);
   }
 
-  bool allPollable() const {
-    for (auto* sc : activeSends_) if (!sc->pollable()) return false;
-    for (auto* rc : activeRecvs_) if (!rc->pollable()) return false;
-    return true;
-  }
 
   // Steps sharing a connection use it in phase order.
   bool eligible(size_t i) const {
@@ -286,11 +288,10 @@ class PhaseRunner {
   std::vector<transport::SendConnection*> activeSends_;
   std::vector<transport::RecvConnection*> activeRecvs_;
   std::vector<pollfd> fds_;
+  bool allPollable_ = false;
   int waitingOn_ = -1;
   bool waitingSend_ = false;
 
- public:
-  const std::vector<transport::SendConnection*>& sends() const { return activeSends_; }
 };
 
 }  // namespace

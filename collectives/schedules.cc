@@ -334,22 +334,29 @@ Schedule treeAllReduce(int r, int n, size_t count, size_t piece) {
   return s;
 }
 
-Schedule directAllToAll(int r, int n, size_t count) {
+namespace {
+
+// Every rank exchanges `count` elements with every other at once: block `to` of the
+// input (or the whole input, when `sameInputForAll`) goes to rank `to`, and rank `from`'s
+// data lands in output block `from`. Peers go in a rotating order so that no rank is
+// everyone's first target.
+Schedule directExchange(int r, int n, size_t count, bool sameInputForAll) {
+  auto inBlock = [&](int peer) { return sameInputForAll ? 0 : static_cast<size_t>(peer) * count; };
   Schedule s;
   s.reduces = false;
-  s.inputCount = s.outputCount = count * n;
+  s.inputCount = sameInputForAll ? count : count * n;
+  s.outputCount = count * n;
   Phase phase;
   Step self;
-  self.src = in(static_cast<size_t>(r) * count);
+  self.src = in(inBlock(r));
   self.dst = out(static_cast<size_t>(r) * count);
   self.count = count;
   phase.push_back(self);
-  // Peers in a rotating order so that no rank is everyone's first target.
   for (int k = 1; k < n; ++k) {
     int to = mod(r + k, n);
     int from = mod(r - k, n);
     Step send;
-    send.src = in(static_cast<size_t>(to) * count);
+    send.src = in(inBlock(to));
     send.count = count;
     send.sendTo(to);
     phase.push_back(send);
@@ -363,33 +370,10 @@ Schedule directAllToAll(int r, int n, size_t count) {
   return s;
 }
 
-Schedule directAllGather(int r, int n, size_t count) {
-  Schedule s;
-  s.reduces = false;
-  s.inputCount = count;
-  s.outputCount = count * n;
-  Phase phase;
-  Step self;
-  self.src = in(0);
-  self.dst = out(static_cast<size_t>(r) * count);
-  self.count = count;
-  phase.push_back(self);
-  for (int k = 1; k < n; ++k) {
-    int to = mod(r + k, n);
-    int from = mod(r - k, n);
-    Step send;
-    send.src = in(0);
-    send.count = count;
-    send.sendTo(to);
-    phase.push_back(send);
-    Step recv;
-    recv.dst = out(static_cast<size_t>(from) * count);
-    recv.count = count;
-    recv.recvFrom(from);
-    phase.push_back(recv);
-  }
-  s.phases.push_back(phase);
-  return s;
-}
+}  // namespace
+
+Schedule directAllToAll(int r, int n, size_t count) { return directExchange(r, n, count, false); }
+
+Schedule directAllGather(int r, int n, size_t count) { return directExchange(r, n, count, true); }
 
 }  // namespace loom::collectives

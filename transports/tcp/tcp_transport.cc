@@ -79,17 +79,26 @@ struct SockState {
   bool eof = false;     // the peer closed this socket (its data so far stays valid)
 };
 
+std::vector<SockState> wrapSockets(std::vector<Socket> socks) {
+  std::vector<SockState> out(socks.size());
+  for (size_t i = 0; i < socks.size(); ++i) out[i].sock = std::move(socks[i]);
+  return out;
+}
+
+// After moving bytes of a socket's part: true when the part is done (the socket moves on
+// to the next slot), false when it has to wait for the socket.
+bool finishPart(SockState& s, size_t want) {
+  if (s.done != want) return false;
+  ++s.seq;
+  s.done = 0;
+  return true;
+}
+
 class TcpSend : public SendConnection {
  public:
   TcpSend(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
-      : ring_(fifo.slotBytes, fifo.slots), peer_(peer) {
-    for (auto& s : socks) {
-      SockState st;
-      st.sock = std::move(s);
-      socks_.push_back(std::move(st));
-    }
-    what_ = "rank " + std::to_string(peer);
-  }
+      : ring_(fifo.slotBytes, fifo.slots), socks_(wrapSockets(std::move(socks))),
+        what_("rank " + std::to_string(peer)) {}
   Result<void*> trySendSlot() override {
     LOOM_TRY(progress());
     if (posted_ - completed() >= static_cast<uint64_t>(ring_.slots())) return nullptr;
@@ -132,12 +141,7 @@ class TcpSend : public SendConnection {
           if (n == 0) break;
           s.done += n;
         }
-        if (s.done == want) {
-          ++s.seq;
-          s.done = 0;
-        } else {
-          break;
-        }
+        if (!finishPart(s, want)) break;
       }
     }
     return Status::ok();
@@ -162,21 +166,14 @@ class TcpSend : public SendConnection {
   SlotRing ring_;
   std::vector<SockState> socks_;
   uint64_t posted_ = 0;
-  int peer_;
   std::string what_;
 };
 
 class TcpRecv : public RecvConnection {
  public:
   TcpRecv(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
-      : ring_(fifo.slotBytes, fifo.slots), peer_(peer) {
-    for (auto& s : socks) {
-      SockState st;
-      st.sock = std::move(s);
-      socks_.push_back(std::move(st));
-    }
-    what_ = "rank " + std::to_string(peer);
-  }
+      : ring_(fifo.slotBytes, fifo.slots), socks_(wrapSockets(std::move(socks))),
+        what_("rank " + std::to_string(peer)) {}
   Result<const void*> tryRecv(size_t* bytes) override {
     // Only read more when the next slot is not complete: a peer that has sent all and
     // closed must not turn data already here into an error.
@@ -228,12 +225,7 @@ class TcpRecv : public RecvConnection {
           if (n == 0) break;
           s.done += n;
         }
-        if (s.done == want) {
-          ++s.seq;
-          s.done = 0;
-        } else {
-          break;
-        }
+        if (!finishPart(s, want)) break;
       }
     }
     return Status::ok();
@@ -274,7 +266,6 @@ class TcpRecv : public RecvConnection {
   uint64_t released_ = 0;
   uint64_t headers_ = 0;
   Status closed_;
-  int peer_;
   std::string what_;
 };
 
