@@ -29,6 +29,13 @@ const std::vector<Definition> kDefinitions = {
      "memory kind of communicators: auto (GPU when present), cpu (host memory)"},
     {"LOOM_HOST_ID", "NCCL_HOSTID", Type::kString, "",
      "override the host identity (ranks with the same id share memory)"},
+    // topology
+    {"LOOM_TOPO_FILE", "NCCL_TOPO_FILE", Type::kString, "",
+     "NCCL topology XML laid over detection (the file wins where both describe a device)"},
+    {"LOOM_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE", Type::kString, "",
+     "write each host's topology as NCCL XML here at init (%h host, %r rank, %p pid)"},
+    {"LOOM_GRAPH_DUMP_FILE", "NCCL_GRAPH_DUMP_FILE", Type::kString, "",
+     "rank 0 writes the chosen rings and trees here as JSON at init (%h, %r, %p)"},
     // transports
     {"LOOM_TRANSPORTS", nullptr, Type::kString, "",
      "comma list of transports allowed, in order of preference (self,shm,tcp)"},

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/settings.h"
 #include "topology/detect_internal.h"
 #include "topology/xml.h"
 
@@ -303,7 +304,7 @@ int smFromDeviceId(const std::string& deviceId) {
 }
 
 std::string detectHostId(const Reader& reader) {
-  if (const char* env = std::getenv("LOOM_HOST_ID"); env && *env) return env;
+  if (std::string env = settings::getString("LOOM_HOST_ID"); !env.empty()) return env;
   std::string host = reader.readTrimmed("/proc/sys/kernel/hostname", "unknown-host");
   std::string boot = reader.readTrimmed("/proc/sys/kernel/random/boot_id", "");
   // FNV-1a over hostname and boot id: short, stable, and differs when either does.
@@ -334,21 +335,26 @@ Result<Detected> detectLocal(const Reader& reader, const DetectOptions& options)
   return out;
 }
 
+std::string topoFileSetting() { return settings::getString("LOOM_TOPO_FILE"); }
+
+Status overlayTopoFile(Detected& detected, const std::string& path) {
+  LOOM_ASSIGN_OR_RETURN(XmlReadResult loaded, readXmlFile(path));
+  System merged = std::move(loaded.system);
+  mergeInto(merged, detected.system);
+  // The host id is the running host's, whatever the file says (it may come from
+  // another machine of the same shape).
+  merged.setHostId(detected.system.hostId());
+  detected.system = std::move(merged);
+  for (std::string& w : loaded.warnings) detected.warnings.push_back(path + ": " + std::move(w));
+  return Status::ok();
+}
+
 Result<Detected> detectWithEnvironment(const Reader& reader, const DetectOptions& options) {
   LOOM_ASSIGN_OR_RETURN(Detected detected, detectLocal(reader, options));
-  const char* file = std::getenv("LOOM_TOPO_FILE");
-  if (!file || !*file) file = std::getenv("NCCL_TOPO_FILE");
-  if (file && *file) {
-    LOOM_ASSIGN_OR_RETURN(XmlReadResult loaded, readXmlFile(file));
-    System merged = std::move(loaded.system);
-    mergeInto(merged, detected.system);
-    if (merged.hostId().empty() || merged.hostId() != detected.system.hostId()) {
-      merged.setHostId(detected.system.hostId());
-    }
-    detected.system = std::move(merged);
-    for (std::string& w : loaded.warnings) detected.warnings.push_back(std::move(w));
+  if (std::string file = topoFileSetting(); !file.empty()) {
+    LOOM_TRY(overlayTopoFile(detected, file));
   }
-  if (const char* dump = std::getenv("LOOM_TOPO_DUMP_FILE"); dump && *dump) {
+  if (std::string dump = settings::getString("LOOM_TOPO_DUMP_FILE"); !dump.empty()) {
     LOOM_TRY(writeXmlFile(detected.system, dump));
   }
   return detected;

@@ -42,9 +42,20 @@ std::string detectHostId(const Reader& reader);
 // for machines without NVML.
 int smFromDeviceId(const std::string& deviceId);
 
-// The environment's topology, as the communicator wants it: LOOM_TOPO_FILE (or
-// NCCL_TOPO_FILE) parsed and laid over detection (the file wins where both describe a
-// device); LOOM_TOPO_DUMP_FILE, when set, receives the result as XML.
+// The topology file the settings name: LOOM_TOPO_FILE, else NCCL_TOPO_FILE; "" when none.
+std::string topoFileSetting();
+
+// Lays the NCCL XML file `path` over `detected`: the file wins where both describe a
+// device, the host id stays detection's, the file's warnings are appended. A file that
+// cannot be read is kSystemError; a malformed one kInvalidArgument with
+// "<path>:<line>: ..." (`detected` is then unchanged).
+Status overlayTopoFile(Detected& detected, const std::string& path);
+
+// Detection with the environment's settings applied (loom-topo and tests; the
+// communicator does the same steps itself, see comm/topology_view.h): the topology
+// file (topoFileSetting) laid over detection, and LOOM_TOPO_DUMP_FILE (or
+// NCCL_TOPO_DUMP_FILE), when set, written with the result as XML. Any error of either
+// file is returned.
 Result<Detected> detectWithEnvironment(const Reader& reader, const DetectOptions& options = {});
 
 }  // namespace loom::topology

@@ -218,6 +218,39 @@ TEST(Detect, TopoFileLaidOverDetection) {
   EXPECT_EQ(written->system, d->system);
 }
 
+TEST(Detect, TopoFileSettingHonoursNcclAlias) {
+  unsetenv("LOOM_TOPO_FILE");
+  setenv("NCCL_TOPO_FILE", "/nccl.xml", 1);
+  EXPECT_EQ(topoFileSetting(), "/nccl.xml");
+  setenv("LOOM_TOPO_FILE", "/loom.xml", 1);
+  EXPECT_EQ(topoFileSetting(), "/loom.xml");  // loom's name wins
+  unsetenv("LOOM_TOPO_FILE");
+  unsetenv("NCCL_TOPO_FILE");
+  EXPECT_EQ(topoFileSetting(), "");
+}
+
+TEST(Detect, MalformedTopoFileIsAnErrorWithItsLine) {
+  std::string path = ::testing::TempDir() + "/loom_topo_malformed.xml";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("<system version=\"1\">\n  <cpu numaid=\"0\">\n    <pci busid=\"x\"\n</system>\n", f);
+    std::fclose(f);
+  }
+  DirReader reader(sysfsRoot("cpu_only_2nic"));
+  auto d = detectLocal(reader);
+  ASSERT_TRUE(d.isOk());
+  Detected before = *d;
+  Status st = overlayTopoFile(*d, path);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_EQ(st.message().rfind(path + ":", 0), 0u) << st.message();
+  EXPECT_EQ(d->system, before.system);  // unchanged
+  Status missing = overlayTopoFile(*d, path + ".missing");
+  EXPECT_EQ(missing.code(), Code::kSystemError);
+  std::remove(path.c_str());
+}
+
 TEST(Detect, GpuRecordsJsonRoundTrip) {
   std::vector<GpuRecord> in(1);
   in[0].index = 3;
