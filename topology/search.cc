@@ -317,6 +317,8 @@ class Prepared {
 
 }  // namespace
 
+std::string hostShapeKey(const System& system) { return signature(system); }
+
 HostPlan planHost(const Graph& graph, std::vector<int> gpus, const SearchOptions& options) {
   if (gpus.empty()) {
     gpus.resize(graph.gpuCount());

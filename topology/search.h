@@ -53,6 +53,12 @@ struct HostPlan {
   PathType worstType = PathType::kLoc;   // worst hop path type over the rings
 };
 
+// What a host's Graph depends on (CPUs, PCI tree, GPUs with their NVLinks, NIC speeds)
+// and nothing host-specific (ranks, host id, names, GUIDs, addresses): two hosts with
+// equal keys have equal graphs, so one Graph serves both. Used to plan identical hosts
+// once.
+std::string hostShapeKey(const System& system);
+
 // Intra-host ring search over `gpus` (local indices; all of the graph's GPUs if empty).
 HostPlan planHost(const Graph& graph, std::vector<int> gpus, const SearchOptions& options);
 

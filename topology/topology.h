@@ -1,15 +1,17 @@
 // loom::topology, the public face: include this one header.
 //
-//   detect.h     detectLocal / detectWithEnvironment / detectHostId (Reader-based)
+//   detect.h     detectLocal / detectWithEnvironment / overlayTopoFile / detectHostId
 //   reader.h     Reader, DirReader (live or recorded tree), MapReader (tests)
 //   gpu_source.h NVML (dlopen) and recorded GPU answers
+//   cuda_device.h cudaDeviceBusId: a CUDA device index's PCI bus id (libcuda, dlopen)
 //   system.h     System: the machine as NCCL's XML describes it; mergeInto
 //   xml.h        parseXml / readXmlFile / toXml / writeXmlFile
 //   graph.h      Graph::build, paths (LOC..SYS), bandwidths, closest NIC per GPU
-//   search.h     ClusterView, searchRings, searchTrees, doubleBinaryTree
+//   search.h     ClusterView, searchRings, searchTrees, doubleBinaryTree, hostShapeKey
 //   report.h     toJson, graphToJson, formatMatrix
 #pragma once
 
+#include "topology/cuda_device.h"
 #include "topology/detect.h"
 #include "topology/gpu_source.h"
 #include "topology/graph.h"
