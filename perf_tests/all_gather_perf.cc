@@ -17,7 +17,7 @@ Source expect(const RankLayout& l, size_t j) {
 }
 
 ncclResult_t run(const RunArgs& a) {
-  return ncclAllGather(a.sendbuff, a.recvbuff, a.count, a.type, a.comm, a.stream);
+  return a.nccl->allGather(a.sendbuff, a.recvbuff, a.count, a.type, a.comm, a.stream);
 }
 
 }  // namespace

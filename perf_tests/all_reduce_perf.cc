@@ -9,7 +9,7 @@ CollCounts counts(size_t count, int) { return {count, count, count, 0, 0}; }
 Source expect(const RankLayout&, size_t j) { return Source::reduce(j); }
 
 ncclResult_t run(const RunArgs& a) {
-  return ncclAllReduce(a.sendbuff, a.recvbuff, a.count, a.type, a.op, a.comm, a.stream);
+  return a.nccl->allReduce(a.sendbuff, a.recvbuff, a.count, a.type, a.op, a.comm, a.stream);
 }
 
 }  // namespace

@@ -1,11 +1,9 @@
-// alltoall_perf: ncclAlltoAll where the library has it (NCCL >= 2.28, loom), otherwise grouped
-// ncclSend/ncclRecv to every peer. The size is each rank's whole buffer; the count column is
-// the per-peer count. algbw counts the whole buffer; busbw = algbw * (n-1)/n. In-place
-// results are not defined (as in nccl-tests): #wrong prints N/A.
+// alltoall_perf: ncclAlltoAll where the library has it (NCCL >= 2.28, loom; NcclApi::alltoAll
+// is null otherwise), otherwise grouped ncclSend/ncclRecv to every peer. The size is each
+// rank's whole buffer; the count column is the per-peer count. algbw counts the whole buffer;
+// busbw = algbw * (n-1)/n. In-place results are not defined (as in nccl-tests): #wrong prints
+// N/A.
 #include "perf_tests/specs.h"
-
-// Resolved at load time; null when the NCCL in use predates ncclAlltoAll.
-#pragma weak ncclAlltoAll
 
 namespace loom::perf {
 namespace {
@@ -25,22 +23,22 @@ Source expect(const RankLayout& l, size_t j) {
 
 ncclResult_t runPointToPoint(const RunArgs& a) {
   const size_t bytes = a.count * typeInfo(a.type).size;
-  ncclResult_t r = ncclGroupStart();
+  ncclResult_t r = a.nccl->groupStart();
   if (r != ncclSuccess) return r;
   ncclResult_t first = ncclSuccess;
   for (int peer = 0; peer < a.nranks && first == ncclSuccess; ++peer) {
     const char* send = static_cast<const char*>(a.sendbuff) + peer * bytes;
     char* recv = static_cast<char*>(a.recvbuff) + peer * bytes;
-    first = ncclSend(send, a.count, a.type, peer, a.comm, a.stream);
-    if (first == ncclSuccess) first = ncclRecv(recv, a.count, a.type, peer, a.comm, a.stream);
+    first = a.nccl->send(send, a.count, a.type, peer, a.comm, a.stream);
+    if (first == ncclSuccess) first = a.nccl->recv(recv, a.count, a.type, peer, a.comm, a.stream);
   }
-  r = ncclGroupEnd();
+  r = a.nccl->groupEnd();
   return first != ncclSuccess ? first : r;
 }
 
 ncclResult_t run(const RunArgs& a) {
-  if (&ncclAlltoAll != nullptr) {
-    return ncclAlltoAll(a.sendbuff, a.recvbuff, a.count, a.type, a.comm, a.stream);
+  if (a.nccl->alltoAll != nullptr) {
+    return a.nccl->alltoAll(a.sendbuff, a.recvbuff, a.count, a.type, a.comm, a.stream);
   }
   return runPointToPoint(a);
 }

@@ -9,7 +9,7 @@ CollCounts counts(size_t count, int) { return {count, count, count, 0, 0}; }
 Source expect(const RankLayout& l, size_t j) { return Source::copy(l.root, j); }
 
 ncclResult_t run(const RunArgs& a) {
-  return ncclBroadcast(a.sendbuff, a.recvbuff, a.count, a.type, a.root, a.comm, a.stream);
+  return a.nccl->broadcast(a.sendbuff, a.recvbuff, a.count, a.type, a.root, a.comm, a.stream);
 }
 
 }  // namespace

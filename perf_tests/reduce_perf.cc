@@ -12,7 +12,7 @@ Source expect(const RankLayout& l, size_t j) {
 }
 
 ncclResult_t run(const RunArgs& a) {
-  return ncclReduce(a.sendbuff, a.recvbuff, a.count, a.type, a.op, a.root, a.comm, a.stream);
+  return a.nccl->reduce(a.sendbuff, a.recvbuff, a.count, a.type, a.op, a.root, a.comm, a.stream);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ Source expect(const RankLayout& l, size_t j) {
 }
 
 ncclResult_t run(const RunArgs& a) {
-  return ncclReduceScatter(a.sendbuff, a.recvbuff, a.count, a.type, a.op, a.comm, a.stream);
+  return a.nccl->reduceScatter(a.sendbuff, a.recvbuff, a.count, a.type, a.op, a.comm, a.stream);
 }
 
 }  // namespace

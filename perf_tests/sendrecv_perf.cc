@@ -14,12 +14,12 @@ Source expect(const RankLayout& l, size_t j) {
 ncclResult_t run(const RunArgs& a) {
   const int next = (a.rank + 1) % a.nranks;
   const int prev = (a.rank - 1 + a.nranks) % a.nranks;
-  ncclResult_t r = ncclGroupStart();
+  ncclResult_t r = a.nccl->groupStart();
   if (r != ncclSuccess) return r;
-  const ncclResult_t s = ncclSend(a.sendbuff, a.count, a.type, next, a.comm, a.stream);
+  const ncclResult_t s = a.nccl->send(a.sendbuff, a.count, a.type, next, a.comm, a.stream);
   const ncclResult_t v =
-      s == ncclSuccess ? ncclRecv(a.recvbuff, a.count, a.type, prev, a.comm, a.stream) : s;
-  r = ncclGroupEnd();
+      s == ncclSuccess ? a.nccl->recv(a.recvbuff, a.count, a.type, prev, a.comm, a.stream) : s;
+  r = a.nccl->groupEnd();
   return v != ncclSuccess ? v : r;
 }
 

@@ -10,21 +10,23 @@ namespace loom::perf {
 namespace {
 
 struct Flag {
-  char shortName;
+  char code;  // the short flag, or for long-only flags a code of our own
   std::string_view longName;
+  bool longOnly = false;  // no short form
 };
 
-// nccl-tests' long names, plus ours.
-constexpr std::array<Flag, 26> kFlags = {{
-    {'t', "nthreads"},      {'g', "ngpus"},          {'b', "minbytes"},
-    {'e', "maxbytes"},      {'i', "stepbytes"},      {'f', "stepfactor"},
-    {'n', "iters"},         {'m', "agg_iters"},      {'w', "warmup_iters"},
-    {'N', "run_cycles"},    {'p', "parallel_init"},  {'c', "check"},
-    {'o', "op"},            {'d', "datatype"},       {'r', "root"},
-    {'z', "blocking"},      {'y', "stream_null"},    {'T', "timeout"},
-    {'G', "cudagraph"},     {'C', "report_cputime"}, {'S', "report_timestamps"},
-    {'a', "average"},       {'R', "local_register"}, {'J', "output_file"},
-    {'M', "memory"},        {'j', "json"},
+// nccl-tests' long names, plus ours. -M is nccl-tests' memory report, so our --memory, --json
+// and --compare have no short form.
+constexpr std::array<Flag, 27> kFlags = {{
+    {'t', "nthreads"},     {'g', "ngpus"},          {'b', "minbytes"},
+    {'e', "maxbytes"},     {'i', "stepbytes"},      {'f', "stepfactor"},
+    {'n', "iters"},        {'m', "agg_iters"},      {'w', "warmup_iters"},
+    {'N', "run_cycles"},   {'p', "parallel_init"},  {'c', "check"},
+    {'o', "op"},           {'d', "datatype"},       {'r', "root"},
+    {'z', "blocking"},     {'y', "stream_null"},    {'T', "timeout"},
+    {'G', "cudagraph"},    {'C', "report_cputime"}, {'S', "report_timestamps"},
+    {'a', "average"},      {'R', "local_register"}, {'J', "output_file"},
+    {'M', "memory", true}, {'j', "json", true},     {'K', "compare", true},
 }};
 
 // Returns the short name of a flag token ("-b", "--minbytes", "--minbytes=8"), with any
@@ -39,7 +41,7 @@ char lookup(std::string_view token, std::optional<std::string_view>* inlineValue
     }
     if (name == "help") return 'h';
     for (const Flag& f : kFlags) {
-      if (f.longName == name) return f.shortName;
+      if (f.longName == name) return f.code;
     }
     return 0;
   }
@@ -47,8 +49,7 @@ char lookup(std::string_view token, std::optional<std::string_view>* inlineValue
     const char c = token[1];
     if (c == 'h') return 'h';
     for (const Flag& f : kFlags) {
-      // -M is nccl-tests' memory report; "--memory" is ours, so a short -M is not ours.
-      if (f.shortName == c && c != 'M' && c != 'j') {
+      if (f.code == c && !f.longOnly) {
         if (token.size() > 2) *inlineValue = token.substr(2);
         return c;
       }
@@ -174,6 +175,18 @@ std::string apply(char flag, std::string_view value, ParseResult* result) {
         return bad("--memory (host, device or auto)");
       }
       return "";
+    case 'K': {
+      // "nccl" searches the usual places; "nccl=PATH" names the file.
+      const std::string_view library = value.substr(0, value.find('='));
+      if (library != "nccl") return bad("--compare (nccl or nccl=/path/to/libnccl.so.2)");
+      o.compareNccl = true;
+      o.compareNcclPath.clear();
+      if (library.size() < value.size()) {
+        o.compareNcclPath = std::string(value.substr(library.size() + 1));
+        if (o.compareNcclPath.empty()) return bad("--compare (nccl=PATH needs a path)");
+      }
+      return "";
+    }
     case 'j':
     case 'J':
       if (value.empty()) return bad("--json (a file name)");
@@ -309,6 +322,9 @@ std::string usage(std::string_view program) {
       "[--memory <host/device/auto> buffers in host or device memory (default: device where a "
       "GPU is present)]",
       "[-J,--json,--output_file <file> write every row and the configuration as JSON]",
+      "[--compare <nccl/nccl=PATH> also run every size on NVIDIA's NCCL (libnccl.so.2 from PATH, "
+      "else $NCCL_HOME/lib, python's nvidia/nccl/lib, /usr/lib/x86_64-linux-gnu, "
+      "/usr/local/cuda/lib64) and print its time, busbw and loom/NCCL ratio]",
       "[-h,--help]",
   };
   for (const char* line : lines) u += std::string("\t") + line + " \n";

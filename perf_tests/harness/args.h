@@ -1,4 +1,5 @@
-// Command-line options of the perf binaries: nccl-tests' flags plus --memory and --json.
+// Command-line options of the perf binaries: nccl-tests' flags plus --memory, --json and
+// --compare.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +42,8 @@ struct Options {
   bool streamNull = false;           // -y
   MemoryKind memory = MemoryKind::kAuto;  // --memory host|device
   std::string jsonPath;              // --json FILE (also -J FILE)
+  bool compareNccl = false;          // --compare nccl[=PATH]: also measure a second NCCL
+  std::string compareNcclPath;       // its PATH; empty: search (see nccl_api.h)
 };
 
 struct ParseResult {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 
@@ -44,12 +45,16 @@ class Bench {
 
  private:
   void timeTest(const TestCase& test);
-  Measurement benchTime(const TestCase& test, bool inPlace);
+  void warmUp(const TestCase& test, size_t lib);
+  ResultRow timeSize(const TestCase& test, size_t size);
+  Measurement benchTime(const TestCase& test, size_t lib, bool inPlace);
   void setup(size_t bytes, ncclDataType_t type);
-  void startColl(const TestCase& test, bool inPlace, int iter);
-  void completeColl(bool force = false);
-  void createOps(const TestCase& test);
-  void destroyOps();
+  void startColl(const TestCase& test, size_t lib, bool inPlace, int iter);
+  void completeColl(size_t lib, bool force = false);
+  void createOps(const TestCase& test, size_t lib);
+  void destroyOps(size_t lib);
+  const NcclApi& nccl(size_t lib) const { return *job_.libraries[lib]; }
+  bool comparing() const { return job_.libraries.size() > 1; }
   void prepareData(const TestCase& test, bool inPlace, uint64_t seed, bool poison);
   int64_t checkData(const TestCase& test, bool inPlace, uint64_t seed);
   DataParams dataParams(const TestCase& test, uint64_t seed) const;
@@ -63,7 +68,7 @@ class Bench {
   CollCounts counts_;
   size_t typeSize_ = 4;
   size_t totalBytes_ = 0;
-  std::vector<ncclRedOp_t> ops_;  // per rank
+  std::array<std::vector<ncclRedOp_t>, kMaxLibraries> ops_;  // per library, per rank
   int rep_ = 0;
 };
 
@@ -106,60 +111,67 @@ void Bench::setup(size_t bytes, ncclDataType_t type) {
   totalBytes_ = std::max(counts_.sendCount, counts_.recvCount) * typeSize_;
 }
 
-void Bench::createOps(const TestCase& test) {
-  ops_.assign(state_.ranks.size(), builtinRedOp(test.op));
+void Bench::createOps(const TestCase& test, size_t lib) {
+  std::vector<ncclRedOp_t>& ops = ops_[lib];
+  ops.assign(state_.ranks.size(), builtinRedOp(test.op));
   if (!job_.spec->hasOp || test.op != OpKind::kMulSum) return;
+  const NcclApi& api = nccl(lib);
   for (size_t i = 0; i < state_.ranks.size(); ++i) {
     RankState& r = state_.ranks[i];
     uint64_t scalar = 0;  // the scalar in the element type, in host memory
     storeValue(test.type, mulSumScalar(r.rank), &scalar);
-    LOOM_PERF_NCCL(job_, ncclRedOpCreatePreMulSum(&ops_[i], &scalar, test.type,
-                                                  ncclScalarHostImmediate, r.comm));
+    LOOM_PERF_NCCL(job_, api,
+                   api.redOpCreatePreMulSum(&ops[i], &scalar, test.type, ncclScalarHostImmediate,
+                                            r.lib[lib].comm));
   }
 }
 
-void Bench::destroyOps() {
-  if (ops_.empty() || ops_[0] < ncclNumOps) return;
+void Bench::destroyOps(size_t lib) {
+  const std::vector<ncclRedOp_t>& ops = ops_[lib];
+  if (ops.empty() || ops[0] < ncclNumOps) return;
+  const NcclApi& api = nccl(lib);
   for (size_t i = 0; i < state_.ranks.size(); ++i) {
-    LOOM_PERF_NCCL(job_, ncclRedOpDestroy(ops_[i], state_.ranks[i].comm));
+    LOOM_PERF_NCCL(job_, api, api.redOpDestroy(ops[i], state_.ranks[i].lib[lib].comm));
   }
 }
 
-void Bench::startColl(const TestCase& test, bool inPlace, int iter) {
+void Bench::startColl(const TestCase& test, size_t lib, bool inPlace, int iter) {
   // Move through the buffers from one iteration to the next, as nccl-tests does, so that
   // caches do not flatter small sizes.
   const size_t steps = totalBytes_ ? std::max<size_t>(o_.maxBytes / totalBytes_, 1) : 1;
   const size_t shift = totalBytes_ * (static_cast<size_t>(iter) % steps);
+  const NcclApi& api = nccl(lib);
   const bool group = state_.ranks.size() > 1;
-  if (group) LOOM_PERF_NCCL(job_, ncclGroupStart());
+  if (group) LOOM_PERF_NCCL(job_, api, api.groupStart());
   for (size_t i = 0; i < state_.ranks.size(); ++i) {
     RankState& r = state_.ranks[i];
     char* recv = static_cast<char*>(r.recv) + shift;
     char* send = static_cast<char*>(r.send) + shift;
     const size_t rank = static_cast<size_t>(r.rank);
     RunArgs a;
+    a.nccl = &api;
     a.sendbuff = inPlace ? recv + counts_.sendInplaceOffset * rank * typeSize_ : send;
     a.recvbuff = inPlace ? recv + counts_.recvInplaceOffset * rank * typeSize_ : recv;
     a.count = counts_.paramCount;
     a.type = test.type;
-    a.op = ops_[i];
+    a.op = ops_[lib][i];
     a.root = test.root;
     a.rank = r.rank;
     a.nranks = job_.nranks;
-    a.comm = r.comm;
+    a.comm = r.lib[lib].comm;
     a.stream = r.stream;
     const ncclResult_t result = job_.spec->run(a);
-    if (result != ncclSuccess) ncclFatal(job_, result, job_.spec->name, __FILE__, __LINE__);
+    if (result != ncclSuccess) ncclFatal(job_, api, result, job_.spec->name, __FILE__, __LINE__);
   }
-  if (group) LOOM_PERF_NCCL(job_, ncclGroupEnd());
+  if (group) LOOM_PERF_NCCL(job_, api, api.groupEnd());
   heartbeat(job_);
   if (o_.blocking) {
-    completeColl(/*force=*/true);
+    completeColl(lib, /*force=*/true);
     job_.team->barrier(state_.thread);
   }
 }
 
-void Bench::completeColl(bool force) {
+void Bench::completeColl(size_t lib, bool force) {
   if (o_.blocking && !force) return;
   if (!job_.memory->isDevice()) return;  // host collectives are complete on return
   std::vector<bool> done(state_.ranks.size(), false);
@@ -176,10 +188,11 @@ void Bench::completeColl(bool force) {
         idle = false;
         continue;
       }
+      const NcclApi& api = nccl(lib);
       ncclResult_t asyncError = ncclSuccess;
-      LOOM_PERF_NCCL(job_, ncclCommGetAsyncError(state_.ranks[i].comm, &asyncError));
+      LOOM_PERF_NCCL(job_, api, api.commGetAsyncError(state_.ranks[i].lib[lib].comm, &asyncError));
       if (asyncError != ncclSuccess) {
-        ncclFatal(job_, asyncError, "asynchronous error", __FILE__, __LINE__);
+        ncclFatal(job_, api, asyncError, "asynchronous error", __FILE__, __LINE__);
       }
     }
     if (idle) sched_yield();
@@ -245,24 +258,25 @@ int64_t Bench::checkData(const TestCase& test, bool inPlace, uint64_t seed) {
   return wrong;
 }
 
-Measurement Bench::benchTime(const TestCase& test, bool inPlace) {
+Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
+  const NcclApi& api = nccl(lib);
   Team& team = *job_.team;
   const int thread = state_.thread;
   if (o_.check > 0) prepareData(test, inPlace, kWarmSeed, /*poison=*/false);
 
-  startColl(test, inPlace, 0);  // sync
-  completeColl();
+  startColl(test, lib, inPlace, 0);  // sync
+  completeColl(lib);
   team.barrier(thread);
 
   const auto start = std::chrono::steady_clock::now();
   for (int iter = 0; iter < o_.iters; ++iter) {
-    if (o_.aggIters > 1) LOOM_PERF_NCCL(job_, ncclGroupStart());
-    for (int a = 0; a < o_.aggIters; ++a) startColl(test, inPlace, iter * o_.aggIters + a);
-    if (o_.aggIters > 1) LOOM_PERF_NCCL(job_, ncclGroupEnd());
+    if (o_.aggIters > 1) LOOM_PERF_NCCL(job_, api, api.groupStart());
+    for (int a = 0; a < o_.aggIters; ++a) startColl(test, lib, inPlace, iter * o_.aggIters + a);
+    if (o_.aggIters > 1) LOOM_PERF_NCCL(job_, api, api.groupEnd());
   }
   const double calls = static_cast<double>(o_.iters) * o_.aggIters;
   const double cpuSec = secondsSince(start) / calls;
-  completeColl();
+  completeColl(lib);
   double sec = secondsSince(start) / calls;
   sec = team.combine(thread, sec, combineForAverage(o_.average));
   const double reportedSec = o_.reportCputime ? team.combine(thread, cpuSec, combineForAverage(o_.average)) : sec;
@@ -280,54 +294,83 @@ Measurement Bench::benchTime(const TestCase& test, bool inPlace) {
     for (int c = 0; c < o_.check; ++c) {
       const uint64_t seed = static_cast<uint64_t>(rep_) * 1000 + static_cast<uint64_t>(c);
       prepareData(test, inPlace, seed, /*poison=*/true);
-      startColl(test, inPlace, 0);
-      completeColl();
+      startColl(test, lib, inPlace, 0);
+      completeColl(lib);
       const int64_t local = checkData(test, inPlace, seed);
       m.wrong = static_cast<int64_t>(team.combine(thread, static_cast<double>(local), Combine::kSum));
       if (m.wrong != 0) break;
     }
   }
 
-  print(formatRowResult(m.timeUsec, m.algBw, m.busBw, m.checked, m.wrong));
-  if (inPlace && o_.reportTimestamps && state_.isMain) std::printf("%21s", timestampText().c_str());
   if (state_.isMain) {
-    if (m.checked && m.wrong != 0) ++state_.errors;
-    state_.busBwSum += m.busBw;
-    ++state_.busBwCount;
+    LibraryTotals& totals = state_.totals[lib];
+    if (m.checked && m.wrong != 0) ++totals.errors;
+    totals.busBwSum += m.busBw;
+    ++totals.busBwCount;
   }
   return m;
 }
 
-void Bench::timeTest(const TestCase& test) {
-  job_.team->barrier(state_.thread);
-  createOps(test);
-
+void Bench::warmUp(const TestCase& test, size_t lib) {
   for (size_t size : warmupSizes(o_.minBytes, o_.maxBytes)) {
     setup(size, test.type);
-    for (int w = 0; w < o_.warmupIters; ++w) startColl(test, /*inPlace=*/false, w);
-    completeColl();
+    for (int w = 0; w < o_.warmupIters; ++w) startColl(test, lib, /*inPlace=*/false, w);
+    completeColl(lib);
   }
+}
+
+// One row: loom out-of-place and in-place, then (--compare) the same on the compared library,
+// each printed as soon as it is measured.
+ResultRow Bench::timeSize(const TestCase& test, size_t size) {
+  setup(size, test.type);
+  ResultRow row;
+  row.bytes = totalBytes_;
+  row.count = counts_.paramCount;
+  row.type = typeInfo(test.type).name;
+  row.op = test.opName;
+  row.root = test.root;
+  row.iterations = o_.iters;
+  print(formatRowStart(row.bytes, row.count, row.type, row.op, row.root));
+  row.outOfPlace = benchTime(test, 0, /*inPlace=*/false);
+  print(formatRowResult(row.outOfPlace));
+  row.inPlace = benchTime(test, 0, /*inPlace=*/true);
+  print(formatRowResult(row.inPlace));
+  if (comparing()) {
+    row.comparedOutOfPlace = benchTime(test, 1, /*inPlace=*/false);
+    print(formatCompareResult(row.outOfPlace, *row.comparedOutOfPlace));
+    row.comparedInPlace = benchTime(test, 1, /*inPlace=*/true);
+    print(formatCompareResult(row.inPlace, *row.comparedInPlace));
+    if (state_.isMain) {
+      LibraryTotals& totals = state_.totals[1];
+      for (const auto& [mine, theirs] : {std::pair{row.outOfPlace, *row.comparedOutOfPlace},
+                                         std::pair{row.inPlace, *row.comparedInPlace}}) {
+        const double ratio = bandwidthRatio(mine.algBw, theirs.algBw);
+        if (!(ratio > 0) || std::isinf(ratio)) continue;
+        totals.logRatioSum += std::log(ratio);
+        ++totals.ratioCount;
+      }
+    }
+  }
+  if (o_.reportTimestamps && state_.isMain) std::printf("%21s", timestampText().c_str());
+  print("\n");
+  return row;
+}
+
+void Bench::timeTest(const TestCase& test) {
+  job_.team->barrier(state_.thread);
+  const size_t nlibs = job_.libraries.size();
+  for (size_t lib = 0; lib < nlibs; ++lib) createOps(test, lib);
+  for (size_t lib = 0; lib < nlibs; ++lib) warmUp(test, lib);
 
   const std::vector<size_t> sizes =
       sizeSequence(o_.minBytes, o_.maxBytes, o_.stepBytes, o_.stepFactor);
   for (long cycle = 0; o_.runCycles == 0 || cycle < o_.runCycles; ++cycle) {
     for (size_t size : sizes) {
-      setup(size, test.type);
-      ResultRow row;
-      row.bytes = totalBytes_;
-      row.count = counts_.paramCount;
-      row.type = typeInfo(test.type).name;
-      row.op = test.opName;
-      row.root = test.root;
-      row.iterations = o_.iters;
-      print(formatRowStart(row.bytes, row.count, row.type, row.op, row.root));
-      row.outOfPlace = benchTime(test, /*inPlace=*/false);
-      row.inPlace = benchTime(test, /*inPlace=*/true);
-      print("\n");
+      const ResultRow row = timeSize(test, size);
       if (state_.isMain && job_.json != nullptr) job_.json->row(row, o_.reportCputime);
     }
   }
-  destroyOps();
+  for (size_t lib = 0; lib < nlibs; ++lib) destroyOps(lib);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "perf_tests/harness/collective.h"
 
+#include <cmath>
+
 namespace loom::perf {
 
 Bandwidth computeBandwidth(const CollectiveSpec& spec, size_t paramCount, size_t typeSize,
@@ -9,6 +11,10 @@ Bandwidth computeBandwidth(const CollectiveSpec& spec, size_t paramCount, size_t
   bw.algBw = bytes * spec.algFactor(nranks) / 1.0e9 / seconds;
   bw.busBw = bw.algBw * spec.busFactor(nranks);
   return bw;
+}
+
+double bandwidthRatio(double algBw, double comparedAlgBw) {
+  return comparedAlgBw > 0 ? algBw / comparedAlgBw : std::nan("");
 }
 
 }  // namespace loom::perf

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "nccl.h"
+#include "perf_tests/harness/nccl_api.h"
 #include "perf_tests/harness/values.h"
 
 namespace loom::perf {
@@ -23,6 +24,7 @@ struct CollCounts {
 
 // One call of the collective on one rank. Buffers are already offset for in-place runs.
 struct RunArgs {
+  const NcclApi* nccl = nullptr;  // the library to call (loom's, or --compare's)
   const void* sendbuff = nullptr;
   void* recvbuff = nullptr;
   size_t count = 0;  // CollCounts::paramCount
@@ -48,7 +50,7 @@ struct CollectiveSpec {
   // Where rank `layout.rank`'s output element j comes from (see values.h). Every rank's
   // input element i holds inputValue(rank, i) over its CollCounts::sendCount elements.
   ExpectFn expect;
-  // Issues the collective; for host memory it returns when complete.
+  // Issues the collective through args.nccl; for host memory it returns when complete.
   ncclResult_t (*run)(const RunArgs& args);
 };
 
@@ -56,6 +58,11 @@ struct Bandwidth {
   double algBw = 0;  // GB/s (1e9 bytes)
   double busBw = 0;
 };
+
+// loom's bus bandwidth over the compared library's for the same call: their algbw ratio
+// (equal to the busbw ratio, and defined on one rank too, where busbw is 0). NaN when the
+// compared bandwidth is not positive.
+double bandwidthRatio(double algBw, double comparedAlgBw);
 
 // nccl-tests' bandwidths for a call of paramCount elements taking `seconds`.
 Bandwidth computeBandwidth(const CollectiveSpec& spec, size_t paramCount, size_t typeSize,

@@ -1,9 +1,11 @@
 #include "perf_tests/harness/format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 
+#include "perf_tests/harness/collective.h"
 #include "perf_tests/harness/version.h"
 
 namespace loom::perf {
@@ -21,6 +23,17 @@ std::string printfString(const char* format, ...) {
   std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
   if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, args);
   va_end(args);
+  return out;
+}
+
+// Characters of one time/algbw/busbw/#wrong group ("  %7s  %6s  %6s  %6s").
+constexpr size_t kGroupWidth = 33;
+
+std::string centered(std::string_view text, size_t width) {
+  const size_t left = text.size() < width ? (width - text.size()) / 2 : 0;
+  std::string out(left, ' ');
+  out += text;
+  if (out.size() < width) out.resize(width, ' ');
   return out;
 }
 
@@ -67,21 +80,37 @@ std::string formatDeviceLine(int rank, int group, int pid, std::string_view host
                       name.data());
 }
 
-std::string formatTableHeader(bool reportCputime, bool reportTimestamps) {
+std::string formatTableHeader(bool reportCputime, bool reportTimestamps, bool compare) {
   const char* tsLabel = reportTimestamps ? "timestamp" : "";
   const int tsPad = reportTimestamps ? 19 : 0;
   const char* tsFormat = reportTimestamps ? "%Y-%m-%d %H:%M:%S" : "";
   const char* time = reportCputime ? "cputime" : "time";
   std::string s = "#\n";
-  s += printfString(
-      "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n",
+  if (compare) {
+    s += "# NCCL columns: the same calls on the --compare library; ratio = loom busbw / NCCL "
+         "busbw (> 1: loom is faster)\n#\n";
+  }
+  std::string groups = printfString(
+      "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          ",
       "", "", "", "", "");
-  s += printfString("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n",
+  std::string names;
+  std::string units;
+  if (compare) {
+    // Loom's two groups end after the 52 characters of the row start and two groups.
+    groups.resize(52 + 2 * kGroupWidth, ' ');
+    groups += centered("NCCL out-of-place", kGroupWidth) + centered("NCCL in-place", kGroupWidth);
+    for (int i = 0; i < 2; ++i) {
+      names += printfString("  %7s  %6s  %6s  %6s", time, "busbw", "#wrong", "ratio");
+      units += printfString("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "", "");
+    }
+  }
+  s += groups + "\n";
+  s += printfString("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s%s %*s\n",
                     "size", "count", "type", "redop", "root", time, "algbw", "busbw", "#wrong",
-                    time, "algbw", "busbw", "#wrong", tsPad, tsLabel);
-  s += printfString("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n",
+                    time, "algbw", "busbw", "#wrong", names.c_str(), tsPad, tsLabel);
+  s += printfString("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s%s %*s\n",
                     "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)",
-                    "(GB/s)", "(GB/s)", "", tsPad, tsFormat);
+                    "(GB/s)", "(GB/s)", "", units.c_str(), tsPad, tsFormat);
   return s;
 }
 
@@ -106,12 +135,30 @@ std::string formatRowResult(double timeUsec, double algBw, double busBw, bool ch
   return printfString("  %7s  %6s  %6s    N/A", t.c_str(), a.c_str(), b.c_str());
 }
 
-std::string formatFooter(int64_t errors, double avgBusBw, double minBw, std::string_view program) {
+std::string formatCompareResult(const Measurement& loom, const Measurement& compared) {
+  const std::string t = formatNumber(compared.timeUsec, 7);
+  const std::string b = formatNumber(compared.busBw, 6);
+  const std::string wrong =
+      compared.checked ? printfString("%6g", static_cast<double>(compared.wrong)) : "   N/A";
+  const double ratio = bandwidthRatio(loom.algBw, compared.algBw);
+  const std::string r = std::isfinite(ratio) ? printfString("%6.2f", ratio) : "   N/A";
+  return printfString("  %7s  %6s  %6s  %6s", t.c_str(), b.c_str(), wrong.c_str(), r.c_str());
+}
+
+std::string formatFooter(int64_t errors, double avgBusBw, double minBw, std::string_view program,
+                         const CompareSummary* compare) {
   const char* bwVerdict = minBw < 0 ? "" : (avgBusBw < minBw * 0.9 ? "FAILED" : "OK");
   std::string s;
   s += printfString("# %-20s : %lld %s\n", "Out of bounds values", static_cast<long long>(errors),
                     errors ? "FAILED" : "OK");
   s += printfString("# %-20s : %g %s\n", "Avg bus bandwidth", avgBusBw, bwVerdict);
+  if (compare != nullptr) {
+    s += printfString("# %-25s : %lld %s\n", "NCCL out of bounds values",
+                      static_cast<long long>(compare->errors), compare->errors ? "FAILED" : "OK");
+    s += printfString("# %-25s : %g\n", "NCCL avg bus bandwidth", compare->avgBusBw);
+    s += printfString("# %-25s : %.3g (of the averages), %.3g (geometric mean over rows)\n",
+                      "loom/NCCL busbw ratio", compare->avgRatio, compare->geomeanRatio);
+  }
   s += "#\n";
   s += printfString("# Collective test concluded: %.*s\n", static_cast<int>(program.size()),
                     program.data());

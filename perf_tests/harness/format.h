@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "perf_tests/harness/args.h"
+#include "perf_tests/harness/json.h"
 
 namespace loom::perf {
 
@@ -22,17 +23,28 @@ std::string formatRunHeader(const Options& options, std::string_view program, in
 // "#  Rank %2d Group %2d Pid %6d on %10s device %2d [busid] name".
 std::string formatDeviceLine(int rank, int group, int pid, std::string_view host, int device,
                              std::string_view busId, std::string_view name);
-// "#", the two-level column header and the units line.
-std::string formatTableHeader(bool reportCputime, bool reportTimestamps);
+// "#", the two-level column header and the units line. `compare` (--compare) adds, after
+// loom's in-place columns, "NCCL out-of-place" and "NCCL in-place" groups of time, busbw,
+// #wrong and ratio (loom busbw / NCCL busbw), preceded by a line that says so.
+std::string formatTableHeader(bool reportCputime, bool reportTimestamps, bool compare = false);
 // "%12li  %12li  %8s  %6s  %6i": size, count, type, redop, root.
 std::string formatRowStart(size_t bytes, size_t count, std::string_view typeName,
                            std::string_view opName, int root);
 // "  %7s  %6s  %6s  %6g" (or "    N/A" for #wrong when not checked): time, algbw, busbw, wrong.
 std::string formatRowResult(double timeUsec, double algBw, double busBw, bool checked,
                             int64_t wrong);
-// "# Out of bounds values : N OK|FAILED", "# Avg bus bandwidth    : X [OK|FAILED]", "#",
+inline std::string formatRowResult(const Measurement& m) {
+  return formatRowResult(m.timeUsec, m.algBw, m.busBw, m.checked, m.wrong);
+}
+// "  %7s  %6s  %6s  %6s": the compared library's time, busbw and #wrong (or N/A), then
+// bandwidthRatio(loom, compared) with two decimals (N/A when undefined).
+std::string formatCompareResult(const Measurement& loom, const Measurement& compared);
+// "# Out of bounds values : N OK|FAILED", "# Avg bus bandwidth    : X [OK|FAILED]", then with
+// --compare (compare not null) "# NCCL out of bounds values : N OK|FAILED", "# NCCL avg bus
+// bandwidth : X" and "# loom/NCCL busbw ratio : R (average), G (geometric mean)", then "#",
 // "# Collective test concluded: program". minBw < 0: not checked.
-std::string formatFooter(int64_t errors, double avgBusBw, double minBw, std::string_view program);
+std::string formatFooter(int64_t errors, double avgBusBw, double minBw, std::string_view program,
+                         const CompareSummary* compare = nullptr);
 
 // Combines per-rank times as -a says: 0 first, 1 mean, 2 min, 3 max. (Pure reference of what
 // the runner does across threads and processes.)

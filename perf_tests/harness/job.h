@@ -1,6 +1,7 @@
 // State shared by the runner (set-up, ranks, teardown) and the benchmark loop.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -12,32 +13,48 @@
 #include "perf_tests/harness/json.h"
 #include "perf_tests/harness/memory.h"
 #include "perf_tests/harness/mpi_support.h"
+#include "perf_tests/harness/nccl_api.h"
 #include "perf_tests/harness/team.h"
 
 namespace loom::perf {
 
-struct RankState {
-  int rank = 0;
-  int device = -1;  // CUDA device, or -1 on host memory
+// The libraries a run measures: Job::libraries[0] is the linked one (loom's), [1] the one
+// --compare loaded (NVIDIA's NCCL), when asked for. Both run on the same buffers and streams.
+constexpr size_t kMaxLibraries = 2;
+
+// One rank's objects in one library.
+struct LibraryRank {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  void* send = nullptr;  // maxBytes each
-  void* recv = nullptr;
-  std::vector<char> scratch;  // device memory: host copy for filling and checking
   void* sendHandle = nullptr;  // -R 1
   void* recvHandle = nullptr;
   ncclWindow_t sendWindow = nullptr;  // -R 2
   ncclWindow_t recvWindow = nullptr;
 };
 
+struct RankState {
+  int rank = 0;
+  int device = -1;  // CUDA device, or -1 on host memory
+  cudaStream_t stream = nullptr;
+  void* send = nullptr;  // maxBytes each
+  void* recv = nullptr;
+  std::vector<char> scratch;  // device memory: host copy for filling and checking
+  std::array<LibraryRank, kMaxLibraries> lib;  // indexed like Job::libraries
+};
+
+// One library's totals over the run, kept by the benchmark loop on the main thread.
+struct LibraryTotals {
+  int64_t errors = 0;   // measurements with a nonzero #wrong
+  double busBwSum = 0;  // over every measurement
+  int busBwCount = 0;
+  double logRatioSum = 0;  // compared library only: sum of log(loom / it) over measurements
+  int ratioCount = 0;
+};
+
 struct ThreadState {
   int thread = 0;
   bool isMain = false;  // thread 0 of process 0: prints and writes JSON
   std::vector<RankState> ranks;
-  // Filled by the benchmark loop on the main thread.
-  int64_t errors = 0;
-  double busBwSum = 0;
-  int busBwCount = 0;
+  std::array<LibraryTotals, kMaxLibraries> totals;  // indexed like Job::libraries
 };
 
 struct Job {
@@ -47,6 +64,7 @@ struct Job {
   Memory* memory = nullptr;
   Team* team = nullptr;
   JsonReport* json = nullptr;  // open on the main process only
+  std::vector<const NcclApi*> libraries;  // [0] linked (loom), [1] --compare's, if any
   int nprocs = 1;
   int proc = 0;
   int nranks = 1;
@@ -60,16 +78,18 @@ void heartbeat(Job& job);
 
 // Prints "<host>: Test failure: <message>" and ends the job (every process under MPI).
 [[noreturn]] void fatal(const Job& job, const std::string& message);
-// Same for a failed NCCL call, with ncclGetLastError's text.
-[[noreturn]] void ncclFatal(const Job& job, ncclResult_t result, const char* call,
-                            const char* file, int line);
+// Same for a failed call into `nccl`, with its error string and ncclGetLastError's text; a
+// call into the --compare library says which library failed.
+[[noreturn]] void ncclFatal(const Job& job, const NcclApi& nccl, ncclResult_t result,
+                            const char* call, const char* file, int line);
 
-#define LOOM_PERF_NCCL(job, call)                                                \
-  do {                                                                           \
-    const ncclResult_t loomPerfResult_ = (call);                                 \
-    if (loomPerfResult_ != ncclSuccess) {                                        \
-      ::loom::perf::ncclFatal((job), loomPerfResult_, #call, __FILE__, __LINE__); \
-    }                                                                            \
+// Calls `call` (an expression on the NcclApi `nccl`) and ends the job if it fails.
+#define LOOM_PERF_NCCL(job, nccl, call)                                                   \
+  do {                                                                                    \
+    const ncclResult_t loomPerfResult_ = (call);                                          \
+    if (loomPerfResult_ != ncclSuccess) {                                                 \
+      ::loom::perf::ncclFatal((job), (nccl), loomPerfResult_, #call, __FILE__, __LINE__); \
+    }                                                                                     \
   } while (0)
 
 #define LOOM_PERF_CHECK(job, call)                        \

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "perf_tests/harness/collective.h"
 #include "perf_tests/harness/version.h"
 
 namespace loom::perf {
@@ -162,6 +163,17 @@ void JsonReport::config(const RunInfo& run, const Options& o,
   w.integer(run.libraryVersion);
   w.key("loom_perf_tests_version");
   w.string(kPerfTestsVersion);
+  if (!run.comparePath.empty()) {
+    w.key("compare");
+    w.beginObject();
+    w.key("library");
+    w.string("nccl");
+    w.key("path");
+    w.string(run.comparePath);
+    w.key("nccl_version");
+    w.integer(run.compareVersion);
+    w.endObject();
+  }
   w.key("program");
   w.string(run.program);
   w.key("collective");
@@ -256,6 +268,19 @@ void JsonReport::row(const ResultRow& r, bool reportCputime) {
   writeMeasurement(w, r.outOfPlace, reportCputime);
   w.key("in_place");
   writeMeasurement(w, r.inPlace, reportCputime);
+  if (r.comparedOutOfPlace && r.comparedInPlace) {
+    w.key("nccl_out_of_place");
+    writeMeasurement(w, *r.comparedOutOfPlace, reportCputime);
+    w.key("nccl_in_place");
+    writeMeasurement(w, *r.comparedInPlace, reportCputime);
+    w.key("bus_bw_ratio");  // loom / NCCL; null when undefined
+    w.beginObject();
+    w.key("out_of_place");
+    w.number(bandwidthRatio(r.outOfPlace.algBw, r.comparedOutOfPlace->algBw));
+    w.key("in_place");
+    w.number(bandwidthRatio(r.inPlace.algBw, r.comparedInPlace->algBw));
+    w.endObject();
+  }
   w.key("actual_iterations");
   w.integer(r.iterations);
   w.key("experiment_name");
@@ -264,8 +289,8 @@ void JsonReport::row(const ResultRow& r, bool reportCputime) {
   std::fflush(file_);
 }
 
-void JsonReport::finish(int64_t errors, double avgBusBw, double minBw,
-                        const std::string& lastError) {
+void JsonReport::finish(int64_t errors, double avgBusBw, double minBw, const std::string& lastError,
+                        const CompareSummary* compare) {
   if (!writer_) return;
   JsonWriter& w = *writer_;
   w.endArray();  // results
@@ -287,6 +312,27 @@ void JsonReport::finish(int64_t errors, double avgBusBw, double minBw,
     w.boolean(avgBusBw >= minBw * 0.9);
   }
   w.endObject();
+  if (compare != nullptr) {
+    w.key("nccl_out_of_bounds");
+    w.beginObject();
+    w.key("count");
+    w.integer(compare->errors);
+    w.key("okay");
+    w.boolean(compare->errors == 0);
+    w.endObject();
+    w.key("nccl_average_bus_bandwidth");
+    w.beginObject();
+    w.key("bandwidth");
+    w.number(compare->avgBusBw);
+    w.endObject();
+    w.key("bus_bw_ratio");
+    w.beginObject();
+    w.key("average");
+    w.number(compare->avgRatio);
+    w.key("geometric_mean");
+    w.number(compare->geomeanRatio);
+    w.endObject();
+  }
   w.key("errors");
   w.beginArray();
   if (!lastError.empty()) w.string(lastError);

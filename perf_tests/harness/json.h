@@ -1,5 +1,8 @@
 // JSON output (--json FILE): the configuration, the devices, every row and the summary, in
-// nccl-tests' JSON layout (version 1) with a few loom keys added. Written with fprintf.
+// nccl-tests' JSON layout (version 1) with a few loom keys added (and --compare's: "compare"
+// in the header, "nccl_out_of_place", "nccl_in_place" and "bus_bw_ratio" in each row,
+// "nccl_out_of_bounds", "nccl_average_bus_bandwidth" and "bus_bw_ratio" in the summary).
+// Written with fprintf.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +60,17 @@ struct ResultRow {
   Measurement outOfPlace;
   Measurement inPlace;
   int iterations = 0;
+  // --compare: the same calls on the compared library (NCCL); absent otherwise.
+  std::optional<Measurement> comparedOutOfPlace;
+  std::optional<Measurement> comparedInPlace;
+};
+
+// --compare's totals for the footer and the JSON summary.
+struct CompareSummary {
+  int64_t errors = 0;       // the compared library's measurements with a nonzero #wrong
+  double avgBusBw = 0;      // its average bus bandwidth, GB/s
+  double avgRatio = 0;      // loom's average busbw / its average busbw
+  double geomeanRatio = 0;  // geometric mean of the per-measurement loom/NCCL ratios
 };
 
 struct DeviceInfo {
@@ -77,6 +91,9 @@ struct RunInfo {
   std::string memory;       // "host" or "device"
   int nranks = 0;
   int nprocs = 1;
+  // --compare: the compared library's file and ncclGetVersion; comparePath empty otherwise.
+  std::string comparePath;
+  int compareVersion = 0;
 };
 
 // Writes a whole report. Usage: open(), config(), rows as they come, finish().
@@ -92,8 +109,10 @@ class JsonReport {
   bool isOpen() const { return file_ != nullptr; }
   void config(const RunInfo& run, const Options& options, const std::vector<DeviceInfo>& devices);
   void row(const ResultRow& row, bool reportCputime);
-  // Closes the results list and writes the summary; closes the file.
-  void finish(int64_t errors, double avgBusBw, double minBw, const std::string& lastError);
+  // Closes the results list and writes the summary (with --compare's when `compare` is set);
+  // closes the file.
+  void finish(int64_t errors, double avgBusBw, double minBw, const std::string& lastError,
+              const CompareSummary* compare = nullptr);
 
  private:
   FILE* file_ = nullptr;

@@ -2,24 +2,21 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "perf_tests/harness/cuda_api.h"
 #include "perf_tests/harness/format.h"
 #include "perf_tests/harness/job.h"
-
-// Present from NCCL 2.19 / 2.27 on; resolved at load time so older libraries still run.
-#pragma weak ncclCommRegister
-#pragma weak ncclCommDeregister
-#pragma weak ncclCommWindowRegister
-#pragma weak ncclCommWindowDeregister
 
 namespace loom::perf {
 namespace {
@@ -49,9 +46,9 @@ class Watchdog {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
   }
-  void watch(std::vector<ncclComm_t> comms) {
+  void watch(const NcclApi& nccl, const std::vector<ncclComm_t>& comms) {
     std::lock_guard<std::mutex> lock(mutex_);
-    comms_.insert(comms_.end(), comms.begin(), comms.end());
+    for (ncclComm_t c : comms) comms_.emplace_back(&nccl, c);
   }
   void start() {
     heartbeat(job_);
@@ -67,7 +64,7 @@ class Watchdog {
                   job_.host.c_str(), static_cast<long long>(timeoutNs_ / 1000000000));
       std::fflush(stdout);
       std::lock_guard<std::mutex> lock(mutex_);
-      for (ncclComm_t c : comms_) ncclCommAbort(c);
+      for (const auto& [nccl, comm] : comms_) nccl->commAbort(comm);
       fatal(job_, "timeout");
     }
   }
@@ -76,7 +73,7 @@ class Watchdog {
   const int64_t timeoutNs_;
   std::atomic<bool> stop_{false};
   std::mutex mutex_;
-  std::vector<ncclComm_t> comms_;
+  std::vector<std::pair<const NcclApi*, ncclComm_t>> comms_;
   std::thread thread_;
 };
 
@@ -155,73 +152,80 @@ void allocateBuffers(Job& job, ThreadState& t) {
   }
 }
 
-void initCommsInThread(Job& job, ThreadState& t, const ncclUniqueId& id) {
+void initCommsInThread(Job& job, ThreadState& t, size_t lib, const ncclUniqueId& id) {
+  const NcclApi& nccl = *job.libraries[lib];
   const bool group = t.ranks.size() > 1;
-  if (group) LOOM_PERF_NCCL(job, ncclGroupStart());
+  if (group) LOOM_PERF_NCCL(job, nccl, nccl.groupStart());
   for (RankState& r : t.ranks) {
     if (r.device >= 0) LOOM_PERF_CHECK(job, job.memory->setDevice(r.device));
-    LOOM_PERF_NCCL(job, ncclCommInitRank(&r.comm, job.nranks, id, r.rank));
+    LOOM_PERF_NCCL(job, nccl, nccl.commInitRank(&r.lib[lib].comm, job.nranks, id, r.rank));
   }
-  if (group) LOOM_PERF_NCCL(job, ncclGroupEnd());
+  if (group) LOOM_PERF_NCCL(job, nccl, nccl.groupEnd());
 }
 
-void registerBuffers(Job& job, ThreadState& t) {
+void registerBuffers(Job& job, ThreadState& t, size_t lib) {
   const int mode = job.options.registration;
   if (mode == 0) return;
+  const NcclApi& nccl = *job.libraries[lib];
   const size_t bytes = job.options.maxBytes;
   for (RankState& r : t.ranks) {
+    LibraryRank& l = r.lib[lib];
+    const bool report = t.isMain && &r == &t.ranks[0];
     ncclResult_t a = ncclInvalidUsage, b = ncclInvalidUsage;
-    const bool available = mode == 2 ? &ncclCommWindowRegister != nullptr
-                                     : &ncclCommRegister != nullptr;
+    const bool available =
+        mode == 2 ? nccl.commWindowRegister != nullptr : nccl.commRegister != nullptr;
     if (!available) {
-      if (t.isMain && &r == &t.ranks[0]) {
-        std::printf("# Buffer registration (-R %d): this NCCL has no %s; running unregistered\n",
-                    mode, mode == 2 ? "ncclCommWindowRegister" : "ncclCommRegister");
+      if (report) {
+        std::printf("# Buffer registration (-R %d): %s has no %s; running unregistered\n", mode,
+                    nccl.label.c_str(), mode == 2 ? "ncclCommWindowRegister" : "ncclCommRegister");
       }
       continue;
     }
     if (mode == 2) {
-      a = ncclCommWindowRegister(r.comm, r.send, bytes, &r.sendWindow, NCCL_WIN_COLL_SYMMETRIC);
-      b = ncclCommWindowRegister(r.comm, r.recv, bytes, &r.recvWindow, NCCL_WIN_COLL_SYMMETRIC);
+      a = nccl.commWindowRegister(l.comm, r.send, bytes, &l.sendWindow, NCCL_WIN_COLL_SYMMETRIC);
+      b = nccl.commWindowRegister(l.comm, r.recv, bytes, &l.recvWindow, NCCL_WIN_COLL_SYMMETRIC);
     } else {
-      a = ncclCommRegister(r.comm, r.send, bytes, &r.sendHandle);
-      b = ncclCommRegister(r.comm, r.recv, bytes, &r.recvHandle);
+      a = nccl.commRegister(l.comm, r.send, bytes, &l.sendHandle);
+      b = nccl.commRegister(l.comm, r.recv, bytes, &l.recvHandle);
     }
-    if ((a != ncclSuccess || b != ncclSuccess) && t.isMain && &r == &t.ranks[0]) {
-      std::printf("# Buffer registration (-R %d) failed (%s): running unregistered\n", mode,
-                  ncclGetErrorString(a != ncclSuccess ? a : b));
+    if ((a != ncclSuccess || b != ncclSuccess) && report) {
+      std::printf("# Buffer registration (-R %d) on %s failed (%s): running unregistered\n", mode,
+                  nccl.label.c_str(), nccl.getErrorString(a != ncclSuccess ? a : b));
     }
   }
 }
 
-void deregisterBuffers(ThreadState& t) {
+void deregisterBuffers(Job& job, ThreadState& t, size_t lib) {
+  const NcclApi& nccl = *job.libraries[lib];
   for (RankState& r : t.ranks) {
-    if (r.sendWindow != nullptr) ncclCommWindowDeregister(r.comm, r.sendWindow);
-    if (r.recvWindow != nullptr) ncclCommWindowDeregister(r.comm, r.recvWindow);
-    if (r.sendHandle != nullptr) ncclCommDeregister(r.comm, r.sendHandle);
-    if (r.recvHandle != nullptr) ncclCommDeregister(r.comm, r.recvHandle);
+    LibraryRank& l = r.lib[lib];
+    if (l.sendWindow != nullptr) nccl.commWindowDeregister(l.comm, l.sendWindow);
+    if (l.recvWindow != nullptr) nccl.commWindowDeregister(l.comm, l.recvWindow);
+    if (l.sendHandle != nullptr) nccl.commDeregister(l.comm, l.sendHandle);
+    if (l.recvHandle != nullptr) nccl.commDeregister(l.comm, l.recvHandle);
   }
 }
 
 // Finalize (grouped across this thread's ranks) then destroy; failures here only warn.
-void destroyComms(Job& job, ThreadState& t) {
+void destroyComms(Job& job, ThreadState& t, size_t lib) {
+  const NcclApi& nccl = *job.libraries[lib];
+  auto warn = [&](const char* call, const RankState& r, ncclResult_t e) {
+    std::fprintf(stderr, "%s: warning: %s (%s, rank %d): %s\n", job.host.c_str(), call,
+                 nccl.label.c_str(), r.rank, nccl.getErrorString(e));
+  };
   const bool group = t.ranks.size() > 1;
-  if (group) ncclGroupStart();
-  for (RankState& r : t.ranks) {
-    const ncclResult_t e = ncclCommFinalize(r.comm);
-    if (e != ncclSuccess) {
-      std::fprintf(stderr, "%s: warning: ncclCommFinalize (rank %d): %s\n", job.host.c_str(),
-                   r.rank, ncclGetErrorString(e));
+  if (nccl.commFinalize != nullptr) {
+    if (group) nccl.groupStart();
+    for (RankState& r : t.ranks) {
+      const ncclResult_t e = nccl.commFinalize(r.lib[lib].comm);
+      if (e != ncclSuccess) warn("ncclCommFinalize", r, e);
     }
+    if (group) nccl.groupEnd();
   }
-  if (group) ncclGroupEnd();
   for (RankState& r : t.ranks) {
-    const ncclResult_t e = ncclCommDestroy(r.comm);
-    if (e != ncclSuccess) {
-      std::fprintf(stderr, "%s: warning: ncclCommDestroy (rank %d): %s\n", job.host.c_str(),
-                   r.rank, ncclGetErrorString(e));
-    }
-    r.comm = nullptr;
+    const ncclResult_t e = nccl.commDestroy(r.lib[lib].comm);
+    if (e != ncclSuccess) warn("ncclCommDestroy", r, e);
+    r.lib[lib].comm = nullptr;
   }
 }
 
@@ -235,26 +239,34 @@ void freeBuffers(Job& job, ThreadState& t) {
 }
 
 // What each thread does once its communicators exist (or, for -t > 1 and MPI, from the
-// start: ncclCommInitRank blocks until every rank has joined, so ranks init concurrently).
-void threadMain(Job& job, ThreadState& t, const ncclUniqueId* id, Watchdog* watchdog) {
-  if (id != nullptr) initCommsInThread(job, t, *id);
-  if (watchdog != nullptr) {
-    std::vector<ncclComm_t> comms;
-    for (const RankState& r : t.ranks) comms.push_back(r.comm);
-    watchdog->watch(comms);
+// start: ncclCommInitRank blocks until every rank has joined, so ranks init concurrently;
+// every thread makes loom's communicators first, then the compared library's). `ids` holds
+// one id per library, or is null when ncclCommInitAll made the communicators already.
+void threadMain(Job& job, ThreadState& t, const ncclUniqueId* ids, Watchdog* watchdog) {
+  const size_t nlibs = job.libraries.size();
+  for (size_t lib = 0; lib < nlibs; ++lib) {
+    if (ids != nullptr) initCommsInThread(job, t, lib, ids[lib]);
+    if (watchdog != nullptr) {
+      std::vector<ncclComm_t> comms;
+      for (const RankState& r : t.ranks) comms.push_back(r.lib[lib].comm);
+      watchdog->watch(*job.libraries[lib], comms);
+    }
+    registerBuffers(job, t, lib);
   }
-  registerBuffers(job, t);
   job.team->barrier(t.thread);
   if (t.isMain) {
-    std::fputs(formatTableHeader(job.options.reportCputime, job.options.reportTimestamps).c_str(),
+    std::fputs(formatTableHeader(job.options.reportCputime, job.options.reportTimestamps, nlibs > 1)
+                   .c_str(),
                stdout);
     std::fflush(stdout);
   }
   job.team->barrier(t.thread);
   runThreadTests(job, t);
   job.team->barrier(t.thread);
-  deregisterBuffers(t);
-  destroyComms(job, t);
+  for (size_t lib = 0; lib < nlibs; ++lib) {
+    deregisterBuffers(job, t, lib);
+    destroyComms(job, t, lib);
+  }
 }
 
 std::unique_ptr<Memory> chooseMemory(const Options& o, std::string* error) {
@@ -284,11 +296,14 @@ void fatal(const Job& job, const std::string& message) {
   std::_Exit(1);
 }
 
-void ncclFatal(const Job& job, ncclResult_t result, const char* call, const char* file, int line) {
-  const char* last = ncclGetLastError(nullptr);
-  std::string message = std::string("NCCL failure ") + file + ":" + std::to_string(line) + " '" +
-                        call + "': " + ncclGetErrorString(result);
-  if (last != nullptr && last[0] != '\0') message += " (" + std::string(last) + ")";
+void ncclFatal(const Job& job, const NcclApi& nccl, ncclResult_t result, const char* call,
+               const char* file, int line) {
+  const std::string last = nccl.lastError();
+  // The linked library keeps nccl-tests' wording; the compared one is named.
+  const std::string which = nccl.path.empty() ? "" : " (compared library " + nccl.path + ")";
+  std::string message = "NCCL failure" + which + " " + file + ":" + std::to_string(line) + " '" +
+                        call + "': " + nccl.getErrorString(result);
+  if (!last.empty()) message += " (" + last + ")";
   fatal(job, message);
 }
 
@@ -331,8 +346,19 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
                    std::to_string(job.nranks) + " ranks");
   }
 
+  // The libraries to measure: the linked one, and --compare's.
+  const NcclApi& linked = linkedNccl();
+  job.libraries.push_back(&linked);
+  NcclLoad compare;
+  int compareVersion = 0;
+  if (o.compareNccl) {
+    compare = loadCompareNccl(o.compareNcclPath, processSearchEnv(), linked);
+    if (!compare.api) fatal(job, compare.error);
+    LOOM_PERF_NCCL(job, *compare.api, compare.api->getVersion(&compareVersion));
+    job.libraries.push_back(compare.api.get());
+  }
   int libraryVersion = 0;
-  ncclGetVersion(&libraryVersion);
+  linked.getVersion(&libraryVersion);
 
   // Devices: consecutive per process on a host, or from NCCL_TESTS_DEVICE.
   const int perProc = o.nThreads * o.nGpus;
@@ -359,6 +385,10 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   if (mainProc) {
     std::fputs(formatRunHeader(o, spec.program, libraryVersion).c_str(), stdout);
     for (const std::string& note : parsed.notes) std::printf("# %s\n", note.c_str());
+    if (compare.api) {
+      std::printf("# Comparing with NCCL %d from %s\n", compareVersion, compare.api->path.c_str());
+      for (const std::string& note : compare.notes) std::printf("# %s\n", note.c_str());
+    }
     if (!o.jsonPath.empty()) {
       if (json.open(o.jsonPath, &error)) {
         std::printf("# Writing JSON output to %s\n", o.jsonPath.c_str());
@@ -381,6 +411,10 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
       run.memory = memory->name();
       run.nranks = job.nranks;
       run.nprocs = job.nprocs;
+      if (compare.api) {
+        run.comparePath = compare.api->path;
+        run.compareVersion = compareVersion;
+      }
       json.config(run, o, all);
       job.json = &json;
     }
@@ -408,20 +442,23 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   }
 
   // One process, one thread: ncclCommInitAll makes every rank. Otherwise every thread joins
-  // with ncclCommInitRank on the id made by process 0.
-  ncclUniqueId id{};
+  // with ncclCommInitRank on the id made by process 0 (one id per library).
+  std::array<ncclUniqueId, kMaxLibraries> ids{};
   const bool initAll = job.nprocs == 1 && o.nThreads == 1;
-  if (initAll) {
-    std::vector<ncclComm_t> comms(o.nGpus);
-    std::vector<int> devlist(o.nGpus);
-    for (int i = 0; i < o.nGpus; ++i) devlist[i] = devices[i] >= 0 ? devices[i] : i;
-    LOOM_PERF_NCCL(job, ncclCommInitAll(comms.data(), o.nGpus, devlist.data()));
-    for (int i = 0; i < o.nGpus; ++i) threads[0].ranks[i].comm = comms[i];
-  } else {
-    if (mainProc) LOOM_PERF_NCCL(job, ncclGetUniqueId(&id));
-    mpi.broadcast(&id, sizeof id, 0);
+  for (size_t lib = 0; lib < job.libraries.size(); ++lib) {
+    const NcclApi& nccl = *job.libraries[lib];
+    if (initAll) {
+      std::vector<ncclComm_t> comms(o.nGpus);
+      std::vector<int> devlist(o.nGpus);
+      for (int i = 0; i < o.nGpus; ++i) devlist[i] = devices[i] >= 0 ? devices[i] : i;
+      LOOM_PERF_NCCL(job, nccl, nccl.commInitAll(comms.data(), o.nGpus, devlist.data()));
+      for (int i = 0; i < o.nGpus; ++i) threads[0].ranks[i].lib[lib].comm = comms[i];
+    } else {
+      if (mainProc) LOOM_PERF_NCCL(job, nccl, nccl.getUniqueId(&ids[lib]));
+      mpi.broadcast(&ids[lib], sizeof ids[lib], 0);
+    }
   }
-  const ncclUniqueId* idForThreads = initAll ? nullptr : &id;
+  const ncclUniqueId* idForThreads = initAll ? nullptr : ids.data();
 
   std::vector<std::thread> workers;
   for (int t = 1; t < o.nThreads; ++t) {
@@ -435,28 +472,45 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   for (ThreadState& t : threads) freeBuffers(job, t);
 
   const ThreadState& main = threads[0];
-  double errors = static_cast<double>(main.errors);
-  mpi.broadcast(&errors, sizeof errors, 0);
-  const double avgBusBw = main.busBwCount > 0 ? main.busBwSum / main.busBwCount : 0;
+  auto average = [](const LibraryTotals& t) {
+    return t.busBwCount > 0 ? t.busBwSum / t.busBwCount : 0.0;
+  };
+  // Wrong results in either library fail the run; the footer counts them apart.
+  double errors[kMaxLibraries] = {static_cast<double>(main.totals[0].errors),
+                                  static_cast<double>(main.totals[1].errors)};
+  mpi.broadcast(errors, sizeof errors, 0);
+  const double avgBusBw = average(main.totals[0]);
+  std::optional<CompareSummary> summary;
+  if (compare.api) {
+    const LibraryTotals& t = main.totals[1];
+    summary.emplace();
+    summary->errors = static_cast<int64_t>(errors[1]);
+    summary->avgBusBw = average(t);
+    summary->avgRatio = bandwidthRatio(avgBusBw, summary->avgBusBw);
+    summary->geomeanRatio =
+        t.ratioCount > 0 ? std::exp(t.logRatioSum / t.ratioCount) : std::nan("");
+  }
   const char* minBwEnv = std::getenv("NCCL_TESTS_MIN_BW");
   const double minBw = minBwEnv != nullptr ? std::atof(minBwEnv) : -1;
-  const char* lastError = ncclGetLastError(nullptr);
-  const std::string lastErrorText = lastError != nullptr ? lastError : "";
+  const std::string lastErrorText = linked.lastError();
+  const CompareSummary* summaryPtr = summary ? &*summary : nullptr;
   if (mainProc) {
-    std::fputs(formatFooter(static_cast<int64_t>(errors), avgBusBw, minBw, spec.program).c_str(),
-               stdout);
+    std::fputs(
+        formatFooter(static_cast<int64_t>(errors[0]), avgBusBw, minBw, spec.program, summaryPtr)
+            .c_str(),
+        stdout);
     if (!lastErrorText.empty()) {
       std::printf("# error: %s\n", lastErrorText.c_str());
     } else {
       std::printf("\n");
     }
     std::fflush(stdout);
-    json.finish(static_cast<int64_t>(errors), avgBusBw, minBw, lastErrorText);
+    json.finish(static_cast<int64_t>(errors[0]), avgBusBw, minBw, lastErrorText, summaryPtr);
   }
   mpi.finalize();
   gMpi = nullptr;
   const bool bwFailed = minBw >= 0 && avgBusBw < minBw * 0.9;
-  return errors > 0 || (mainProc && bwFailed) ? 1 : 0;
+  return errors[0] > 0 || errors[1] > 0 || (mainProc && bwFailed) ? 1 : 0;
 }
 
 }  // namespace loom::perf

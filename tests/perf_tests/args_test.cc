@@ -141,6 +141,26 @@ TEST(ParseArgs, Errors) {
   EXPECT_TRUE(parse({"--help"}).help);
 }
 
+TEST(ParseArgs, CompareNccl) {
+  EXPECT_FALSE(parse({}).options.compareNccl);
+  const ParseResult search = parse({"--compare", "nccl"});
+  ASSERT_TRUE(search.error.empty()) << search.error;
+  EXPECT_TRUE(search.options.compareNccl);
+  EXPECT_EQ(search.options.compareNcclPath, "");
+  const ParseResult path = parse({"--compare", "nccl=/opt/nccl/lib/libnccl.so.2"});
+  ASSERT_TRUE(path.error.empty()) << path.error;
+  EXPECT_TRUE(path.options.compareNccl);
+  EXPECT_EQ(path.options.compareNcclPath, "/opt/nccl/lib/libnccl.so.2");
+  EXPECT_EQ(parse({"--compare=nccl=/a=b/libnccl.so.2"}).options.compareNcclPath,
+            "/a=b/libnccl.so.2");
+  EXPECT_TRUE(parse({"--compare=nccl"}).options.compareNccl);
+  EXPECT_FALSE(parse({"--compare", "mpi"}).error.empty());
+  EXPECT_FALSE(parse({"--compare", "nccl="}).error.empty());
+  EXPECT_FALSE(parse({"--compare"}).error.empty());
+  EXPECT_FALSE(parse({"-K", "nccl"}).error.empty());  // long only
+  EXPECT_FALSE(parse({"-j", "x.json"}).error.empty());
+}
+
 TEST(Sizes, FactorAndStep) {
   EXPECT_EQ(sizeSequence(8, 128, 0, 2), (std::vector<size_t>{8, 16, 32, 64, 128}));
   EXPECT_EQ(sizeSequence(8, 100, 0, 2), (std::vector<size_t>{8, 16, 32, 64}));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "perf_tests/specs.h"
@@ -133,6 +134,70 @@ TEST(Specs, ExpectedOutputsMatchTheCollectives) {
       }
     }
   }
+}
+
+// The specs call only through RunArgs::nccl (so --compare can run them on a second library).
+// A table of recording stubs stands in for a library.
+namespace calls {
+std::string log;
+ncclResult_t groupStart() {
+  log += "G";
+  return ncclSuccess;
+}
+ncclResult_t groupEnd() {
+  log += "E";
+  return ncclSuccess;
+}
+ncclResult_t allReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                       cudaStream_t) {
+  log += "AR";
+  return ncclSuccess;
+}
+ncclResult_t alltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) {
+  log += "A2A";
+  return ncclSuccess;
+}
+ncclResult_t send(const void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t) {
+  log += 'S';
+  log += std::to_string(peer);
+  return ncclSuccess;
+}
+ncclResult_t recv(void*, size_t, ncclDataType_t, int peer, ncclComm_t, cudaStream_t) {
+  log += 'R';
+  log += std::to_string(peer);
+  return ncclSuccess;
+}
+}  // namespace calls
+
+TEST(Specs, CallThroughTheLibraryTable) {
+  NcclApi api;
+  api.groupStart = calls::groupStart;
+  api.groupEnd = calls::groupEnd;
+  api.allReduce = calls::allReduce;
+  api.send = calls::send;
+  api.recv = calls::recv;
+  std::vector<float> buf(8);
+  RunArgs a;
+  a.nccl = &api;
+  a.sendbuff = buf.data();
+  a.recvbuff = buf.data();
+  a.count = 1;
+  a.rank = 1;
+  a.nranks = 3;
+  calls::log.clear();
+  EXPECT_EQ(kAllReduceSpec.run(a), ncclSuccess);
+  EXPECT_EQ(calls::log, "AR");
+  calls::log.clear();
+  EXPECT_EQ(kSendRecvSpec.run(a), ncclSuccess);
+  EXPECT_EQ(calls::log, "GS2R0E");  // to rank+1, from rank-1
+  // alltoall: grouped send/recv where the library has no ncclAlltoAll, else ncclAlltoAll.
+  calls::log.clear();
+  EXPECT_EQ(kAllToAllSpec.run(a), ncclSuccess);
+  EXPECT_EQ(calls::log, "GS0R0S1R1S2R2E");
+  api.alltoAll = calls::alltoAll;
+  calls::log.clear();
+  EXPECT_EQ(kAllToAllSpec.run(a), ncclSuccess);
+  EXPECT_EQ(calls::log, "A2A");
 }
 
 }  // namespace

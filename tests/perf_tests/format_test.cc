@@ -87,6 +87,53 @@ TEST(FormatFooter, Lines) {
   EXPECT_NE(formatFooter(0, 9.5, 10.0, "p").find(": 9.5 OK\n"), std::string::npos);
 }
 
+TEST(FormatCompare, ColumnsLineUpWithTheHeader) {
+  const std::string h = formatTableHeader(false, false, /*compare=*/true);
+  EXPECT_NE(h.find("ratio = loom busbw / NCCL busbw"), std::string::npos) << h;
+  EXPECT_NE(h.find("NCCL out-of-place"), std::string::npos);
+  EXPECT_NE(h.find("NCCL in-place"), std::string::npos);
+  // The header without --compare is unchanged (nccl-tests' layout).
+  EXPECT_EQ(formatTableHeader(false, false, false), formatTableHeader(false, false));
+
+  Measurement loom{10.0, 2.0, 3.0, true, 0};
+  Measurement nccl{5.0, 4.0, 6.0, true, 0};
+  EXPECT_EQ(formatCompareResult(loom, nccl), "     5.00    6.00       0    0.50");
+  nccl.checked = false;
+  nccl.algBw = 0;
+  EXPECT_EQ(formatCompareResult(loom, nccl), "     5.00    6.00     N/A     N/A");
+  nccl = {1.0, 1.0, 1.0, true, 7};
+  EXPECT_EQ(formatCompareResult(loom, nccl), "     1.00    1.00       7    2.00");
+
+  // Each header line's column names end where the row's columns end.
+  const std::string row = formatRowStart(8, 2, "float", "sum", -1) +
+                          formatRowResult(1, 1, 1, true, 0) + formatRowResult(1, 1, 1, true, 0) +
+                          formatCompareResult(loom, nccl) + formatCompareResult(loom, nccl);
+  const size_t names = h.find("#       size");
+  ASSERT_NE(names, std::string::npos);
+  const std::string namesLine = h.substr(names, h.find('\n', names) - names);
+  EXPECT_EQ(namesLine.find_last_not_of(' ') + 1, row.size()) << namesLine << "\n" << row;
+}
+
+TEST(FormatCompare, Footer) {
+  CompareSummary c;
+  c.errors = 0;
+  c.avgBusBw = 10;
+  c.avgRatio = 1.25;
+  c.geomeanRatio = 1.1;
+  EXPECT_EQ(formatFooter(0, 12.5, -1, "all_reduce_perf", &c),
+            "# Out of bounds values : 0 OK\n"
+            "# Avg bus bandwidth    : 12.5 \n"
+            "# NCCL out of bounds values : 0 OK\n"
+            "# NCCL avg bus bandwidth    : 10\n"
+            "# loom/NCCL busbw ratio     : 1.25 (of the averages), 1.1 (geometric mean over rows)\n"
+            "#\n"
+            "# Collective test concluded: all_reduce_perf\n"
+            "#\n");
+  c.errors = 3;
+  EXPECT_NE(formatFooter(0, 1, -1, "p", &c).find("NCCL out of bounds values : 3 FAILED"),
+            std::string::npos);
+}
+
 TEST(CombineTimes, AverageModes) {
   const double t[] = {4, 1, 7};
   EXPECT_EQ(combineTimes(t, 3, 0), 4);

@@ -109,6 +109,59 @@ TEST(Json, ReportHasConfigRowsAndSummary) {
   std::remove(path.c_str());
 }
 
+TEST(Json, CompareFields) {
+  const std::string path = ::testing::TempDir() + "/perf_report_compare_test.json";
+  JsonReport report;
+  std::string error;
+  ASSERT_TRUE(report.open(path, &error)) << error;
+  RunInfo run;
+  run.program = "all_reduce_perf";
+  run.collective = "AllReduce";
+  run.nranks = 2;
+  run.comparePath = "/opt/nccl/lib/libnccl.so.2";
+  run.compareVersion = 22807;
+  report.config(run, Options{}, {});
+  ResultRow row;
+  row.bytes = 1024;
+  row.count = 256;
+  row.type = "float";
+  row.op = "sum";
+  row.outOfPlace = {10.0, 2.0, 2.0, true, 0};
+  row.inPlace = {10.0, 2.0, 2.0, true, 0};
+  row.comparedOutOfPlace = Measurement{5.0, 4.0, 4.0, true, 0};
+  row.comparedInPlace = Measurement{20.0, 1.0, 1.0, true, 3};
+  report.row(row, false);
+  row.comparedOutOfPlace.reset();  // a row without --compare has none of the fields
+  row.comparedInPlace.reset();
+  report.row(row, false);
+  CompareSummary c;
+  c.errors = 1;
+  c.avgBusBw = 2.5;
+  c.avgRatio = 0.8;
+  c.geomeanRatio = 1.0;
+  report.finish(0, 2.0, -1, "", &c);
+  const std::string text = readFile(path);
+  EXPECT_NE(text.find("\"nccl_out_of_place\":{\"time\":5,"), std::string::npos) << text;
+#ifdef LOOM_PERF_TEST_HAVE_NLOHMANN
+  const auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["compare"]["library"], "nccl");
+  EXPECT_EQ(j["compare"]["path"], "/opt/nccl/lib/libnccl.so.2");
+  EXPECT_EQ(j["compare"]["nccl_version"], 22807);
+  const auto& r = j["results"][0];
+  EXPECT_DOUBLE_EQ(r["nccl_out_of_place"]["bus_bw"].get<double>(), 4.0);
+  EXPECT_EQ(r["nccl_in_place"]["nwrong"], 3);
+  EXPECT_DOUBLE_EQ(r["bus_bw_ratio"]["out_of_place"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(r["bus_bw_ratio"]["in_place"].get<double>(), 2.0);
+  EXPECT_FALSE(j["results"][1].contains("nccl_out_of_place"));
+  EXPECT_EQ(j["nccl_out_of_bounds"]["count"], 1);
+  EXPECT_EQ(j["nccl_out_of_bounds"]["okay"], false);
+  EXPECT_DOUBLE_EQ(j["nccl_average_bus_bandwidth"]["bandwidth"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(j["bus_bw_ratio"]["average"].get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(j["bus_bw_ratio"]["geometric_mean"].get<double>(), 1.0);
+#endif
+  std::remove(path.c_str());
+}
+
 TEST(Json, OpenFailureIsReported) {
   JsonReport report;
   std::string error;
