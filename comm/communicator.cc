@@ -66,6 +66,7 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   }
   LOOM_ASSIGN_OR_RETURN(bootstrap_, Bootstrap::join(id, rank, nranks, timeoutMs_, &abortFlag_));
 
+  cudaDev_ = options.cudaDev;
   transport::PeerInfo me;
   me.rank = rank;
   me.cudaDev = cudaDev_;
@@ -82,6 +83,8 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
       return errorf(Code::kInternalError, "peer table entry %d holds rank %d", r, peers_[r].rank);
     }
   }
+
+  LOOM_ASSIGN_OR_RETURN(topo_, buildTopologyView(*bootstrap_, peers_, rank_, cudaDev_));
 
   context_.self = me;
   int64_t buff = settings::getInt("LOOM_BUFFSIZE");
@@ -126,15 +129,20 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
             (int)me.pid, context_.fifo.slots, context_.fifo.slotBytes,
             allowed.empty() ? "" : ", LOOM_TRANSPORTS=", allowed.c_str());
   logTopologyChoices();
+  if (cudaDev_ >= 0) {
+    auto device = DeviceComm::create(*bootstrap_, peers_, rank_, cudaDev_);
+    if (!device) return device.status().withContext("rank " + std::to_string(rank) + " on GPU " + std::to_string(cudaDev_));
+    device_ = std::move(device).value();
+  }
   return Status::ok();
 }
 
 void Communicator::logTopologyChoices() {
   if (!log::enabled(log::kInfo, log::kInit)) return;
   std::ostringstream ring;
-  for (int r = 0; r < nranks_; ++r) ring << r << (r + 1 < nranks_ ? " -> " : " -> 0");
-  LOOM_INFO(kInit, "ring: %s (rank order; ranks on one host are adjacent as launched)",
-            ring.str().c_str());
+  for (size_t i = 0; i < topo_.ring.size(); ++i) ring << topo_.ring[i] << " -> ";
+  if (!topo_.ring.empty()) ring << topo_.ring[0];
+  LOOM_INFO(kInit, "topology ring: %s (host collectives still follow rank order)", ring.str().c_str());
   auto t = collectives::binaryTree(rank_, nranks_);
   LOOM_INFO(kInit, "tree 0: parent %d, children %d %d; tree 1 mirrors it", t.parent,
             t.children[0], t.children[1]);
@@ -155,6 +163,7 @@ Communicator::~Communicator() {
   }
   workCv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  device_.reset();
   sends_.clear();
   recvs_.clear();
   transports_.clear();
@@ -307,13 +316,81 @@ Result<RedOp> Communicator::resolveOp(int ncclOp, DataType type) const {
                   ncclOp, dataTypeName(u.type), dataTypeName(type));
   }
   r.kind = RedKind::kPreMulSum;
-  r.scalar = u.devicePtr ? loadAsDouble(type, u.devicePtr, 0) : u.scalar;
+  r.scalar = u.devicePtr ? readScalar(type, u.devicePtr) : u.scalar;
   return r;
+}
+
+double Communicator::readScalar(DataType type, const void* p) const {
+  if (!isDeviceBuffer(p)) return loadAsDouble(type, p, 0);
+  uint64_t v = 0;
+  if (!copyDeviceToHost(&v, p, dataTypeSize(type))) return 1.0;
+  return loadAsDouble(type, &v, 0);
+}
+
+ncclResult_t Communicator::asyncError() const {
+  if (device_) {
+    Status st = device_->kernelError();
+    if (!st) const_cast<Communicator*>(this)->setAsyncError(st.code());
+  }
+  return static_cast<ncclResult_t>(asyncError_.load());
+}
+
+bool Communicator::enqueuesOnly(const std::vector<Operation>& ops) const {
+  if (!device_ || !device_->mesh()) return false;
+  for (const Operation& op : ops) {
+    if (!op.onDevice) return false;
+  }
+  return true;
+}
+
+// Operations on device buffers: the GPU mesh, or staged through host memory.
+Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
+  const Operation& op = ops[*i];
+  if (op.type == collectives::CollType::kSendRecv) {
+    size_t j = *i;
+    while (j < ops.size() && ops[j].type == collectives::CollType::kSendRecv) ++j;
+    size_t begin = *i;
+    *i = j;
+    return device_->runP2p(ops, begin, j, [this](const std::vector<Operation>& h) {
+      return runP2p(h, 0, h.size());
+    });
+  }
+  ++*i;
+  DeviceRedOp red;
+  bool reduces = op.type == collectives::CollType::kAllReduce ||
+                 op.type == collectives::CollType::kReduce ||
+                 op.type == collectives::CollType::kReduceScatter;
+  if (reduces) {
+    if (device_->mesh() && op.ncclOp >= ncclNumOps) {
+      std::lock_guard<std::mutex> lock(opsMutex_);
+      size_t k = static_cast<size_t>(op.ncclOp - ncclNumOps);
+      if (k < userOps_.size() && userOps_[k].live && userOps_[k].devicePtr &&
+          isDeviceBuffer(userOps_[k].devicePtr)) {
+        if (userOps_[k].type != op.dtype) {
+          return errorf(Code::kInvalidArgument, "PreMulSum op %d was created for %s but used with %s",
+                        op.ncclOp, dataTypeName(userOps_[k].type), dataTypeName(op.dtype));
+        }
+        red.op.kind = RedKind::kPreMulSum;
+        red.scalarDevice = userOps_[k].devicePtr;
+      }
+    }
+    if (!red.scalarDevice) {
+      LOOM_ASSIGN_OR_RETURN(red.op, resolveOp(op.ncclOp, op.dtype));
+    }
+  }
+  return device_->run(op, red, [this](const Operation& h) { return runCollective(h); });
 }
 
 Status Communicator::execute(const std::vector<Operation>& ops) {
   log::RankScope scope(rank_);
   if (abortFlag_.load()) return errorf(Code::kInvalidUsage, "the communicator was aborted");
+  if (device_) {
+    Status st = device_->kernelError();
+    if (!st) {
+      setAsyncError(st.code());
+      return st;
+    }
+  }
   if (asyncError_.load() != ncclSuccess) {
     return errorf(static_cast<Code>(asyncError_.load()),
                   "rank %d: the communicator failed earlier (ncclCommGetAsyncError) and can "
@@ -322,7 +399,9 @@ Status Communicator::execute(const std::vector<Operation>& ops) {
   size_t i = 0;
   while (i < ops.size()) {
     Status st;
-    if (ops[i].type == collectives::CollType::kSendRecv) {
+    if (device_ && ops[i].onDevice) {
+      st = runOnDevice(ops, &i);
+    } else if (ops[i].type == collectives::CollType::kSendRecv) {
       size_t j = i;
       while (j < ops.size() && ops[j].type == collectives::CollType::kSendRecv) ++j;
       st = runP2p(ops, i, j);
@@ -472,6 +551,7 @@ void Communicator::setAsyncError(Code code) {
 
 void Communicator::abort() {
   abortFlag_.store(true);
+  if (device_) device_->abort();
   for (auto& s : sends_) if (s) s->abort();
   for (auto& r : recvs_) if (r) r->abort();
 }

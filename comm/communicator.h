@@ -16,6 +16,8 @@
 #include "collectives/host_executor.h"
 #include "collectives/schedule.h"
 #include "comm/bootstrap.h"
+#include "comm/device_comm.h"
+#include "comm/topology_view.h"
 #include "common/datatype.h"
 #include "nccl.h"
 #include "transports/transport.h"
@@ -32,6 +34,7 @@ struct Operation {
   int ncclOp = 0;  // ncclRedOp_t value
   int root = 0;    // root, or the peer for Send/Recv
   bool isSend = false;
+  bool onDevice = false;  // the buffers are GPU memory (decided once, by the C API)
   cudaStream_t stream = nullptr;
 };
 
@@ -43,6 +46,9 @@ struct ConnectMessage {
 
 struct CommOptions {
   std::string name;
+  // The CUDA device this rank works on, or -1 for host memory only. The C API resolves
+  // it in the calling thread (the device current there, as NCCL does).
+  int cudaDev = -1;
 };
 
 class Communicator : public collectives::ConnectionProvider {
@@ -60,6 +66,8 @@ class Communicator : public collectives::ConnectionProvider {
   // Runs this communicator's operations of one group, in order (consecutive
   // Send/Recv calls go together). Host memory: returns when they are complete.
   Status execute(const std::vector<Operation>& ops);
+  // True when running `ops` only enqueues GPU work (the mesh), never blocking on peers.
+  bool enqueuesOnly(const std::vector<Operation>& ops) const;
   // Same, on this communicator's worker thread; `done` is called with the result.
   void executeAsync(std::vector<Operation> ops, std::function<void(Status)> done);
 
@@ -71,7 +79,7 @@ class Communicator : public collectives::ConnectionProvider {
   bool validOp(int ncclOp) const;
 
   // Errors and shutdown.
-  ncclResult_t asyncError() const { return static_cast<ncclResult_t>(asyncError_.load()); }
+  ncclResult_t asyncError() const;
   void setAsyncError(Code code);
   // Stops operations in flight and tells connected peers; safe from any thread.
   void abort();
@@ -96,6 +104,8 @@ class Communicator : public collectives::ConnectionProvider {
   Status runOneShotAllReduce(const Operation& op, const collectives::Schedule& sch,
                              collectives::ExecArgs args);
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
+  Status runOnDevice(const std::vector<Operation>& ops, size_t* i);
+  double readScalar(DataType type, const void* p) const;
   Result<int> selectTransport(int peer) const;
   void logTopologyChoices();
   void workerMain();
@@ -126,6 +136,8 @@ class Communicator : public collectives::ConnectionProvider {
   int64_t spinUs_ = 50;
   std::vector<char> scratch_;  // one-shot all-reduce's gathered blocks
   ConnectMessage selfMessage_;
+  std::unique_ptr<DeviceComm> device_;  // null for host-memory communicators
+  TopologyView topo_;
 
   std::atomic<bool> abortFlag_{false};
   std::atomic<int> asyncError_{ncclSuccess};

@@ -1,7 +1,8 @@
 // Groups: calls between ncclGroupStart and ncclGroupEnd are queued per thread and run
-// at the outermost ncclGroupEnd. One communicator runs inline in the calling thread;
-// several (ncclCommInitAll, -g N) each run on their own worker thread at once, since
-// their ranks wait on each other.
+// at the outermost ncclGroupEnd. One communicator runs inline in the calling thread, and
+// so do several whose calls only enqueue GPU work; otherwise several (ncclCommInitAll,
+// -g N on host memory) each run on their own worker thread at once, since their ranks
+// wait on each other.
 #include <algorithm>
 #include <future>
 #include <map>
@@ -48,8 +49,18 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
   }
   for (ncclComm* c : comms) c->impl->enter();
   Status result;
-  if (comms.size() == 1) {
-    result = comms[0]->impl->execute(perComm[comms[0]]);
+  // GPU mesh operations only enqueue work on streams: they never wait on a peer in the
+  // calling thread, so several communicators' calls run inline, one after another.
+  bool inline_ = comms.size() == 1;
+  if (!inline_) {
+    inline_ = true;
+    for (ncclComm* c : comms) inline_ = inline_ && c->impl->enqueuesOnly(perComm[c]);
+  }
+  if (inline_) {
+    for (ncclComm* c : comms) {
+      Status st = c->impl->execute(perComm[c]);
+      if (!st && result) result = st;
+    }
   } else {
     std::vector<std::promise<Status>> promises(comms.size());
     std::vector<std::future<Status>> futures;

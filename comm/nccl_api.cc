@@ -64,15 +64,15 @@ Status checkType(const char* fn, const ncclDataType_t& t) {
   return Status::ok();
 }
 
-Status checkBuffer(const char* fn, const char* name, const void* p, size_t count) {
+Status checkBuffer(const char* fn, const char* name, const void* p, size_t count, int cudaDev) {
   if (!p && count > 0) {
     return errorf(Code::kInvalidArgument, "%s: %s is NULL with count %zu", fn, name, count);
   }
-  if (count > 0 && loom::cuda::isDevicePointer(p)) {
+  if (count > 0 && cudaDev < 0 && loom::cuda::isDevicePointer(p)) {
     return errorf(Code::kInvalidUsage,
-                  "%s: %s is GPU memory; this loom build runs collectives on host memory only "
-                  "(device-memory collectives are not implemented yet): pass host buffers "
-                  "(perf binaries: --memory host)", fn, name);
+                  "%s: %s is GPU memory but the communicator was made for host memory (no GPU "
+                  "was current at init, or LOOM_DEVICE=cpu): create it with a CUDA device "
+                  "current, or pass host buffers", fn, name);
   }
   return Status::ok();
 }
@@ -110,8 +110,8 @@ ncclResult_t submit(const char* fn, const void* sendbuff, void* recvbuff, size_t
     st = checkBytes(fn, count, std::max(inMul, outMul), esz);
     bool needSend = !(type == CollType::kBroadcast && impl.rank() != root);
     bool needRecv = !(type == CollType::kReduce && impl.rank() != root);
-    if (st && needSend) st = checkBuffer(fn, "sendbuff", sendbuff, count);
-    if (st && needRecv) st = checkBuffer(fn, "recvbuff", recvbuff, count);
+    if (st && needSend) st = checkBuffer(fn, "sendbuff", sendbuff, count, impl.cudaDevice());
+    if (st && needRecv) st = checkBuffer(fn, "recvbuff", recvbuff, count, impl.cudaDevice());
     if (!st) return fail(st);
     Operation o;
     o.type = type;
@@ -122,12 +122,15 @@ ncclResult_t submit(const char* fn, const void* sendbuff, void* recvbuff, size_t
     o.ncclOp = op;
     o.root = root;
     o.stream = stream;
+    // An empty call on a GPU communicator counts as device work (so it orders with it).
+    o.onDevice = impl.cudaDevice() >= 0 &&
+                 (count == 0 || loom::cuda::isDevicePointer(needSend ? sendbuff : recvbuff));
     return loom::comm::enqueue(comm, o);
   });
 }
 
 ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int rank,
-                      const ncclConfig_t* config, bool deferrable = false) {
+                      const ncclConfig_t* config, bool deferrable = false, int device = -2) {
   if (!out) return fail(errorf(Code::kInvalidArgument, "ncclCommInitRank: comm pointer is NULL"));
   *out = nullptr;
   if (nranks < 1) {
@@ -141,6 +144,8 @@ ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
   if (!contents) return fail(contents.status());
   loom::comm::CommOptions options;
   if (config && config->commName) options.name = config->commName;
+  // The device current in the calling thread (a deferred init runs on another thread).
+  options.cudaDev = device == -2 ? loom::comm::currentDevice() : device;
   if (deferrable && loom::comm::inGroup()) {
     // Inside a group (one thread creating several ranks, as nccl-tests' -g N does) every
     // rank must be joining at once: the init runs in the background and completes at
@@ -268,9 +273,12 @@ LOOM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* de
     std::vector<ncclResult_t> results(ndev, ncclSuccess);
     std::vector<std::string> errors(ndev);
     std::vector<std::thread> threads;
+    // GPUs devlist[i] (or i), as NCCL; host memory when there are none.
+    const bool gpus = loom::comm::currentDevice() >= 0;
     for (int i = 0; i < ndev; ++i) {
       threads.emplace_back([&, i] {
-        results[i] = initRank(&comms[i], ndev, id, i, nullptr);
+        int dev = gpus ? (devlist ? devlist[i] : i) : -1;
+        results[i] = initRank(&comms[i], ndev, id, i, nullptr, false, dev);
         if (results[i] != ncclSuccess) errors[i] = loom::comm::lastError();
       });
     }
@@ -284,7 +292,6 @@ LOOM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* de
         return fail(Status(static_cast<Code>(results[i]), errors[i]));
       }
     }
-    (void)devlist;
     return ncclSuccess;
   });
 }
@@ -574,7 +581,7 @@ ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t d
   return guarded(fn, [&]() -> ncclResult_t {
     Status st = checkComm(fn, comm);
     if (st) st = checkType(fn, datatype);
-    if (st) st = checkBuffer(fn, isSend ? "sendbuff" : "recvbuff", buf, count);
+    if (st) st = checkBuffer(fn, isSend ? "sendbuff" : "recvbuff", buf, count, comm->impl->cudaDevice());
     if (st) st = checkBytes(fn, count, 1, loom::dataTypeSize(static_cast<DataType>(datatype)));
     if (!st) return fail(st);
     if (peer < 0 || peer >= comm->impl->nranks()) {
@@ -590,6 +597,7 @@ ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t d
     o.root = peer;
     o.isSend = isSend;
     o.stream = stream;
+    o.onDevice = comm->impl->cudaDevice() >= 0 && (count == 0 || loom::cuda::isDevicePointer(buf));
     return loom::comm::enqueue(comm, o);
   });
 }

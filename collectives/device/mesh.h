@@ -1,0 +1,108 @@
+// Device collectives for ranks whose GPUs all reach each other directly (one host,
+// NVLink or PCIe peer-to-peer): the "mesh" executor.
+//
+// Every rank owns a window in its GPU's memory that every peer maps (transports/p2p).
+// The window holds, for each (sender, block) pair, a ring of `slots` buffers and two
+// 64-bit counters: `ready` (written by the sender when it filled a slot) and `ack`
+// (in the sender's window, written by the receiver when it emptied one). Each CUDA
+// block of a collective kernel owns one such channel per peer and direction, so blocks
+// never wait on each other; a block pushes its tiles into the peers' slots with plain
+// stores (release at system scope on the counter), and reduces or copies what arrived
+// in its own window. Counters live in device memory and only grow, so a kernel
+// captured in a CUDA graph can be replayed any number of times.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/datatype.h"
+#include "nccl.h"  // cudaStream_t
+
+#if defined(__CUDACC__)
+#define LOOM_HOST_DEVICE __host__ __device__
+#else
+#define LOOM_HOST_DEVICE
+#endif
+
+namespace loom::collectives::device {
+
+inline constexpr int kMaxRanks = 8;     // ranks of one mesh (one host)
+inline constexpr int kMaxP2pOps = 32;   // Send/Recv calls of one group on one communicator
+inline constexpr size_t kFlagStride = 128;  // bytes between counters (one per cache line)
+
+struct Geometry {
+  int nranks = 0;
+  int maxBlocks = 32;
+  int slots = 4;
+  size_t slotBytes = 256 * 1024;
+
+  LOOM_HOST_DEVICE size_t flagBytes() const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride; }
+  LOOM_HOST_DEVICE size_t windowBytes() const {
+    return flagBytes() + size_t(nranks) * size_t(maxBlocks) * size_t(slots) * slotBytes;
+  }
+  // Per-rank private counters: sent and received, per block and peer.
+  LOOM_HOST_DEVICE size_t stateBytes() const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * sizeof(uint64_t); }
+};
+
+enum class MeshKind : int {
+  kAllReduceOneShot = 0,
+  kAllReduceTwoShot = 1,
+  kAllGather = 2,
+  kBroadcast = 3,
+  kReduceScatter = 4,
+  kReduce = 5,
+  kAllToAll = 6,
+  kSendRecv = 7,
+};
+const char* meshKindName(MeshKind kind);
+
+struct MeshContext {
+  Geometry geo;
+  int rank = 0;
+  int nranks = 0;
+  char* windows[kMaxRanks] = {};  // every rank's window as mapped in this process (own too)
+  uint64_t* state = nullptr;      // this rank's private counters (device memory)
+  const volatile int* abortFlag = nullptr;  // device view of a host-mapped flag
+  int* errorFlag = nullptr;                 // device view of a host-mapped error code
+  uint64_t timeoutNs = 0;
+  int threads = 512;
+};
+
+// Codes a kernel leaves in errorFlag.
+inline constexpr int kMeshErrorAborted = 1;
+inline constexpr int kMeshErrorTimeout = 2;
+
+struct P2pOp {
+  void* buffer = nullptr;  // send: read from; recv: written to
+  size_t bytes = 0;
+  int peer = 0;
+  int isSend = 0;
+};
+
+struct MeshCall {
+  MeshKind kind = MeshKind::kAllReduceOneShot;
+  DataType type = DataType::kFloat32;
+  RedKind red = RedKind::kSum;
+  double scalar = 1.0;              // PreMulSum (host value)
+  const void* scalarDevice = nullptr;  // PreMulSum with ncclScalarDevice: read by the kernel
+  uint64_t divisor = 1;             // SumPostDiv
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;  // the C API's count
+  int root = 0;
+  int nops = 0;
+  P2pOp ops[kMaxP2pOps];
+};
+
+struct LaunchShape {
+  int blocks = 0;
+  size_t tileElems = 0;
+};
+
+// The grid and tile size a call will use (deterministic: the same on every rank).
+LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call);
+
+// Enqueues the call on `stream`. Returns a cudaError_t value (0: success).
+int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream);
+
+}  // namespace loom::collectives::device

@@ -1,0 +1,711 @@
+// The mesh executor's kernels (see mesh.h for the protocol).
+//
+// Reads top to bottom: element traits (storage and arithmetic types), the counters and
+// their waits, the block-wide data mover `reduceCopy`, one function per collective, and
+// the kernel with its launcher. One kernel is instantiated per element type; the
+// collective and the reduction are uniform run-time branches.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "collectives/device/mesh.h"
+
+namespace loom::collectives::device {
+
+namespace {
+
+// ---- Element traits: storage type S, arithmetic type C. ----
+
+template <typename S, typename C>
+struct Plain {
+  using Storage = S;
+  using Compute = C;
+  static __device__ __forceinline__ C load(S v) { return C(v); }
+  static __device__ __forceinline__ S store(C v) { return S(v); }
+};
+
+struct Half {
+  using Storage = uint16_t;
+  using Compute = float;
+  static __device__ __forceinline__ float load(uint16_t v) { return __half2float(__ushort_as_half(v)); }
+  static __device__ __forceinline__ uint16_t store(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+
+struct Bf16 {
+  using Storage = uint16_t;
+  using Compute = float;
+  static __device__ __forceinline__ float load(uint16_t v) {
+    return __bfloat162float(__ushort_as_bfloat16(v));
+  }
+  static __device__ __forceinline__ uint16_t store(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+};
+
+struct E4m3 {
+  using Storage = uint8_t;
+  using Compute = float;
+  static __device__ __forceinline__ float load(uint8_t v) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E4M3);
+    return __half2float(__half(h));
+  }
+  static __device__ __forceinline__ uint8_t store(float v) {
+    return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+};
+
+struct E5m2 {
+  using Storage = uint8_t;
+  using Compute = float;
+  static __device__ __forceinline__ float load(uint8_t v) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E5M2);
+    return __half2float(__half(h));
+  }
+  static __device__ __forceinline__ uint8_t store(float v) {
+    return __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E5M2);
+  }
+};
+
+// The reduction as the kernel applies it: pre-op on a rank's own contribution,
+// combine, post-op on the final value.
+template <typename E>
+struct Op {
+  using C = typename E::Compute;
+  RedKind kind;
+  C scalar;
+  C divisor;
+
+  __device__ __forceinline__ C pre(C x) const { return kind == RedKind::kPreMulSum ? x * scalar : x; }
+  __device__ __forceinline__ C combine(C a, C b) const {
+    switch (kind) {
+      case RedKind::kProd: return a * b;
+      case RedKind::kMax: return b > a ? b : a;
+      case RedKind::kMin: return b < a ? b : a;
+      default: return a + b;
+    }
+  }
+  __device__ __forceinline__ C post(C x) const { return kind == RedKind::kSumPostDiv ? x / divisor : x; }
+};
+
+// Every operation rounds to the element type, as the host kernels do (common/datatype.h),
+// so integer sums wrap and narrow floats round once per operation.
+template <typename E>
+__device__ __forceinline__ typename E::Compute rounded(typename E::Compute v) {
+  return E::load(E::store(v));
+}
+
+template <typename E>
+__device__ typename E::Compute scalarFor(const MeshCall& a) {
+  using C = typename E::Compute;
+  if (a.scalarDevice) {
+    return E::load(*static_cast<const typename E::Storage*>(a.scalarDevice));
+  }
+  if constexpr (std::is_integral_v<C>) {
+    return C(static_cast<long long>(a.scalar));
+  } else {
+    return E::load(E::store(C(a.scalar)));  // the scalar rounded to the element type
+  }
+}
+
+// ---- Counters. ----
+
+__device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void storeRelease(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t globalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint64_t* readyFlag(char* window, int from, int block, int maxBlocks) {
+  return reinterpret_cast<uint64_t*>(window + (size_t(from) * maxBlocks + block) * kFlagStride);
+}
+__device__ __forceinline__ uint64_t* ackFlag(char* window, int to, int block, int maxBlocks) {
+  return reinterpret_cast<uint64_t*>(
+      window + (size_t(kMaxRanks + to) * maxBlocks + block) * kFlagStride);
+}
+__device__ __forceinline__ char* slotPtr(const Geometry& g, char* window, int from, int block,
+                                         uint64_t seq) {
+  size_t index = (size_t(from) * g.maxBlocks + block) * g.slots + size_t(seq % g.slots);
+  return window + g.flagBytes() + index * g.slotBytes;
+}
+
+// Per-block channel state, in shared memory.
+struct Block {
+  uint64_t sent[kMaxRanks];
+  uint64_t recvd[kMaxRanks];
+  int fail;
+};
+
+// Thread 0 only. Spins until *flag >= target; gives up on abort or timeout.
+__device__ bool waitAtLeast(const MeshContext& c, const uint64_t* flag, uint64_t target) {
+  uint64_t spins = 0, start = 0;
+  while (loadAcquire(flag) < target) {
+    if ((++spins & 1023) == 0) {
+      if (*c.abortFlag) {
+        atomicCAS(c.errorFlag, 0, kMeshErrorAborted);
+        __threadfence_system();
+        return false;
+      }
+      uint64_t now = globalTimer();
+      if (start == 0) {
+        start = now;
+      } else if (c.timeoutNs && now - start > c.timeoutNs) {
+        atomicCAS(c.errorFlag, 0, kMeshErrorTimeout);
+        __threadfence_system();
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Block-wide. The slot the next message to `to` goes into, once the receiver has freed it.
+__device__ char* acquireSend(const MeshContext& c, Block& B, int to) {
+  if (threadIdx.x == 0 && !B.fail) {
+    uint64_t s = B.sent[to];
+    if (s + 1 > uint64_t(c.geo.slots)) {
+      uint64_t need = s + 1 - c.geo.slots;
+      if (!waitAtLeast(c, ackFlag(c.windows[c.rank], to, blockIdx.x, c.geo.maxBlocks), need)) B.fail = 1;
+    }
+  }
+  __syncthreads();
+  if (B.fail) return nullptr;
+  return slotPtr(c.geo, c.windows[to], c.rank, blockIdx.x, B.sent[to]);
+}
+
+__device__ void commitSend(const MeshContext& c, Block& B, int to) {
+  __syncthreads();
+  if (threadIdx.x == 0 && !B.fail) {
+    // The barrier orders the block's stores before thread 0's; the release store at
+    // system scope makes them visible to the peer before the counter.
+    B.sent[to] += 1;
+    storeRelease(readyFlag(c.windows[to], c.rank, blockIdx.x, c.geo.maxBlocks), B.sent[to]);
+  }
+}
+
+__device__ const char* acquireRecv(const MeshContext& c, Block& B, int from) {
+  if (threadIdx.x == 0 && !B.fail) {
+    if (!waitAtLeast(c, readyFlag(c.windows[c.rank], from, blockIdx.x, c.geo.maxBlocks),
+                     B.recvd[from] + 1)) {
+      B.fail = 1;
+    }
+  }
+  __syncthreads();
+  if (B.fail) return nullptr;
+  return slotPtr(c.geo, c.windows[c.rank], from, blockIdx.x, B.recvd[from]);
+}
+
+__device__ void releaseRecv(const MeshContext& c, Block& B, int from) {
+  __syncthreads();
+  if (threadIdx.x == 0 && !B.fail) {
+    B.recvd[from] += 1;
+    storeRelease(ackFlag(c.windows[from], c.rank, blockIdx.x, c.geo.maxBlocks), B.recvd[from]);
+  }
+}
+
+// ---- The data mover. ----
+//
+// dsts[0..ndst) = post(combine over s of (s in preMask ? pre(srcs[s]) : srcs[s])), the
+// sources combined in the order given. With one source and no pre/post it is a copy.
+
+struct Io {
+  const char* srcs[kMaxRanks];
+  char* dsts[kMaxRanks + 1];
+  int nsrc = 0;
+  int ndst = 0;
+  unsigned preMask = 0;
+  bool post = false;
+};
+
+template <typename E>
+__device__ __forceinline__ void reduceElems(const Io& io, const Op<E>& op, size_t i) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  C acc{};
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) {
+    if (s < io.nsrc) {
+      C x = E::load(reinterpret_cast<const S*>(io.srcs[s])[i]);
+      if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
+      acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
+    }
+  }
+  if (io.post) acc = op.post(acc);
+  S v = E::store(acc);
+#pragma unroll
+  for (int d = 0; d < kMaxRanks + 1; ++d) {
+    if (d < io.ndst) reinterpret_cast<S*>(io.dsts[d])[i] = v;
+  }
+}
+
+// Not inlined: one copy per type and width instead of one per call site keeps the
+// compile time and the code size down; the call costs nothing next to a tile.
+template <typename E, int NS>
+__device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  constexpr int kPer = 16 / sizeof(S);
+  const bool copy = io.nsrc == 1 && io.preMask == 0 && !io.post;
+  uintptr_t bits = 0;
+  for (int s = 0; s < io.nsrc; ++s) bits |= reinterpret_cast<uintptr_t>(io.srcs[s]);
+  for (int d = 0; d < io.ndst; ++d) bits |= reinterpret_cast<uintptr_t>(io.dsts[d]);
+  size_t nvec = (bits & 15) == 0 ? n / kPer : 0;
+  const size_t stride = blockDim.x;
+  // Pointers into registers (the Io itself sits in local memory).
+  const char* srcs[NS];
+  char* dsts[NS + 1];
+#pragma unroll
+  for (int s = 0; s < NS; ++s) srcs[s] = s < io.nsrc ? io.srcs[s] : nullptr;
+#pragma unroll
+  for (int d = 0; d < NS + 1; ++d) dsts[d] = d < io.ndst ? io.dsts[d] : nullptr;
+  union Pack {
+    uint4 v;
+    S e[kPer];
+  };
+  if (copy) {
+    const uint4* src = reinterpret_cast<const uint4*>(srcs[0]);
+    size_t i = threadIdx.x;
+    for (; i + 3 * stride < nvec; i += 4 * stride) {
+      uint4 v0 = src[i], v1 = src[i + stride], v2 = src[i + 2 * stride], v3 = src[i + 3 * stride];
+#pragma unroll
+      for (int d = 0; d < NS + 1; ++d) {
+        if (d < io.ndst) {
+          uint4* dst = reinterpret_cast<uint4*>(dsts[d]);
+          dst[i] = v0;
+          dst[i + stride] = v1;
+          dst[i + 2 * stride] = v2;
+          dst[i + 3 * stride] = v3;
+        }
+      }
+    }
+    for (; i < nvec; i += stride) {
+      uint4 v = src[i];
+#pragma unroll
+      for (int d = 0; d < NS + 1; ++d) {
+        if (d < io.ndst) reinterpret_cast<uint4*>(dsts[d])[i] = v;
+      }
+    }
+  } else {
+    // U vectors per thread and iteration, so U * nsrc loads are in flight at once.
+    constexpr int U = NS <= 2 ? 4 : 1;
+    auto combineVec = [&](Pack* in, Pack& res) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        C acc{};
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          if (s < io.nsrc) {
+            C x = E::load(in[s].e[k]);
+            if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
+            acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
+          }
+        }
+        if (io.post) acc = op.post(acc);
+        res.e[k] = E::store(acc);
+      }
+    };
+    size_t i = threadIdx.x;
+    for (; i + (U - 1) * stride < nvec; i += U * stride) {
+      Pack in[U][NS];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          if (s < io.nsrc) in[u][s].v = reinterpret_cast<const uint4*>(srcs[s])[i + u * stride];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        Pack res;
+        combineVec(in[u], res);
+#pragma unroll
+        for (int d = 0; d < NS + 1; ++d) {
+          if (d < io.ndst) reinterpret_cast<uint4*>(dsts[d])[i + u * stride] = res.v;
+        }
+      }
+    }
+    for (; i < nvec; i += stride) {
+      Pack in[NS];
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        if (s < io.nsrc) in[s].v = reinterpret_cast<const uint4*>(srcs[s])[i];
+      }
+      Pack res;
+      combineVec(in, res);
+#pragma unroll
+      for (int d = 0; d < NS + 1; ++d) {
+        if (d < io.ndst) reinterpret_cast<uint4*>(dsts[d])[i] = res.v;
+      }
+    }
+  }
+  for (size_t i = nvec * kPer + threadIdx.x; i < n; i += stride) reduceElems<E>(io, op, i);
+}
+
+// Two and three sources (two ranks) get their own instantiation: the general one needs
+// more registers than a thread has at 512 threads per block.
+template <typename E>
+__device__ void reduceCopy(const Io& io, const Op<E>& op, size_t n) {
+  if (io.nsrc <= 2 && io.ndst <= 3) {
+    reduceCopyN<E, 2>(io, op, n);
+  } else {
+    reduceCopyN<E, kMaxRanks>(io, op, n);
+  }
+}
+
+// ---- Collectives. Every rank derives the same tiles from the same arguments. ----
+
+template <typename E>
+struct Run {
+  using S = typename E::Storage;
+  const MeshContext& c;
+  const MeshCall& a;
+  Block& B;
+  Op<E> op;
+  size_t tile;  // elements per message
+
+  __device__ const char* in(size_t elem) const {
+    return static_cast<const char*>(a.in) + elem * sizeof(S);
+  }
+  __device__ char* out(size_t elem) const { return static_cast<char*>(a.out) + elem * sizeof(S); }
+  __device__ int peer(int i) const { return (c.rank + i) % c.nranks; }  // i in [1, nranks)
+  __device__ static size_t tileLen(size_t t, size_t tile, size_t len) {
+    size_t begin = t * tile;
+    return begin >= len ? 0 : min(tile, len - begin);
+  }
+
+  // Every rank's whole input to every rank, then the same reduction in rank order.
+  __device__ void allReduceOneShot() {
+    size_t ntiles = (a.count + tile - 1) / tile;
+    for (size_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+      size_t off = t * tile, n = tileLen(t, tile, a.count);
+      Io send;
+      send.srcs[0] = in(off);
+      send.nsrc = 1;
+      send.preMask = 1;
+      for (int i = 1; i < c.nranks; ++i) {
+        char* d = acquireSend(c, B, peer(i));
+        if (!d) return;
+        send.dsts[send.ndst++] = d;
+      }
+      reduceCopy<E>(send, op, n);
+      for (int i = 1; i < c.nranks; ++i) commitSend(c, B, peer(i));
+      Io red;
+      red.nsrc = c.nranks;
+      red.preMask = 1u << c.rank;
+      red.post = true;
+      for (int p = 0; p < c.nranks; ++p) {
+        if (p == c.rank) {
+          red.srcs[p] = in(off);
+        } else {
+          red.srcs[p] = acquireRecv(c, B, p);
+          if (!red.srcs[p]) return;
+        }
+      }
+      red.dsts[red.ndst++] = out(off);
+      reduceCopy<E>(red, op, n);
+      for (int i = 1; i < c.nranks; ++i) releaseRecv(c, B, peer(i));
+    }
+  }
+
+  // Reduce-scatter of shares, then the owner's result to every rank (all-reduce), to
+  // the root (reduce) or to its own output only (reduce-scatter).
+  __device__ void reduceThenGather() {
+    const bool rs = a.kind == MeshKind::kReduceScatter;
+    const bool toAll = a.kind == MeshKind::kAllReduceTwoShot;
+    const bool toRoot = a.kind == MeshKind::kReduce;
+    const size_t vec = 16 / sizeof(S);
+    const size_t share = rs ? a.count : ((a.count + c.nranks - 1) / c.nranks + vec - 1) / vec * vec;
+    auto partBegin = [&](int p) { return size_t(p) * share; };
+    auto partLen = [&](int p) -> size_t {
+      if (rs) return a.count;
+      size_t b = size_t(p) * share;
+      return b >= a.count ? 0 : min(share, a.count - b);
+    };
+    size_t ntiles = (share + tile - 1) / tile;
+    for (size_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+      // Scatter: each peer's share of this tile, pre-op applied, into its window.
+      for (int i = 1; i < c.nranks; ++i) {
+        int p = peer(i);
+        size_t n = tileLen(t, tile, partLen(p));
+        if (n == 0) continue;
+        Io io;
+        io.srcs[0] = in(partBegin(p) + t * tile);
+        io.nsrc = 1;
+        io.preMask = 1;
+        io.dsts[0] = acquireSend(c, B, p);
+        if (!io.dsts[0]) return;
+        io.ndst = 1;
+        reduceCopy<E>(io, op, n);
+        commitSend(c, B, p);
+      }
+      // Reduce our share, writing the result where it goes.
+      size_t n = tileLen(t, tile, partLen(c.rank));
+      if (n > 0) {
+        Io red;
+        red.nsrc = c.nranks;
+        red.preMask = 1u << c.rank;
+        red.post = true;
+        for (int p = 0; p < c.nranks; ++p) {
+          if (p == c.rank) {
+            red.srcs[p] = in(partBegin(p) + t * tile);
+          } else {
+            red.srcs[p] = acquireRecv(c, B, p);
+            if (!red.srcs[p]) return;
+          }
+        }
+        if (rs) {
+          red.dsts[red.ndst++] = out(t * tile);
+        } else if (!toRoot || c.rank == a.root) {
+          red.dsts[red.ndst++] = out(partBegin(c.rank) + t * tile);
+        }
+        if (toAll) {
+          for (int i = 1; i < c.nranks; ++i) {
+            char* d = acquireSend(c, B, peer(i));
+            if (!d) return;
+            red.dsts[red.ndst++] = d;
+          }
+        } else if (toRoot && c.rank != a.root) {
+          char* d = acquireSend(c, B, a.root);
+          if (!d) return;
+          red.dsts[red.ndst++] = d;
+        }
+        reduceCopy<E>(red, op, n);
+        if (toAll) {
+          for (int i = 1; i < c.nranks; ++i) commitSend(c, B, peer(i));
+        } else if (toRoot && c.rank != a.root) {
+          commitSend(c, B, a.root);
+        }
+        for (int i = 1; i < c.nranks; ++i) releaseRecv(c, B, peer(i));
+      }
+      // Gather: the other owners' results.
+      if (toAll || (toRoot && c.rank == a.root)) {
+        for (int i = 1; i < c.nranks; ++i) {
+          int p = peer(i);
+          size_t m = tileLen(t, tile, partLen(p));
+          if (m == 0) continue;
+          Io io;
+          io.srcs[0] = acquireRecv(c, B, p);
+          if (!io.srcs[0]) return;
+          io.nsrc = 1;
+          io.dsts[0] = out(partBegin(p) + t * tile);
+          io.ndst = 1;
+          reduceCopy<E>(io, op, m);
+          releaseRecv(c, B, p);
+        }
+      }
+    }
+  }
+
+  // All-gather, broadcast and all-to-all: copies only.
+  __device__ void copies() {
+    const bool ag = a.kind == MeshKind::kAllGather;
+    const bool bc = a.kind == MeshKind::kBroadcast;
+    size_t ntiles = (a.count + tile - 1) / tile;
+    for (size_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+      size_t off = t * tile, n = tileLen(t, tile, a.count);
+      if (ag || (bc && c.rank == a.root)) {
+        Io io;
+        io.srcs[0] = in(off);
+        io.nsrc = 1;
+        for (int i = 1; i < c.nranks; ++i) {
+          char* d = acquireSend(c, B, peer(i));
+          if (!d) return;
+          io.dsts[io.ndst++] = d;
+        }
+        char* own = ag ? out(size_t(c.rank) * a.count + off) : out(off);
+        if (own != io.srcs[0]) io.dsts[io.ndst++] = own;
+        reduceCopy<E>(io, op, n);
+        for (int i = 1; i < c.nranks; ++i) commitSend(c, B, peer(i));
+      }
+      if (a.kind == MeshKind::kAllToAll) {
+        for (int i = 1; i < c.nranks; ++i) {
+          int p = peer(i);
+          Io io;
+          io.srcs[0] = in(size_t(p) * a.count + off);
+          io.nsrc = 1;
+          io.dsts[0] = acquireSend(c, B, p);
+          if (!io.dsts[0]) return;
+          io.ndst = 1;
+          reduceCopy<E>(io, op, n);
+          commitSend(c, B, p);
+        }
+        if (a.in != a.out) {
+          Io io;
+          io.srcs[0] = in(size_t(c.rank) * a.count + off);
+          io.nsrc = 1;
+          io.dsts[0] = out(size_t(c.rank) * a.count + off);
+          io.ndst = 1;
+          reduceCopy<E>(io, op, n);
+        }
+      }
+      if (ag || a.kind == MeshKind::kAllToAll || (bc && c.rank != a.root)) {
+        for (int i = 1; i < c.nranks; ++i) {
+          int p = peer(i);
+          if (bc && p != a.root) continue;
+          Io io;
+          io.srcs[0] = acquireRecv(c, B, p);
+          if (!io.srcs[0]) return;
+          io.nsrc = 1;
+          io.dsts[0] = bc ? out(off) : out(size_t(p) * a.count + off);
+          io.ndst = 1;
+          reduceCopy<E>(io, op, n);
+          releaseRecv(c, B, p);
+        }
+      }
+    }
+  }
+
+  // Grouped Send/Recv, in bytes (E is uint8): sends of a tile index first, then receives.
+  __device__ void sendRecv() {
+    size_t ntiles = 0;
+    for (int k = 0; k < a.nops; ++k) ntiles = max(ntiles, (a.ops[k].bytes + tile - 1) / tile);
+    for (size_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+      for (int pass = 1; pass >= 0; --pass) {
+        for (int k = 0; k < a.nops; ++k) {
+          const P2pOp& o = a.ops[k];
+          if (o.isSend != pass || o.peer == c.rank) continue;
+          size_t n = tileLen(t, tile, o.bytes);
+          if (n == 0) continue;
+          Io io;
+          io.nsrc = 1;
+          io.ndst = 1;
+          if (o.isSend) {
+            io.srcs[0] = static_cast<const char*>(o.buffer) + t * tile;
+            io.dsts[0] = acquireSend(c, B, o.peer);
+            if (!io.dsts[0]) return;
+          } else {
+            io.srcs[0] = acquireRecv(c, B, o.peer);
+            if (!io.srcs[0]) return;
+            io.dsts[0] = static_cast<char*>(o.buffer) + t * tile;
+          }
+          reduceCopy<E>(io, op, n);
+          if (o.isSend) commitSend(c, B, o.peer); else releaseRecv(c, B, o.peer);
+        }
+      }
+    }
+  }
+};
+
+template <typename E>
+__global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshContext c,
+                                                 const __grid_constant__ MeshCall a, size_t tile) {
+  __shared__ Block B;
+  uint64_t* state = c.state + size_t(blockIdx.x) * 2 * kMaxRanks;
+  if (threadIdx.x < kMaxRanks) {
+    B.sent[threadIdx.x] = state[threadIdx.x];
+    B.recvd[threadIdx.x] = state[kMaxRanks + threadIdx.x];
+  }
+  if (threadIdx.x == 0) B.fail = 0;
+  __syncthreads();
+  if (!B.fail) {
+    Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
+    if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a);
+    Run<E> run{c, a, B, op, tile};
+    switch (a.kind) {
+      case MeshKind::kAllReduceOneShot: run.allReduceOneShot(); break;
+      case MeshKind::kAllReduceTwoShot:
+      case MeshKind::kReduceScatter:
+      case MeshKind::kReduce: run.reduceThenGather(); break;
+      case MeshKind::kAllGather:
+      case MeshKind::kBroadcast:
+      case MeshKind::kAllToAll: run.copies(); break;
+      case MeshKind::kSendRecv: run.sendRecv(); break;
+    }
+  }
+  // Before the kernel ends, every message this block sent has been taken, so no peer
+  // writes into this rank's window once the stream has passed the kernel.
+  __syncthreads();
+  if (threadIdx.x == 0 && !B.fail) {
+    for (int p = 0; p < c.nranks; ++p) {
+      if (p == c.rank || B.fail) continue;
+      if (!waitAtLeast(c, ackFlag(c.windows[c.rank], p, blockIdx.x, c.geo.maxBlocks), B.sent[p])) {
+        B.fail = 1;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kMaxRanks) {
+    state[threadIdx.x] = B.sent[threadIdx.x];
+    state[kMaxRanks + threadIdx.x] = B.recvd[threadIdx.x];
+  }
+}
+
+template <typename E>
+int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape& shape,
+                cudaStream_t stream) {
+  meshKernel<E><<<shape.blocks, ctx.threads, 0, stream>>>(ctx, call, shape.tileElems);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+const char* meshKindName(MeshKind kind) {
+  switch (kind) {
+    case MeshKind::kAllReduceOneShot: return "one-shot";
+    case MeshKind::kAllReduceTwoShot: return "two-shot";
+    case MeshKind::kAllGather: return "direct all-gather";
+    case MeshKind::kBroadcast: return "direct broadcast";
+    case MeshKind::kReduceScatter: return "direct reduce-scatter";
+    case MeshKind::kReduce: return "reduce-scatter + gather to root";
+    case MeshKind::kAllToAll: return "direct all-to-all";
+    case MeshKind::kSendRecv: return "direct send/recv";
+  }
+  return "?";
+}
+
+LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
+  const size_t es = call.kind == MeshKind::kSendRecv ? 1 : dataTypeSize(call.type);
+  // The largest part one block channel carries per tile index.
+  size_t part = call.count;
+  if (call.kind == MeshKind::kAllReduceTwoShot || call.kind == MeshKind::kReduce) {
+    part = (call.count + ctx.nranks - 1) / ctx.nranks;
+  }
+  if (call.kind == MeshKind::kSendRecv) {
+    part = 0;
+    for (int k = 0; k < call.nops; ++k) part = std::max(part, call.ops[k].bytes);
+  }
+  const size_t bytes = part * es;
+  const size_t slot = ctx.geo.slotBytes;
+  const size_t minTile = 16 * 1024;
+  // Spread mid sizes over all blocks, but never below minTile nor above one slot.
+  size_t tileBytes = (bytes + ctx.geo.maxBlocks - 1) / ctx.geo.maxBlocks;
+  tileBytes = std::clamp(tileBytes, minTile, slot);
+  tileBytes = tileBytes / 16 * 16;
+  LaunchShape s;
+  s.tileElems = std::max<size_t>(1, tileBytes / es);
+  size_t tiles = (part + s.tileElems - 1) / s.tileElems;
+  s.blocks = static_cast<int>(std::clamp<size_t>(tiles, 1, ctx.geo.maxBlocks));
+  return s;
+}
+
+int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream) {
+  LaunchShape shape = meshShape(ctx, call);
+  if (call.kind == MeshKind::kSendRecv) return launchTyped<Plain<uint8_t, uint32_t>>(ctx, call, shape, stream);
+  switch (call.type) {
+    case DataType::kInt8: return launchTyped<Plain<int8_t, int32_t>>(ctx, call, shape, stream);
+    case DataType::kUint8: return launchTyped<Plain<uint8_t, uint32_t>>(ctx, call, shape, stream);
+    case DataType::kInt32: return launchTyped<Plain<int32_t, int32_t>>(ctx, call, shape, stream);
+    case DataType::kUint32: return launchTyped<Plain<uint32_t, uint32_t>>(ctx, call, shape, stream);
+    case DataType::kInt64: return launchTyped<Plain<int64_t, int64_t>>(ctx, call, shape, stream);
+    case DataType::kUint64: return launchTyped<Plain<uint64_t, uint64_t>>(ctx, call, shape, stream);
+    case DataType::kFloat16: return launchTyped<Half>(ctx, call, shape, stream);
+    case DataType::kFloat32: return launchTyped<Plain<float, float>>(ctx, call, shape, stream);
+    case DataType::kFloat64: return launchTyped<Plain<double, double>>(ctx, call, shape, stream);
+    case DataType::kBfloat16: return launchTyped<Bf16>(ctx, call, shape, stream);
+    case DataType::kFloat8e4m3: return launchTyped<E4m3>(ctx, call, shape, stream);
+    case DataType::kFloat8e5m2: return launchTyped<E5m2>(ctx, call, shape, stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace loom::collectives::device

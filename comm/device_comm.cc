@@ -1,0 +1,448 @@
+#include "comm/device_comm.h"
+
+#include "comm/communicator.h"
+#include "common/cuda_probe.h"
+#include "common/log.h"
+#include "common/settings.h"
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/device/mesh.h"
+#include "transports/p2p/p2p_window.h"
+#endif
+
+namespace loom::comm {
+
+bool isDeviceBuffer(const void* p) { return cuda::isDevicePointer(p); }
+
+#if !LOOM_HAVE_CUDA
+
+int currentDevice() { return -1; }
+bool copyDeviceToHost(void*, const void*, size_t) { return false; }
+Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap&, const std::vector<transport::PeerInfo>&,
+                                                       int, int) {
+  return std::unique_ptr<DeviceComm>();
+}
+
+#else
+
+namespace dev = collectives::device;
+using transport::p2p::cudaErrorText;
+
+namespace {
+
+Status cudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  cudaGetLastError();
+  return errorf(Code::kCudaError, "%s failed: %s", what, cudaErrorText(e).c_str());
+}
+
+// Makes `device` current for the scope and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    cudaGetDevice(&now);
+    if (previous_ >= 0 && now != previous_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+// Bytes of input and output of one call on one rank.
+void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
+  size_t b = op.count * dataTypeSize(op.dtype);
+  *in = *out = b;
+  switch (op.type) {
+    case collectives::CollType::kAllGather: *out = b * nranks; break;
+    case collectives::CollType::kReduceScatter: *in = b * nranks; break;
+    case collectives::CollType::kAllToAll: *in = *out = b * nranks; break;
+    default: break;
+  }
+}
+
+struct MeshAgreement {
+  int32_t reachable = 0;
+  int32_t blocks = 0;
+  int32_t slots = 0;
+  int32_t threads = 0;
+  uint64_t slotBytes = 0;
+  char why[96] = {0};
+};
+
+class CudaDeviceComm final : public DeviceComm {
+ public:
+  ~CudaDeviceComm() override {
+    DeviceGuard guard(device_);
+    // Kernels still queued write into the windows: let them finish first.
+    if (window_) cudaDeviceSynchronize();
+    if (lastEvent_) cudaEventDestroy(lastEvent_);
+    window_.reset();
+    if (state_) cudaFree(state_);
+    if (hostFlags_) cudaFreeHost(hostFlags_);
+    cudaGetLastError();
+  }
+
+  Status init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank,
+              int device) {
+    rank_ = rank;
+    nranks_ = static_cast<int>(peers.size());
+    device_ = device;
+    DeviceGuard guard(device_);
+    LOOM_ASSIGN_OR_RETURN(auto self, transport::p2p::describeGpu(rank, device, peers[rank].hostHash));
+    std::vector<transport::p2p::GpuIdentity> gpus(nranks_);
+    gpus[rank] = self;
+    LOOM_TRY(bootstrap.allGather(gpus.data(), sizeof(gpus[0])));
+    transport::p2p::checkReachable(&gpus[rank], gpus);
+
+    MeshAgreement mine;
+    mine.reachable = gpus[rank].reachable;
+    std::snprintf(mine.why, sizeof(mine.why), "%s", gpus[rank].why);
+    std::string allowed = settings::getString("LOOM_TRANSPORTS");
+    if (settings::getBool("LOOM_P2P_DISABLE")) {
+      mine.reachable = 0;
+      std::snprintf(mine.why, sizeof(mine.why), "LOOM_P2P_DISABLE/NCCL_P2P_DISABLE is set");
+    } else if (!allowed.empty() && ("," + allowed + ",").find(",p2p,") == std::string::npos) {
+      mine.reachable = 0;
+      std::snprintf(mine.why, sizeof(mine.why), "LOOM_TRANSPORTS=%s leaves out p2p", allowed.c_str());
+    } else if (nranks_ > dev::kMaxRanks) {
+      mine.reachable = 0;
+      std::snprintf(mine.why, sizeof(mine.why), "%d ranks (the mesh takes at most %d)", nranks_,
+                    dev::kMaxRanks);
+    }
+    dev::Geometry geo;
+    geo.nranks = nranks_;
+    geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_BLOCKS"), 1, 128));
+    geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
+    int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
+    if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
+    geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
+    mine.blocks = geo.maxBlocks;
+    mine.slots = geo.slots;
+    mine.slotBytes = geo.slotBytes;
+    mine.threads = static_cast<int32_t>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_THREADS"), 64, 512)) / 32 * 32;
+    std::vector<MeshAgreement> all(nranks_);
+    all[rank] = mine;
+    LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
+    mesh_ = true;
+    for (int r = 0; r < nranks_; ++r) {
+      if (!all[r].reachable) {
+        mesh_ = false;
+        why_ = "rank " + std::to_string(r) + ": " + all[r].why;
+        break;
+      }
+      if (all[r].blocks != mine.blocks || all[r].slots != mine.slots ||
+          all[r].slotBytes != mine.slotBytes || all[r].threads != mine.threads) {
+        return errorf(Code::kInvalidUsage, "rank %d uses LOOM_P2P_BLOCKS/SLOTS/SLOT_BYTES/THREADS "
+                      "%d/%d/%llu/%d and rank %d %d/%d/%llu/%d: set them alike on every rank", r,
+                      all[r].blocks, all[r].slots, (unsigned long long)all[r].slotBytes, all[r].threads,
+                      rank, mine.blocks, mine.slots, (unsigned long long)mine.slotBytes, mine.threads);
+      }
+    }
+    algo_ = settings::getString("LOOM_ALGO");
+    for (auto& ch : algo_) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    oneShotMax_ = static_cast<size_t>(settings::getInt("LOOM_P2P_ONESHOT_BYTES"));
+    timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
+    if (!mesh_) {
+      LOOM_INFO(kInit, "GPU %d (%s): device buffers go through host memory (staged), because %s",
+                device_, self.busId, why_.c_str());
+      return Status::ok();
+    }
+    auto window = transport::p2p::Window::create(
+        rank, nranks_, device_, geo.windowBytes(), gpus,
+        [&](void* data, size_t size) { return bootstrap.allGather(data, size); });
+    if (!window) return window.status().withContext("setting up the GPU peer-to-peer mesh");
+    window_ = std::move(window).value();
+    LOOM_TRY(cudaStatus(cudaMalloc(&state_, geo.stateBytes()), "cudaMalloc of the mesh counters"));
+    LOOM_TRY(cudaStatus(cudaMemset(state_, 0, geo.stateBytes()), "cudaMemset of the mesh counters"));
+    LOOM_TRY(cudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&hostFlags_), 2 * sizeof(int),
+                                      cudaHostAllocMapped), "cudaHostAlloc of the abort flag"));
+    hostFlags_[0] = hostFlags_[1] = 0;
+    int* devFlags = nullptr;
+    LOOM_TRY(cudaStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devFlags), hostFlags_, 0),
+                        "cudaHostGetDevicePointer"));
+    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+    LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
+    ctx_.geo = geo;
+    ctx_.rank = rank;
+    ctx_.nranks = nranks_;
+    for (int r = 0; r < nranks_; ++r) ctx_.windows[r] = window_->peer(r);
+    ctx_.state = state_;
+    ctx_.abortFlag = devFlags;
+    ctx_.errorFlag = devFlags + 1;
+    ctx_.timeoutNs = timeoutMs_ > 0 ? static_cast<uint64_t>(timeoutMs_) * 1000000ull : 0;
+    ctx_.threads = mine.threads;
+    // Every rank's window must be mapped before anyone writes into it.
+    LOOM_TRY(bootstrap.barrier());
+    LOOM_INFO(kInit, "GPU %d (%s): P2P mesh of %d ranks, %d blocks x %d threads, %d slots x %zu "
+              "bytes per peer and block (%.1f MiB window)", device_, self.busId, nranks_,
+              geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes, geo.windowBytes() / 1048576.0);
+    return Status::ok();
+  }
+
+  bool mesh() const override { return mesh_; }
+  std::string describe() const override { return mesh_ ? "p2p mesh" : "staged (" + why_ + ")"; }
+
+  Status kernelError() const override {
+    if (!hostFlags_) return Status::ok();
+    int e = reinterpret_cast<volatile int*>(hostFlags_)[1];
+    if (e == dev::kMeshErrorAborted) return errorf(Code::kInvalidUsage, "a GPU kernel stopped: the communicator was aborted");
+    if (e == dev::kMeshErrorTimeout) {
+      return errorf(Code::kRemoteError, "rank %d: a GPU kernel waited more than LOOM_TIMEOUT_MS=%lld ms "
+                    "for a peer (a peer died, or ranks issued different collectives)", rank_,
+                    (long long)timeoutMs_);
+    }
+    return Status::ok();
+  }
+
+  void abort() override {
+    if (hostFlags_) reinterpret_cast<volatile int*>(hostFlags_)[0] = 1;
+  }
+
+  Status run(const Operation& op, const DeviceRedOp& red,
+             const std::function<Status(const Operation&)>& hostRun) override {
+    if (!mesh_) return staged(op, hostRun);
+    if (op.count == 0) return Status::ok();
+    dev::MeshCall call;
+    call.type = op.dtype;
+    call.red = red.op.kind;
+    call.scalar = red.op.scalar;
+    call.scalarDevice = red.scalarDevice;
+    call.divisor = red.op.divisor;
+    call.in = op.sendbuff;
+    call.out = op.recvbuff;
+    call.count = op.count;
+    call.root = op.root;
+    switch (op.type) {
+      case collectives::CollType::kAllReduce: call.kind = allReduceKind(op); break;
+      case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
+      case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
+      case collectives::CollType::kReduceScatter: call.kind = dev::MeshKind::kReduceScatter; break;
+      case collectives::CollType::kReduce: call.kind = dev::MeshKind::kReduce; break;
+      case collectives::CollType::kAllToAll: call.kind = dev::MeshKind::kAllToAll; break;
+      default:
+        return errorf(Code::kInternalError, "collective %d has no GPU mesh form", static_cast<int>(op.type));
+    }
+    return launch(call, op.stream);
+  }
+
+  Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
+                const std::function<Status(const std::vector<Operation>&)>& hostRun) override {
+    if (!mesh_) return stagedP2p(ops, begin, end, hostRun);
+    DeviceGuard guard(device_);
+    cudaStream_t stream = ops[begin].stream;
+    dev::MeshCall call;
+    call.kind = dev::MeshKind::kSendRecv;
+    call.type = DataType::kUint8;
+    // Sends to ourselves pair with receives from ourselves, in order.
+    std::vector<const Operation*> selfSends, selfRecvs;
+    for (size_t i = begin; i < end; ++i) {
+      const Operation& o = ops[i];
+      size_t bytes = o.count * dataTypeSize(o.dtype);
+      if (bytes == 0) continue;
+      if (o.root == rank_) {
+        (o.isSend ? selfSends : selfRecvs).push_back(&o);
+        continue;
+      }
+      if (call.nops == dev::kMaxP2pOps) {
+        return errorf(Code::kInvalidUsage, "more than %d Send/Recv calls with peers in one group on a "
+                      "GPU communicator; split the group", dev::kMaxP2pOps);
+      }
+      dev::P2pOp& p = call.ops[call.nops++];
+      p.buffer = o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff;
+      p.bytes = bytes;
+      p.peer = o.root;
+      p.isSend = o.isSend ? 1 : 0;
+    }
+    if (selfSends.size() != selfRecvs.size()) {
+      return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
+                    rank_, selfSends.size(), selfRecvs.size());
+    }
+    LOOM_TRY(order(stream));
+    for (size_t k = 0; k < selfSends.size(); ++k) {
+      size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
+      size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
+      if (sb != rb) {
+        return errorf(Code::kInvalidUsage, "rank %d: send to itself of %zu bytes meets a receive of %zu",
+                      rank_, sb, rb);
+      }
+      LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
+                                          cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"));
+    }
+    if (call.nops == 0) return recordDone(stream);
+    return launchOrdered(call, stream);
+  }
+
+ private:
+  dev::MeshKind allReduceKind(const Operation& op) const {
+    if (algo_ == "oneshot" || algo_ == "one-shot") return dev::MeshKind::kAllReduceOneShot;
+    if (algo_ == "twoshot" || algo_ == "two-shot" || algo_ == "ring" || algo_ == "tree") {
+      return dev::MeshKind::kAllReduceTwoShot;
+    }
+    // With two ranks both forms move the same bytes and one-shot synchronises once.
+    size_t bytes = op.count * dataTypeSize(op.dtype);
+    if (nranks_ <= 2 || bytes <= oneShotMax_) return dev::MeshKind::kAllReduceOneShot;
+    return dev::MeshKind::kAllReduceTwoShot;
+  }
+
+  // Operations of one communicator run in call order even across streams: when the
+  // stream changes, the new one waits for what was queued on the old one.
+  Status order(cudaStream_t stream) {
+    if (!haveLast_ || stream == lastStream_) return Status::ok();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &capture);
+    cudaStreamCaptureStatus lastCapture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(lastStream_, &lastCapture) != cudaSuccess) {
+      cudaGetLastError();  // the old stream is gone: nothing to wait for
+      return Status::ok();
+    }
+    if (capture == cudaStreamCaptureStatusNone && lastCapture == cudaStreamCaptureStatusNone) {
+      LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, lastStream_), "cudaEventRecord"));
+      LOOM_TRY(cudaStatus(cudaStreamWaitEvent(stream, lastEvent_, 0), "cudaStreamWaitEvent"));
+    }
+    return Status::ok();
+  }
+
+  Status recordDone(cudaStream_t stream) {
+    lastStream_ = stream;
+    haveLast_ = true;
+    return Status::ok();
+  }
+
+  Status launch(const dev::MeshCall& call, cudaStream_t stream) {
+    DeviceGuard guard(device_);
+    LOOM_TRY(order(stream));
+    return launchOrdered(call, stream);
+  }
+
+  Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream) {
+    if (log::enabled(log::kTrace, log::kColl)) {
+      auto shape = dev::meshShape(ctx_, call);
+      LOOM_TRACE(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements", dev::meshKindName(call.kind),
+                 call.count, dataTypeName(call.type), shape.blocks, shape.tileElems);
+    }
+    int e = dev::launchMesh(ctx_, call, stream);
+    if (e != 0) {
+      return errorf(Code::kCudaError, "launching the %s kernel failed: %s",
+                    dev::meshKindName(call.kind), cudaErrorText(e).c_str());
+    }
+    return recordDone(stream);
+  }
+
+  Status staged(const Operation& op, const std::function<Status(const Operation&)>& hostRun) {
+    DeviceGuard guard(device_);
+    size_t inBytes = 0, outBytes = 0;
+    callBytes(op, nranks_, &inBytes, &outBytes);
+    LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
+    bool readsInput = !(op.type == collectives::CollType::kBroadcast && op.root != rank_);
+    bool writesOutput = !(op.type == collectives::CollType::kReduce && op.root != rank_);
+    hostIn_.resize(std::max<size_t>(inBytes, 1));
+    hostOut_.resize(std::max<size_t>(outBytes, 1));
+    if (readsInput && inBytes > 0) {
+      LOOM_TRY(cudaStatus(cudaMemcpy(hostIn_.data(), op.sendbuff, inBytes, cudaMemcpyDeviceToHost),
+                          "cudaMemcpy (device to host)"));
+    }
+    Operation h = op;
+    h.sendbuff = hostIn_.data();
+    h.recvbuff = hostOut_.data();
+    LOOM_TRY(hostRun(h));
+    if (writesOutput && outBytes > 0) {
+      LOOM_TRY(cudaStatus(cudaMemcpy(op.recvbuff, hostOut_.data(), outBytes, cudaMemcpyHostToDevice),
+                          "cudaMemcpy (host to device)"));
+    }
+    return Status::ok();
+  }
+
+  Status stagedP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
+                   const std::function<Status(const std::vector<Operation>&)>& hostRun) {
+    DeviceGuard guard(device_);
+    std::vector<Operation> h(ops.begin() + begin, ops.begin() + end);
+    std::vector<std::vector<char>> bufs(h.size());
+    for (size_t i = 0; i < h.size(); ++i) {
+      LOOM_TRY(cudaStatus(cudaStreamSynchronize(h[i].stream), "cudaStreamSynchronize"));
+      size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
+      bufs[i].resize(std::max<size_t>(bytes, 1));
+      if (h[i].isSend) {
+        if (bytes) {
+          LOOM_TRY(cudaStatus(cudaMemcpy(bufs[i].data(), h[i].sendbuff, bytes, cudaMemcpyDeviceToHost),
+                              "cudaMemcpy (device to host)"));
+        }
+        h[i].sendbuff = bufs[i].data();
+      } else {
+        h[i].recvbuff = bufs[i].data();
+      }
+    }
+    LOOM_TRY(hostRun(h));
+    for (size_t i = 0; i < h.size(); ++i) {
+      size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
+      if (!h[i].isSend && bytes) {
+        LOOM_TRY(cudaStatus(cudaMemcpy(ops[begin + i].recvbuff, bufs[i].data(), bytes,
+                                       cudaMemcpyHostToDevice), "cudaMemcpy (host to device)"));
+      }
+    }
+    return Status::ok();
+  }
+
+  int rank_ = 0;
+  int nranks_ = 0;
+  int device_ = -1;
+  bool mesh_ = false;
+  std::string why_;
+  std::string algo_;
+  size_t oneShotMax_ = 0;
+  int64_t timeoutMs_ = 0;
+  std::unique_ptr<transport::p2p::Window> window_;
+  uint64_t* state_ = nullptr;
+  int* hostFlags_ = nullptr;  // [0] abort (host writes), [1] error (kernels write)
+  dev::MeshContext ctx_;
+  cudaEvent_t lastEvent_ = nullptr;
+  cudaStream_t lastStream_ = nullptr;
+  bool haveLast_ = false;
+  std::vector<char> hostIn_, hostOut_;
+};
+
+}  // namespace
+
+int currentDevice() {
+  if (settings::getString("LOOM_DEVICE") == "cpu") return -1;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
+    cudaGetLastError();
+    return -1;
+  }
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
+}
+
+bool copyDeviceToHost(void* dst, const void* src, size_t bytes) {
+  if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap& bootstrap,
+                                                       const std::vector<transport::PeerInfo>& peers,
+                                                       int rank, int device) {
+  auto c = std::make_unique<CudaDeviceComm>();
+  LOOM_TRY(c->init(bootstrap, peers, rank, device));
+  return std::unique_ptr<DeviceComm>(std::move(c));
+}
+
+#endif  // LOOM_HAVE_CUDA
+
+}  // namespace loom::comm

@@ -1,0 +1,65 @@
+// The GPU side of a communicator: set up at init when the rank has a CUDA device, and
+// used for every operation whose buffers are device memory.
+//
+// Two modes, decided at init (the same on every rank):
+//   mesh    every rank's GPU maps every other's (one host, P2P over NVLink or PCIe): the
+//           collectives run as kernels on the caller's stream (collectives/device), fully
+//           asynchronous and capturable in CUDA graphs.
+//   staged  otherwise (ranks on several hosts, P2P disabled or impossible): device
+//           buffers are copied to host memory and the host collectives run on them. The
+//           call then waits for the stream and returns when the result is back on the GPU.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "common/datatype.h"
+#include "common/status.h"
+#include "transports/transport.h"
+
+namespace loom::comm {
+
+struct Operation;
+
+// What the communicator hands the device side for a reduction.
+struct DeviceRedOp {
+  RedOp op;
+  const void* scalarDevice = nullptr;  // PreMulSum scalar in device memory, or null
+};
+
+class DeviceComm {
+ public:
+  // Returns null (and no error) when this build has no CUDA. Collective over bootstrap.
+  static Result<std::unique_ptr<DeviceComm>> create(Bootstrap& bootstrap,
+                                                    const std::vector<transport::PeerInfo>& peers,
+                                                    int rank, int device);
+  virtual ~DeviceComm() = default;
+
+  virtual bool mesh() const = 0;
+  virtual std::string describe() const = 0;
+  // Enqueues one collective on its stream (mesh) or runs it staged through host memory,
+  // where `hostRun` runs the host collective on host buffers.
+  virtual Status run(const Operation& op, const DeviceRedOp& red,
+                     const std::function<Status(const Operation&)>& hostRun) = 0;
+  // Send/Recv calls of one group (all on device memory).
+  virtual Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
+                        const std::function<Status(const std::vector<Operation>&)>& hostRun) = 0;
+  // A kernel's failure (timeout, abort), as a status; ok when none.
+  virtual Status kernelError() const = 0;
+  virtual void abort() = 0;
+};
+
+// True when `p` is device memory (the CUDA driver says so).
+bool isDeviceBuffer(const void* p);
+// The device the calling thread uses, or -1 without GPUs (or with LOOM_DEVICE=cpu).
+int currentDevice();
+
+}  // namespace loom::comm
+
+namespace loom::comm {
+// Copies `bytes` from device memory to the host (synchronously); false on failure.
+bool copyDeviceToHost(void* dst, const void* src, size_t bytes);
+}  // namespace loom::comm

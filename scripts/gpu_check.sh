@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs loom's GPU checks and benchmarks on a machine with two or more GPUs, against the
+# NCCL found on that machine (--compare nccl), and writes logs, JSON reports and tables
+# to OUTDIR.
+#
+#   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all]
+#
+# PREFIX is an install tree (`cmake --install build --prefix PREFIX`) with the GPU test
+# binary copied into PREFIX/bin. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+#   quick  the GPU test suite, and one all_reduce sweep with the comparison
+#   check  every perf binary with -c 1 from 8 B to 8 GiB (float sum), all types and ops
+#          at a few sizes, one process with all GPUs (-g N) and one process per GPU (mpirun)
+#   bench  every perf binary, 8 B to 8 GiB, timed beside NCCL, JSON in OUTDIR
+#   tune   all_reduce, all_gather and broadcast over LOOM_P2P_BLOCKS / SLOT_BYTES / LOOM_ALGO
+set -u
+prefix=$(cd "$1" && pwd)
+out=$2
+mode=${3:-all}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
+bin=$prefix/bin
+ngpu=$(nvidia-smi -L | wc -l)
+colls="all_reduce all_gather broadcast reduce_scatter reduce alltoall sendrecv"
+mpi=(mpirun --allow-run-as-root --oversubscribe -np "$ngpu" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE)
+status=0
+
+run() {  # name, command...: logs to OUTDIR/name.log, prints the last lines
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: rc=$rc, $((SECONDS - t0)) s"
+  [ $rc -ne 0 ] && { status=1; tail -n 15 "$out/$name.log"; }
+  return 0
+}
+
+{ date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$out/machine.txt" 2>&1
+"$bin/loom-topo" > "$out/loom-topo.txt" 2>&1
+"$bin/loom-topo" --format xml > "$out/loom-topo.xml" 2>&1
+
+if [ "$mode" = quick ] || [ "$mode" = check ] || [ "$mode" = all ]; then
+  run gpu_test "$bin/gpu_collectives_test"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/gpu_test.log"
+fi
+if [ "$mode" = quick ]; then
+  run quick_all_reduce "$bin/all_reduce_perf" -g "$ngpu" -b 8 -e 1G -f 4 -c 1 -w 5 -n 20 --compare nccl
+  tail -n 25 "$out/quick_all_reduce.log"
+  run quick_mpi_all_reduce "${mpi[@]}" "$bin/all_reduce_perf" -b 8 -e 256M -f 8 -c 1 -w 5 -n 20 --compare nccl
+  tail -n 16 "$out/quick_mpi_all_reduce.log"
+fi
+if [ "$mode" = check ] || [ "$mode" = all ]; then
+  for c in $colls; do
+    run "check_${c}_g" "$bin/${c}_perf" -g "$ngpu" -b 8 -e 8G -f 4 -c 1 -w 1 -n 1
+    run "check_${c}_mpi" "${mpi[@]}" "$bin/${c}_perf" -b 8 -e 8G -f 4 -c 1 -w 1 -n 1
+    run "check_${c}_types" "$bin/${c}_perf" -g "$ngpu" -b 1K -e 4M -f 64 -c 1 -w 1 -n 1 -d all -o all
+  done
+  grep -H "Out of bounds values" "$out"/check_*.log
+fi
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  for c in $colls; do
+    run "bench_${c}" "$bin/${c}_perf" -g "$ngpu" -b 8 -e 8G -f 2 -c 0 -w 5 -n 20 --compare nccl \
+      --json "$out/bench_${c}.json"
+    grep -E "avg bus bandwidth|ratio" "$out/bench_${c}.log"
+  done
+fi
+rows() {  # size and out-of-place busbw of a perf log, on one line
+  awk '/^ +[0-9]/ {printf "%s:%s ", $1, $8} END {print ""}' "$1"
+}
+if [ "$mode" = tune ]; then
+  for cfg in 32:262144:oneshot 64:262144:oneshot 128:131072:oneshot 128:262144:oneshot \
+             64:262144:twoshot 128:262144:twoshot; do
+    IFS=: read -r b s a <<< "$cfg"
+    run "tune_ar_${b}_${s}_${a}" env LOOM_P2P_BLOCKS=$b LOOM_P2P_SLOT_BYTES=$s LOOM_ALGO=$a \
+      "$bin/all_reduce_perf" -g "$ngpu" -b 256K -e 1G -f 4 -c 0 -w 3 -n 10
+    echo "all_reduce $cfg: $(rows "$out/tune_ar_${b}_${s}_${a}.log")"
+  done
+  for cfg in 32:262144 64:262144 128:262144; do
+    IFS=: read -r b s <<< "$cfg"
+    for c in all_gather broadcast; do
+      run "tune_${c}_$b" env LOOM_P2P_BLOCKS=$b LOOM_P2P_SLOT_BYTES=$s \
+        "$bin/${c}_perf" -g "$ngpu" -b 1M -e 1G -f 8 -c 0 -w 3 -n 10
+      echo "$c $cfg: $(rows "$out/tune_${c}_$b.log")"
+    done
+  done
+  run tune_latency_g "$bin/all_reduce_perf" -g "$ngpu" -b 8 -e 128K -f 8 -c 1 -w 10 -n 50
+  echo "latency -g: $(awk '/^ +[0-9]/ {printf "%s:%s ", $1, $6} END {print ""}' "$out/tune_latency_g.log")"
+  run tune_latency_mpi "${mpi[@]}" "$bin/all_reduce_perf" -b 8 -e 128K -f 8 -c 1 -w 10 -n 50
+  echo "latency mpi: $(awk '/^ +[0-9]/ {printf "%s:%s ", $1, $6} END {print ""}' "$out/tune_latency_mpi.log")"
+fi
+exit $status

@@ -1,0 +1,423 @@
+// Every collective on device memory through the C API: two (or more) GPUs driven from
+// one thread (ncclCommInitAll + groups, as nccl-tests' -g N runs), all types and ops,
+// in-place and out-of-place, counts from 0 to several pipeline rounds, unaligned
+// buffers, Send/Recv, a CUDA graph replayed 1000 times, the staged path with P2P off,
+// and a peer that never comes (the kernel times out instead of hanging).
+//
+// Skips with a reason where fewer GPUs are present (CI has none).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/datatype.h"
+
+namespace {
+
+using loom::DataType;
+
+int gpuCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define REQUIRE_GPUS(n)                                                                   \
+  do {                                                                                    \
+    int have = gpuCount();                                                                \
+    if (have < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << have; \
+  } while (0)
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(cudaGetLastError())
+#define NCCL_OK(x) ASSERT_EQ((x), ncclSuccess) << #x << ": " << ncclGetLastError(nullptr)
+
+struct DeviceBuffer {
+  DeviceBuffer(int dev, size_t bytes) : dev(dev), bytes(bytes) {
+    cudaSetDevice(dev);
+    cudaMalloc(&ptr, bytes + 64);
+    cudaMemset(ptr, 0xA5, bytes + 64);  // poison: unwritten output shows
+  }
+  ~DeviceBuffer() {
+    cudaSetDevice(dev);
+    cudaFree(ptr);
+  }
+  char* at(size_t offset) { return static_cast<char*>(ptr) + offset; }
+  int dev;
+  size_t bytes;
+  void* ptr = nullptr;
+};
+
+struct Ranks {
+  explicit Ranks(int n) : comms(n), streams(n) {
+    EXPECT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(r);
+      cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking);
+    }
+  }
+  ~Ranks() {
+    for (size_t r = 0; r < comms.size(); ++r) {
+      cudaSetDevice(static_cast<int>(r));
+      cudaStreamSynchronize(streams[r]);
+      cudaStreamDestroy(streams[r]);
+      ncclCommDestroy(comms[r]);
+    }
+    for (auto& p : pool) p.reset();
+  }
+  void sync() {
+    for (size_t r = 0; r < comms.size(); ++r) {
+      cudaSetDevice(static_cast<int>(r));
+      EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
+    }
+  }
+  int n() const { return static_cast<int>(comms.size()); }
+  // Buffers reused across calls (kind 0: input, 1: output), poisoned before each use.
+  char* buffer(int rank, int kind, size_t bytes) {
+    auto& slot = pool[rank * 2 + kind];
+    if (!slot || slot->bytes < bytes) slot = std::make_unique<DeviceBuffer>(rank, bytes);
+    cudaSetDevice(rank);
+    cudaMemset(slot->ptr, 0xA5, slot->bytes + 64);
+    return static_cast<char*>(slot->ptr);
+  }
+  std::unique_ptr<DeviceBuffer> pool[16];
+  std::vector<ncclComm_t> comms;
+  std::vector<cudaStream_t> streams;
+};
+
+// Small integers: exact in every type (fp8 included) for sums and products of a few ranks.
+double valueFor(int rank, size_t i, ncclRedOp_t op) {
+  if (op == ncclProd) return ((rank + i) % 3 == 0) ? 2 : 1;
+  return static_cast<double>((rank * 3 + i) % 4) + 1;  // 1..4
+}
+
+std::vector<char> makeInput(DataType t, int rank, size_t count, ncclRedOp_t op, size_t salt = 0) {
+  std::vector<char> v(count * loom::dataTypeSize(t));
+  for (size_t i = 0; i < count; ++i) loom::storeFromDouble(t, v.data(), i, valueFor(rank, i + salt, op));
+  return v;
+}
+
+double combine(ncclRedOp_t op, double a, double b) {
+  switch (op) {
+    case ncclProd: return a * b;
+    case ncclMax: return std::max(a, b);
+    case ncclMin: return std::min(a, b);
+    default: return a + b;
+  }
+}
+
+// Reduction of element i over n ranks, as the op defines it (premul scalar 2 per rank).
+double reduced(DataType t, ncclRedOp_t op, int n, size_t i, bool premul, size_t salt = 0) {
+  double acc = 0;
+  for (int r = 0; r < n; ++r) {
+    double x = valueFor(r, i + salt, op);
+    if (premul) x *= 2;
+    acc = r == 0 ? x : combine(op, acc, x);
+  }
+  if (op == ncclAvg) acc = loom::isFloatType(t) ? acc / n : std::floor(acc / n);
+  return acc;
+}
+
+std::vector<char> download(int dev, const void* p, size_t bytes) {
+  std::vector<char> v(bytes);
+  cudaSetDevice(dev);
+  if (bytes) EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+void upload(int dev, void* p, const std::vector<char>& v) {
+  cudaSetDevice(dev);
+  if (!v.empty()) EXPECT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+enum class Coll { kAllReduce, kReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll };
+const char* collName(Coll c) {
+  switch (c) {
+    case Coll::kAllReduce: return "AllReduce";
+    case Coll::kReduce: return "Reduce";
+    case Coll::kReduceScatter: return "ReduceScatter";
+    case Coll::kAllGather: return "AllGather";
+    case Coll::kBroadcast: return "Broadcast";
+    case Coll::kAllToAll: return "AlltoAll";
+  }
+  return "?";
+}
+
+// Runs one collective on every rank and checks every output element. Returns the
+// number of wrong values (and reports the first few).
+size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_t count, bool inPlace,
+                   size_t misalign, bool premulDevice = false, int root = 1) {
+  const int n = R.n();
+  const size_t es = loom::dataTypeSize(t);
+  const bool premul = op >= ncclNumOps;  // caller created a PreMulSum op (scalar 2)
+  size_t inCount = count, outCount = count;
+  if (coll == Coll::kReduceScatter) inCount = count * n;
+  if (coll == Coll::kAllGather) outCount = count * n;
+  if (coll == Coll::kAllToAll) inCount = outCount = count * n;
+  root = root % n;
+  std::vector<std::vector<char>> hostIn(n);
+  std::vector<const void*> send(n);
+  std::vector<void*> recv(n);
+  for (int r = 0; r < n; ++r) {
+    hostIn[r] = makeInput(t, r, inCount, premul ? ncclSum : op);
+    char* out = R.buffer(r, 1, std::max(outCount, inCount) * es + misalign);
+    char* in = R.buffer(r, 0, inCount * es + misalign);
+    recv[r] = out + misalign;
+    if (inPlace) {
+      size_t off = coll == Coll::kAllGather ? r * count * es : 0;
+      send[r] = out + misalign + off;
+    } else {
+      send[r] = in + misalign;
+    }
+    upload(r, const_cast<void*>(send[r]), hostIn[r]);
+  }
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ncclDataType_t dt = static_cast<ncclDataType_t>(t);
+    ncclResult_t res = ncclSuccess;
+    switch (coll) {
+      case Coll::kAllReduce: res = ncclAllReduce(send[r], recv[r], count, dt, op, R.comms[r], R.streams[r]); break;
+      case Coll::kReduce: res = ncclReduce(send[r], recv[r], count, dt, op, root, R.comms[r], R.streams[r]); break;
+      case Coll::kReduceScatter:
+        res = ncclReduceScatter(send[r], recv[r], count, dt, op, R.comms[r], R.streams[r]);
+        break;
+      case Coll::kAllGather: res = ncclAllGather(send[r], recv[r], count, dt, R.comms[r], R.streams[r]); break;
+      case Coll::kBroadcast: res = ncclBroadcast(send[r], recv[r], count, dt, root, R.comms[r], R.streams[r]); break;
+      case Coll::kAllToAll: res = ncclAlltoAll(send[r], recv[r], count, dt, R.comms[r], R.streams[r]); break;
+    }
+    EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  R.sync();
+  size_t wrong = 0;
+  for (int r = 0; r < n; ++r) {
+    if (coll == Coll::kReduce && r != root) continue;
+    std::vector<char> got = download(r, recv[r], outCount * es);
+    for (size_t i = 0; i < outCount; ++i) {
+      double want = 0;
+      switch (coll) {
+        case Coll::kAllReduce:
+        case Coll::kReduce: want = reduced(t, op, n, i, premul); break;
+        case Coll::kReduceScatter: want = reduced(t, op, n, r * count + i, premul); break;
+        case Coll::kAllGather: want = valueFor(static_cast<int>(i / count), i % count, op); break;
+        case Coll::kBroadcast: want = valueFor(root, i, op); break;
+        case Coll::kAllToAll: want = valueFor(static_cast<int>(i / count), r * count + i % count, op); break;
+      }
+      double have = loom::loadAsDouble(t, got.data(), i);
+      if (have != want) {
+        if (wrong < 3) {
+          ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << " count "
+                        << count << (inPlace ? " in-place" : "") << " misalign " << misalign
+                        << (premulDevice ? " (device scalar)" : "") << ": rank " << r << " element "
+                        << i << " is " << have << ", want " << want;
+        }
+        ++wrong;
+      }
+    }
+  }
+  return wrong;
+}
+
+const DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,    DataType::kInt32,
+                              DataType::kUint32,  DataType::kInt64,    DataType::kUint64,
+                              DataType::kFloat16, DataType::kFloat32,  DataType::kFloat64,
+                              DataType::kBfloat16, DataType::kFloat8e4m3, DataType::kFloat8e5m2};
+
+TEST(GpuCollectives, EveryCollectiveTypeAndOp) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+  for (DataType t : kAllTypes) {
+    for (ncclRedOp_t op : ops) {
+      for (Coll c : {Coll::kAllReduce, Coll::kReduce, Coll::kReduceScatter}) {
+        for (size_t count : {size_t{1}, size_t{13}, size_t{70001}}) {
+          EXPECT_EQ(runAndCheck(R, c, t, op, count, false, 0), 0u);
+          EXPECT_EQ(runAndCheck(R, c, t, op, count, true, 0), 0u);
+        }
+      }
+    }
+    for (Coll c : {Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
+      for (size_t count : {size_t{1}, size_t{13}, size_t{70001}}) {
+        EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, false, 0), 0u);
+        EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, true, 0), 0u);
+      }
+    }
+  }
+}
+
+TEST(GpuCollectives, LargeCountsSpanManyRounds) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  // 40 M floats: 160 MB, many pipeline rounds per block; and an odd count.
+  for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
+                 Coll::kReduce, Coll::kAllToAll}) {
+    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{40} << 20) + 7, false, 0), 0u) << collName(c);
+  }
+  EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kBfloat16, ncclMax, (size_t{96} << 20) + 3, true, 0), 0u);
+}
+
+TEST(GpuCollectives, ZeroCountAndUnalignedBuffers) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
+                 Coll::kReduce, Coll::kAllToAll}) {
+    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, 0, false, 0), 0u);
+    for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+      size_t es = loom::dataTypeSize(t);
+      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 100003, false, es), 0u) << collName(c);
+      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 100003, true, 3 * es), 0u) << collName(c);
+    }
+  }
+}
+
+TEST(GpuCollectives, PreMulSumHostAndDeviceScalars) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  for (DataType t : kAllTypes) {
+    std::vector<char> two(8);
+    loom::storeFromDouble(t, two.data(), 0, 2.0);
+    for (bool onDevice : {false, true}) {
+      std::vector<ncclRedOp_t> ops(2);
+      std::vector<void*> scalars(2, nullptr);
+      for (int r = 0; r < 2; ++r) {
+        void* s = two.data();
+        ncclScalarResidence_t res = ncclScalarHostImmediate;
+        if (onDevice) {
+          cudaSetDevice(r);
+          cudaMalloc(&scalars[r], 8);
+          cudaMemcpy(scalars[r], two.data(), 8, cudaMemcpyHostToDevice);
+          s = scalars[r];
+          res = ncclScalarDevice;
+        }
+        NCCL_OK(ncclRedOpCreatePreMulSum(&ops[r], s, static_cast<ncclDataType_t>(t), res, R.comms[r]));
+      }
+      ASSERT_EQ(ops[0], ops[1]);
+      for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kReduce}) {
+        EXPECT_EQ(runAndCheck(R, c, t, ops[0], 4099, false, 0, onDevice), 0u) << collName(c);
+      }
+      for (int r = 0; r < 2; ++r) {
+        ncclRedOpDestroy(ops[r], R.comms[r]);
+        if (scalars[r]) {
+          cudaSetDevice(r);
+          cudaFree(scalars[r]);
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuCollectives, SendRecvGroups) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  const int n = R.n();
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{3} << 20}) {
+    std::vector<std::unique_ptr<DeviceBuffer>> a, b, self;
+    for (int r = 0; r < n; ++r) {
+      a.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+      b.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+      self.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+      upload(r, a[r]->ptr, makeInput(DataType::kInt32, r, count, ncclSum));
+    }
+    // Each rank sends to the next, receives from the previous, and sends itself a copy.
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      NCCL_OK(ncclSend(a[r]->ptr, count, ncclInt32, (r + 1) % n, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclRecv(b[r]->ptr, count, ncclInt32, (r + n - 1) % n, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclSend(a[r]->ptr, count, ncclInt32, r, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclRecv(self[r]->ptr, count, ncclInt32, r, R.comms[r], R.streams[r]));
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    R.sync();
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(download(r, b[r]->ptr, count * 4), makeInput(DataType::kInt32, (r + n - 1) % n, count, ncclSum));
+      EXPECT_EQ(download(r, self[r]->ptr, count * 4), makeInput(DataType::kInt32, r, count, ncclSum));
+    }
+  }
+}
+
+TEST(GpuCollectives, GraphReplayedThousandTimes) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  const int n = R.n();
+  const size_t count = 300001;  // several blocks, odd
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  std::vector<cudaGraphExec_t> execs(n);
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    out.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    upload(r, in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+  }
+  // Each rank's stream is captured on its own (one thread, so without a group).
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    cudaGraph_t g;
+    CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
+    CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
+    cudaGraphDestroy(g);
+  }
+  std::vector<char> want(count * 4);
+  for (size_t i = 0; i < count; ++i) loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
+  size_t bad = 0;
+  for (int it = 0; it < 1000; ++it) {
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(r);
+      cudaMemsetAsync(out[r]->ptr, 0xFF, count * 4, R.streams[r]);  // poison between replays
+      CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
+    }
+    R.sync();
+    if (it % 50 == 0 || it == 999) {
+      for (int r = 0; r < n; ++r) bad += download(r, out[r]->ptr, count * 4) != want;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
+}
+
+TEST(GpuCollectives, StagedWhenP2pDisabled) {
+  REQUIRE_GPUS(2);
+  setenv("NCCL_P2P_DISABLE", "1", 1);
+  Ranks R(2);
+  unsetenv("NCCL_P2P_DISABLE");
+  for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
+                 Coll::kReduce, Coll::kAllToAll}) {
+    for (DataType t : {DataType::kInt32, DataType::kBfloat16, DataType::kFloat32}) {
+      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 70001, false, 0), 0u) << collName(c);
+      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 70001, true, 0), 0u) << collName(c);
+    }
+  }
+}
+
+TEST(GpuCollectives, MissingPeerTimesOutInsteadOfHanging) {
+  REQUIRE_GPUS(2);
+  setenv("LOOM_TIMEOUT_MS", "2000", 1);
+  std::vector<ncclComm_t> comms(2);
+  NCCL_OK(ncclCommInitAll(comms.data(), 2, nullptr));
+  unsetenv("LOOM_TIMEOUT_MS");
+  DeviceBuffer buf(0, 1 << 20);
+  cudaSetDevice(0);
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  // Only rank 0 calls: its kernel waits for rank 1, then gives up.
+  NCCL_OK(ncclAllReduce(buf.ptr, buf.ptr, 1000, ncclFloat32, ncclSum, comms[0], s));
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ncclResult_t async = ncclSuccess;
+  EXPECT_EQ(ncclCommGetAsyncError(comms[0], &async), ncclSuccess);
+  EXPECT_EQ(async, ncclRemoteError);
+  EXPECT_NE(ncclAllReduce(buf.ptr, buf.ptr, 1000, ncclFloat32, ncclSum, comms[0], s), ncclSuccess);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("LOOM_TIMEOUT_MS"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  cudaStreamDestroy(s);
+  for (auto c : comms) ncclCommAbort(c);
+}
+
+}  // namespace
