@@ -121,7 +121,9 @@ class CudaDeviceComm final : public DeviceComm {
     }
     dev::Geometry geo;
     geo.nranks = nranks_;
-    geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_BLOCKS"), 1, 128));
+    int64_t blocks = settings::getInt("LOOM_P2P_BLOCKS");
+    if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
+    geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
     geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
     int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
     if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
@@ -150,7 +152,13 @@ class CudaDeviceComm final : public DeviceComm {
     }
     algo_ = settings::getString("LOOM_ALGO");
     for (auto& ch : algo_) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    oneShotMax_ = static_cast<size_t>(settings::getInt("LOOM_P2P_ONESHOT_BYTES"));
+    int64_t oneShot = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
+    if (oneShot < 0) oneShot = nranks_ <= 2 ? 4 << 20 : 256 << 10;
+    oneShotMax_ = static_cast<size_t>(oneShot);
+    llMax_ = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_LL_BYTES"))),
+                              dev::kLLBlocks * dev::kLLPayload);
+    proto_ = settings::getString("LOOM_PROTO");
+    for (auto& ch : proto_) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
     if (!mesh_) {
       LOOM_INFO(kInit, "GPU %d (%s): device buffers go through host memory (staged), because %s",
@@ -284,13 +292,16 @@ class CudaDeviceComm final : public DeviceComm {
 
  private:
   dev::MeshKind allReduceKind(const Operation& op) const {
+    size_t bytes = op.count * dataTypeSize(op.dtype);
+    // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
+    // turns it off, LOOM_PROTO=ll uses it up to the region's size).
+    size_t llLimit = proto_ == "simple" ? 0 : proto_ == "ll" ? dev::kLLBlocks * dev::kLLPayload : llMax_;
+    if (bytes <= llLimit && algo_ != "twoshot" && algo_ != "two-shot") return dev::MeshKind::kAllReduceLL;
     if (algo_ == "oneshot" || algo_ == "one-shot") return dev::MeshKind::kAllReduceOneShot;
     if (algo_ == "twoshot" || algo_ == "two-shot" || algo_ == "ring" || algo_ == "tree") {
       return dev::MeshKind::kAllReduceTwoShot;
     }
-    // With two ranks both forms move the same bytes and one-shot synchronises once.
-    size_t bytes = op.count * dataTypeSize(op.dtype);
-    if (nranks_ <= 2 || bytes <= oneShotMax_) return dev::MeshKind::kAllReduceOneShot;
+    if (bytes <= oneShotMax_) return dev::MeshKind::kAllReduceOneShot;
     return dev::MeshKind::kAllReduceTwoShot;
   }
 
@@ -399,6 +410,8 @@ class CudaDeviceComm final : public DeviceComm {
   std::string why_;
   std::string algo_;
   size_t oneShotMax_ = 0;
+  size_t llMax_ = 0;
+  std::string proto_;
   int64_t timeoutMs_ = 0;
   std::unique_ptr<transport::p2p::Window> window_;
   uint64_t* state_ = nullptr;

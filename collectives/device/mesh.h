@@ -29,6 +29,13 @@ namespace loom::collectives::device {
 inline constexpr int kMaxRanks = 8;     // ranks of one mesh (one host)
 inline constexpr int kMaxP2pOps = 32;   // Send/Recv calls of one group on one communicator
 inline constexpr size_t kFlagStride = 128;  // bytes between counters (one per cache line)
+// The LL ("low latency") region: small all-reduces send 4 bytes of data and a 4-byte
+// flag in every 8-byte store, so the receiver needs no fence and no counter. Each block
+// carries up to kLLPayload bytes per call, in one of two buffers chosen by the parity
+// of its call count.
+inline constexpr int kLLBlocks = 16;
+inline constexpr size_t kLLPayload = 8 * 1024;
+inline constexpr size_t kLLRegion = 2 * kLLPayload;  // 8 bytes of data take 16 on the wire
 
 struct Geometry {
   int nranks = 0;
@@ -37,11 +44,15 @@ struct Geometry {
   size_t slotBytes = 256 * 1024;
 
   LOOM_HOST_DEVICE size_t flagBytes() const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride; }
+  LOOM_HOST_DEVICE size_t llBytes() const { return size_t(nranks) * kLLBlocks * 2 * kLLRegion; }
+  LOOM_HOST_DEVICE size_t slotsOffset() const { return flagBytes() + llBytes(); }
   LOOM_HOST_DEVICE size_t windowBytes() const {
-    return flagBytes() + size_t(nranks) * size_t(maxBlocks) * size_t(slots) * slotBytes;
+    return slotsOffset() + size_t(nranks) * size_t(maxBlocks) * size_t(slots) * slotBytes;
   }
-  // Per-rank private counters: sent and received, per block and peer.
-  LOOM_HOST_DEVICE size_t stateBytes() const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * sizeof(uint64_t); }
+  // Per-rank private counters: sent and received per block and peer, then the LL call
+  // count per LL block.
+  LOOM_HOST_DEVICE size_t llSeqIndex(int block) const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) + block; }
+  LOOM_HOST_DEVICE size_t stateBytes() const { return (llSeqIndex(0) + kLLBlocks) * sizeof(uint64_t); }
 };
 
 enum class MeshKind : int {
@@ -53,6 +64,7 @@ enum class MeshKind : int {
   kReduce = 5,
   kAllToAll = 6,
   kSendRecv = 7,
+  kAllReduceLL = 8,  // one-shot through the LL region (at most kLLBlocks * kLLPayload bytes)
 };
 const char* meshKindName(MeshKind kind);
 

@@ -136,7 +136,17 @@ __device__ __forceinline__ uint64_t* ackFlag(char* window, int to, int block, in
 __device__ __forceinline__ char* slotPtr(const Geometry& g, char* window, int from, int block,
                                          uint64_t seq) {
   size_t index = (size_t(from) * g.maxBlocks + block) * g.slots + size_t(seq % g.slots);
-  return window + g.flagBytes() + index * g.slotBytes;
+  return window + g.slotsOffset() + index * g.slotBytes;
+}
+
+__device__ __forceinline__ void storeLL(char* p, uint64_t a, uint64_t b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ void loadLL(const char* p, uint64_t* a, uint64_t* b) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ char* llRegion(const Geometry& g, char* window, int from, int block, int parity) {
+  return window + g.flagBytes() + ((size_t(from) * kLLBlocks + block) * 2 + parity) * kLLRegion;
 }
 
 // Per-block channel state, in shared memory.
@@ -417,6 +427,99 @@ struct Run {
     }
   }
 
+  // LL one-shot: block b carries bytes [b * kLLPayload, ...) of every rank's input to
+  // every rank as (4 data bytes, 4 flag bytes) words, the flag being the block's call
+  // count. Receivers poll the words themselves: no fence, no counter, no reply.
+  __device__ void allReduceLL() {
+    const size_t bytes = a.count * sizeof(S);
+    const size_t begin = size_t(blockIdx.x) * kLLPayload;
+    if (begin >= bytes) return;
+    const size_t len = min(kLLPayload, bytes - begin);
+    uint64_t* seqSlot = c.state + c.geo.llSeqIndex(blockIdx.x);
+    const uint64_t seq = *seqSlot + 1;
+    const uint64_t flag = (seq & 0xffffffffull) << 32;
+    const int parity = int(seq & 1);
+    const size_t chunks = (len + 7) / 8;
+    constexpr int kPer = 8 / sizeof(S);
+    union Chunk {
+      uint64_t u;
+      uint32_t w[2];
+      S e[kPer];
+    };
+    auto loadOwn = [&](size_t j) {
+      Chunk v;
+      v.u = 0;
+      const char* src = static_cast<const char*>(a.in) + begin + j * 8;
+      size_t n = min(size_t(8), len - j * 8);
+      if (n == 8 && (reinterpret_cast<uintptr_t>(src) & 7) == 0) {
+        v.u = *reinterpret_cast<const uint64_t*>(src);
+      } else {
+        for (size_t k = 0; k < n; ++k) reinterpret_cast<char*>(&v)[k] = src[k];
+      }
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) v.e[k] = E::store(rounded<E>(op.pre(E::load(v.e[k]))));
+      return v;
+    };
+    for (size_t j = threadIdx.x; j < chunks; j += blockDim.x) {
+      Chunk v = loadOwn(j);
+      for (int i = 1; i < c.nranks; ++i) {
+        char* dst = llRegion(c.geo, c.windows[peer(i)], c.rank, blockIdx.x, parity) + j * 16;
+        storeLL(dst, flag | v.w[0], flag | v.w[1]);
+      }
+    }
+    bool failed = false;
+    for (size_t j = threadIdx.x; j < chunks && !failed; j += blockDim.x) {
+      Chunk parts[kMaxRanks];
+      for (int p = 0; p < c.nranks && !failed; ++p) {
+        if (p == c.rank) {
+          parts[p] = loadOwn(j);
+          continue;
+        }
+        const char* src = llRegion(c.geo, c.windows[c.rank], p, blockIdx.x, parity) + j * 16;
+        uint64_t x, y;
+        uint64_t spins = 0, start = 0;
+        while (true) {
+          loadLL(src, &x, &y);
+          if ((x & 0xffffffff00000000ull) == flag && (y & 0xffffffff00000000ull) == flag) break;
+          if ((++spins & 4095) == 0) {
+            if (*c.abortFlag) {
+              atomicCAS(c.errorFlag, 0, kMeshErrorAborted);
+              failed = true;
+              break;
+            }
+            uint64_t now = globalTimer();
+            if (start == 0) {
+              start = now;
+            } else if (c.timeoutNs && now - start > c.timeoutNs) {
+              atomicCAS(c.errorFlag, 0, kMeshErrorTimeout);
+              failed = true;
+              break;
+            }
+          }
+        }
+        parts[p].w[0] = uint32_t(x);
+        parts[p].w[1] = uint32_t(y);
+      }
+      if (failed) break;
+      Chunk res;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        typename E::Compute acc = E::load(parts[0].e[k]);
+        for (int p = 1; p < c.nranks; ++p) acc = rounded<E>(op.combine(acc, E::load(parts[p].e[k])));
+        res.e[k] = E::store(op.post(acc));
+      }
+      char* dst = static_cast<char*>(a.out) + begin + j * 8;
+      size_t n = min(size_t(8), len - j * 8);
+      if (n == 8 && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+        *reinterpret_cast<uint64_t*>(dst) = res.u;
+      } else {
+        for (size_t k = 0; k < n; ++k) dst[k] = reinterpret_cast<char*>(&res)[k];
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *seqSlot = seq;
+  }
+
   // Reduce-scatter of shares, then the owner's result to every rank (all-reduce), to
   // the root (reduce) or to its own output only (reduce-scatter).
   __device__ void reduceThenGather() {
@@ -600,6 +703,14 @@ template <typename E>
 __global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshContext c,
                                                  const __grid_constant__ MeshCall a, size_t tile) {
   __shared__ Block B;
+  if (a.kind == MeshKind::kAllReduceLL) {
+    // No counters and no drain: the LL words carry their own flags.
+    Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
+    if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a);
+    Run<E> run{c, a, B, op, tile};
+    run.allReduceLL();
+    return;
+  }
   uint64_t* state = c.state + size_t(blockIdx.x) * 2 * kMaxRanks;
   if (threadIdx.x < kMaxRanks) {
     B.sent[threadIdx.x] = state[threadIdx.x];
@@ -620,6 +731,7 @@ __global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshCo
       case MeshKind::kBroadcast:
       case MeshKind::kAllToAll: run.copies(); break;
       case MeshKind::kSendRecv: run.sendRecv(); break;
+      case MeshKind::kAllReduceLL: break;  // handled above
     }
   }
   // Before the kernel ends, every message this block sent has been taken, so no peer
@@ -659,11 +771,19 @@ const char* meshKindName(MeshKind kind) {
     case MeshKind::kReduce: return "reduce-scatter + gather to root";
     case MeshKind::kAllToAll: return "direct all-to-all";
     case MeshKind::kSendRecv: return "direct send/recv";
+    case MeshKind::kAllReduceLL: return "one-shot LL";
   }
   return "?";
 }
 
 LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
+  if (call.kind == MeshKind::kAllReduceLL) {
+    LaunchShape s;
+    size_t bytes = call.count * dataTypeSize(call.type);
+    s.blocks = static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
+    s.tileElems = kLLPayload / dataTypeSize(call.type);
+    return s;
+  }
   const size_t es = call.kind == MeshKind::kSendRecv ? 1 : dataTypeSize(call.type);
   // The largest part one block channel carries per tile index.
   size_t part = call.count;

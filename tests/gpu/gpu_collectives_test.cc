@@ -355,11 +355,16 @@ TEST(GpuCollectives, GraphReplayedThousandTimes) {
     out.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
     upload(r, in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
   }
-  // Each rank's stream is captured on its own (one thread, so without a group).
+  // Each rank's stream is captured on its own (one thread, so without a group). The
+  // graph holds a small all-reduce (the LL path) and a larger one (counters and slots).
+  const size_t small = 1001;
+  std::vector<std::unique_ptr<DeviceBuffer>> out2;
+  for (int r = 0; r < n; ++r) out2.push_back(std::make_unique<DeviceBuffer>(r, small * 4));
   for (int r = 0; r < n; ++r) {
     cudaSetDevice(r);
     cudaGraph_t g;
     CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out2[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
     NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
     CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
     CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
@@ -372,15 +377,39 @@ TEST(GpuCollectives, GraphReplayedThousandTimes) {
     for (int r = 0; r < n; ++r) {
       cudaSetDevice(r);
       cudaMemsetAsync(out[r]->ptr, 0xFF, count * 4, R.streams[r]);  // poison between replays
+      cudaMemsetAsync(out2[r]->ptr, 0xFF, small * 4, R.streams[r]);
       CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
     }
     R.sync();
     if (it % 50 == 0 || it == 999) {
-      for (int r = 0; r < n; ++r) bad += download(r, out[r]->ptr, count * 4) != want;
+      for (int r = 0; r < n; ++r) {
+        bad += download(r, out[r]->ptr, count * 4) != want;
+        std::vector<char> head(want.begin(), want.begin() + small * 4);
+        bad += download(r, out2[r]->ptr, small * 4) != head;
+      }
     }
   }
   EXPECT_EQ(bad, 0u);
   for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
+}
+
+// Each all-reduce form forced over sizes it would not get by default.
+TEST(GpuCollectives, ForcedAllReduceForms) {
+  REQUIRE_GPUS(2);
+  const char* forms[][2] = {{"LOOM_ALGO", "twoshot"}, {"LOOM_ALGO", "oneshot"}, {"LOOM_PROTO", "ll"},
+                            {"LOOM_PROTO", "simple"}};
+  for (auto& f : forms) {
+    setenv(f[0], f[1], 1);
+    Ranks R(2);
+    unsetenv(f[0]);
+    for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+      for (size_t count : {size_t{1}, size_t{7}, size_t{4097}, size_t{16381}}) {
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclMax, count, true, 0), 0u) << f[0] << "=" << f[1];
+      }
+      EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, 3 << 20, false, 0), 0u) << f[0] << "=" << f[1];
+    }
+  }
 }
 
 TEST(GpuCollectives, StagedWhenP2pDisabled) {
