@@ -251,6 +251,7 @@ class CudaDeviceComm final : public DeviceComm {
     dev::MeshCall call;
     call.kind = dev::MeshKind::kSendRecv;
     call.type = DataType::kUint8;
+    dev::P2pList list;
     // Sends to ourselves pair with receives from ourselves, in order.
     std::vector<const Operation*> selfSends, selfRecvs;
     for (size_t i = begin; i < end; ++i) {
@@ -261,11 +262,11 @@ class CudaDeviceComm final : public DeviceComm {
         (o.isSend ? selfSends : selfRecvs).push_back(&o);
         continue;
       }
-      if (call.nops == dev::kMaxP2pOps) {
+      if (list.nops == dev::kMaxP2pOps) {
         return errorf(Code::kInvalidUsage, "more than %d Send/Recv calls with peers in one group on a "
                       "GPU communicator; split the group", dev::kMaxP2pOps);
       }
-      dev::P2pOp& p = call.ops[call.nops++];
+      dev::P2pOp& p = list.ops[list.nops++];
       p.buffer = o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff;
       p.bytes = bytes;
       p.peer = o.root;
@@ -286,8 +287,8 @@ class CudaDeviceComm final : public DeviceComm {
       LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
                                           cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"));
     }
-    if (call.nops == 0) return recordDone(stream);
-    return launchOrdered(call, stream);
+    if (list.nops == 0) return recordDone(stream);
+    return launchOrdered(call, stream, &list);
   }
 
  private:
@@ -335,13 +336,14 @@ class CudaDeviceComm final : public DeviceComm {
     return launchOrdered(call, stream);
   }
 
-  Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream) {
+  Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream,
+                       const dev::P2pList* p2p = nullptr) {
     if (log::enabled(log::kTrace, log::kColl)) {
-      auto shape = dev::meshShape(ctx_, call);
+      auto shape = dev::meshShape(ctx_, call, p2p);
       LOOM_TRACE(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements", dev::meshKindName(call.kind),
                  call.count, dataTypeName(call.type), shape.blocks, shape.tileElems);
     }
-    int e = dev::launchMesh(ctx_, call, stream);
+    int e = dev::launchMesh(ctx_, call, stream, p2p);
     if (e != 0) {
       return errorf(Code::kCudaError, "launching the %s kernel failed: %s",
                     dev::meshKindName(call.kind), cudaErrorText(e).c_str());

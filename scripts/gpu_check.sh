@@ -3,7 +3,7 @@
 # NCCL found on that machine (--compare nccl), and writes logs, JSON reports and tables
 # to OUTDIR.
 #
-#   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all]
+#   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all|tune|final] [TARBALL_DIR]
 #
 # PREFIX is an install tree (`cmake --install build --prefix PREFIX`) with the GPU test
 # binary copied into PREFIX/bin. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -12,11 +12,18 @@
 #          at a few sizes, one process with all GPUs (-g N) and one process per GPU (mpirun)
 #   bench  every perf binary, 8 B to 8 GiB, timed beside NCCL, JSON in OUTDIR
 #   tune   all_reduce, all_gather and broadcast over LOOM_P2P_BLOCKS / SLOT_BYTES / LOOM_ALGO
+#   final  what docs/perf/h200x2.md records, in the order that matters if time runs out:
+#          the test suite, the timed sweeps beside NCCL (with the plot and tables), then
+#          the -c 1 checks (-g N up to 8 GiB, mpirun up to 1 GiB, all types and ops);
+#          OUTDIR is packed into TARBALL_DIR/results.tgz after every phase.
 set -u
 prefix=$(cd "$1" && pwd)
 out=$2
 mode=${3:-all}
+tardir=${4:-}
 mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+pack() { [ -n "$tardir" ] && tar czf "$tardir/results.tgz" -C "$out" . ; return 0; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
 bin=$prefix/bin
@@ -62,7 +69,7 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
   for c in $colls; do
     run "bench_${c}" "$bin/${c}_perf" -g "$ngpu" -b 8 -e 8G -f 2 -c 0 -w 5 -n 20 --compare nccl \
       --json "$out/bench_${c}.json"
-    grep -E "avg bus bandwidth|ratio" "$out/bench_${c}.log"
+    grep -iE "avg bus bandwidth|busbw ratio" "$out/bench_${c}.log"
   done
 fi
 rows() {  # size and out-of-place busbw of a perf log, on one line
@@ -88,5 +95,38 @@ if [ "$mode" = tune ]; then
   echo "latency -g: $(awk '/^ +[0-9]/ {printf "%s:%s ", $1, $6} END {print ""}' "$out/tune_latency_g.log")"
   run tune_latency_mpi "${mpi[@]}" "$bin/all_reduce_perf" -b 8 -e 128K -f 8 -c 1 -w 10 -n 50
   echo "latency mpi: $(awk '/^ +[0-9]/ {printf "%s:%s ", $1, $6} END {print ""}' "$out/tune_latency_mpi.log")"
+fi
+if [ "$mode" = final ]; then
+  run gpu_test timeout 120 "$bin/gpu_collectives_test"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/gpu_test.log"
+  pack
+  for c in $colls; do
+    run "bench_${c}" timeout 90 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 8G -f 2 -c 0 -w 5 -n 20 \
+      --compare nccl --json "$out/bench_${c}.json"
+    grep -iE "avg bus bandwidth|busbw ratio" "$out/bench_${c}.log"
+    pack
+  done
+  run bench_mpi_all_reduce timeout 60 "${mpi[@]}" "$bin/all_reduce_perf" -b 8 -e 1G -f 4 -c 0 -w 10 -n 50 \
+    --compare nccl --json "$out/bench_mpi_all_reduce.json"
+  python3 "$here/plot_perf.py" --out "$out/h200x2_busbw.png" --title "2 x H200 (NV18), loom vs NCCL 2.28.9" \
+    "$out"/bench_{all_reduce,all_gather,broadcast,reduce_scatter,reduce,alltoall,sendrecv}.json > "$out/plot.log" 2>&1
+  python3 "$here/plot_perf.py" --table "$out"/bench_*.json > "$out/tables.md" 2>&1
+  pack
+  # Host-side filling and checking dominate here (GiB of values per rank and row): 8 GiB
+  # for all_reduce, 2 GiB for the others, to stay inside one call.
+  for c in $colls; do
+    max=2G
+    [ "$c" = all_reduce ] && max=8G
+    run "check_${c}_g" timeout 100 "$bin/${c}_perf" -g "$ngpu" -b 8 -e "$max" -f 8 -c 1 -w 1 -n 1
+    pack
+  done
+  for c in $colls; do
+    run "check_${c}_mpi" timeout 40 "${mpi[@]}" "$bin/${c}_perf" -b 8 -e 1G -f 64 -c 1 -w 1 -n 1
+    run "check_${c}_types" timeout 40 "$bin/${c}_perf" -g "$ngpu" -b 1K -e 4M -f 64 -c 1 -w 1 -n 1 -d all -o all
+    pack
+  done
+  run check_all_reduce_mpi_types timeout 40 "${mpi[@]}" "$bin/all_reduce_perf" -b 1K -e 4M -f 64 -c 1 -w 1 -n 1 -d all -o all
+  grep -H "Out of bounds values" "$out"/check_*.log
+  pack
 fi
 exit $status

@@ -33,7 +33,7 @@ inline constexpr size_t kFlagStride = 128;  // bytes between counters (one per c
 // flag in every 8-byte store, so the receiver needs no fence and no counter. Each block
 // carries up to kLLPayload bytes per call, in one of two buffers chosen by the parity
 // of its call count.
-inline constexpr int kLLBlocks = 16;
+inline constexpr int kLLBlocks = 64;
 inline constexpr size_t kLLPayload = 8 * 1024;
 inline constexpr size_t kLLRegion = 2 * kLLPayload;  // 8 bytes of data take 16 on the wire
 
@@ -102,6 +102,11 @@ struct MeshCall {
   void* out = nullptr;
   size_t count = 0;  // the C API's count
   int root = 0;
+};
+
+// The Send/Recv calls of one group (kSendRecv), passed to their own kernel so that the
+// collectives' launches carry small parameters.
+struct P2pList {
   int nops = 0;
   P2pOp ops[kMaxP2pOps];
 };
@@ -112,9 +117,10 @@ struct LaunchShape {
 };
 
 // The grid and tile size a call will use (deterministic: the same on every rank).
-LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call);
+LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call, const P2pList* p2p = nullptr);
 
-// Enqueues the call on `stream`. Returns a cudaError_t value (0: success).
-int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream);
+// Enqueues the call on `stream` (`p2p` for kSendRecv). Returns a cudaError_t value (0: success).
+int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream,
+               const P2pList* p2p = nullptr);
 
 }  // namespace loom::collectives::device

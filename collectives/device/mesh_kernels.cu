@@ -382,6 +382,7 @@ struct Run {
   Block& B;
   Op<E> op;
   size_t tile;  // elements per message
+  const P2pList* p2p = nullptr;  // kSendRecv only
 
   __device__ const char* in(size_t elem) const {
     return static_cast<const char*>(a.in) + elem * sizeof(S);
@@ -671,11 +672,11 @@ struct Run {
   // Grouped Send/Recv, in bytes (E is uint8): sends of a tile index first, then receives.
   __device__ void sendRecv() {
     size_t ntiles = 0;
-    for (int k = 0; k < a.nops; ++k) ntiles = max(ntiles, (a.ops[k].bytes + tile - 1) / tile);
+    for (int k = 0; k < p2p->nops; ++k) ntiles = max(ntiles, (p2p->ops[k].bytes + tile - 1) / tile);
     for (size_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
       for (int pass = 1; pass >= 0; --pass) {
-        for (int k = 0; k < a.nops; ++k) {
-          const P2pOp& o = a.ops[k];
+        for (int k = 0; k < p2p->nops; ++k) {
+          const P2pOp& o = p2p->ops[k];
           if (o.isSend != pass || o.peer == c.rank) continue;
           size_t n = tileLen(t, tile, o.bytes);
           if (n == 0) continue;
@@ -700,8 +701,8 @@ struct Run {
 };
 
 template <typename E>
-__global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshContext c,
-                                                 const __grid_constant__ MeshCall a, size_t tile) {
+__device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a, size_t tile,
+                                         const P2pList* p2p) {
   __shared__ Block B;
   if (a.kind == MeshKind::kAllReduceLL) {
     // No counters and no drain: the LL words carry their own flags.
@@ -721,7 +722,7 @@ __global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshCo
   if (!B.fail) {
     Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
     if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a);
-    Run<E> run{c, a, B, op, tile};
+    Run<E> run{c, a, B, op, tile, p2p};
     switch (a.kind) {
       case MeshKind::kAllReduceOneShot: run.allReduceOneShot(); break;
       case MeshKind::kAllReduceTwoShot:
@@ -753,6 +754,18 @@ __global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshCo
 }
 
 template <typename E>
+__global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshContext c,
+                                                 const __grid_constant__ MeshCall a, size_t tile) {
+  meshBody<E>(c, a, tile, nullptr);
+}
+
+__global__ void __launch_bounds__(512) p2pKernel(const __grid_constant__ MeshContext c,
+                                                 const __grid_constant__ MeshCall a, size_t tile,
+                                                 const __grid_constant__ P2pList p2p) {
+  meshBody<Plain<uint8_t, uint32_t>>(c, a, tile, &p2p);
+}
+
+template <typename E>
 int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape& shape,
                 cudaStream_t stream) {
   meshKernel<E><<<shape.blocks, ctx.threads, 0, stream>>>(ctx, call, shape.tileElems);
@@ -776,7 +789,7 @@ const char* meshKindName(MeshKind kind) {
   return "?";
 }
 
-LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
+LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call, const P2pList* p2p) {
   if (call.kind == MeshKind::kAllReduceLL) {
     LaunchShape s;
     size_t bytes = call.count * dataTypeSize(call.type);
@@ -792,7 +805,7 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   }
   if (call.kind == MeshKind::kSendRecv) {
     part = 0;
-    for (int k = 0; k < call.nops; ++k) part = std::max(part, call.ops[k].bytes);
+    for (int k = 0; p2p && k < p2p->nops; ++k) part = std::max(part, p2p->ops[k].bytes);
   }
   const size_t bytes = part * es;
   const size_t slot = ctx.geo.slotBytes;
@@ -808,9 +821,13 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   return s;
 }
 
-int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream) {
-  LaunchShape shape = meshShape(ctx, call);
-  if (call.kind == MeshKind::kSendRecv) return launchTyped<Plain<uint8_t, uint32_t>>(ctx, call, shape, stream);
+int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream, const P2pList* p2p) {
+  LaunchShape shape = meshShape(ctx, call, p2p);
+  if (call.kind == MeshKind::kSendRecv) {
+    if (!p2p) return static_cast<int>(cudaErrorInvalidValue);
+    p2pKernel<<<shape.blocks, ctx.threads, 0, stream>>>(ctx, call, shape.tileElems, *p2p);
+    return static_cast<int>(cudaGetLastError());
+  }
   switch (call.type) {
     case DataType::kInt8: return launchTyped<Plain<int8_t, int32_t>>(ctx, call, shape, stream);
     case DataType::kUint8: return launchTyped<Plain<uint8_t, uint32_t>>(ctx, call, shape, stream);

@@ -1,6 +1,11 @@
 #include "perf_tests/harness/values.h"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -270,10 +275,35 @@ int64_t inputValue(const DataParams& p, int rank, size_t index) {
   return nonNegative ? v : v - k / 2;
 }
 
+namespace {
+
+// Runs fn(begin, end) over [0, count) on several threads when count is large (GiB-sized
+// checks would otherwise take minutes per row); results do not depend on the split.
+template <typename Fn>
+void parallelFor(size_t count, Fn fn) {
+  constexpr size_t kSerial = size_t{1} << 22;
+  unsigned n = std::min(16u, std::max(1u, std::thread::hardware_concurrency()));
+  if (count < kSerial || n == 1) {
+    fn(size_t{0}, count);
+    return;
+  }
+  std::vector<std::thread> threads;
+  const size_t per = (count + n - 1) / n;
+  for (unsigned t = 0; t < n; ++t) {
+    const size_t b = std::min(count, t * per), e = std::min(count, b + per);
+    threads.emplace_back([&fn, b, e] { fn(b, e); });
+  }
+  for (auto& th : threads) th.join();
+}
+
+}  // namespace
+
 void fillInput(const DataParams& params, int rank, void* dst, size_t count) {
   const size_t size = typeInfo(params.type).size;
   auto* out = static_cast<char*>(dst);
-  for (size_t i = 0; i < count; ++i) storeValue(params.type, inputValue(params, rank, i), out + i * size);
+  parallelFor(count, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) storeValue(params.type, inputValue(params, rank, i), out + i * size);
+  });
 }
 
 int poisonByte(ncclDataType_t type) { return typeInfo(type).isFloat ? 0x7F : 0xA5; }
@@ -317,13 +347,17 @@ int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn 
                    const void* data, size_t count) {
   const size_t size = typeInfo(params.type).size;
   const auto* bytes = static_cast<const char*>(data);
-  int64_t wrong = 0;
-  for (size_t j = 0; j < count; ++j) {
-    const Source source = expect(layout, j);
-    if (source.kind == Source::Kind::kUnchecked) continue;
-    if (!matches(params.type, expectedFor(params, source), bytes + j * size)) ++wrong;
-  }
-  return wrong;
+  std::atomic<int64_t> wrong{0};
+  parallelFor(count, [&](size_t b, size_t e) {
+    int64_t local = 0;
+    for (size_t j = b; j < e; ++j) {
+      const Source source = expect(layout, j);
+      if (source.kind == Source::Kind::kUnchecked) continue;
+      if (!matches(params.type, expectedFor(params, source), bytes + j * size)) ++local;
+    }
+    wrong += local;
+  });
+  return wrong.load();
 }
 
 }  // namespace loom::perf
