@@ -231,6 +231,12 @@ void Bench::prepareData(const TestCase& test, bool inPlace, uint64_t seed, bool 
       fillInput(params, r.rank, dst, counts_.sendCount);
     }
   }
+  if (mem.isDevice()) {
+    for (RankState& r : state_.ranks) {
+      LOOM_PERF_CHECK(job_, mem.setDevice(r.device));
+      LOOM_PERF_CHECK(job_, mem.synchronize());
+    }
+  }
   heartbeat(job_);
 }
 

@@ -22,6 +22,7 @@ class HostMemory final : public Memory {
     std::memset(dst, byte, bytes);
     return "";
   }
+  std::string synchronize() override { return ""; }
   std::string upload(void* dst, const void* src, size_t bytes) override {
     if (dst != src) std::memcpy(dst, src, bytes);
     return "";
@@ -57,6 +58,7 @@ class DeviceMemory final : public Memory {
   std::string upload(void* dst, const void* src, size_t bytes) override {
     return check(api_->memcpy(dst, src, bytes, CudaApi::kMemcpyDefault), "cudaMemcpy");
   }
+  std::string synchronize() override { return check(api_->deviceSynchronize(), "cudaDeviceSynchronize"); }
   std::string download(void* dst, const void* src, size_t bytes) override {
     return check(api_->memcpy(dst, src, bytes, CudaApi::kMemcpyDefault), "cudaMemcpy");
   }

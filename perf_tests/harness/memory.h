@@ -21,6 +21,10 @@ class Memory {
   virtual void release(void* ptr) = 0;
   virtual std::string fill(void* dst, int byte, size_t bytes) = 0;
   virtual std::string upload(void* dst, const void* hostSrc, size_t bytes) = 0;
+  // Waits until fills and uploads on the current device have landed. They run on CUDA's
+  // legacy stream, which the benchmark's non-blocking streams do not wait for (and a
+  // pageable upload may return before its copy ends).
+  virtual std::string synchronize() = 0;
   virtual std::string download(void* hostDst, const void* src, size_t bytes) = 0;
   virtual std::string createStream(cudaStream_t* stream) = 0;
   virtual void destroyStream(cudaStream_t stream) = 0;

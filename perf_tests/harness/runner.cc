@@ -153,6 +153,7 @@ void allocateBuffers(Job& job, ThreadState& t) {
     // ever timed on zeros.
     LOOM_PERF_CHECK(job, job.memory->fill(r.send, 0x3C, job.options.maxBytes));
     LOOM_PERF_CHECK(job, job.memory->fill(r.recv, 0x3C, job.options.maxBytes));
+    LOOM_PERF_CHECK(job, job.memory->synchronize());
     if (!job.options.streamNull) LOOM_PERF_CHECK(job, job.memory->createStream(&r.stream));
   }
 }
