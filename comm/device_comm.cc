@@ -23,6 +23,8 @@ bool isDeviceBuffer(const void* p) { return cuda::isDevicePointer(p); }
 
 int currentDevice() { return -1; }
 bool copyDeviceToHost(void*, const void*, size_t) { return false; }
+void* deviceAlloc(size_t) { return nullptr; }
+void deviceFree(void*) {}
 Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap&, const std::vector<transport::PeerInfo>&,
                                                        int, int) {
   return std::unique_ptr<DeviceComm>();
@@ -448,6 +450,20 @@ bool copyDeviceToHost(void* dst, const void* src, size_t bytes) {
     return false;
   }
   return true;
+}
+
+void* deviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes == 0 ? 1 : bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void deviceFree(void* p) {
+  if (p) cudaFree(p);
+  cudaGetLastError();
 }
 
 Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap& bootstrap,

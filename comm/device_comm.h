@@ -62,4 +62,7 @@ int currentDevice();
 namespace loom::comm {
 // Copies `bytes` from device memory to the host (synchronously); false on failure.
 bool copyDeviceToHost(void* dst, const void* src, size_t bytes);
+// Device memory on the current GPU (ncclMemAlloc); null on failure or without CUDA.
+void* deviceAlloc(size_t bytes);
+void deviceFree(void* p);
 }  // namespace loom::comm

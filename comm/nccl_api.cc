@@ -461,6 +461,13 @@ LOOM_API ncclResult_t pncclCommWindowDeregister(ncclComm_t, ncclWindow_t) LOOM_A
 
 LOOM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   if (!ptr) return fail(errorf(Code::kInvalidArgument, "ncclMemAlloc: ptr is NULL"));
+  // With a GPU current this is device memory, as NCCL's; host memory otherwise (the
+  // host-memory communicators' buffers).
+  if (loom::comm::currentDevice() >= 0) {
+    *ptr = loom::comm::deviceAlloc(size);
+    if (!*ptr) return fail(errorf(Code::kCudaError, "ncclMemAlloc: cudaMalloc of %zu bytes failed", size));
+    return ncclSuccess;
+  }
   size_t rounded = (size + 4095) / 4096 * 4096;
   *ptr = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
   if (!*ptr) return fail(errorf(Code::kSystemError, "ncclMemAlloc: cannot allocate %zu bytes", size));
@@ -469,6 +476,10 @@ LOOM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
 LOOM_API ncclResult_t pncclMemAlloc(void**, size_t) LOOM_ALIAS(ncclMemAlloc);
 
 LOOM_API ncclResult_t ncclMemFree(void* ptr) {
+  if (loom::cuda::isDevicePointer(ptr)) {
+    loom::comm::deviceFree(ptr);
+    return ncclSuccess;
+  }
   std::free(ptr);
   return ncclSuccess;
 }
