@@ -82,10 +82,14 @@ void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
 // and ReduceScatter (recvcount), per-peer block for AllToAll, total otherwise.
 // `piece` is the elements one FIFO slot holds: ring schedules work in blocks whose
 // chunks fit one slot each, which keeps a ring of bounded FIFOs from deadlocking.
-Schedule ringAllReduce(int rank, int n, size_t count, size_t piece);
+// Rings follow `ring` (the ranks in ring order, a permutation of 0..n-1, e.g. the
+// topology's) or rank order when it is null or not a permutation of n ranks.
+Schedule ringAllReduce(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
 Schedule treeAllReduce(int rank, int n, size_t count, size_t piece);  // double binary tree
-Schedule ringAllGather(int rank, int n, size_t count, size_t piece);
-Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece);
+Schedule ringAllGather(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
+Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
+// True when `ring` lists each of 0..n-1 exactly once.
+bool isRingOrder(const std::vector<int>& ring, int n);
 Schedule chainBroadcast(int rank, int n, size_t count, int root);
 Schedule treeBroadcast(int rank, int n, size_t count, int root);
 Schedule treeReduce(int rank, int n, size_t count, int root);

@@ -51,10 +51,38 @@ Phase single(const Step& s) { return Phase{s}; }
 // chunk r reduced; all-gather: every rank ends with every chunk.
 enum class RingMode { kAllReduce, kReduceScatter, kAllGather };
 
+// Ring positions: order[p] is the rank at position p. Chunk c below is a position; the
+// offset functions get the rank that owns it (reduce-scatter and all-gather place a
+// rank's chunk by rank).
+struct RingOrder {
+  std::vector<int> order;
+  int pos = 0;  // this rank's position
+  int rankAt(int p) const { return order[mod(p, static_cast<int>(order.size()))]; }
+};
+
+RingOrder ringOrder(int r, int n, const std::vector<int>* ring) {
+  RingOrder o;
+  if (ring && isRingOrder(*ring, n)) {
+    o.order = *ring;
+  } else {
+    o.order.resize(n);
+    for (int i = 0; i < n; ++i) o.order[i] = i;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (o.order[i] == r) o.pos = i;
+  }
+  return o;
+}
+
 template <typename InOff, typename OutOff, typename Size>
-void ringPass(Schedule* s, int r, int n, RingMode mode, InOff inOff, OutOff outOff, Size size) {
-  const int next = mod(r + 1, n);
-  const int prev = mod(r - 1, n);
+void ringPass(Schedule* s, const RingOrder& ro, int n, RingMode mode, InOff inOffRank,
+              OutOff outOffRank, Size sizeRank) {
+  const int r = ro.pos;
+  const int next = ro.rankAt(r + 1);
+  const int prev = ro.rankAt(r - 1);
+  auto inOff = [&](int c) { return inOffRank(ro.rankAt(c)); };
+  auto outOff = [&](int c) { return outOffRank(ro.rankAt(c)); };
+  auto size = [&](int c) { return sizeRank(ro.rankAt(c)); };
   if (mode != RingMode::kAllGather) {
     int c = mod(r - 1, n);
     Step first;
@@ -114,8 +142,19 @@ Schedule localOnly(size_t inCount, size_t outCount, size_t count, bool reduces) 
 
 }  // namespace
 
-Schedule ringAllReduce(int r, int n, size_t count, size_t piece) {
+bool isRingOrder(const std::vector<int>& ring, int n) {
+  if (static_cast<int>(ring.size()) != n) return false;
+  std::vector<bool> seen(n, false);
+  for (int x : ring) {
+    if (x < 0 || x >= n || seen[x]) return false;
+    seen[x] = true;
+  }
+  return true;
+}
+
+Schedule ringAllReduce(int r, int n, size_t count, size_t piece, const std::vector<int>* ring) {
   if (n == 1) return localOnly(count, count, count, true);
+  const RingOrder ro = ringOrder(r, n, ring);
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
@@ -132,13 +171,14 @@ Schedule ringAllReduce(int r, int n, size_t count, size_t piece) {
       chunkRange(bc, n, c, &o, &z);
       return z;
     };
-    ringPass(&s, r, n, RingMode::kAllReduce, off, off, size);
+    ringPass(&s, ro, n, RingMode::kAllReduce, off, off, size);
   }
   return s;
 }
 
-Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece) {
+Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece, const std::vector<int>* ring) {
   if (n == 1) return localOnly(recvcount, recvcount, recvcount, true);
+  const RingOrder ro = ringOrder(r, n, ring);
   Schedule s;
   s.reduces = true;
   s.inputCount = recvcount * n;
@@ -146,14 +186,14 @@ Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece) {
   for (size_t base = 0; base < recvcount; base += piece) {
     size_t bc = std::min(piece, recvcount - base);
     ringPass(
-        &s, r, n, RingMode::kReduceScatter,
+        &s, ro, n, RingMode::kReduceScatter,
         [&](int c) { return static_cast<size_t>(c) * recvcount + base; },
         [&](int) { return base; }, [&](int) { return bc; });
   }
   return s;
 }
 
-Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece) {
+Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece, const std::vector<int>* ring) {
   Schedule s;
   s.reduces = false;
   s.inputCount = sendcount;
@@ -169,7 +209,7 @@ Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece) {
   for (size_t base = 0; base < sendcount; base += piece) {
     size_t bc = std::min(piece, sendcount - base);
     ringPass(
-        &s, r, n, RingMode::kAllGather, [&](int) { return base; },
+        &s, ringOrder(r, n, ring), n, RingMode::kAllGather, [&](int) { return base; },
         [&](int c) { return static_cast<size_t>(c) * sendcount + base; },
         [&](int) { return bc; });
   }

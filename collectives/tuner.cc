@@ -130,9 +130,9 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
     case CollType::kAllReduce:
       if (algo == Algorithm::kOneShot) return directAllGather(r, n, req.count);
       return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems)
-                                      : ringAllReduce(r, n, req.count, req.pieceElems);
-    case CollType::kAllGather: return ringAllGather(r, n, req.count, req.pieceElems);
-    case CollType::kReduceScatter: return ringReduceScatter(r, n, req.count, req.pieceElems);
+                                      : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
+    case CollType::kAllGather: return ringAllGather(r, n, req.count, req.pieceElems, req.ring);
+    case CollType::kReduceScatter: return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kBroadcast:
       return algo == Algorithm::kTree ? treeBroadcast(r, n, req.count, req.root)
                                       : chainBroadcast(r, n, req.count, req.root);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "collectives/schedule.h"
 #include "common/status.h"
@@ -18,6 +19,7 @@ struct CollRequest {
   int rank = 0;
   int root = 0;
   size_t pieceElems = 131072;  // elements per FIFO slot
+  const std::vector<int>* ring = nullptr;  // ring order (the topology's), or rank order
 };
 
 struct TunerChoice {

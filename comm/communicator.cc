@@ -142,7 +142,7 @@ void Communicator::logTopologyChoices() {
   std::ostringstream ring;
   for (size_t i = 0; i < topo_.ring.size(); ++i) ring << topo_.ring[i] << " -> ";
   if (!topo_.ring.empty()) ring << topo_.ring[0];
-  LOOM_INFO(kInit, "topology ring: %s (host collectives still follow rank order)", ring.str().c_str());
+  LOOM_INFO(kInit, "ring: %s (from the topology; host ring collectives follow it)", ring.str().c_str());
   auto t = collectives::binaryTree(rank_, nranks_);
   LOOM_INFO(kInit, "tree 0: parent %d, children %d %d; tree 1 mirrors it", t.parent,
             t.children[0], t.children[1]);
@@ -444,6 +444,7 @@ Status Communicator::runCollective(const Operation& op) {
     pieceBytes = std::min(pieceBytes, want);
   }
   req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);
+  req.ring = &topo_.ring;  // rank order where the topology gave no valid ring
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
   collectives::Schedule sch = collectives::buildSchedule(req, choice.algo);
   collectives::ExecArgs args;

@@ -158,8 +158,21 @@ struct Case {
   Builder build;
 };
 
+// A ring order other than rank order: odd ranks first, then even ones, as a topology that
+// groups ranks by host would give for ranks launched alternately on two hosts.
+const std::vector<int>* interleavedRing(int n) {
+  static thread_local std::vector<int> ring;
+  ring.clear();
+  for (int r = 1; r < n; r += 2) ring.push_back(r);
+  for (int r = 0; r < n; r += 2) ring.push_back(r);
+  return &ring;
+}
+
 std::vector<Case> cases() {
   return {
+      {"RingAllReduceTopoOrder", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece, interleavedRing(n)); }},
+      {"RingAllGatherTopoOrder", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece, interleavedRing(n)); }},
+      {"RingReduceScatterTopoOrder", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece, interleavedRing(n)); }},
       {"RingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
       {"TreeAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece); }},
       {"RingAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece); }},
@@ -170,6 +183,17 @@ std::vector<Case> cases() {
       {"DirectAllToAll", CollType::kAllToAll, [](int r, int n, size_t c, int) { return directAllToAll(r, n, c); }},
       {"DirectAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return directAllGather(r, n, c); }},
   };
+}
+
+TEST(RingOrder, RejectsWhatIsNotAPermutation) {
+  EXPECT_TRUE(isRingOrder({2, 0, 1}, 3));
+  EXPECT_FALSE(isRingOrder({0, 0, 1}, 3));
+  EXPECT_FALSE(isRingOrder({0, 1}, 3));
+  EXPECT_FALSE(isRingOrder({0, 1, 3}, 3));
+  // Not a permutation: the schedule falls back to rank order, which still works.
+  std::vector<int> bad{0, 0, 0};
+  Schedule a = ringAllReduce(1, 3, 10, kPiece, &bad), b = ringAllReduce(1, 3, 10, kPiece);
+  EXPECT_EQ(a.phases.size(), b.phases.size());
 }
 
 void checkCase(const Case& cs, int n, size_t count, int root) {
