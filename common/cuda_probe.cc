@@ -17,10 +17,14 @@ constexpr unsigned kMemoryTypeDevice = 2;
 using CuInit = int (*)(unsigned);
 using CuPointerGetAttribute = int (*)(void*, int, uintptr_t);
 using CuPointerGetAttributes = int (*)(unsigned, int*, void**, uintptr_t);
+using CuDeviceGet = int (*)(int*, int);
+using CuDeviceGetPCIBusId = int (*)(char*, int, int);
 
 struct Driver {
   CuPointerGetAttribute getAttribute = nullptr;
   CuPointerGetAttributes getAttributes = nullptr;  // one call for both attributes
+  CuDeviceGet deviceGet = nullptr;
+  CuDeviceGetPCIBusId busId = nullptr;
 };
 
 const Driver& driver() {
@@ -34,6 +38,8 @@ const Driver& driver() {
     if (!init || !get || init(0) != 0) return;
     d.getAttribute = get;
     d.getAttributes = reinterpret_cast<CuPointerGetAttributes>(dlsym(lib, "cuPointerGetAttributes"));
+    d.deviceGet = reinterpret_cast<CuDeviceGet>(dlsym(lib, "cuDeviceGet"));
+    d.busId = reinterpret_cast<CuDeviceGetPCIBusId>(dlsym(lib, "cuDeviceGetPCIBusId"));
   });
   return d;
 }
@@ -60,6 +66,16 @@ bool isDevicePointer(const void* ptr) {
     return false;
   }
   return true;
+}
+
+std::string deviceBusId(int ordinal) {
+  const Driver& d = driver();
+  if (ordinal < 0 || !d.deviceGet || !d.busId) return "";
+  int dev = 0;
+  if (d.deviceGet(&dev, ordinal) != 0) return "";
+  char text[64] = {0};
+  if (d.busId(text, sizeof(text) - 1, dev) != 0) return "";
+  return text;
 }
 
 }  // namespace loom::cuda

@@ -45,29 +45,20 @@ struct Bf16 {
   }
 };
 
-struct E4m3 {
+// fp8: OCP E4M3 saturates to its largest finite value (it has no infinities); E5M2
+// keeps infinities.
+template <__nv_fp8_interpretation_t Kind, __nv_saturation_t Saturation>
+struct Fp8 {
   using Storage = uint8_t;
   using Compute = float;
   static __device__ __forceinline__ float load(uint8_t v) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E4M3);
+    __half_raw h = __nv_cvt_fp8_to_halfraw(v, Kind);
     return __half2float(__half(h));
   }
-  static __device__ __forceinline__ uint8_t store(float v) {
-    return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-  }
+  static __device__ __forceinline__ uint8_t store(float v) { return __nv_cvt_float_to_fp8(v, Saturation, Kind); }
 };
-
-struct E5m2 {
-  using Storage = uint8_t;
-  using Compute = float;
-  static __device__ __forceinline__ float load(uint8_t v) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E5M2);
-    return __half2float(__half(h));
-  }
-  static __device__ __forceinline__ uint8_t store(float v) {
-    return __nv_cvt_float_to_fp8(v, __NV_NOSAT, __NV_E5M2);
-  }
-};
+using E4m3 = Fp8<__NV_E4M3, __NV_SATFINITE>;
+using E5m2 = Fp8<__NV_E5M2, __NV_NOSAT>;
 
 // The reduction as the kernel applies it: pre-op on a rank's own contribution,
 // combine, post-op on the final value.
