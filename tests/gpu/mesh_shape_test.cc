@@ -1,0 +1,92 @@
+// The GPU mesh's launch shapes and window geometry: pure host functions, so they run
+// everywhere (label cpu). Every rank must derive the same grid and tiles from the same
+// call, tiles must keep 16-byte alignment, and the LL path must stay inside its region.
+#include <gtest/gtest.h>
+
+#include "collectives/device/mesh.h"
+
+namespace {
+
+using namespace loom::collectives::device;
+using loom::DataType;
+
+MeshContext context(int nranks, int blocks, size_t slotBytes) {
+  MeshContext c;
+  c.nranks = nranks;
+  c.geo.nranks = nranks;
+  c.geo.maxBlocks = blocks;
+  c.geo.slotBytes = slotBytes;
+  return c;
+}
+
+TEST(MeshShape, TilesAreAlignedAndCoverTheData) {
+  for (int n : {1, 2, 3, 8}) {
+    MeshContext c = context(n, 128, 256 * 1024);
+    for (MeshKind kind : {MeshKind::kAllReduceOneShot, MeshKind::kAllReduceTwoShot, MeshKind::kAllGather,
+                          MeshKind::kBroadcast, MeshKind::kReduceScatter, MeshKind::kReduce,
+                          MeshKind::kAllToAll}) {
+      for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+        for (size_t count : {size_t{1}, size_t{13}, size_t{4099}, size_t{1} << 20, (size_t{3} << 30) + 7}) {
+          MeshCall call;
+          call.kind = kind;
+          call.type = t;
+          call.count = count;
+          LaunchShape s = meshShape(c, call);
+          const size_t es = loom::dataTypeSize(t);
+          EXPECT_GE(s.blocks, 1);
+          EXPECT_LE(s.blocks, c.geo.maxBlocks);
+          EXPECT_EQ(s.tileElems * es % 16, 0u) << "tile of " << s.tileElems << " x " << es;
+          EXPECT_LE(s.tileElems * es, c.geo.slotBytes);
+          // Same call, same answer (every rank computes it alone).
+          LaunchShape again = meshShape(c, call);
+          EXPECT_EQ(again.blocks, s.blocks);
+          EXPECT_EQ(again.tileElems, s.tileElems);
+        }
+      }
+    }
+  }
+}
+
+TEST(MeshShape, LLStaysInsideItsRegion) {
+  MeshContext c = context(2, 128, 256 * 1024);
+  for (size_t bytes : {size_t{4}, size_t{8}, size_t{8192}, size_t{8193}, kLLBlocks * kLLPayload}) {
+    MeshCall call;
+    call.kind = MeshKind::kAllReduceLL;
+    call.type = DataType::kFloat32;
+    call.count = bytes / 4;
+    LaunchShape s = meshShape(c, call);
+    EXPECT_LE(s.blocks, kLLBlocks);
+    EXPECT_GE(static_cast<size_t>(s.blocks) * kLLPayload, call.count * 4) << bytes;
+  }
+}
+
+TEST(MeshShape, SendRecvSizesByTheLargestMessage) {
+  MeshContext c = context(2, 32, 256 * 1024);
+  MeshCall call;
+  call.kind = MeshKind::kSendRecv;
+  call.type = DataType::kUint8;
+  P2pList list;
+  list.nops = 2;
+  list.ops[0].bytes = 1000;
+  list.ops[1].bytes = 100 << 20;
+  LaunchShape s = meshShape(c, call, &list);
+  EXPECT_EQ(s.blocks, 32);
+  EXPECT_EQ(s.tileElems, 256u * 1024);
+}
+
+TEST(MeshGeometry, WindowLayoutDoesNotOverlap) {
+  Geometry g;
+  g.nranks = 2;
+  g.maxBlocks = 128;
+  g.slots = 4;
+  g.slotBytes = 256 * 1024;
+  EXPECT_EQ(g.slotsOffset(), g.flagBytes() + g.llBytes());
+  EXPECT_EQ(g.windowBytes(), g.slotsOffset() + size_t{2} * 128 * 4 * 256 * 1024);
+  EXPECT_EQ(g.flagBytes() % 128, 0u);
+  EXPECT_EQ(g.llBytes() % 16, 0u);
+  // 2 ranks with the defaults: a 256 MiB window plus counters and the LL region.
+  EXPECT_LT(g.windowBytes(), size_t{264} << 20);
+  EXPECT_EQ(g.stateBytes(), (2 * kMaxRanks * 128 + kLLBlocks) * sizeof(uint64_t));
+}
+
+}  // namespace
