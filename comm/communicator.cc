@@ -381,7 +381,33 @@ Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
   return device_->run(op, red, [this](const Operation& h) { return runCollective(h); });
 }
 
-Status Communicator::execute(const std::vector<Operation>& ops) {
+Status Communicator::execute(const std::vector<Operation>& groupOps) {
+  // A group's Send/Recv calls progress together (a Send, a collective and the matching
+  // Recv in one group would otherwise wait on each other): all of them run as one batch
+  // where the first one stands; the other calls keep their order.
+  const std::vector<Operation>* opsPtr = &groupOps;
+  std::vector<Operation> ordered;
+  {
+    size_t firstP2p = groupOps.size(), lastP2p = 0, nP2p = 0;
+    for (size_t k = 0; k < groupOps.size(); ++k) {
+      if (groupOps[k].type != collectives::CollType::kSendRecv) continue;
+      firstP2p = std::min(firstP2p, k);
+      lastP2p = k;
+      ++nP2p;
+    }
+    if (nP2p > 0 && lastP2p - firstP2p + 1 != nP2p) {
+      for (size_t k = 0; k < groupOps.size(); ++k) {
+        if (k == firstP2p) {
+          for (const Operation& o : groupOps) {
+            if (o.type == collectives::CollType::kSendRecv) ordered.push_back(o);
+          }
+        }
+        if (groupOps[k].type != collectives::CollType::kSendRecv) ordered.push_back(groupOps[k]);
+      }
+      opsPtr = &ordered;
+    }
+  }
+  const std::vector<Operation>& ops = *opsPtr;
   log::RankScope scope(rank_);
   if (abortFlag_.load()) return errorf(Code::kInvalidUsage, "the communicator was aborted");
   if (device_) {

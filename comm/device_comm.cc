@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "collectives/device/mesh.h"
 #include "transports/p2p/p2p_window.h"
@@ -78,6 +79,10 @@ struct MeshAgreement {
   int32_t slots = 0;
   int32_t threads = 0;
   uint64_t slotBytes = 0;
+  int64_t llBytes = 0;
+  int64_t oneShotBytes = 0;
+  char algo[24] = {0};
+  char proto[24] = {0};
   char why[96] = {0};
 };
 
@@ -88,6 +93,7 @@ class CudaDeviceComm final : public DeviceComm {
     // Kernels still queued write into the windows: let them finish first.
     if (window_) cudaDeviceSynchronize();
     if (lastEvent_) cudaEventDestroy(lastEvent_);
+    if (joinEvent_) cudaEventDestroy(joinEvent_);
     window_.reset();
     if (state_) cudaFree(state_);
     if (hostFlags_) cudaFreeHost(hostFlags_);
@@ -134,6 +140,10 @@ class CudaDeviceComm final : public DeviceComm {
     mine.slots = geo.slots;
     mine.slotBytes = geo.slotBytes;
     mine.threads = static_cast<int32_t>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_THREADS"), 64, 512)) / 32 * 32;
+    mine.llBytes = settings::getInt("LOOM_P2P_LL_BYTES");
+    mine.oneShotBytes = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
+    std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
+    std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::getString("LOOM_PROTO").c_str());
     std::vector<MeshAgreement> all(nranks_);
     all[rank] = mine;
     LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
@@ -143,6 +153,14 @@ class CudaDeviceComm final : public DeviceComm {
         mesh_ = false;
         why_ = "rank " + std::to_string(r) + ": " + all[r].why;
         break;
+      }
+      if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
+          std::strcmp(all[r].algo, mine.algo) != 0 || std::strcmp(all[r].proto, mine.proto) != 0) {
+        return errorf(Code::kInvalidUsage, "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
+                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES (\"%s\"/\"%s\"/%lld/%lld against "
+                      "\"%s\"/\"%s\"/%lld/%lld): every rank must pick the same GPU algorithm", r, rank,
+                      all[r].algo, all[r].proto, (long long)all[r].llBytes, (long long)all[r].oneShotBytes,
+                      mine.algo, mine.proto, (long long)mine.llBytes, (long long)mine.oneShotBytes);
       }
       if (all[r].blocks != mine.blocks || all[r].slots != mine.slots ||
           all[r].slotBytes != mine.slotBytes || all[r].threads != mine.threads) {
@@ -181,6 +199,7 @@ class CudaDeviceComm final : public DeviceComm {
     LOOM_TRY(cudaStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devFlags), hostFlags_, 0),
                         "cudaHostGetDevicePointer"));
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
     LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
     ctx_.geo = geo;
     ctx_.rank = rank;
@@ -254,6 +273,7 @@ class CudaDeviceComm final : public DeviceComm {
     call.kind = dev::MeshKind::kSendRecv;
     call.type = DataType::kUint8;
     dev::P2pList list;
+    std::map<std::pair<int, int>, int> seqOf;
     // Sends to ourselves pair with receives from ourselves, in order.
     std::vector<const Operation*> selfSends, selfRecvs;
     for (size_t i = begin; i < end; ++i) {
@@ -273,6 +293,12 @@ class CudaDeviceComm final : public DeviceComm {
       p.bytes = bytes;
       p.peer = o.root;
       p.isSend = o.isSend ? 1 : 0;
+      // The n-th message between two ranks in one direction is the n-th on both ends.
+      p.seq = seqOf[{o.root, p.isSend}]++;
+    }
+    // Calls of the group on other streams: those streams' earlier work comes first.
+    for (size_t i = begin; i < end; ++i) {
+      if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
     }
     if (selfSends.size() != selfRecvs.size()) {
       return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
@@ -308,26 +334,46 @@ class CudaDeviceComm final : public DeviceComm {
     return dev::MeshKind::kAllReduceTwoShot;
   }
 
-  // Operations of one communicator run in call order even across streams: when the
-  // stream changes, the new one waits for what was queued on the old one.
+  // Operations of one communicator run in call order even across streams: each launch
+  // records lastEvent_, and a launch on another stream waits for it. Within one CUDA
+  // graph capture, or outside any, that is an edge; across a capture boundary CUDA allows
+  // no such wait, and the order is the caller's to keep (said once).
   Status order(cudaStream_t stream) {
     if (!haveLast_ || stream == lastStream_) return Status::ok();
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(stream, &capture);
-    cudaStreamCaptureStatus lastCapture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(lastStream_, &lastCapture) != cudaSuccess) {
-      cudaGetLastError();  // the old stream is gone: nothing to wait for
+    if (capturing(stream) != lastCaptured_) {
+      if (!warnedCapture_) {
+        LOOM_WARN(kColl, "rank %d: consecutive GPU collectives on two streams, one inside a CUDA "
+                  "graph capture and one outside; loom cannot order them: keep them on one "
+                  "stream or order the streams yourself", rank_);
+        warnedCapture_ = true;
+      }
       return Status::ok();
     }
-    if (capture == cudaStreamCaptureStatusNone && lastCapture == cudaStreamCaptureStatusNone) {
-      LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, lastStream_), "cudaEventRecord"));
-      LOOM_TRY(cudaStatus(cudaStreamWaitEvent(stream, lastEvent_, 0), "cudaStreamWaitEvent"));
-    }
+    cudaError_t e = cudaStreamWaitEvent(stream, lastEvent_, 0);
+    if (e != cudaSuccess) return cudaStatus(e, "cudaStreamWaitEvent (ordering after the previous collective)");
     return Status::ok();
   }
 
+  // `later` waits for what was queued on `earlier` so far.
+  Status join(cudaStream_t earlier, cudaStream_t later) {
+    if (capturing(earlier) != capturing(later)) return Status::ok();
+    LOOM_TRY(cudaStatus(cudaEventRecord(joinEvent_, earlier), "cudaEventRecord"));
+    return cudaStatus(cudaStreamWaitEvent(later, joinEvent_, 0), "cudaStreamWaitEvent");
+  }
+
+  static bool capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return st != cudaStreamCaptureStatusNone;
+  }
+
   Status recordDone(cudaStream_t stream) {
+    LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, stream), "cudaEventRecord"));
     lastStream_ = stream;
+    lastCaptured_ = capturing(stream);
     haveLast_ = true;
     return Status::ok();
   }
@@ -363,16 +409,20 @@ class CudaDeviceComm final : public DeviceComm {
     hostIn_.resize(std::max<size_t>(inBytes, 1));
     hostOut_.resize(std::max<size_t>(outBytes, 1));
     if (readsInput && inBytes > 0) {
-      LOOM_TRY(cudaStatus(cudaMemcpy(hostIn_.data(), op.sendbuff, inBytes, cudaMemcpyDeviceToHost),
-                          "cudaMemcpy (device to host)"));
+      LOOM_TRY(cudaStatus(cudaMemcpyAsync(hostIn_.data(), op.sendbuff, inBytes, cudaMemcpyDeviceToHost,
+                                          op.stream), "cudaMemcpyAsync (device to host)"));
+      LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
     }
     Operation h = op;
     h.sendbuff = hostIn_.data();
     h.recvbuff = hostOut_.data();
     LOOM_TRY(hostRun(h));
     if (writesOutput && outBytes > 0) {
-      LOOM_TRY(cudaStatus(cudaMemcpy(op.recvbuff, hostOut_.data(), outBytes, cudaMemcpyHostToDevice),
-                          "cudaMemcpy (host to device)"));
+      // On the caller's stream, waited for: a pageable copy on the legacy stream could
+      // still be landing when a non-blocking stream reads the output.
+      LOOM_TRY(cudaStatus(cudaMemcpyAsync(op.recvbuff, hostOut_.data(), outBytes, cudaMemcpyHostToDevice,
+                                          op.stream), "cudaMemcpyAsync (host to device)"));
+      LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
     }
     return Status::ok();
   }
@@ -388,8 +438,9 @@ class CudaDeviceComm final : public DeviceComm {
       bufs[i].resize(std::max<size_t>(bytes, 1));
       if (h[i].isSend) {
         if (bytes) {
-          LOOM_TRY(cudaStatus(cudaMemcpy(bufs[i].data(), h[i].sendbuff, bytes, cudaMemcpyDeviceToHost),
-                              "cudaMemcpy (device to host)"));
+          LOOM_TRY(cudaStatus(cudaMemcpyAsync(bufs[i].data(), h[i].sendbuff, bytes, cudaMemcpyDeviceToHost,
+                                              h[i].stream), "cudaMemcpyAsync (device to host)"));
+          LOOM_TRY(cudaStatus(cudaStreamSynchronize(h[i].stream), "cudaStreamSynchronize"));
         }
         h[i].sendbuff = bufs[i].data();
       } else {
@@ -400,8 +451,10 @@ class CudaDeviceComm final : public DeviceComm {
     for (size_t i = 0; i < h.size(); ++i) {
       size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
       if (!h[i].isSend && bytes) {
-        LOOM_TRY(cudaStatus(cudaMemcpy(ops[begin + i].recvbuff, bufs[i].data(), bytes,
-                                       cudaMemcpyHostToDevice), "cudaMemcpy (host to device)"));
+        LOOM_TRY(cudaStatus(cudaMemcpyAsync(ops[begin + i].recvbuff, bufs[i].data(), bytes,
+                                            cudaMemcpyHostToDevice, ops[begin + i].stream),
+                            "cudaMemcpyAsync (host to device)"));
+        LOOM_TRY(cudaStatus(cudaStreamSynchronize(ops[begin + i].stream), "cudaStreamSynchronize"));
       }
     }
     return Status::ok();
@@ -422,8 +475,11 @@ class CudaDeviceComm final : public DeviceComm {
   int* hostFlags_ = nullptr;  // [0] abort (host writes), [1] error (kernels write)
   dev::MeshContext ctx_;
   cudaEvent_t lastEvent_ = nullptr;
+  cudaEvent_t joinEvent_ = nullptr;
   cudaStream_t lastStream_ = nullptr;
   bool haveLast_ = false;
+  bool lastCaptured_ = false;
+  bool warnedCapture_ = false;
   std::vector<char> hostIn_, hostOut_;
 };
 

@@ -89,7 +89,17 @@ struct P2pOp {
   size_t bytes = 0;
   int peer = 0;
   int isSend = 0;
+  int seq = 0;  // index among this group's calls with the same peer and direction
 };
+
+// Send/Recv tiles depend only on the message's size, which both ends know (the group's
+// other calls may differ between the two ranks).
+LOOM_HOST_DEVICE inline size_t p2pTileBytes(size_t bytes, int maxBlocks, size_t slotBytes) {
+  size_t t = (bytes + maxBlocks - 1) / maxBlocks;
+  t = t < 16 * 1024 ? 16 * 1024 : t;
+  t = t > slotBytes ? slotBytes : t;
+  return t / 16 * 16;
+}
 
 struct MeshCall {
   MeshKind kind = MeshKind::kAllReduceOneShot;

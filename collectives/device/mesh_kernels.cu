@@ -171,16 +171,21 @@ __device__ bool waitAtLeast(const MeshContext& c, const uint64_t* flag, uint64_t
 }
 
 // Block-wide. The slot the next message to `to` goes into, once the receiver has freed it.
+// On a failed wait every thread of the block returns null together (the vote is part of
+// the barrier, so no thread can read a flag another is about to change).
 __device__ char* acquireSend(const MeshContext& c, Block& B, int to) {
-  if (threadIdx.x == 0 && !B.fail) {
+  int bad = 0;
+  if (threadIdx.x == 0) {
     uint64_t s = B.sent[to];
     if (s + 1 > uint64_t(c.geo.slots)) {
       uint64_t need = s + 1 - c.geo.slots;
-      if (!waitAtLeast(c, ackFlag(c.windows[c.rank], to, blockIdx.x, c.geo.maxBlocks), need)) B.fail = 1;
+      bad = !waitAtLeast(c, ackFlag(c.windows[c.rank], to, blockIdx.x, c.geo.maxBlocks), need);
     }
   }
-  __syncthreads();
-  if (B.fail) return nullptr;
+  if (__syncthreads_or(bad)) {
+    if (threadIdx.x == 0) B.fail = 1;
+    return nullptr;
+  }
   return slotPtr(c.geo, c.windows[to], c.rank, blockIdx.x, B.sent[to]);
 }
 
@@ -195,14 +200,15 @@ __device__ void commitSend(const MeshContext& c, Block& B, int to) {
 }
 
 __device__ const char* acquireRecv(const MeshContext& c, Block& B, int from) {
-  if (threadIdx.x == 0 && !B.fail) {
-    if (!waitAtLeast(c, readyFlag(c.windows[c.rank], from, blockIdx.x, c.geo.maxBlocks),
-                     B.recvd[from] + 1)) {
-      B.fail = 1;
-    }
+  int bad = 0;
+  if (threadIdx.x == 0) {
+    bad = !waitAtLeast(c, readyFlag(c.windows[c.rank], from, blockIdx.x, c.geo.maxBlocks),
+                       B.recvd[from] + 1);
   }
-  __syncthreads();
-  if (B.fail) return nullptr;
+  if (__syncthreads_or(bad)) {
+    if (threadIdx.x == 0) B.fail = 1;
+    return nullptr;
+  }
   return slotPtr(c.geo, c.windows[c.rank], from, blockIdx.x, B.recvd[from]);
 }
 
@@ -429,7 +435,8 @@ struct Run {
     const size_t len = min(kLLPayload, bytes - begin);
     uint64_t* seqSlot = c.state + c.geo.llSeqIndex(blockIdx.x);
     const uint64_t seq = *seqSlot + 1;
-    const uint64_t flag = (seq & 0xffffffffull) << 32;
+    // 1 .. 2^32-1, never the 0 of a buffer nothing has written yet.
+    const uint64_t flag = (((seq - 1) % 0xffffffffull) + 1) << 32;
     const int parity = int(seq & 1);
     const size_t chunks = (len + 7) / 8;
     constexpr int kPer = 8 / sizeof(S);
@@ -660,31 +667,45 @@ struct Run {
     }
   }
 
-  // Grouped Send/Recv, in bytes (E is uint8): sends of a tile index first, then receives.
+  // Grouped Send/Recv, in bytes (E is uint8). Each call has its own tile size (from its
+  // byte count, known to both ends) and tile t goes to block t % gridDim.x, the grid
+  // being the same on every rank. Within a tile index, step j sends the j-th message to
+  // each peer, then receives the j-th message from each peer: at most one message per
+  // peer is posted before the receives, so no number of calls per peer can fill the
+  // slots on both sides and deadlock.
   __device__ void sendRecv() {
     size_t ntiles = 0;
-    for (int k = 0; k < p2p->nops; ++k) ntiles = max(ntiles, (p2p->ops[k].bytes + tile - 1) / tile);
+    int steps = 0;
+    for (int k = 0; k < p2p->nops; ++k) {
+      const P2pOp& o = p2p->ops[k];
+      size_t tb = p2pTileBytes(o.bytes, c.geo.maxBlocks, c.geo.slotBytes);
+      ntiles = max(ntiles, (o.bytes + tb - 1) / tb);
+      steps = max(steps, o.seq + 1);
+    }
     for (size_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-      for (int pass = 1; pass >= 0; --pass) {
-        for (int k = 0; k < p2p->nops; ++k) {
-          const P2pOp& o = p2p->ops[k];
-          if (o.isSend != pass || o.peer == c.rank) continue;
-          size_t n = tileLen(t, tile, o.bytes);
-          if (n == 0) continue;
-          Io io;
-          io.nsrc = 1;
-          io.ndst = 1;
-          if (o.isSend) {
-            io.srcs[0] = static_cast<const char*>(o.buffer) + t * tile;
-            io.dsts[0] = acquireSend(c, B, o.peer);
-            if (!io.dsts[0]) return;
-          } else {
-            io.srcs[0] = acquireRecv(c, B, o.peer);
-            if (!io.srcs[0]) return;
-            io.dsts[0] = static_cast<char*>(o.buffer) + t * tile;
+      for (int j = 0; j < steps; ++j) {
+        for (int pass = 1; pass >= 0; --pass) {
+          for (int k = 0; k < p2p->nops; ++k) {
+            const P2pOp& o = p2p->ops[k];
+            if (o.seq != j || o.isSend != pass || o.peer == c.rank) continue;
+            const size_t tb = p2pTileBytes(o.bytes, c.geo.maxBlocks, c.geo.slotBytes);
+            size_t n = tileLen(t, tb, o.bytes);
+            if (n == 0) continue;
+            Io io;
+            io.nsrc = 1;
+            io.ndst = 1;
+            if (o.isSend) {
+              io.srcs[0] = static_cast<const char*>(o.buffer) + t * tb;
+              io.dsts[0] = acquireSend(c, B, o.peer);
+              if (!io.dsts[0]) return;
+            } else {
+              io.srcs[0] = acquireRecv(c, B, o.peer);
+              if (!io.srcs[0]) return;
+              io.dsts[0] = static_cast<char*>(o.buffer) + t * tb;
+            }
+            reduceCopy<E>(io, op, n);
+            if (o.isSend) commitSend(c, B, o.peer); else releaseRecv(c, B, o.peer);
           }
-          reduceCopy<E>(io, op, n);
-          if (o.isSend) commitSend(c, B, o.peer); else releaseRecv(c, B, o.peer);
         }
       }
     }
@@ -795,8 +816,12 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call, const P2pLis
     part = (call.count + ctx.nranks - 1) / ctx.nranks;
   }
   if (call.kind == MeshKind::kSendRecv) {
-    part = 0;
-    for (int k = 0; p2p && k < p2p->nops; ++k) part = std::max(part, p2p->ops[k].bytes);
+    // Every rank launches the same grid whatever its own calls are (see sendRecv()).
+    (void)p2p;
+    LaunchShape s;
+    s.blocks = ctx.geo.maxBlocks;
+    s.tileElems = ctx.geo.slotBytes;
+    return s;
   }
   const size_t bytes = part * es;
   const size_t slot = ctx.geo.slotBytes;

@@ -289,6 +289,60 @@ TEST(ApiCollectives, SendRecvRingAndSelf) {
   }
 }
 
+// A Send, a collective and the matching Recv in one group: the Send/Recv calls progress
+// together (run as one batch), so neither rank waits for a Recv queued behind the
+// collective. The messages are larger than a connection's FIFO.
+TEST(ApiCollectives, SendThenCollectiveThenRecvInOneGroup) {
+  const int n = 2;
+  Comms cm(n);
+  const size_t count = size_t{3} << 20;  // 12 MiB of int32
+  std::vector<std::vector<int>> in(n, std::vector<int>(count)), out(n, std::vector<int>(count, -1));
+  std::vector<std::vector<int>> x(n, std::vector<int>(1000)), y(n, std::vector<int>(1000, -1));
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < count; ++i) in[r][i] = r * 7 + static_cast<int>(i % 1000003);
+    for (size_t i = 0; i < 1000; ++i) x[r][i] = r + static_cast<int>(i);
+  }
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(ncclSend(in[r].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(x[r].data(), y[r].data(), 1000, ncclInt32, ncclSum, cm.comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclRecv(out[r].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(out[r], in[1 - r]) << "rank " << r;
+    for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(y[r][i], 1 + 2 * static_cast<int>(i));
+  }
+}
+
+// More messages to one peer in one group than a channel has slots, both ways at once.
+TEST(ApiCollectives, ManySendsToOnePeerInOneGroup) {
+  const int n = 2, k = 9;
+  Comms cm(n);
+  const size_t count = 300007;
+  std::vector<std::vector<std::vector<int>>> in(n), out(n);
+  for (int r = 0; r < n; ++r) {
+    for (int m = 0; m < k; ++m) {
+      in[r].emplace_back(count);
+      out[r].emplace_back(count, -1);
+      for (size_t i = 0; i < count; ++i) in[r][m][i] = r * 1000 + m * 10 + static_cast<int>(i % 7);
+    }
+  }
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    for (int m = 0; m < k; ++m) {
+      ASSERT_EQ(ncclSend(in[r][m].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
+    }
+    for (int m = 0; m < k; ++m) {
+      ASSERT_EQ(ncclRecv(out[r][m].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
+    }
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    for (int m = 0; m < k; ++m) EXPECT_EQ(out[r][m], in[1 - r][m]) << "rank " << r << " message " << m;
+  }
+}
+
 TEST(ApiCollectives, UnalignedBuffers) {
   const int n = 3;
   Comms cm(n);

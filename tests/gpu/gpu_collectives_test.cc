@@ -343,6 +343,50 @@ TEST(GpuCollectives, SendRecvGroups) {
   }
 }
 
+// More messages to one peer in one group than a channel has slots, in both directions,
+// and a collective between a Send and its Recv in the same group.
+TEST(GpuCollectives, ManySendsToOnePeerAndMixedGroups) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  const int k = 9;
+  const size_t count = 300007;
+  std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> a(2), b(2);
+  for (int r = 0; r < 2; ++r) {
+    for (int m = 0; m < k; ++m) {
+      a[r].push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+      b[r].push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+      upload(r, a[r][m]->ptr, makeInput(DataType::kInt32, r, count, ncclSum, m * 11));
+    }
+  }
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    for (int m = 0; m < k; ++m) NCCL_OK(ncclSend(a[r][m]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
+    for (int m = 0; m < k; ++m) NCCL_OK(ncclRecv(b[r][m]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  R.sync();
+  for (int r = 0; r < 2; ++r) {
+    for (int m = 0; m < k; ++m) {
+      EXPECT_EQ(download(r, b[r][m]->ptr, count * 4), makeInput(DataType::kInt32, 1 - r, count, ncclSum, m * 11))
+          << "rank " << r << " message " << m;
+    }
+  }
+  // Send, AllReduce, Recv in one group.
+  DeviceBuffer x0(0, 4096), x1(1, 4096);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; ++r) {
+    void* x = r == 0 ? x0.ptr : x1.ptr;
+    NCCL_OK(ncclSend(a[r][0]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclAllReduce(x, x, 1000, ncclInt32, ncclSum, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclRecv(b[r][1]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  R.sync();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(download(r, b[r][1]->ptr, count * 4), makeInput(DataType::kInt32, 1 - r, count, ncclSum, 0));
+  }
+}
+
 TEST(GpuCollectives, GraphReplayedThousandTimes) {
   REQUIRE_GPUS(2);
   Ranks R(2);
