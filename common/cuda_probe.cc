@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 namespace loom::cuda {
 
@@ -13,33 +14,61 @@ namespace {
 constexpr int kAttrMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kAttrIsManaged = 8;   // CU_POINTER_ATTRIBUTE_IS_MANAGED
 constexpr unsigned kMemoryTypeDevice = 2;
+constexpr int kP2pPerformanceRank = 0x01;  // CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK
+constexpr int kP2pNativeAtomics = 0x03;    // CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
 
 using CuInit = int (*)(unsigned);
 using CuPointerGetAttribute = int (*)(void*, int, uintptr_t);
 using CuPointerGetAttributes = int (*)(unsigned, int*, void**, uintptr_t);
 using CuDeviceGet = int (*)(int*, int);
 using CuDeviceGetPCIBusId = int (*)(char*, int, int);
+using CuDeviceGetCount = int (*)(int*);
+using CuDeviceCanAccessPeer = int (*)(int*, int, int);
+using CuDeviceGetP2PAttribute = int (*)(int*, int, int, int);
 
 struct Driver {
-  CuPointerGetAttribute getAttribute = nullptr;
+  CuPointerGetAttribute getAttribute = nullptr;  // null: no usable driver (see `error`)
   CuPointerGetAttributes getAttributes = nullptr;  // one call for both attributes
   CuDeviceGet deviceGet = nullptr;
   CuDeviceGetPCIBusId busId = nullptr;
+  CuDeviceGetCount deviceCount = nullptr;
+  CuDeviceCanAccessPeer canAccessPeer = nullptr;
+  CuDeviceGetP2PAttribute p2pAttribute = nullptr;
+  std::string error;  // why there is no usable driver
 };
+
+template <typename Fn>
+void sym(void* lib, Fn& fn, const char* name) {
+  fn = reinterpret_cast<Fn>(dlsym(lib, name));
+}
 
 const Driver& driver() {
   static Driver d;
   static std::once_flag once;
   std::call_once(once, [] {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return;
+    if (!lib) {
+      const char* err = dlerror();
+      d.error = std::string("cannot load libcuda.so.1 (") + (err ? err : "not found") + ")";
+      return;
+    }
     auto init = reinterpret_cast<CuInit>(dlsym(lib, "cuInit"));
     auto get = reinterpret_cast<CuPointerGetAttribute>(dlsym(lib, "cuPointerGetAttribute"));
-    if (!init || !get || init(0) != 0) return;
+    if (!init || !get) {
+      d.error = "libcuda.so.1 lacks cuInit or cuPointerGetAttribute";
+      return;
+    }
+    if (int rc = init(0); rc != 0) {
+      d.error = "cuInit failed (CUDA error " + std::to_string(rc) + ")";
+      return;
+    }
     d.getAttribute = get;
-    d.getAttributes = reinterpret_cast<CuPointerGetAttributes>(dlsym(lib, "cuPointerGetAttributes"));
-    d.deviceGet = reinterpret_cast<CuDeviceGet>(dlsym(lib, "cuDeviceGet"));
-    d.busId = reinterpret_cast<CuDeviceGetPCIBusId>(dlsym(lib, "cuDeviceGetPCIBusId"));
+    sym(lib, d.getAttributes, "cuPointerGetAttributes");
+    sym(lib, d.deviceGet, "cuDeviceGet");
+    sym(lib, d.busId, "cuDeviceGetPCIBusId");
+    sym(lib, d.deviceCount, "cuDeviceGetCount");
+    sym(lib, d.canAccessPeer, "cuDeviceCanAccessPeer");
+    sym(lib, d.p2pAttribute, "cuDeviceGetP2PAttribute");
   });
   return d;
 }
@@ -76,6 +105,46 @@ std::string deviceBusId(int ordinal) {
   char text[64] = {0};
   if (d.busId(text, sizeof(text) - 1, dev) != 0) return "";
   return text;
+}
+
+Result<int> deviceCount() {
+  const Driver& d = driver();
+  if (!d.getAttribute) return errorf(Code::kSystemError, "%s", d.error.c_str());
+  if (!d.deviceCount) return errorf(Code::kSystemError, "libcuda.so.1 lacks cuDeviceGetCount");
+  int count = 0;
+  if (int rc = d.deviceCount(&count); rc != 0) {
+    return errorf(Code::kSystemError, "cuDeviceGetCount failed (CUDA error %d)", rc);
+  }
+  return count;
+}
+
+Result<PeerAccess> peerAccess(int from, int to) {
+  const Driver& d = driver();
+  if (!d.getAttribute) return errorf(Code::kSystemError, "%s", d.error.c_str());
+  if (!d.deviceGet || !d.canAccessPeer) {
+    return errorf(Code::kSystemError, "libcuda.so.1 lacks cuDeviceGet or cuDeviceCanAccessPeer");
+  }
+  int a = 0, b = 0;
+  if (int rc = d.deviceGet(&a, from); rc != 0) {
+    return errorf(Code::kSystemError, "cuDeviceGet(%d) failed (CUDA error %d)", from, rc);
+  }
+  if (int rc = d.deviceGet(&b, to); rc != 0) {
+    return errorf(Code::kSystemError, "cuDeviceGet(%d) failed (CUDA error %d)", to, rc);
+  }
+  int can = 0;
+  if (int rc = d.canAccessPeer(&can, a, b); rc != 0) {
+    return errorf(Code::kSystemError, "cuDeviceCanAccessPeer(%d, %d) failed (CUDA error %d)", from,
+                  to, rc);
+  }
+  PeerAccess out;
+  out.access = can != 0;
+  // Both attributes are defined only between devices that can reach each other.
+  if (out.access && d.p2pAttribute) {
+    int value = 0;
+    if (d.p2pAttribute(&value, kP2pPerformanceRank, a, b) == 0) out.rank = value;
+    if (d.p2pAttribute(&value, kP2pNativeAtomics, a, b) == 0) out.atomics = value != 0;
+  }
+  return out;
 }
 
 }  // namespace loom::cuda

@@ -1,8 +1,12 @@
-// What loom needs to know about CUDA before it has GPU code paths: whether a pointer is
-// device memory. libcuda is loaded with dlopen, so binaries run with or without it.
+// What loom needs to know about CUDA outside its GPU code paths: whether a pointer is
+// device memory, a device's PCI bus id, and peer access between two devices. libcuda
+// is loaded with dlopen, so binaries run with or without it. All functions are
+// thread-safe; the first call loads the driver and calls cuInit.
 #pragma once
 
 #include <string>
+
+#include "common/status.h"
 
 namespace loom::cuda {
 
@@ -13,5 +17,21 @@ bool isDevicePointer(const void* ptr);
 // The PCI bus id the CUDA driver reports for device `ordinal` ("0000:19:00.0"), or ""
 // without a driver or such a device.
 std::string deviceBusId(int ordinal);
+
+// Number of CUDA devices this process sees (after CUDA_VISIBLE_DEVICES). kSystemError
+// when libcuda.so.1 is missing or cuInit fails; the message says which.
+Result<int> deviceCount();
+
+// What the CUDA driver says about device `from` reaching device `to`'s memory.
+struct PeerAccess {
+  bool access = false;   // cuDeviceCanAccessPeer
+  int rank = 0;          // CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: relative, 0 = best
+  bool atomics = false;  // CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
+};
+
+// Peer access from CUDA device ordinal `from` to ordinal `to` (from != to). Needs no
+// context. kSystemError without a driver, or when the driver rejects the devices;
+// `rank` and `atomics` stay 0/false when the driver lacks cuDeviceGetP2PAttribute.
+Result<PeerAccess> peerAccess(int from, int to);
 
 }  // namespace loom::cuda
