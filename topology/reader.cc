@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -70,13 +71,45 @@ std::string Reader::readTrimmed(const std::string& path, const std::string& fall
   return s.substr(b, e - b + 1);
 }
 
-DirReader::DirReader(std::string root) : root_(std::move(root)) {
+struct DirReader::DirCache {
+  std::mutex mutex;
+  std::map<std::string, std::string> dirs;  // directory -> its resolved path
+};
+
+DirReader::DirReader(std::string root)
+    : root_(std::move(root)), cache_(std::make_shared<DirCache>()) {
   while (!root_.empty() && root_.back() == '/') root_.pop_back();
 }
 
+Result<std::string> DirReader::hostPath(const std::string& path) const {
+  const std::string norm = normalizePath(path);
+  if (root_.empty()) return norm;
+  // Resolve the directory once (a GID table is 256 files in one folder), then only
+  // the last component.
+  const size_t slash = norm.rfind('/');
+  const std::string dir = slash == 0 ? "/" : norm.substr(0, slash);
+  std::string realDir;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    auto it = cache_->dirs.find(dir);
+    if (it != cache_->dirs.end()) realDir = it->second;
+  }
+  if (realDir.empty()) {
+    LOOM_ASSIGN_OR_RETURN(realDir, realPath(dir));
+    std::lock_guard<std::mutex> lock(cache_->mutex);
+    cache_->dirs[dir] = realDir;
+  }
+  std::string candidate = (realDir == "/" ? "" : realDir) + norm.substr(slash);
+  std::error_code ec;
+  if (fs::is_symlink(host(candidate), ec)) {
+    LOOM_ASSIGN_OR_RETURN(candidate, realPath(candidate));
+  }
+  return host(candidate);
+}
+
 Result<std::string> DirReader::readFile(const std::string& path) const {
-  LOOM_ASSIGN_OR_RETURN(std::string real, realPath(path));
-  std::ifstream in(host(real), std::ios::binary);
+  LOOM_ASSIGN_OR_RETURN(std::string real, hostPath(path));
+  std::ifstream in(real, std::ios::binary);
   if (!in) return sysError(errno, "cannot read %s%s", root_.c_str(), path.c_str());
   std::stringstream ss;
   ss << in.rdbuf();
@@ -85,9 +118,9 @@ Result<std::string> DirReader::readFile(const std::string& path) const {
 }
 
 Result<std::vector<std::string>> DirReader::listDir(const std::string& path) const {
-  LOOM_ASSIGN_OR_RETURN(std::string real, realPath(path));
+  LOOM_ASSIGN_OR_RETURN(std::string real, hostPath(path));
   std::error_code ec;
-  fs::directory_iterator it(host(real), ec);
+  fs::directory_iterator it(real, ec);
   if (ec) return sysError(ec.value(), "cannot list %s%s", root_.c_str(), path.c_str());
   std::set<std::string> names;
   for (; it != fs::directory_iterator(); it.increment(ec)) {
@@ -108,10 +141,10 @@ Result<std::string> DirReader::realPath(const std::string& path) const {
 }
 
 bool DirReader::exists(const std::string& path) const {
-  auto real = realPath(path);
+  auto real = hostPath(path);
   if (!real) return false;
   std::error_code ec;
-  return fs::exists(host(real.value()), ec);
+  return fs::exists(real.value(), ec);
 }
 
 void MapReader::addFile(const std::string& path, std::string contents) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ class Reader {
 };
 
 // Reads the file system under `root` ("/" for the live machine).
+//
+// Cost: on the live machine the kernel follows symlinks; under another root each link
+// must be resolved inside the tree, so the resolved directories are cached (a recorded
+// tree does not change while it is read), and a read costs one lstat beyond the open.
 class DirReader : public Reader {
  public:
   explicit DirReader(std::string root = "/");
@@ -48,8 +53,12 @@ class DirReader : public Reader {
   std::string describe() const override { return root_.empty() ? "/" : root_; }
 
  private:
+  struct DirCache;
   std::string host(const std::string& path) const { return root_ + path; }
+  // Where `path` is on this machine's file system (root included), links resolved.
+  Result<std::string> hostPath(const std::string& path) const;
   std::string root_;  // "" for "/", else without a trailing slash
+  std::shared_ptr<DirCache> cache_;  // resolved directories (recorded trees only)
 };
 
 // An in-memory tree for unit tests: files by absolute path, directories implied by
