@@ -139,9 +139,16 @@ Status recordMachine(const std::string& dirArg) {
     }
     for (const auto& p : fs::directory_iterator(d + "/ports", ec)) {
       std::string pd = p.path().string();
-      for (const char* f : {"state", "rate", "link_layer", "gids/0", "gid_attrs/types/0", "gid_attrs/types/1",
-                            "gid_attrs/types/2", "gid_attrs/types/3", "gid_attrs/ndevs/0"}) {
-        r.copyFile(pd + "/" + f);
+      for (const char* f : {"state", "rate", "link_layer"}) r.copyFile(pd + "/" + f);
+      // The GID table as detection reads it: every slot up to the first missing one,
+      // type and netdev for the populated ones only (an empty slot's fail to read).
+      for (int i = 0; i < 256 && fs::exists(pd + "/gids/" + std::to_string(i), ec); ++i) {
+        const std::string index = std::to_string(i);
+        r.copyFile(pd + "/gids/" + index);
+        std::string gid = readLive(pd + "/gids/" + index);
+        if (gid.find_first_not_of("0:\n") == std::string::npos) continue;
+        r.copyFile(pd + "/gid_attrs/types/" + index);
+        r.copyFile(pd + "/gid_attrs/ndevs/" + index);
       }
     }
   }

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "topology/detect_internal.h"
+#include "topology/gid_table.h"
 
 #if __has_include(<infiniband/verbs.h>)
 #include <infiniband/verbs.h>
@@ -129,6 +130,43 @@ struct Found {
 
 }  // namespace
 
+namespace {
+
+// Records the port's GID table and the entry NCCL would use ("gid", "gid_index", and
+// for RoCE "roce" and "netdev"); warns when a RoCE port has no v2 IPv4 entry.
+void describeGids(const Reader& reader, const std::string& dev, const std::string& port,
+                  const std::string& portDir, const std::string& layer, Net& net,
+                  Warnings& warnings) {
+  const bool roce = layer == "Ethernet";
+  net.gids = readGidTable(reader, portDir);
+  const int chosen = defaultGidIndex(net.gids, !roce);
+  const std::string where = dev + " port " + port;
+  if (chosen < 0) {
+    if (roce) {
+      warnings.add("gid-" + dev + "/" + port,
+                   where + " has no populated GID (no IP address on its interface?): "
+                           "RoCE peers cannot address it");
+    }
+    return;
+  }
+  const GidEntry& e = *std::find_if(net.gids.begin(), net.gids.end(),
+                                    [&](const GidEntry& g) { return g.index == chosen; });
+  if (roce) {
+    if (!e.type.empty()) net.setAttr("roce", isRoceV2Gid(e) ? "v2" : "v1");
+    if (!e.netdev.empty()) net.setAttr("netdev", e.netdev);
+    if (!isRoceV2Gid(e) || !isIpv4MappedGid(e)) {
+      warnings.add("gid-" + dev + "/" + port,
+                   where + " has no RoCE v2 GID with an IPv4 address: using GID index " +
+                       std::to_string(chosen) + " (" + (e.type.empty() ? "type unknown" : e.type) +
+                       ", " + e.gid + ")");
+    }
+  }
+  net.setAttr("gid", e.gid);
+  net.setAttr("gid_index", std::to_string(chosen));
+}
+
+}  // namespace
+
 Status detectNics(const Reader& reader, const DetectOptions& options, PciTreeBuilder& tree,
                   System& system, Warnings& warnings) {
   std::vector<Found> found;
@@ -176,18 +214,7 @@ Status detectNics(const Reader& reader, const DetectOptions& options, PciTreeBui
         net.maxConn = qp != verbs.maxQp.end() ? qp->second : kDefaultIbMaxConn;
         std::string layer = reader.readTrimmed(pdir + "/link_layer", "InfiniBand");
         net.setAttr("link_layer", layer);
-        if (layer == "Ethernet") {
-          std::string type = reader.readTrimmed(pdir + "/gid_attrs/types/0");
-          for (int g = 1; g < 4 && type.find("v2") == std::string::npos; ++g) {
-            std::string t = reader.readTrimmed(pdir + "/gid_attrs/types/" + std::to_string(g));
-            if (t.find("v2") != std::string::npos) type = t;
-          }
-          if (!type.empty()) net.setAttr("roce", type.find("v2") != std::string::npos ? "v2" : "v1");
-          std::string ndev = reader.readTrimmed(pdir + "/gid_attrs/ndevs/0");
-          if (!ndev.empty()) net.setAttr("netdev", ndev);
-        }
-        std::string gid = reader.readTrimmed(pdir + "/gids/0");
-        if (!gid.empty()) net.setAttr("gid", gid);
+        describeGids(reader, dev, p, pdir, layer, net, warnings);
         net.setAttr("state", "up");
         if (reader.isLive() && options.probeIbverbs && verbs.loaded && qp == verbs.maxQp.end()) {
           warnings.add("ibverbs-open-" + dev, "libibverbs cannot open " + dev + ": the IB transport will skip it");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -146,6 +147,15 @@ std::string toJson(const System& system, const Graph& graph, const Rings* rings,
     j["numa"] = nodes[graph.cpus()[nodes[n].cpu]].cpuInfo->numaId;
     j["link_layer"] = net.attr("link_layer");
     j["virtual"] = net.attr("virtual") == "1";
+    if (!net.attr("gid_index").empty()) {
+      j["gid_index"] = std::atoi(net.attr("gid_index").c_str());
+      if (!net.attr("roce").empty()) j["roce"] = net.attr("roce");
+    }
+    ordered_json gids = ordered_json::array();
+    for (const GidEntry& e : net.gids) {
+      gids.push_back({{"index", e.index}, {"gid", e.gid}, {"type", e.type}, {"netdev", e.netdev}});
+    }
+    j["gids"] = gids;
     nics.push_back(j);
   }
   root["nics"] = nics;
@@ -266,6 +276,12 @@ std::string formatMatrix(const System& system, const Graph& graph) {
     if (net.gdr) out << ", GDR";
     if (net.attr("virtual") == "1") out << ", virtual";
     if (!nodes[n].busId.empty()) out << ", " << nodes[n].busId;
+    if (!net.attr("gid_index").empty()) {
+      // The index NCCL would use, and how many entries the port's table holds.
+      out << ", GID index " << net.attr("gid_index");
+      if (!net.attr("roce").empty()) out << " (RoCE " << net.attr("roce") << ")";
+      if (!net.gids.empty()) out << " of " << net.gids.size() << " in its table";
+    }
     out << "\n";
   }
   (void)system;

@@ -48,6 +48,16 @@ struct Gpu {
   bool operator==(const Gpu&) const = default;
 };
 
+// A populated (non-zero) entry of an RDMA port's GID table, as sysfs shows it under
+// /sys/class/infiniband/<dev>/ports/<port>/{gids,gid_attrs/types,gid_attrs/ndevs}/<index>.
+struct GidEntry {
+  int index = 0;
+  std::string gid;     // "fe80:0000:0000:0000:0e42:a1ff:fe00:0001" (sysfs form)
+  std::string type;    // "IB/RoCE v1" or "RoCE v2"; "" when sysfs gives none
+  std::string netdev;  // the interface the entry belongs to (RoCE); "" when none
+  bool operator==(const GidEntry&) const = default;
+};
+
 // One network endpoint (an IB/RoCE port or a network interface): NCCL's `net`.
 struct Net {
   std::string name;     // "mlx5_0", "eth0"
@@ -58,7 +68,11 @@ struct Net {
   int maxConn = 0;
   bool gdr = false;     // GPUDirect RDMA to/from this NIC
   double latency = 0;   // microseconds, 0 when unknown
-  Attrs extra;  // loom writes "link_layer", "virtual", "state", "address", "netdev"
+  Attrs extra;  // loom writes "link_layer", "virtual", "state", "address", "netdev", "gid", ...
+  // RDMA ports: the populated GID table, by index. Detection only: the XML carries the
+  // chosen entry ("gid", "gid_index", "roce") but not the table, because NCCL refuses
+  // files of more than 256 elements.
+  std::vector<GidEntry> gids;
   bool operator==(const Net&) const = default;
 
   // Convenience accessors for loom's own extra attributes ("" when absent).

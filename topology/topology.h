@@ -3,6 +3,7 @@
 //   detect.h     detectLocal / detectWithEnvironment / overlayTopoFile / detectHostId
 //   reader.h     Reader, DirReader (live or recorded tree), MapReader (tests)
 //   gpu_source.h NVML (dlopen) and recorded GPU answers
+//   gid_table.h  an RDMA port's GID table and the index NCCL would use
 //   cuda_device.h cudaDeviceBusId: a CUDA device index's PCI bus id (libcuda, dlopen)
 //   system.h     System: the machine as NCCL's XML describes it; mergeInto
 //   xml.h        parseXml / readXmlFile / toXml / writeXmlFile
@@ -13,6 +14,7 @@
 
 #include "topology/cuda_device.h"
 #include "topology/detect.h"
+#include "topology/gid_table.h"
 #include "topology/gpu_source.h"
 #include "topology/graph.h"
 #include "topology/reader.h"
