@@ -205,6 +205,45 @@ bool gpuDirectRdma(const Reader& reader) {
          reader.exists("/sys/module/nvidia_peermem") || reader.exists("/sys/module/nv_peer_mem");
 }
 
+// One line when P2P capability was not checked (for all GPUs or some), one naming the
+// pairs CUDA gives no peer access (their paths then go through host memory).
+void reportP2p(const std::vector<std::string>& busIds, const std::vector<GpuRecord>& records,
+               const GpuSource& source, Warnings& warnings) {
+  if (busIds.size() < 2) return;
+  std::vector<std::string> unchecked, denied;
+  for (const std::string& bus : busIds) {
+    auto rec = std::find_if(records.begin(), records.end(),
+                            [&](const GpuRecord& r) { return r.busId == bus; });
+    if (rec == records.end() || !rec->p2p) {
+      unchecked.push_back(bus);
+      continue;
+    }
+    for (const P2pPeer& p : *rec->p2p) {
+      bool known = std::find(busIds.begin(), busIds.end(), p.target) != busIds.end();
+      std::string pair = std::min(bus, p.target) + "-" + std::max(bus, p.target);
+      if (!p.access && known && std::find(denied.begin(), denied.end(), pair) == denied.end()) {
+        denied.push_back(pair);
+      }
+    }
+  }
+  auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+    return out;
+  };
+  if (unchecked.size() == busIds.size()) {
+    warnings.add("p2p", "P2P capability between GPUs not checked (" + source.p2pUnavailable() +
+                            "): GPU pairs are assumed peer-capable");
+  } else if (!unchecked.empty()) {
+    warnings.add("p2p", "P2P capability not checked for GPU " + join(unchecked) +
+                            " (not visible to CUDA): assumed peer-capable");
+  }
+  if (!denied.empty()) {
+    warnings.add("p2p-denied", "CUDA reports no peer access for GPU pairs " + join(denied) +
+                                   ": their traffic is planned through host memory");
+  }
+}
+
 Status detectGpus(const Reader& reader, const DetectOptions& options, detail::PciTreeBuilder& tree,
                   System& system, Warnings& warnings) {
   std::vector<std::string> busIds;
@@ -226,18 +265,22 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
     source = owned.get();
   }
   std::vector<GpuRecord> records;
+  bool answered = false;
   if (!source) {
     if (!busIds.empty()) {
       warnings.add("nvml", "no NVML answers recorded in " + reader.describe() +
-                               " (loom/nvml.json): SM versions from a device-id table, no NVLinks");
+                               " (loom/nvml.json): SM versions from a device-id table, no NVLinks,"
+                               " P2P capability not checked");
     }
   } else if (auto r = source->query()) {
     records = std::move(r.value());
+    answered = true;
   } else if (!busIds.empty() || reader.isLive()) {
     // A machine without NVIDIA GPUs has no driver either; say so only where it matters.
     if (!busIds.empty()) {
       warnings.add("nvml", source->name() + " unavailable (" + r.status().message() +
-                               "): SM versions from a device-id table, no NVLink information");
+                               "): SM versions from a device-id table, no NVLink information,"
+                               " P2P capability not checked");
     }
   }
   for (const GpuRecord& r : records) {
@@ -274,6 +317,7 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
         }
       }
       for (auto& [_, link] : links) gpu.nvlinks.push_back(std::move(link));
+      if (rec->p2p) gpu.p2p = *rec->p2p;
     } else {
       gpu.dev = static_cast<int>(i);
       gpu.sm = smFromDeviceId(node->device);
@@ -283,6 +327,7 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
     gpu.gdr = gdr && gpu.sm >= 60;
     node->gpu = std::move(gpu);
   }
+  if (answered) reportP2p(busIds, records, *source, warnings);
   if (!busIds.empty() && !gdr) {
     warnings.add("gdr", "GPUDirect RDMA unavailable (no nvidia_peermem module): GPU-NIC traffic goes through host memory");
   }

@@ -1,5 +1,6 @@
-// Detection of the local host: CPUs/NUMA, the PCI tree, GPUs (sysfs + NVML), NICs
-// (sysfs /sys/class/infiniband and /sys/class/net, ibverbs loaded with dlopen).
+// Detection of the local host: CPUs/NUMA, the PCI tree, GPUs (sysfs + NVML, P2P access
+// through the CUDA driver), NICs (sysfs /sys/class/infiniband with each port's GID table,
+// /sys/class/net, ibverbs loaded with dlopen).
 //
 // Every source may be missing or partial. Detection then degrades and says so once per
 // source in `Detected::warnings` (no NVML, no ibverbs, numa_node -1, no NUMA, a flat PCI
@@ -17,8 +18,9 @@
 namespace loom::topology {
 
 struct DetectOptions {
-  // Where GPU details come from. nullptr: NVML when `reader` is the live machine;
-  // for a recorded tree, the answers in its /loom/nvml.json when present.
+  // Where GPU details (P2P access included) come from. nullptr: NVML and the CUDA
+  // driver when `reader` is the live machine; for a recorded tree, the answers in its
+  // /loom/nvml.json when present.
   GpuSource* gpuSource = nullptr;
   // Probe libibverbs (dlopen) for the RDMA NICs sysfs lists; live machine only.
   bool probeIbverbs = true;

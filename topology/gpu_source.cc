@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/cuda_probe.h"
 #include "topology/system.h"
 
 namespace loom::topology {
@@ -59,7 +60,16 @@ class NvmlSource : public GpuSource {
       }
       out.push_back(std::move(r));
     }
+    if (out.size() >= 2) {
+      // Without a CUDA driver the records go out without P2P answers; detection says so.
+      Status st = addCudaP2p(out);
+      p2pError_ = st.isOk() ? "" : st.message();
+    }
     return out;
+  }
+
+  std::string p2pUnavailable() const override {
+    return p2pError_.empty() ? GpuSource::p2pUnavailable() : p2pError_;
   }
 
  private:
@@ -123,6 +133,7 @@ class NvmlSource : public GpuSource {
 
   void* lib_ = nullptr;
   bool initialized_ = false;
+  std::string p2pError_;  // why the last query has no P2P answers
   NvmlReturn (*init_)() = nullptr;
   NvmlReturn (*shutdown_)() = nullptr;
   const char* (*errorString_)(NvmlReturn) = nullptr;
@@ -171,6 +182,29 @@ std::unique_ptr<GpuSource> makeRecordedGpuSource(const Reader& reader, std::stri
   return std::make_unique<RecordedSource>(reader, std::move(path));
 }
 
+Status addCudaP2p(std::vector<GpuRecord>& gpus) {
+  LOOM_ASSIGN_OR_RETURN(int count, cuda::deviceCount());
+  // CUDA's order is not NVML's (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER): match by bus id.
+  std::vector<int> ordinal(gpus.size(), -1);
+  for (int c = 0; c < count; ++c) {
+    auto bus = normalizeBusId(cuda::deviceBusId(c));
+    if (!bus) continue;
+    for (size_t i = 0; i < gpus.size(); ++i)
+      if (gpus[i].busId == bus.value()) ordinal[i] = c;
+  }
+  std::vector<std::vector<P2pPeer>> found(gpus.size());
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    for (size_t j = 0; j < gpus.size() && ordinal[i] >= 0; ++j) {
+      if (i == j || ordinal[j] < 0) continue;
+      LOOM_ASSIGN_OR_RETURN(cuda::PeerAccess a, cuda::peerAccess(ordinal[i], ordinal[j]));
+      found[i].push_back(P2pPeer{gpus[j].busId, a.access, a.rank, a.atomics});
+    }
+  }
+  for (size_t i = 0; i < gpus.size(); ++i)
+    if (ordinal[i] >= 0) gpus[i].p2p = std::move(found[i]);
+  return Status::ok();
+}
+
 std::string gpuRecordsToJson(const std::vector<GpuRecord>& records) {
   nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
   for (const GpuRecord& r : records) {
@@ -184,6 +218,14 @@ std::string gpuRecordsToJson(const std::vector<GpuRecord>& records) {
     for (const NvLinkRecord& l : r.nvlinks)
       links.push_back({{"link", l.link}, {"remote", l.remoteBusId}, {"peer", peerName(l.peer)}});
     j["nvlinks"] = links;
+    if (r.p2p) {
+      nlohmann::ordered_json peers = nlohmann::ordered_json::array();
+      for (const P2pPeer& p : *r.p2p) {
+        peers.push_back(
+            {{"peer", p.target}, {"access", p.access}, {"rank", p.rank}, {"atomics", p.atomics}});
+      }
+      j["p2p"] = peers;
+    }
     gpus.push_back(j);
   }
   nlohmann::ordered_json root;
@@ -221,6 +263,21 @@ Result<std::vector<GpuRecord>> parseGpuRecords(const std::string& text) {
                                   : NvLinkPeer::kUnknown;
         r.nvlinks.push_back(link);
       }
+    }
+    if (g.contains("p2p") && g["p2p"].is_array()) {
+      std::vector<P2pPeer> peers;
+      for (const auto& p : g["p2p"]) {
+        if (!p.is_object() || !p.contains("peer") || !p["peer"].is_string()) {
+          return errorf(Code::kInvalidArgument, "GPU %s: a p2p entry has no peer", r.busId.c_str());
+        }
+        P2pPeer peer;
+        LOOM_ASSIGN_OR_RETURN(peer.target, normalizeBusId(p["peer"].get<std::string>()));
+        peer.access = p.value("access", false);
+        peer.rank = p.value("rank", 0);
+        peer.atomics = p.value("atomics", false);
+        peers.push_back(std::move(peer));
+      }
+      r.p2p = std::move(peers);
     }
     out.push_back(std::move(r));
   }

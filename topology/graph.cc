@@ -235,7 +235,9 @@ Result<Graph> Graph::build(const System& system) {
   }
 
   g.sortByDevice();
+  g.findBlockedPairs();
   g.computePaths();
+  g.divertBlockedPairs();
   g.computeClosestNets();
   return g;
 }
@@ -319,6 +321,11 @@ void Graph::computePaths() {
             (link.kind != LinkKind::kNvLink || v.kind != NodeKind::kGpu)) {
           continue;
         }
+        // An NVLink between GPUs that cannot reach each other's memory carries nothing.
+        if (link.kind == LinkKind::kNvLink && u.kind == NodeKind::kGpu &&
+            v.kind == NodeKind::kGpu && p2pBlocked(cur.node, link.to)) {
+          continue;
+        }
         // No cycles.
         bool seen = false;
         for (int p = li; p >= 0; p = labels[p].prev) {
@@ -357,6 +364,39 @@ void Graph::computePaths() {
       path.nvlinks = (l.type == PathType::kNvl || l.type == PathType::kNvb) ? l.nvlinks : 0;
       for (int p = best; p >= 0; p = labels[p].prev) path.nodes.push_back(labels[p].node);
       std::reverse(path.nodes.begin(), path.nodes.end());
+    }
+  }
+}
+
+void Graph::findBlockedPairs() {
+  for (int a : gpus_) {
+    for (int b : gpus_) {
+      if (a != b && p2pDenied(*nodes_[a].gpu, nodes_[b].busId)) {
+        blocked_.insert({std::min(a, b), std::max(a, b)});
+      }
+    }
+  }
+}
+
+void Graph::divertBlockedPairs() {
+  // NCCL's answer when two GPUs cannot use P2P (paths.cc, addInterStep): the traffic
+  // is staged in host memory near the destination, so the path is source -> the
+  // destination's CPU -> destination. At least PHB: even when both GPUs hang off one
+  // PCIe switch, the data crosses the host bridge.
+  const size_t n = nodes_.size();
+  for (auto [x, y] : blocked_) {
+    for (auto [a, b] : {std::pair{x, y}, std::pair{y, x}}) {
+      const int cpu = cpus_[nodes_[b].cpu];
+      const Path& first = path(a, cpu);
+      const Path& second = path(cpu, b);
+      Path via;
+      if (first.type != PathType::kDis && second.type != PathType::kDis) {
+        via.type = std::max({PathType::kPhb, first.type, second.type});
+        via.bw = std::min(first.bw, second.bw);
+        via.nodes = first.nodes;
+        via.nodes.insert(via.nodes.end(), second.nodes.begin() + 1, second.nodes.end());
+      }
+      paths_[static_cast<size_t>(a) * n + b] = std::move(via);
     }
   }
 }

@@ -12,11 +12,20 @@
 //   NET  across the network (between hosts; see search.h)
 //   DIS  disconnected
 //
+// A GPU pair that CUDA reports as not peer-capable (Gpu::p2p, either direction) is
+// never a direct GPU-GPU path: as in NCCL, its traffic goes through host memory, so
+// its path runs from the source GPU to the CPU of the destination GPU and on to the
+// destination, typed PHB or worse (SYS across sockets), and no NVB path uses an NVLink
+// between such a pair.
+//
 // Bandwidths are GB/s per direction (1 GB = 1e9 bytes). A Graph is immutable after
 // build() and safe to read from several threads.
 #pragma once
 
+#include <algorithm>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -93,15 +102,25 @@ class Graph {
   // take them in turn so two GPUs behind one switch with two NICs use both.
   int closestNet(int gpu) const { return closestNet_.empty() ? -1 : closestNet_[gpu]; }
 
+  // False when CUDA reports no peer access between GPU<a> and GPU<b> (either way);
+  // true when it allows it or was not asked.
+  bool p2pAllowed(int a, int b) const { return !p2pBlocked(gpus_[a], gpus_[b]); }
+
  private:
   void sortByDevice();
+  void findBlockedPairs();
   void computePaths();
+  void divertBlockedPairs();
   void computeClosestNets();
+  bool p2pBlocked(int nodeA, int nodeB) const {
+    return blocked_.count({std::min(nodeA, nodeB), std::max(nodeA, nodeB)}) > 0;
+  }
 
   std::vector<Node> nodes_;
   std::vector<int> gpus_, nets_, cpus_;
   std::vector<Path> paths_;
   std::vector<int> closestNet_;
+  std::set<std::pair<int, int>> blocked_;  // GPU node pairs (lower first) without P2P
 };
 
 }  // namespace loom::topology

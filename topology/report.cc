@@ -57,6 +57,45 @@ ordered_json treesJson(const Trees& trees) {
 
 std::string dump(const ordered_json& j, int indent) { return j.dump(indent) + "\n"; }
 
+// The GPU's P2P answers, peers named by their GPU id (by bus id when not in the graph).
+ordered_json p2pJson(const Graph& graph, const Gpu& gpu) {
+  ordered_json out = ordered_json::array();
+  for (const P2pPeer& p : gpu.p2p) {
+    std::string peer = p.target;
+    for (int n : graph.gpus())
+      if (graph.nodes()[n].busId == p.target) peer = graph.nodeName(n);
+    out.push_back({{"peer", peer}, {"access", p.access}, {"rank", p.rank}, {"atomics", p.atomics}});
+  }
+  return out;
+}
+
+// One line on P2P under the matrix: the GPU pairs without peer access, or that every
+// pair has it; nothing when CUDA was not asked (detection said so once already).
+std::string p2pLine(const Graph& graph) {
+  const int n = graph.gpuCount();
+  std::string denied;
+  bool allChecked = true;
+  for (int a = 0; a < n; ++a) {
+    const Gpu& gpu = *graph.nodes()[graph.gpus()[a]].gpu;
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      const std::string& peer = graph.nodes()[graph.gpus()[b]].busId;
+      allChecked &= std::any_of(gpu.p2p.begin(), gpu.p2p.end(),
+                                [&](const P2pPeer& p) { return p.target == peer; });
+      if (a < b && !graph.p2pAllowed(a, b)) {
+        denied += (denied.empty() ? "" : ", ") + graph.nodeName(graph.gpus()[a]) + "-" +
+                  graph.nodeName(graph.gpus()[b]);
+      }
+    }
+  }
+  if (!denied.empty()) {
+    return "P2P: CUDA gives no peer access for " + denied +
+           "; these pairs go through host memory (PHB or SYS above).\n";
+  }
+  if (n >= 2 && allChecked) return "P2P: every GPU pair has peer access (CUDA).\n";
+  return "";
+}
+
 }  // namespace
 
 std::string cpuListFromMask(const std::string& mask) {
@@ -128,6 +167,7 @@ std::string toJson(const System& system, const Graph& graph, const Rings* rings,
     j["nvlinks"] = links;
     int net = graph.closestNet(i);
     j["nic"] = net >= 0 ? ordered_json("NIC" + std::to_string(net)) : ordered_json(nullptr);
+    j["p2p"] = p2pJson(graph, gpu);
     gpus.push_back(j);
   }
   root["gpus"] = gpus;
@@ -246,6 +286,7 @@ std::string formatMatrix(const System& system, const Graph& graph) {
       }
       out << "\n";
     }
+    if (std::string line = p2pLine(graph); !line.empty()) out << "\n" << line;
     out << "\nLegend:\n\n"
            "  X    = Self\n"
            "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes\n"

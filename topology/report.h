@@ -10,9 +10,9 @@
 
 namespace loom::topology {
 
-// JSON with `host_id`, `cpus`, `gpus`, `nics`, `paths`, and (when given) `rings` and
-// `trees`. `graph` must have been built from `system`. Pretty-printed with `indent`
-// spaces; -1 writes one line.
+// JSON with `host_id`, `cpus`, `gpus` (with `p2p`), `nics` (with `gids`), `paths`, and
+// (when given) `rings` and `trees`. `graph` must have been built from `system`.
+// Pretty-printed with `indent` spaces; -1 writes one line.
 std::string toJson(const System& system, const Graph& graph, const Rings* rings,
                    const Trees* trees, int indent = 2);
 
@@ -22,7 +22,10 @@ std::string graphToJson(const Rings& rings, const Trees& trees, int indent = 2);
 // The matrix of GPUs and NICs: X, NV<n> (NVLink, n = bottleneck link count, direct or
 // through NVSwitch), NVB<n> (NVLink through one GPU), PIX, PXB, PHB (same PCIe root
 // bus), NODE (different root buses of one NUMA node) or SYS; then CPU and NUMA
-// affinity of each GPU, a legend and the NIC names.
+// affinity of each GPU, a line on P2P (the GPU pairs CUDA gives no peer access, or
+// that all have it; none when CUDA was not asked), a legend, and one line per NIC
+// (name, speed, link layer, bus id, and for RDMA ports the GID index NCCL would use,
+// the number of populated GID entries and the RoCE version).
 std::string formatMatrix(const System& system, const Graph& graph);
 
 // "0-3,8-11" from a sysfs cpumap ("00000f0f" or "ffffffff,00000000"); "" when empty

@@ -182,6 +182,8 @@ void signPci(const PciNode& pci, std::string& out) {
   if (pci.gpu) {
     out += "g" + std::to_string(pci.gpu->sm) + "/" + std::to_string(pci.gpu->dev);
     for (const NvLink& l : pci.gpu->nvlinks) out += l.target + l.targetClass + std::to_string(l.count);
+    for (const P2pPeer& p : pci.gpu->p2p)
+      if (!p.access) out += "x" + p.target;  // pairs without peer access change the paths
   }
   if (pci.nic) {
     for (const Net& n : pci.nic->nets) out += "n" + std::to_string(n.speedMbps) + "/" + std::to_string(n.dev);

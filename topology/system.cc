@@ -77,6 +77,11 @@ Result<std::string> normalizeBusId(const std::string& busId) {
   return domain + ":" + bus + ":" + dev + "." + fn;
 }
 
+bool p2pDenied(const Gpu& gpu, const std::string& peerBusId) {
+  return std::any_of(gpu.p2p.begin(), gpu.p2p.end(),
+                     [&](const P2pPeer& p) { return p.target == peerBusId && !p.access; });
+}
+
 int gpuCount(const System& system) {
   int n = 0;
   forEachPci(system, [&](const PciNode& pci, const Cpu&) { n += pci.gpu ? 1 : 0; });
@@ -118,6 +123,8 @@ void mergePci(std::vector<PciNode>& base, const PciNode& more) {
   }
   if (!existing->gpu && more.gpu) existing->gpu = more.gpu;
   if (existing->gpu && more.gpu && existing->gpu->rank < 0) existing->gpu->rank = more.gpu->rank;
+  // A topology file rarely says what CUDA reports; keep detection's answers.
+  if (existing->gpu && more.gpu && existing->gpu->p2p.empty()) existing->gpu->p2p = more.gpu->p2p;
   if (more.nic) {
     if (!existing->nic) existing->nic = Nic{};
     mergeNic(*existing->nic, *more.nic);

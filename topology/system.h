@@ -3,6 +3,9 @@
 // A System mirrors NCCL's XML one to one (system > cpu > pci > ... > gpu/nic > net), so
 // that an NCCL dump loads into loom and a loom dump loads into NCCL without loss.
 // Attributes loom does not interpret are kept in `extra` and written back unchanged.
+// Two things detection adds stay out of the XML, to keep dumps inside NCCL's limits
+// (256 elements a file): an RDMA port's whole GID table (Net::gids) and the P2P answers
+// of GPU pairs with access (Gpu::p2p keeps those without, as `no_p2p`).
 // The graph that paths and the search work on is derived from a System (graph.h).
 //
 // All types here are plain values: copyable, comparable, no hidden state, safe to
@@ -37,12 +40,25 @@ struct NvLink {
   bool operator==(const NvLink&) const = default;
 };
 
+// What CUDA says about the owning GPU reaching `target`'s memory directly.
+struct P2pPeer {
+  std::string target;    // the peer GPU's PCI bus id, normalized
+  bool access = false;   // cuDeviceCanAccessPeer
+  int rank = 0;          // CUDA's P2P performance rank: relative, 0 = best
+  bool atomics = false;  // native atomics supported over the connection
+  bool operator==(const P2pPeer&) const = default;
+};
+
 struct Gpu {
   int dev = -1;   // CUDA device index on this host
   int sm = 0;     // compute capability * 10 + minor (90 for H100/H200); 0 when unknown
   int rank = -1;  // communicator rank, -1 when not part of one
   bool gdr = false;  // GPUDirect RDMA possible
   std::vector<NvLink> nvlinks;
+  // Peer access to the host's other GPUs; empty when not checked (no CUDA driver, an
+  // NCCL file). The XML keeps only the peers without access (`no_p2p` attribute), so
+  // a file read back lists those alone, with rank 0.
+  std::vector<P2pPeer> p2p;
   Attrs extra;  // e.g. loom's "mem" (MiB), NCCL attributes loom does not use
   std::vector<std::string> unknown;  // child elements loom does not know (<c2c>), as XML text
   bool operator==(const Gpu&) const = default;
@@ -133,6 +149,10 @@ template <typename Fn>
 void forEachPci(const System& system, Fn&& fn);
 template <typename Fn>
 void forEachPci(System& system, Fn&& fn);
+
+// True when `gpu` reports no peer access to the GPU at `peerBusId` (an unchecked
+// peer is assumed reachable).
+bool p2pDenied(const Gpu& gpu, const std::string& peerBusId);
 
 // Counts.
 int gpuCount(const System& system);

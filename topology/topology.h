@@ -2,7 +2,7 @@
 //
 //   detect.h     detectLocal / detectWithEnvironment / overlayTopoFile / detectHostId
 //   reader.h     Reader, DirReader (live or recorded tree), MapReader (tests)
-//   gpu_source.h NVML (dlopen) and recorded GPU answers
+//   gpu_source.h NVML (dlopen) and recorded GPU answers, P2P access through CUDA
 //   gid_table.h  an RDMA port's GID table and the index NCCL would use
 //   cuda_device.h cudaDeviceBusId: a CUDA device index's PCI bus id (libcuda, dlopen)
 //   system.h     System: the machine as NCCL's XML describes it; mergeInto

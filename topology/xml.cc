@@ -147,7 +147,8 @@ class Parser {
     g.sm = static_cast<int>(sm);
     g.rank = static_cast<int>(rank);
     g.gdr = gdr != 0;
-    g.extra = extras(node, {"dev", "sm", "rank", "gdr"});
+    g.extra = extras(node, {"dev", "sm", "rank", "gdr", "no_p2p"});
+    LOOM_ASSIGN_OR_RETURN(g.p2p, noP2p(node));
     for (pugi::xml_node child : node.children()) {
       if (child.type() != pugi::node_element) continue;
       if (std::string(child.name()) != "nvlink") {
@@ -164,6 +165,20 @@ class Parser {
       g.nvlinks.push_back(std::move(link));
     }
     return g;
+  }
+
+  // no_p2p="0000:43:00.0,0000:52:00.0": the peers CUDA gives no access to.
+  Result<std::vector<P2pPeer>> noP2p(const pugi::xml_node& node) const {
+    std::vector<P2pPeer> out;
+    std::stringstream ss(node.attribute("no_p2p").value());
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (item.empty()) continue;
+      auto bus = normalizeBusId(item);
+      if (!bus) return error(node, "no_p2p: " + bus.status().message());
+      out.push_back(P2pPeer{bus.value(), false, 0, false});
+    }
+    return out;
   }
 
   Result<PciNode> pci(const pugi::xml_node& node, int depth) {
@@ -321,6 +336,10 @@ void writePci(pugi::xml_node parent, const PciNode& pci) {
     setInt(g, "sm", gpu.sm);
     setInt(g, "rank", gpu.rank);
     setInt(g, "gdr", gpu.gdr ? 1 : 0);
+    std::string denied;
+    for (const P2pPeer& peer : gpu.p2p)
+      if (!peer.access) denied += (denied.empty() ? "" : ",") + peer.target;
+    setIf(g, "no_p2p", denied);
     setExtras(g, gpu.extra);
     for (const NvLink& link : gpu.nvlinks) {
       pugi::xml_node l = g.append_child("nvlink");
