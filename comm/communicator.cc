@@ -490,7 +490,7 @@ Status Communicator::runCollective(const Operation& op) {
   std::snprintf(what, sizeof(what), "%s(%s, %zu x %s)", collectives::collTypeName(op.type),
                 collectives::algorithmName(choice.algo), op.count, dataTypeName(op.dtype));
   args.what = what;
-  LOOM_TRACE(kColl, "%s: %s", what, choice.reason.c_str());
+  LOOM_INFO(kColl, "%s: %s", what, choice.reason.c_str());
   if (choice.algo == collectives::Algorithm::kOneShot) return runOneShotAllReduce(op, sch, args);
   // In-place all-to-all reads blocks that it also overwrites: work from a copy.
   std::vector<char> copy;

@@ -241,6 +241,7 @@ class CudaDeviceComm final : public DeviceComm {
              const std::function<Status(const Operation&)>& hostRun) override {
     if (!mesh_) return staged(op, hostRun);
     if (op.count == 0) return Status::ok();
+    const char* why = "the one direct form on a GPU mesh";
     dev::MeshCall call;
     call.type = op.dtype;
     call.red = red.op.kind;
@@ -252,7 +253,7 @@ class CudaDeviceComm final : public DeviceComm {
     call.count = op.count;
     call.root = op.root;
     switch (op.type) {
-      case collectives::CollType::kAllReduce: call.kind = allReduceKind(op); break;
+      case collectives::CollType::kAllReduce: call.kind = allReduceKind(op, &why); break;
       case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
       case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
       case collectives::CollType::kReduceScatter: call.kind = dev::MeshKind::kReduceScatter; break;
@@ -261,7 +262,7 @@ class CudaDeviceComm final : public DeviceComm {
       default:
         return errorf(Code::kInternalError, "collective %d has no GPU mesh form", static_cast<int>(op.type));
     }
-    return launch(call, op.stream);
+    return launch(call, op.stream, why);
   }
 
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
@@ -316,21 +317,34 @@ class CudaDeviceComm final : public DeviceComm {
                                           cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"));
     }
     if (list.nops == 0) return recordDone(stream);
-    return launchOrdered(call, stream, &list);
+    return launchOrdered(call, stream, &list, "grouped Send/Recv");
   }
 
  private:
-  dev::MeshKind allReduceKind(const Operation& op) const {
+  // The all-reduce form for `op`, and why (LOOM_DEBUG=INFO with LOOM_DEBUG_SUBSYS=COLL).
+  dev::MeshKind allReduceKind(const Operation& op, const char** why) const {
     size_t bytes = op.count * dataTypeSize(op.dtype);
+    const bool forcedTwo = algo_ == "twoshot" || algo_ == "two-shot" || algo_ == "ring" || algo_ == "tree";
     // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
     // turns it off, LOOM_PROTO=ll uses it up to the region's size).
     size_t llLimit = proto_ == "simple" ? 0 : proto_ == "ll" ? dev::kLLBlocks * dev::kLLPayload : llMax_;
-    if (bytes <= llLimit && algo_ != "twoshot" && algo_ != "two-shot") return dev::MeshKind::kAllReduceLL;
-    if (algo_ == "oneshot" || algo_ == "one-shot") return dev::MeshKind::kAllReduceOneShot;
-    if (algo_ == "twoshot" || algo_ == "two-shot" || algo_ == "ring" || algo_ == "tree") {
+    if (bytes <= llLimit && !forcedTwo) {
+      *why = proto_ == "ll" ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
+      return dev::MeshKind::kAllReduceLL;
+    }
+    if (algo_ == "oneshot" || algo_ == "one-shot") {
+      *why = "LOOM_ALGO=oneshot";
+      return dev::MeshKind::kAllReduceOneShot;
+    }
+    if (forcedTwo) {
+      *why = "LOOM_ALGO asks for two-shot (ring and tree map to it on a GPU mesh)";
       return dev::MeshKind::kAllReduceTwoShot;
     }
-    if (bytes <= oneShotMax_) return dev::MeshKind::kAllReduceOneShot;
+    if (bytes <= oneShotMax_) {
+      *why = "size <= LOOM_P2P_ONESHOT_BYTES (one synchronisation, same bytes for 2 ranks)";
+      return dev::MeshKind::kAllReduceOneShot;
+    }
+    *why = "size > LOOM_P2P_ONESHOT_BYTES (each rank reduces 1/n of the data)";
     return dev::MeshKind::kAllReduceTwoShot;
   }
 
@@ -378,18 +392,18 @@ class CudaDeviceComm final : public DeviceComm {
     return Status::ok();
   }
 
-  Status launch(const dev::MeshCall& call, cudaStream_t stream) {
+  Status launch(const dev::MeshCall& call, cudaStream_t stream, const char* why) {
     DeviceGuard guard(device_);
     LOOM_TRY(order(stream));
-    return launchOrdered(call, stream);
+    return launchOrdered(call, stream, nullptr, why);
   }
 
   Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream,
-                       const dev::P2pList* p2p = nullptr) {
-    if (log::enabled(log::kTrace, log::kColl)) {
+                       const dev::P2pList* p2p = nullptr, const char* why = "") {
+    if (log::enabled(log::kInfo, log::kColl)) {
       auto shape = dev::meshShape(ctx_, call, p2p);
-      LOOM_TRACE(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements", dev::meshKindName(call.kind),
-                 call.count, dataTypeName(call.type), shape.blocks, shape.tileElems);
+      LOOM_INFO(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements (%s)", dev::meshKindName(call.kind),
+                call.count, dataTypeName(call.type), shape.blocks, shape.tileElems, why);
     }
     int e = dev::launchMesh(ctx_, call, stream, p2p);
     if (e != 0) {
