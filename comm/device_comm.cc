@@ -305,7 +305,8 @@ class CudaDeviceComm final : public DeviceComm {
       return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
                     rank_, selfSends.size(), selfRecvs.size());
     }
-    LOOM_TRY(order(stream));
+    const bool cap = capturing(stream);
+    LOOM_TRY(order(stream, cap));
     for (size_t k = 0; k < selfSends.size(); ++k) {
       size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
       size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
@@ -316,8 +317,8 @@ class CudaDeviceComm final : public DeviceComm {
       LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
                                           cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"));
     }
-    if (list.nops == 0) return recordDone(stream);
-    return launchOrdered(call, stream, &list, "grouped Send/Recv");
+    if (list.nops == 0) return recordDone(stream, cap);
+    return launchOrdered(call, stream, cap, &list, "grouped Send/Recv");
   }
 
  private:
@@ -352,9 +353,10 @@ class CudaDeviceComm final : public DeviceComm {
   // records lastEvent_, and a launch on another stream waits for it. Within one CUDA
   // graph capture, or outside any, that is an edge; across a capture boundary CUDA allows
   // no such wait, and the order is the caller's to keep (said once).
-  Status order(cudaStream_t stream) {
+  // `cap`: whether `stream` is capturing (asked once per call, see capturing()).
+  Status order(cudaStream_t stream, bool cap) {
     if (!haveLast_ || stream == lastStream_) return Status::ok();
-    if (capturing(stream) != lastCaptured_) {
+    if (cap != lastCaptured_) {
       if (!warnedCapture_) {
         LOOM_WARN(kColl, "rank %d: consecutive GPU collectives on two streams, one inside a CUDA "
                   "graph capture and one outside; loom cannot order them: keep them on one "
@@ -384,24 +386,25 @@ class CudaDeviceComm final : public DeviceComm {
     return st != cudaStreamCaptureStatusNone;
   }
 
-  Status recordDone(cudaStream_t stream) {
+  Status recordDone(cudaStream_t stream, bool cap) {
     LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, stream), "cudaEventRecord"));
     lastStream_ = stream;
-    lastCaptured_ = capturing(stream);
+    lastCaptured_ = cap;
     haveLast_ = true;
     return Status::ok();
   }
 
   Status launch(const dev::MeshCall& call, cudaStream_t stream, const char* why) {
     DeviceGuard guard(device_);
-    LOOM_TRY(order(stream));
-    return launchOrdered(call, stream, nullptr, why);
+    const bool cap = capturing(stream);
+    LOOM_TRY(order(stream, cap));
+    return launchOrdered(call, stream, cap, nullptr, why);
   }
 
-  Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream,
-                       const dev::P2pList* p2p = nullptr, const char* why = "") {
+  Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
+                       const dev::P2pList* p2p, const char* why) {
     if (log::enabled(log::kInfo, log::kColl)) {
-      auto shape = dev::meshShape(ctx_, call, p2p);
+      auto shape = dev::meshShape(ctx_, call);
       LOOM_INFO(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements (%s)", dev::meshKindName(call.kind),
                 call.count, dataTypeName(call.type), shape.blocks, shape.tileElems, why);
     }
@@ -410,14 +413,13 @@ class CudaDeviceComm final : public DeviceComm {
       return errorf(Code::kCudaError, "launching the %s kernel failed: %s",
                     dev::meshKindName(call.kind), cudaErrorText(e).c_str());
     }
-    return recordDone(stream);
+    return recordDone(stream, cap);
   }
 
   Status staged(const Operation& op, const std::function<Status(const Operation&)>& hostRun) {
     DeviceGuard guard(device_);
     size_t inBytes = 0, outBytes = 0;
     callBytes(op, nranks_, &inBytes, &outBytes);
-    LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
     bool readsInput = !(op.type == collectives::CollType::kBroadcast && op.root != rank_);
     bool writesOutput = !(op.type == collectives::CollType::kReduce && op.root != rank_);
     hostIn_.resize(std::max<size_t>(inBytes, 1));
@@ -447,7 +449,6 @@ class CudaDeviceComm final : public DeviceComm {
     std::vector<Operation> h(ops.begin() + begin, ops.begin() + end);
     std::vector<std::vector<char>> bufs(h.size());
     for (size_t i = 0; i < h.size(); ++i) {
-      LOOM_TRY(cudaStatus(cudaStreamSynchronize(h[i].stream), "cudaStreamSynchronize"));
       size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
       bufs[i].resize(std::max<size_t>(bytes, 1));
       if (h[i].isSend) {

@@ -127,7 +127,8 @@ struct LaunchShape {
 };
 
 // The grid and tile size a call will use (deterministic: the same on every rank).
-LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call, const P2pList* p2p = nullptr);
+// (kSendRecv: the whole grid on every rank; each message tiles itself, p2pTileBytes.)
+LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call);
 
 // Enqueues the call on `stream` (`p2p` for kSendRecv). Returns a cudaError_t value (0: success).
 int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream,

@@ -147,25 +147,35 @@ struct Block {
   int fail;
 };
 
+// One waiter's patience: every `mask + 1` polls it checks the host's abort flag and the
+// clock, and on abort or timeout leaves the reason in the error flag and says to stop.
+struct Patience {
+  uint64_t spins = 0;
+  uint64_t start = 0;
+  __device__ bool exhausted(const MeshContext& c, uint64_t mask) {
+    if ((++spins & mask) != 0) return false;
+    if (*c.abortFlag) {
+      atomicCAS(c.errorFlag, 0, kMeshErrorAborted);
+      __threadfence_system();
+      return true;
+    }
+    uint64_t now = globalTimer();
+    if (start == 0) {
+      start = now;
+    } else if (c.timeoutNs && now - start > c.timeoutNs) {
+      atomicCAS(c.errorFlag, 0, kMeshErrorTimeout);
+      __threadfence_system();
+      return true;
+    }
+    return false;
+  }
+};
+
 // Thread 0 only. Spins until *flag >= target; gives up on abort or timeout.
 __device__ bool waitAtLeast(const MeshContext& c, const uint64_t* flag, uint64_t target) {
-  uint64_t spins = 0, start = 0;
+  Patience patience;
   while (loadAcquire(flag) < target) {
-    if ((++spins & 1023) == 0) {
-      if (*c.abortFlag) {
-        atomicCAS(c.errorFlag, 0, kMeshErrorAborted);
-        __threadfence_system();
-        return false;
-      }
-      uint64_t now = globalTimer();
-      if (start == 0) {
-        start = now;
-      } else if (c.timeoutNs && now - start > c.timeoutNs) {
-        atomicCAS(c.errorFlag, 0, kMeshErrorTimeout);
-        __threadfence_system();
-        return false;
-      }
-    }
+    if (patience.exhausted(c, 1023)) return false;
   }
   return true;
 }
@@ -386,6 +396,19 @@ struct Run {
   }
   __device__ char* out(size_t elem) const { return static_cast<char*>(a.out) + elem * sizeof(S); }
   __device__ int peer(int i) const { return (c.rank + i) % c.nranks; }  // i in [1, nranks)
+
+  // A reduction over every rank's contribution in rank order: our own (`own`, pre-op
+  // applied) and each peer's next message. False when a wait failed.
+  __device__ bool rankOrderSources(Io* red, const char* own) {
+    red->nsrc = c.nranks;
+    red->preMask = 1u << c.rank;
+    red->post = true;
+    for (int p = 0; p < c.nranks; ++p) {
+      red->srcs[p] = p == c.rank ? own : acquireRecv(c, B, p);
+      if (!red->srcs[p]) return false;
+    }
+    return true;
+  }
   __device__ static size_t tileLen(size_t t, size_t tile, size_t len) {
     size_t begin = t * tile;
     return begin >= len ? 0 : min(tile, len - begin);
@@ -408,17 +431,7 @@ struct Run {
       reduceCopy<E>(send, op, n);
       for (int i = 1; i < c.nranks; ++i) commitSend(c, B, peer(i));
       Io red;
-      red.nsrc = c.nranks;
-      red.preMask = 1u << c.rank;
-      red.post = true;
-      for (int p = 0; p < c.nranks; ++p) {
-        if (p == c.rank) {
-          red.srcs[p] = in(off);
-        } else {
-          red.srcs[p] = acquireRecv(c, B, p);
-          if (!red.srcs[p]) return;
-        }
-      }
+      if (!rankOrderSources(&red, in(off))) return;
       red.dsts[red.ndst++] = out(off);
       reduceCopy<E>(red, op, n);
       for (int i = 1; i < c.nranks; ++i) releaseRecv(c, B, peer(i));
@@ -476,24 +489,13 @@ struct Run {
         }
         const char* src = llRegion(c.geo, c.windows[c.rank], p, blockIdx.x, parity) + j * 16;
         uint64_t x, y;
-        uint64_t spins = 0, start = 0;
+        Patience patience;
         while (true) {
           loadLL(src, &x, &y);
           if ((x & 0xffffffff00000000ull) == flag && (y & 0xffffffff00000000ull) == flag) break;
-          if ((++spins & 4095) == 0) {
-            if (*c.abortFlag) {
-              atomicCAS(c.errorFlag, 0, kMeshErrorAborted);
-              failed = true;
-              break;
-            }
-            uint64_t now = globalTimer();
-            if (start == 0) {
-              start = now;
-            } else if (c.timeoutNs && now - start > c.timeoutNs) {
-              atomicCAS(c.errorFlag, 0, kMeshErrorTimeout);
-              failed = true;
-              break;
-            }
+          if (patience.exhausted(c, 4095)) {
+            failed = true;
+            break;
           }
         }
         parts[p].w[0] = uint32_t(x);
@@ -554,17 +556,7 @@ struct Run {
       size_t n = tileLen(t, tile, partLen(c.rank));
       if (n > 0) {
         Io red;
-        red.nsrc = c.nranks;
-        red.preMask = 1u << c.rank;
-        red.post = true;
-        for (int p = 0; p < c.nranks; ++p) {
-          if (p == c.rank) {
-            red.srcs[p] = in(partBegin(p) + t * tile);
-          } else {
-            red.srcs[p] = acquireRecv(c, B, p);
-            if (!red.srcs[p]) return;
-          }
-        }
+        if (!rankOrderSources(&red, in(partBegin(c.rank) + t * tile))) return;
         if (rs) {
           red.dsts[red.ndst++] = out(t * tile);
         } else if (!toRoot || c.rank == a.root) {
@@ -801,7 +793,7 @@ const char* meshKindName(MeshKind kind) {
   return "?";
 }
 
-LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call, const P2pList* p2p) {
+LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   if (call.kind == MeshKind::kAllReduceLL) {
     LaunchShape s;
     size_t bytes = call.count * dataTypeSize(call.type);
@@ -817,7 +809,6 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call, const P2pLis
   }
   if (call.kind == MeshKind::kSendRecv) {
     // Every rank launches the same grid whatever its own calls are (see sendRecv()).
-    (void)p2p;
     LaunchShape s;
     s.blocks = ctx.geo.maxBlocks;
     s.tileElems = ctx.geo.slotBytes;
@@ -838,7 +829,7 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call, const P2pLis
 }
 
 int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream, const P2pList* p2p) {
-  LaunchShape shape = meshShape(ctx, call, p2p);
+  LaunchShape shape = meshShape(ctx, call);
   if (call.kind == MeshKind::kSendRecv) {
     if (!p2p) return static_cast<int>(cudaErrorInvalidValue);
     p2pKernel<<<shape.blocks, ctx.threads, 0, stream>>>(ctx, call, shape.tileElems, *p2p);

@@ -60,16 +60,12 @@ TEST(MeshShape, LLStaysInsideItsRegion) {
   }
 }
 
-TEST(MeshShape, SendRecvSizesByTheLargestMessage) {
+TEST(MeshShape, SendRecvUsesTheWholeGrid) {
   MeshContext c = context(2, 32, 256 * 1024);
   MeshCall call;
   call.kind = MeshKind::kSendRecv;
   call.type = DataType::kUint8;
-  P2pList list;
-  list.nops = 2;
-  list.ops[0].bytes = 1000;
-  list.ops[1].bytes = 100 << 20;
-  LaunchShape s = meshShape(c, call, &list);
+  LaunchShape s = meshShape(c, call);
   EXPECT_EQ(s.blocks, 32);
   EXPECT_EQ(s.tileElems, 256u * 1024);
 }
