@@ -409,6 +409,11 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   }
   const std::vector<Operation>& ops = *opsPtr;
   log::RankScope scope(rank_);
+  // The group's postings are good for this run only.
+  struct EndGroup {
+    DeviceComm* d;
+    ~EndGroup() { if (d) d->endGroup(); }
+  } endGroup{device_.get()};
   if (abortFlag_.load()) return errorf(Code::kInvalidUsage, "the communicator was aborted");
   if (device_) {
     Status st = device_->kernelError();

@@ -66,6 +66,11 @@ class Communicator : public collectives::ConnectionProvider {
   // Runs this communicator's operations of one group, in order (consecutive
   // Send/Recv calls go together). Host memory: returns when they are complete.
   Status execute(const std::vector<Operation>& ops);
+  // Before any communicator of a group runs its calls: lets the GPU side see the calls
+  // of the group's other ranks in this process (DeviceComm::postGroup).
+  void postGroup(uint64_t group, const std::vector<Operation>& ops) {
+    if (device_) device_->postGroup(group, ops);
+  }
   // True when running `ops` only enqueues GPU work (the mesh), never blocking on peers.
   bool enqueuesOnly(const std::vector<Operation>& ops) const;
   // Same, on this communicator's worker thread; `done` is called with the result.

@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <random>
 
+#include "collectives/device/copy_plan.h"
 #include "collectives/device/mesh.h"
 #include "transports/p2p/p2p_window.h"
 #endif
@@ -73,6 +76,38 @@ void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
   }
 }
 
+// The ranks of one communicator that live in this process, and the calls each posted
+// for the group being run (DeviceComm::postGroup): how a rank learns its peers' buffers.
+struct Clique {
+  struct Call {
+    collectives::CollType type;
+    size_t count;
+    DataType dtype;
+    int root;
+    const void* in;
+    void* out;
+  };
+  explicit Clique(int nranks) : group(nranks, 0), calls(nranks) {}
+  std::mutex mutex;
+  std::vector<uint64_t> group;             // per rank: the group its calls belong to
+  std::vector<std::vector<Call>> calls;    // per rank: its device collectives, in order
+};
+
+// One Clique per communicator (its token agreed at init), shared by its ranks here.
+std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks) {
+  static std::mutex mutex;
+  static auto* all = new std::map<uint64_t, std::weak_ptr<Clique>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = all->begin(); it != all->end();) it = it->second.expired() ? all->erase(it) : std::next(it);
+  auto& slot = (*all)[token];
+  auto c = slot.lock();
+  if (!c) {
+    c = std::make_shared<Clique>(nranks);
+    slot = c;
+  }
+  return c;
+}
+
 struct MeshAgreement {
   int32_t reachable = 0;
   int32_t blocks = 0;
@@ -81,6 +116,9 @@ struct MeshAgreement {
   uint64_t slotBytes = 0;
   int64_t llBytes = 0;
   int64_t oneShotBytes = 0;
+  int64_t ceBytes = 0;
+  int64_t reduceDirectBytes = 0;
+  uint64_t token = 0;
   char algo[24] = {0};
   char proto[24] = {0};
   char why[96] = {0};
@@ -94,6 +132,9 @@ class CudaDeviceComm final : public DeviceComm {
     if (window_) cudaDeviceSynchronize();
     if (lastEvent_) cudaEventDestroy(lastEvent_);
     if (joinEvent_) cudaEventDestroy(joinEvent_);
+    if (forkEvent_) cudaEventDestroy(forkEvent_);
+    if (sideEvent_) cudaEventDestroy(sideEvent_);
+    if (side_) cudaStreamDestroy(side_);
     window_.reset();
     if (state_) cudaFree(state_);
     if (hostFlags_) cudaFreeHost(hostFlags_);
@@ -142,6 +183,9 @@ class CudaDeviceComm final : public DeviceComm {
     mine.threads = static_cast<int32_t>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_THREADS"), 64, 512)) / 32 * 32;
     mine.llBytes = settings::getInt("LOOM_P2P_LL_BYTES");
     mine.oneShotBytes = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
+    mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
+    mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
+    if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
     std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
     std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::getString("LOOM_PROTO").c_str());
     std::vector<MeshAgreement> all(nranks_);
@@ -155,12 +199,14 @@ class CudaDeviceComm final : public DeviceComm {
         break;
       }
       if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
+          all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
           std::strcmp(all[r].algo, mine.algo) != 0 || std::strcmp(all[r].proto, mine.proto) != 0) {
         return errorf(Code::kInvalidUsage, "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
-                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES (\"%s\"/\"%s\"/%lld/%lld against "
-                      "\"%s\"/\"%s\"/%lld/%lld): every rank must pick the same GPU algorithm", r, rank,
-                      all[r].algo, all[r].proto, (long long)all[r].llBytes, (long long)all[r].oneShotBytes,
-                      mine.algo, mine.proto, (long long)mine.llBytes, (long long)mine.oneShotBytes);
+                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or LOOM_P2P_REDUCE_DIRECT_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
+                      "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm", r,
+                      rank, all[r].algo, all[r].proto, (long long)all[r].llBytes, (long long)all[r].oneShotBytes,
+                      (long long)all[r].ceBytes, mine.algo, mine.proto, (long long)mine.llBytes,
+                      (long long)mine.oneShotBytes, (long long)mine.ceBytes);
       }
       if (all[r].blocks != mine.blocks || all[r].slots != mine.slots ||
           all[r].slotBytes != mine.slotBytes || all[r].threads != mine.threads) {
@@ -180,6 +226,11 @@ class CudaDeviceComm final : public DeviceComm {
     proto_ = settings::getString("LOOM_PROTO");
     for (auto& ch : proto_) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
+    int64_t ce = settings::getInt("LOOM_P2P_CE_BYTES");
+    ceMin_ = ce < 0 ? size_t(16) << 20 : static_cast<size_t>(ce);
+    reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES")));
+    bool oneProcess = true;
+    for (const auto& g : gpus) oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
     if (!mesh_) {
       LOOM_INFO(kInit, "GPU %d (%s): device buffers go through host memory (staged), because %s",
                 device_, self.busId, why_.c_str());
@@ -200,6 +251,10 @@ class CudaDeviceComm final : public DeviceComm {
                         "cudaHostGetDevicePointer"));
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&forkEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&sideEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+    LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    if (oneProcess && ceMin_ > 0) clique_ = cliqueFor(all[0].token, nranks_);
     LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
     ctx_.geo = geo;
     ctx_.rank = rank;
@@ -215,10 +270,32 @@ class CudaDeviceComm final : public DeviceComm {
     LOOM_INFO(kInit, "GPU %d (%s): P2P mesh of %d ranks, %d blocks x %d threads, %d slots x %zu "
               "bytes per peer and block (%.1f MiB window)", device_, self.busId, nranks_,
               geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes, geo.windowBytes() / 1048576.0);
+    if (clique_) {
+      LOOM_INFO(kInit, "GPU %d: every rank is in this process: broadcast, all-gather and all-to-all of "
+                "at least %zu bytes per copy use the copy engines when the ranks' calls meet in one "
+                "group (LOOM_P2P_CE_BYTES)", device_, ceMin_);
+    }
     return Status::ok();
   }
 
   bool mesh() const override { return mesh_; }
+
+  void postGroup(uint64_t group, const std::vector<Operation>& ops) override {
+    group_ = 0;
+    cursor_ = 0;
+    if (!clique_) return;
+    std::lock_guard<std::mutex> lock(clique_->mutex);
+    auto& mine = clique_->calls[rank_];
+    mine.clear();
+    for (const Operation& o : ops) {
+      if (!o.onDevice || o.type == collectives::CollType::kSendRecv) continue;
+      mine.push_back({o.type, o.count, o.dtype, o.root, o.sendbuff, o.recvbuff});
+    }
+    clique_->group[rank_] = group;
+    group_ = group;
+  }
+
+  void endGroup() override { group_ = 0; }
   std::string describe() const override { return mesh_ ? "p2p mesh" : "staged (" + why_ + ")"; }
 
   Status kernelError() const override {
@@ -240,6 +317,7 @@ class CudaDeviceComm final : public DeviceComm {
   Status run(const Operation& op, const DeviceRedOp& red,
              const std::function<Status(const Operation&)>& hostRun) override {
     if (!mesh_) return staged(op, hostRun);
+    const size_t index = cursor_++;  // this call's place among the group's device collectives
     if (op.count == 0) return Status::ok();
     const char* why = "the one direct form on a GPU mesh";
     dev::MeshCall call;
@@ -257,11 +335,13 @@ class CudaDeviceComm final : public DeviceComm {
       case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
       case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
       case collectives::CollType::kReduceScatter: call.kind = dev::MeshKind::kReduceScatter; break;
-      case collectives::CollType::kReduce: call.kind = dev::MeshKind::kReduce; break;
+      case collectives::CollType::kReduce: call.kind = reduceKind(op, &why); break;
       case collectives::CollType::kAllToAll: call.kind = dev::MeshKind::kAllToAll; break;
       default:
         return errorf(Code::kInternalError, "collective %d has no GPU mesh form", static_cast<int>(op.type));
     }
+    std::vector<dev::CopyStep> copies;
+    if (copyEnginePlan(op, call.kind, index, &copies)) return launchCopies(call, copies, op.stream);
     return launch(call, op.stream, why);
   }
 
@@ -347,6 +427,92 @@ class CudaDeviceComm final : public DeviceComm {
     }
     *why = "size > LOOM_P2P_ONESHOT_BYTES (each rank reduces 1/n of the data)";
     return dev::MeshKind::kAllReduceTwoShot;
+  }
+
+  // The copy-engine plan for the group's index-th device collective, when every rank of
+  // the communicator posted the same call in this group (all in this process) and it is
+  // large enough. Every rank looks at the same postings, so all decide alike.
+  bool copyEnginePlan(const Operation& op, dev::MeshKind kind, size_t index, std::vector<dev::CopyStep>* out) {
+    if (!clique_ || group_ == 0 || !dev::copyOnly(kind)) return false;
+    const size_t block = op.count * dataTypeSize(op.dtype);
+    if (dev::copyBytesPerPeer(kind, block) < ceMin_) return false;
+    std::vector<dev::RankBuffers> all(nranks_);
+    {
+      std::lock_guard<std::mutex> lock(clique_->mutex);
+      for (int r = 0; r < nranks_; ++r) {
+        if (clique_->group[r] != group_ || index >= clique_->calls[r].size()) return false;
+        const Clique::Call& c = clique_->calls[r][index];
+        if (c.type != op.type || c.count != op.count || c.dtype != op.dtype || c.root != op.root) return false;
+        all[r] = {c.in, c.out};
+      }
+    }
+    if (!dev::copyPlanSafe(kind, nranks_, op.root, block, all.data())) return false;
+    *out = dev::planCopies(kind, rank_, nranks_, op.root, block, all.data());
+    return true;
+  }
+
+  // A barrier, the copies (into peers on the caller's stream, local ones beside them on
+  // a second stream), and a barrier: the first says every peer's buffers are free to
+  // write, the second that everything written into ours has landed.
+  Status launchCopies(const dev::MeshCall& call, const std::vector<dev::CopyStep>& steps, cudaStream_t stream) {
+    DeviceGuard guard(device_);
+    const bool cap = capturing(stream);
+    LOOM_TRY(order(stream, cap));
+    if (log::enabled(log::kInfo, log::kColl)) {
+      LOOM_INFO(kColl, "GPU copy-engine %s: %zu x %s, %zu copies (every rank's buffers known in this "
+                "group, size >= LOOM_P2P_CE_BYTES)", dev::meshKindName(call.kind), call.count,
+                dataTypeName(call.type), steps.size());
+    }
+    auto barrier = [&]() {
+      int e = dev::launchMeshBarrier(ctx_, stream);
+      return e == 0 ? Status::ok()
+                    : errorf(Code::kCudaError, "launching the mesh barrier failed: %s", cudaErrorText(e).c_str());
+    };
+    LOOM_TRY(barrier());
+    bool local = false;
+    for (const auto& s : steps) local = local || s.peer == rank_;
+    if (local) {
+      LOOM_TRY(cudaStatus(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
+      LOOM_TRY(cudaStatus(cudaStreamWaitEvent(side_, forkEvent_, 0), "cudaStreamWaitEvent"));
+    }
+    for (const auto& s : steps) {
+      LOOM_TRY(cudaStatus(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDefault, s.peer == rank_ ? side_ : stream),
+                          "cudaMemcpyAsync (copy-engine collective)"));
+    }
+    if (local) {
+      LOOM_TRY(cudaStatus(cudaEventRecord(sideEvent_, side_), "cudaEventRecord"));
+      LOOM_TRY(cudaStatus(cudaStreamWaitEvent(stream, sideEvent_, 0), "cudaStreamWaitEvent"));
+    }
+    LOOM_TRY(barrier());
+    return recordDone(stream, cap);
+  }
+
+  // The reduce form: small ones through the LL all-reduce with only the root writing;
+  // then every input straight to the root (one stage; with 2 ranks the same bytes on the
+  // link), or reduce-scatter then gather to the root (each rank reduces 1/n, so the
+  // root's links do not carry every rank's whole input).
+  dev::MeshKind reduceKind(const Operation& op, const char** why) const {
+    size_t bytes = op.count * dataTypeSize(op.dtype);
+    const bool forcedTwo = algo_ == "twoshot" || algo_ == "two-shot" || algo_ == "ring" || algo_ == "tree";
+    size_t llLimit = proto_ == "simple" ? 0 : proto_ == "ll" ? dev::kLLBlocks * dev::kLLPayload : llMax_;
+    if (bytes <= llLimit && !forcedTwo) {
+      *why = proto_ == "ll" ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
+      return dev::MeshKind::kReduceLL;
+    }
+    if (algo_ == "oneshot" || algo_ == "one-shot" || algo_ == "direct") {
+      *why = "LOOM_ALGO asks for one stage (direct to the root)";
+      return dev::MeshKind::kReduceDirect;
+    }
+    if (forcedTwo) {
+      *why = "LOOM_ALGO asks for two stages (reduce-scatter + gather)";
+      return dev::MeshKind::kReduce;
+    }
+    if (nranks_ == 2 && bytes <= reduceDirectMax_) {
+      *why = "2 ranks and size <= LOOM_P2P_REDUCE_DIRECT_BYTES";
+      return dev::MeshKind::kReduceDirect;
+    }
+    *why = nranks_ == 2 ? "size > LOOM_P2P_REDUCE_DIRECT_BYTES" : "more than 2 ranks";
+    return dev::MeshKind::kReduce;
   }
 
   // Operations of one communicator run in call order even across streams: each launch
@@ -491,6 +657,14 @@ class CudaDeviceComm final : public DeviceComm {
   dev::MeshContext ctx_;
   cudaEvent_t lastEvent_ = nullptr;
   cudaEvent_t joinEvent_ = nullptr;
+  cudaEvent_t forkEvent_ = nullptr;  // copy-engine collectives: the side stream starts here
+  cudaEvent_t sideEvent_ = nullptr;  // and the caller's stream waits for it here
+  cudaStream_t side_ = nullptr;      // local copies, beside the copies into peers
+  std::shared_ptr<Clique> clique_;   // null unless every rank is in this process
+  size_t ceMin_ = 0;                 // LOOM_P2P_CE_BYTES
+  size_t reduceDirectMax_ = 0;       // LOOM_P2P_REDUCE_DIRECT_BYTES
+  uint64_t group_ = 0;               // the group being run (postGroup), 0 outside one
+  size_t cursor_ = 0;                // device collectives of that group run so far
   cudaStream_t lastStream_ = nullptr;
   bool haveLast_ = false;
   bool lastCaptured_ = false;

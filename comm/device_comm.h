@@ -10,6 +10,7 @@
 //           call then waits for the stream and returns when the result is back on the GPU.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,6 +48,12 @@ class DeviceComm {
   // Send/Recv calls of one group (all on device memory).
   virtual Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
                         const std::function<Status(const std::vector<Operation>&)>& hostRun) = 0;
+  // A group's calls, posted by every communicator of the group before any of them runs
+  // (`group` is new at every ncclGroupEnd). Ranks driven from one process then see each
+  // other's buffers, and copy-only collectives go through the copy engines
+  // (collectives/device/copy_plan.h). endGroup() after the group's calls ran.
+  virtual void postGroup(uint64_t group, const std::vector<Operation>& ops) = 0;
+  virtual void endGroup() = 0;
   // A kernel's failure (timeout, abort), as a status; ok when none.
   virtual Status kernelError() const = 0;
   virtual void abort() = 0;

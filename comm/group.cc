@@ -4,6 +4,7 @@
 // -g N on host memory) each run on their own worker thread at once, since their ranks
 // wait on each other.
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <map>
 #include <mutex>
@@ -48,6 +49,9 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
     perComm[c].push_back(op);
   }
   for (ncclComm* c : comms) c->impl->enter();
+  static std::atomic<uint64_t> groups{0};
+  const uint64_t group = ++groups;
+  for (ncclComm* c : comms) c->impl->postGroup(group, perComm[c]);
   Status result;
   // GPU mesh operations only enqueue work on streams: they never wait on a peer in the
   // calling thread, so several communicators' calls run inline, one after another.

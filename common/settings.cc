@@ -52,6 +52,12 @@ const std::vector<Definition> kDefinitions = {
      "bytes per slot of the GPU mesh window (0: 256 KiB for 2 ranks, 128 KiB up to 4, 64 KiB above)"},
     {"LOOM_P2P_ONESHOT_BYTES", nullptr, Type::kInt, "-1",
      "GPU all-reduce: one-shot up to this size, two-shot above (-1: 4 MiB for 2 ranks, 256 KiB above)"},
+    {"LOOM_P2P_CE_BYTES", nullptr, Type::kInt, "-1",
+     "GPU broadcast, all-gather and all-to-all with every rank in one process: copy engines "
+     "from this many bytes per copy (-1: 16 MiB; 0: never)"},
+    {"LOOM_P2P_REDUCE_DIRECT_BYTES", nullptr, Type::kInt, "2097152",
+     "GPU reduce on 2 ranks: the input straight to the root up to this size, reduce-scatter + "
+     "gather above"},
     {"LOOM_P2P_LL_BYTES", nullptr, Type::kInt, "262144",
      "GPU all-reduce: the LL one-shot (flags inside the data) up to this size (at most 512 KiB)"},
     {"LOOM_NET", "NCCL_NET", Type::kString, "", "network transport to use (Socket, IB, UCX)"},

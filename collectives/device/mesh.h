@@ -45,14 +45,18 @@ struct Geometry {
 
   LOOM_HOST_DEVICE size_t flagBytes() const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride; }
   LOOM_HOST_DEVICE size_t llBytes() const { return size_t(nranks) * kLLBlocks * 2 * kLLRegion; }
-  LOOM_HOST_DEVICE size_t slotsOffset() const { return flagBytes() + llBytes(); }
+  // One counter per rank for the barriers around copy-engine collectives (copy_plan.h).
+  LOOM_HOST_DEVICE size_t barrierOffset() const { return flagBytes() + llBytes(); }
+  LOOM_HOST_DEVICE size_t barrierBytes() const { return size_t(kMaxRanks) * kFlagStride; }
+  LOOM_HOST_DEVICE size_t slotsOffset() const { return barrierOffset() + barrierBytes(); }
   LOOM_HOST_DEVICE size_t windowBytes() const {
     return slotsOffset() + size_t(nranks) * size_t(maxBlocks) * size_t(slots) * slotBytes;
   }
   // Per-rank private counters: sent and received per block and peer, then the LL call
-  // count per LL block.
+  // count per LL block, then the barrier count.
   LOOM_HOST_DEVICE size_t llSeqIndex(int block) const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) + block; }
-  LOOM_HOST_DEVICE size_t stateBytes() const { return (llSeqIndex(0) + kLLBlocks) * sizeof(uint64_t); }
+  LOOM_HOST_DEVICE size_t barrierSeqIndex() const { return llSeqIndex(0) + kLLBlocks; }
+  LOOM_HOST_DEVICE size_t stateBytes() const { return (barrierSeqIndex() + 1) * sizeof(uint64_t); }
 };
 
 enum class MeshKind : int {
@@ -65,6 +69,8 @@ enum class MeshKind : int {
   kAllToAll = 6,
   kSendRecv = 7,
   kAllReduceLL = 8,  // one-shot through the LL region (at most kLLBlocks * kLLPayload bytes)
+  kReduceDirect = 9,  // every rank's input to the root, reduced there (2 ranks)
+  kReduceLL = 10,     // kAllReduceLL with only the root writing its output
 };
 const char* meshKindName(MeshKind kind);
 
@@ -133,5 +139,11 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call);
 // Enqueues the call on `stream` (`p2p` for kSendRecv). Returns a cudaError_t value (0: success).
 int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream,
                const P2pList* p2p = nullptr);
+
+// Enqueues a barrier of every rank of the mesh on `stream`: one small kernel that tells
+// each peer this rank got here and waits until every peer did (counters in the windows,
+// system-scope release and acquire, so work before it on any rank's stream, copies
+// included, is visible to work after it on every rank's). Returns a cudaError_t value.
+int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream);
 
 }  // namespace loom::collectives::device

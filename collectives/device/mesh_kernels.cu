@@ -171,7 +171,7 @@ struct Patience {
   }
 };
 
-// Thread 0 only. Spins until *flag >= target; gives up on abort or timeout.
+// One thread. Spins until *flag >= target; gives up on abort or timeout.
 __device__ bool waitAtLeast(const MeshContext& c, const uint64_t* flag, uint64_t target) {
   Patience patience;
   while (loadAcquire(flag) < target) {
@@ -440,8 +440,12 @@ struct Run {
 
   // LL one-shot: block b carries bytes [b * kLLPayload, ...) of every rank's input to
   // every rank as (4 data bytes, 4 flag bytes) words, the flag being the block's call
-  // count. Receivers poll the words themselves: no fence, no counter, no reply.
+  // count. Receivers poll the words themselves: no fence, no counter, no reply. As a
+  // reduce (kReduceLL) only the root writes the result; the others still send and wait
+  // for every peer's words, since that is what keeps a rank from overwriting a buffer
+  // (one of two, by call parity) that a peer has not read yet.
   __device__ void allReduceLL() {
+    const bool writes = a.kind != MeshKind::kReduceLL || c.rank == a.root;
     const size_t bytes = a.count * sizeof(S);
     const size_t begin = size_t(blockIdx.x) * kLLPayload;
     if (begin >= bytes) return;
@@ -502,6 +506,7 @@ struct Run {
         parts[p].w[1] = uint32_t(y);
       }
       if (failed) break;
+      if (!writes) continue;
       Chunk res;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
@@ -596,6 +601,32 @@ struct Run {
           reduceCopy<E>(io, op, m);
           releaseRecv(c, B, p);
         }
+      }
+    }
+  }
+
+  // Reduce with every rank's input going straight to the root: for 2 ranks the same
+  // bytes on the link as reduce-scatter + gather, in one pipeline stage instead of two.
+  __device__ void reduceDirect() {
+    size_t ntiles = (a.count + tile - 1) / tile;
+    for (size_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+      size_t off = t * tile, n = tileLen(t, tile, a.count);
+      if (c.rank != a.root) {
+        Io send;
+        send.srcs[0] = in(off);
+        send.nsrc = 1;
+        send.preMask = 1;
+        send.dsts[0] = acquireSend(c, B, a.root);
+        if (!send.dsts[0]) return;
+        send.ndst = 1;
+        reduceCopy<E>(send, op, n);
+        commitSend(c, B, a.root);
+      } else {
+        Io red;
+        if (!rankOrderSources(&red, in(off))) return;
+        red.dsts[red.ndst++] = out(off);
+        reduceCopy<E>(red, op, n);
+        for (int i = 1; i < c.nranks; ++i) releaseRecv(c, B, peer(i));
       }
     }
   }
@@ -708,7 +739,7 @@ template <typename E>
 __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a, size_t tile,
                                          const P2pList* p2p) {
   __shared__ Block B;
-  if (a.kind == MeshKind::kAllReduceLL) {
+  if (a.kind == MeshKind::kAllReduceLL || a.kind == MeshKind::kReduceLL) {
     // No counters and no drain: the LL words carry their own flags.
     Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
     if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a);
@@ -732,11 +763,13 @@ __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a
       case MeshKind::kAllReduceTwoShot:
       case MeshKind::kReduceScatter:
       case MeshKind::kReduce: run.reduceThenGather(); break;
+      case MeshKind::kReduceDirect: run.reduceDirect(); break;
       case MeshKind::kAllGather:
       case MeshKind::kBroadcast:
       case MeshKind::kAllToAll: run.copies(); break;
       case MeshKind::kSendRecv: run.sendRecv(); break;
-      case MeshKind::kAllReduceLL: break;  // handled above
+      case MeshKind::kAllReduceLL:
+      case MeshKind::kReduceLL: break;  // handled above
     }
   }
   // Before the kernel ends, every message this block sent has been taken, so no peer
@@ -769,6 +802,24 @@ __global__ void __launch_bounds__(512) p2pKernel(const __grid_constant__ MeshCon
   meshBody<Plain<uint8_t, uint32_t>>(c, a, tile, &p2p);
 }
 
+// One block of 32 threads; thread p signals and waits for rank p.
+__global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ MeshContext c) {
+  uint64_t* count = c.state + c.geo.barrierSeqIndex();
+  const uint64_t seq = *count + 1;
+  const int p = threadIdx.x;
+  if (p < c.nranks && p != c.rank) {
+    // The stream's earlier work (a copy engine's writes into a peer, too) is complete
+    // when this kernel starts; the fence and the release publish it before the counter.
+    __threadfence_system();
+    auto* theirs = reinterpret_cast<uint64_t*>(c.windows[p] + c.geo.barrierOffset() + size_t(c.rank) * kFlagStride);
+    storeRelease(theirs, seq);
+    auto* mine = reinterpret_cast<const uint64_t*>(c.windows[c.rank] + c.geo.barrierOffset() + size_t(p) * kFlagStride);
+    waitAtLeast(c, mine, seq);  // on failure the error flag says why
+  }
+  __syncwarp();
+  if (p == 0) *count = seq;
+}
+
 template <typename E>
 int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape& shape,
                 cudaStream_t stream) {
@@ -786,15 +837,17 @@ const char* meshKindName(MeshKind kind) {
     case MeshKind::kBroadcast: return "direct broadcast";
     case MeshKind::kReduceScatter: return "direct reduce-scatter";
     case MeshKind::kReduce: return "reduce-scatter + gather to root";
+    case MeshKind::kReduceDirect: return "direct reduce to root";
     case MeshKind::kAllToAll: return "direct all-to-all";
     case MeshKind::kSendRecv: return "direct send/recv";
     case MeshKind::kAllReduceLL: return "one-shot LL";
+    case MeshKind::kReduceLL: return "one-shot LL reduce";
   }
   return "?";
 }
 
 LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
-  if (call.kind == MeshKind::kAllReduceLL) {
+  if (call.kind == MeshKind::kAllReduceLL || call.kind == MeshKind::kReduceLL) {
     LaunchShape s;
     size_t bytes = call.count * dataTypeSize(call.type);
     s.blocks = static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
@@ -817,8 +870,11 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   const size_t bytes = part * es;
   const size_t slot = ctx.geo.slotBytes;
   const size_t minTile = 16 * 1024;
-  // Spread mid sizes over all blocks, but never below minTile nor above one slot.
-  size_t tileBytes = (bytes + ctx.geo.maxBlocks - 1) / ctx.geo.maxBlocks;
+  // Spread mid sizes over all blocks, but never below minTile nor above one slot. The
+  // direct reduce has one stage only: up to 4 tiles per block, so the root reduces one
+  // tile while the next arrives.
+  const size_t perBlock = call.kind == MeshKind::kReduceDirect ? size_t(ctx.geo.maxBlocks) * 4 : ctx.geo.maxBlocks;
+  size_t tileBytes = (bytes + perBlock - 1) / perBlock;
   tileBytes = std::clamp(tileBytes, minTile, slot);
   tileBytes = tileBytes / 16 * 16;
   LaunchShape s;
@@ -826,6 +882,11 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   size_t tiles = (part + s.tileElems - 1) / s.tileElems;
   s.blocks = static_cast<int>(std::clamp<size_t>(tiles, 1, ctx.geo.maxBlocks));
   return s;
+}
+
+int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {
+  barrierKernel<<<1, 32, 0, stream>>>(ctx);
+  return static_cast<int>(cudaGetLastError());
 }
 
 int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream, const P2pList* p2p) {

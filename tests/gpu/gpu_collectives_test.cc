@@ -437,7 +437,7 @@ TEST(GpuCollectives, GraphReplayedThousandTimes) {
   for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
 }
 
-// Each all-reduce form forced over sizes it would not get by default.
+// Each all-reduce and reduce form forced over sizes it would not get by default.
 TEST(GpuCollectives, ForcedAllReduceForms) {
   REQUIRE_GPUS(2);
   const char* forms[][2] = {{"LOOM_ALGO", "twoshot"}, {"LOOM_ALGO", "oneshot"}, {"LOOM_PROTO", "ll"},
@@ -450,10 +450,113 @@ TEST(GpuCollectives, ForcedAllReduceForms) {
       for (size_t count : {size_t{1}, size_t{7}, size_t{4097}, size_t{16381}}) {
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclMax, count, true, 0), 0u) << f[0] << "=" << f[1];
+        // LOOM_ALGO picks the reduce form too (oneshot: direct to the root).
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, 0, false, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMin, count, true, 0, false, 1), 0u) << f[0] << "=" << f[1];
       }
+      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, 5 << 20, false, 0), 0u) << f[0] << "=" << f[1];
       EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, 3 << 20, false, 0), 0u) << f[0] << "=" << f[1];
     }
   }
+}
+
+// Broadcast, all-gather and all-to-all through the copy engines (ranks of one process
+// whose calls meet in one group), from one byte per copy up: every layout, root and
+// alignment the kernels are tested with.
+TEST(GpuCollectives, CopyEngineCollectives) {
+  REQUIRE_GPUS(2);
+  setenv("LOOM_P2P_CE_BYTES", "1", 1);
+  Ranks R(2);
+  unsetenv("LOOM_P2P_CE_BYTES");
+  for (Coll c : {Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
+    for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+      size_t es = loom::dataTypeSize(t);
+      for (size_t count : {size_t{1}, size_t{13}, size_t{70001}, (size_t{8} << 20) + 5}) {
+        for (int root : {0, 1}) {
+          EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, false, 0, false, root), 0u) << collName(c);
+          EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, true, 0, false, root), 0u) << collName(c);
+          EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, true, 3 * es, false, root), 0u) << collName(c);
+          if (c != Coll::kBroadcast) break;
+        }
+      }
+    }
+  }
+}
+
+// Copy-engine collectives mixed with kernel ones in one group, and captured (both ranks'
+// streams in one group) in CUDA graphs replayed with the outputs poisoned in between.
+TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
+  REQUIRE_GPUS(2);
+  setenv("LOOM_P2P_CE_BYTES", "4096", 1);
+  Ranks R(2);
+  unsetenv("LOOM_P2P_CE_BYTES");
+  const int n = R.n();
+  const size_t count = (size_t{3} << 20) + 1;  // floats: above the threshold
+  const size_t small = 100;                     // below it: the kernels
+  std::vector<std::unique_ptr<DeviceBuffer>> in, ag, bc, ar;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    ag.push_back(std::make_unique<DeviceBuffer>(r, count * 4 * n));
+    bc.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    ar.push_back(std::make_unique<DeviceBuffer>(r, small * 4));
+    upload(r, in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+  }
+  auto issue = [&]() {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      NCCL_OK(ncclAllGather(in[r]->ptr, ag[r]->ptr, count, ncclFloat32, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(in[r]->ptr, ar[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclBroadcast(in[r]->ptr, bc[r]->ptr, count, ncclFloat32, 1, R.comms[r], R.streams[r]));
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  };
+  auto check = [&]() {
+    size_t bad = 0;
+    for (int r = 0; r < n; ++r) {
+      std::vector<char> got = download(r, ag[r]->ptr, count * 4 * n);
+      for (int p = 0; p < n; ++p) {
+        bad += std::memcmp(got.data() + p * count * 4, makeInput(DataType::kFloat32, p, count, ncclSum).data(),
+                           count * 4) != 0;
+      }
+      bad += download(r, bc[r]->ptr, count * 4) != makeInput(DataType::kFloat32, 1, count, ncclSum);
+      std::vector<char> arGot = download(r, ar[r]->ptr, small * 4);
+      for (size_t i = 0; i < small; ++i) {
+        bad += loom::loadAsDouble(DataType::kFloat32, arGot.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+      }
+    }
+    return bad;
+  };
+  issue();
+  R.sync();
+  EXPECT_EQ(check(), 0u);
+  // The same group captured on both streams.
+  std::vector<cudaGraph_t> graphs(n);
+  std::vector<cudaGraphExec_t> execs(n);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
+  }
+  issue();
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    CUDA_OK(cudaStreamEndCapture(R.streams[r], &graphs[r]));
+    CUDA_OK(cudaGraphInstantiate(&execs[r], graphs[r], 0));
+    cudaGraphDestroy(graphs[r]);
+  }
+  size_t bad = 0;
+  for (int it = 0; it < 200; ++it) {
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(r);
+      cudaMemsetAsync(ag[r]->ptr, 0xFF, count * 4 * n, R.streams[r]);
+      cudaMemsetAsync(bc[r]->ptr, 0xFF, count * 4, R.streams[r]);
+      cudaMemsetAsync(ar[r]->ptr, 0xFF, small * 4, R.streams[r]);
+      CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
+    }
+    R.sync();
+    if (it % 40 == 0 || it == 199) bad += check();
+  }
+  EXPECT_EQ(bad, 0u);
+  for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
 }
 
 TEST(GpuCollectives, StagedWhenP2pDisabled) {

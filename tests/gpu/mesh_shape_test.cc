@@ -70,19 +70,39 @@ TEST(MeshShape, SendRecvUsesTheWholeGrid) {
   EXPECT_EQ(s.tileElems, 256u * 1024);
 }
 
+TEST(MeshShape, DirectReduceKeepsSeveralTilesPerBlock) {
+  MeshContext ctx;
+  ctx.nranks = 2;
+  ctx.geo.nranks = 2;
+  ctx.geo.maxBlocks = 128;
+  ctx.geo.slotBytes = 256 * 1024;
+  MeshCall call;
+  call.kind = MeshKind::kReduceDirect;
+  call.type = DataType::kFloat32;
+  call.count = (size_t{32} << 20) / 4;  // 32 MiB: 4 tiles of 64 KiB per block
+  LaunchShape s = meshShape(ctx, call);
+  EXPECT_EQ(s.blocks, 128);
+  EXPECT_EQ(s.tileElems, 64u * 1024 / 4);
+  call.count = (size_t{1} << 30) / 4;  // large: one slot per tile
+  EXPECT_EQ(meshShape(ctx, call).tileElems, 256u * 1024 / 4);
+  call.count = 1000;  // small: the 16 KiB floor, one block
+  EXPECT_EQ(meshShape(ctx, call).blocks, 1);
+}
+
 TEST(MeshGeometry, WindowLayoutDoesNotOverlap) {
   Geometry g;
   g.nranks = 2;
   g.maxBlocks = 128;
   g.slots = 4;
   g.slotBytes = 256 * 1024;
-  EXPECT_EQ(g.slotsOffset(), g.flagBytes() + g.llBytes());
+  EXPECT_EQ(g.barrierOffset(), g.flagBytes() + g.llBytes());
+  EXPECT_EQ(g.slotsOffset(), g.barrierOffset() + kMaxRanks * kFlagStride);
   EXPECT_EQ(g.windowBytes(), g.slotsOffset() + size_t{2} * 128 * 4 * 256 * 1024);
   EXPECT_EQ(g.flagBytes() % 128, 0u);
   EXPECT_EQ(g.llBytes() % 16, 0u);
   // 2 ranks with the defaults: a 256 MiB window plus counters and the LL region.
   EXPECT_LT(g.windowBytes(), size_t{264} << 20);
-  EXPECT_EQ(g.stateBytes(), (2 * kMaxRanks * 128 + kLLBlocks) * sizeof(uint64_t));
+  EXPECT_EQ(g.stateBytes(), (2 * kMaxRanks * 128 + kLLBlocks + 1) * sizeof(uint64_t));
 }
 
 }  // namespace

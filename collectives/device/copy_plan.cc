@@ -1,0 +1,65 @@
+#include "collectives/device/copy_plan.h"
+
+#include <cstdint>
+
+namespace loom::collectives::device {
+
+bool copyOnly(MeshKind kind) {
+  return kind == MeshKind::kBroadcast || kind == MeshKind::kAllGather || kind == MeshKind::kAllToAll;
+}
+
+size_t copyBytesPerPeer(MeshKind kind, size_t blockBytes) {
+  return copyOnly(kind) ? blockBytes : 0;
+}
+
+bool copyPlanSafe(MeshKind kind, int nranks, int root, size_t blockBytes, const RankBuffers* all) {
+  if (!copyOnly(kind)) return false;
+  for (int r = 0; r < nranks; ++r) {
+    if (kind == MeshKind::kBroadcast && r != root) continue;  // only the root's input is read
+    auto in = reinterpret_cast<uintptr_t>(all[r].in);
+    auto out = reinterpret_cast<uintptr_t>(all[r].out);
+    size_t inBytes = kind == MeshKind::kAllToAll ? blockBytes * nranks : blockBytes;
+    size_t outBytes = kind == MeshKind::kBroadcast ? blockBytes : blockBytes * nranks;
+    bool overlap = in < out + outBytes && out < in + inBytes;
+    if (!overlap) continue;
+    if (kind == MeshKind::kBroadcast && in == out) continue;
+    if (kind == MeshKind::kAllGather && in == out + size_t(r) * blockBytes) continue;
+    return false;
+  }
+  return true;
+}
+
+std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, size_t blockBytes,
+                                 const RankBuffers* all) {
+  std::vector<CopyStep> steps;
+  if (blockBytes == 0 || !copyOnly(kind)) return steps;
+  auto at = [](const void* base, size_t off) { return static_cast<const char*>(base) + off; };
+  auto atw = [](void* base, size_t off) { return static_cast<char*>(base) + off; };
+  auto add = [&](void* dst, const void* src, int peer) {
+    if (dst != src) steps.push_back(CopyStep{dst, src, blockBytes, peer});
+  };
+  const RankBuffers& me = all[rank];
+  const size_t mine = size_t(rank) * blockBytes;
+  for (int i = 1; i < nranks; ++i) {
+    int p = (rank + i) % nranks;
+    switch (kind) {
+      case MeshKind::kBroadcast:
+        if (rank == root) add(all[p].out, me.in, p);
+        break;
+      case MeshKind::kAllGather: add(atw(all[p].out, mine), me.in, p); break;
+      case MeshKind::kAllToAll: add(atw(all[p].out, mine), at(me.in, size_t(p) * blockBytes), p); break;
+      default: break;
+    }
+  }
+  switch (kind) {
+    case MeshKind::kBroadcast:
+      if (rank == root) add(me.out, me.in, rank);
+      break;
+    case MeshKind::kAllGather: add(atw(me.out, mine), me.in, rank); break;
+    case MeshKind::kAllToAll: add(atw(me.out, mine), at(me.in, mine), rank); break;
+    default: break;
+  }
+  return steps;
+}
+
+}  // namespace loom::collectives::device
