@@ -84,6 +84,7 @@ struct Clique {
     size_t count;
     DataType dtype;
     int root;
+    int ncclOp;
     const void* in;
     void* out;
   };
@@ -227,7 +228,7 @@ class CudaDeviceComm final : public DeviceComm {
     for (auto& ch : proto_) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
     int64_t ce = settings::getInt("LOOM_P2P_CE_BYTES");
-    ceMin_ = ce < 0 ? size_t(16) << 20 : static_cast<size_t>(ce);
+    ceMin_ = ce < 0 ? size_t(16) << 20 : ce == 0 ? SIZE_MAX : static_cast<size_t>(ce);
     reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES")));
     bool oneProcess = true;
     for (const auto& g : gpus) oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
@@ -254,7 +255,7 @@ class CudaDeviceComm final : public DeviceComm {
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&forkEvent_, cudaEventDisableTiming), "cudaEventCreate"));
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&sideEvent_, cudaEventDisableTiming), "cudaEventCreate"));
     LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate"));
-    if (oneProcess && ceMin_ > 0) clique_ = cliqueFor(all[0].token, nranks_);
+    if (oneProcess) clique_ = cliqueFor(all[0].token, nranks_);
     LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
     ctx_.geo = geo;
     ctx_.rank = rank;
@@ -271,9 +272,9 @@ class CudaDeviceComm final : public DeviceComm {
               "bytes per peer and block (%.1f MiB window)", device_, self.busId, nranks_,
               geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes, geo.windowBytes() / 1048576.0);
     if (clique_) {
-      LOOM_INFO(kInit, "GPU %d: every rank is in this process: broadcast, all-gather and all-to-all of "
-                "at least %zu bytes per copy use the copy engines when the ranks' calls meet in one "
-                "group (LOOM_P2P_CE_BYTES)", device_, ceMin_);
+      LOOM_INFO(kInit, "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "
+                "broadcast, all-gather and all-to-all from %zu bytes per copy use the copy engines "
+                "(LOOM_P2P_CE_BYTES)", device_, ceMin_);
     }
     return Status::ok();
   }
@@ -289,7 +290,7 @@ class CudaDeviceComm final : public DeviceComm {
     mine.clear();
     for (const Operation& o : ops) {
       if (!o.onDevice || o.type == collectives::CollType::kSendRecv) continue;
-      mine.push_back({o.type, o.count, o.dtype, o.root, o.sendbuff, o.recvbuff});
+      mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff});
     }
     clique_->group[rank_] = group;
     group_ = group;
@@ -340,8 +341,13 @@ class CudaDeviceComm final : public DeviceComm {
       default:
         return errorf(Code::kInternalError, "collective %d has no GPU mesh form", static_cast<int>(op.type));
     }
-    std::vector<dev::CopyStep> copies;
-    if (copyEnginePlan(op, call.kind, index, &copies)) return launchCopies(call, copies, op.stream);
+    // Copies only, every rank's buffers known (ranks of this process): the copy engines.
+    const size_t block = op.count * dataTypeSize(op.dtype);
+    std::vector<dev::RankBuffers> all;
+    if (dev::copyOnly(call.kind) && dev::copyBytesPerPeer(call.kind, block) >= ceMin_ && peerBuffers(op, index, &all) &&
+        dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
+      return launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream);
+    }
     return launch(call, op.stream, why);
   }
 
@@ -429,25 +435,22 @@ class CudaDeviceComm final : public DeviceComm {
     return dev::MeshKind::kAllReduceTwoShot;
   }
 
-  // The copy-engine plan for the group's index-th device collective, when every rank of
-  // the communicator posted the same call in this group (all in this process) and it is
-  // large enough. Every rank looks at the same postings, so all decide alike.
-  bool copyEnginePlan(const Operation& op, dev::MeshKind kind, size_t index, std::vector<dev::CopyStep>* out) {
-    if (!clique_ || group_ == 0 || !dev::copyOnly(kind)) return false;
-    const size_t block = op.count * dataTypeSize(op.dtype);
-    if (dev::copyBytesPerPeer(kind, block) < ceMin_) return false;
-    std::vector<dev::RankBuffers> all(nranks_);
-    {
-      std::lock_guard<std::mutex> lock(clique_->mutex);
-      for (int r = 0; r < nranks_; ++r) {
-        if (clique_->group[r] != group_ || index >= clique_->calls[r].size()) return false;
-        const Clique::Call& c = clique_->calls[r][index];
-        if (c.type != op.type || c.count != op.count || c.dtype != op.dtype || c.root != op.root) return false;
-        all[r] = {c.in, c.out};
+  // Every rank's buffers for the group's index-th device collective, when every rank of
+  // the communicator posted the same call in this group (all in this process). Every
+  // rank looks at the same postings, so all decide alike.
+  bool peerBuffers(const Operation& op, size_t index, std::vector<dev::RankBuffers>* all) {
+    if (!clique_ || group_ == 0) return false;
+    all->assign(nranks_, {});
+    std::lock_guard<std::mutex> lock(clique_->mutex);
+    for (int r = 0; r < nranks_; ++r) {
+      if (clique_->group[r] != group_ || index >= clique_->calls[r].size()) return false;
+      const Clique::Call& c = clique_->calls[r][index];
+      if (c.type != op.type || c.count != op.count || c.dtype != op.dtype || c.root != op.root ||
+          c.ncclOp != op.ncclOp) {
+        return false;
       }
+      (*all)[r] = {c.in, c.out};
     }
-    if (!dev::copyPlanSafe(kind, nranks_, op.root, block, all.data())) return false;
-    *out = dev::planCopies(kind, rank_, nranks_, op.root, block, all.data());
     return true;
   }
 

@@ -129,13 +129,17 @@ double reduced(DataType t, ncclRedOp_t op, int n, size_t i, bool premul, size_t 
 std::vector<char> download(int dev, const void* p, size_t bytes) {
   std::vector<char> v(bytes);
   cudaSetDevice(dev);
-  if (bytes) EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  if (bytes) {
+    EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   return v;
 }
 
 void upload(int dev, void* p, const std::vector<char>& v) {
   cudaSetDevice(dev);
-  if (!v.empty()) EXPECT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  if (!v.empty()) {
+    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
 }
 
 enum class Coll { kAllReduce, kReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll };
@@ -493,12 +497,13 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
   const int n = R.n();
   const size_t count = (size_t{3} << 20) + 1;  // floats: above the threshold
   const size_t small = 100;                     // below it: the kernels
-  std::vector<std::unique_ptr<DeviceBuffer>> in, ag, bc, ar;
+  std::vector<std::unique_ptr<DeviceBuffer>> in, ag, bc, ar, big;
   for (int r = 0; r < n; ++r) {
     in.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
     ag.push_back(std::make_unique<DeviceBuffer>(r, count * 4 * n));
     bc.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
     ar.push_back(std::make_unique<DeviceBuffer>(r, small * 4));
+    big.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
     upload(r, in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
   }
   auto issue = [&]() {
@@ -507,6 +512,7 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
       NCCL_OK(ncclAllGather(in[r]->ptr, ag[r]->ptr, count, ncclFloat32, R.comms[r], R.streams[r]));
       NCCL_OK(ncclAllReduce(in[r]->ptr, ar[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
       NCCL_OK(ncclBroadcast(in[r]->ptr, bc[r]->ptr, count, ncclFloat32, 1, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(in[r]->ptr, big[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   };
@@ -522,6 +528,10 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
       std::vector<char> arGot = download(r, ar[r]->ptr, small * 4);
       for (size_t i = 0; i < small; ++i) {
         bad += loom::loadAsDouble(DataType::kFloat32, arGot.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+      }
+      std::vector<char> bigGot = download(r, big[r]->ptr, count * 4);
+      for (size_t i = 0; i < count; ++i) {
+        bad += loom::loadAsDouble(DataType::kFloat32, bigGot.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
       }
     }
     return bad;
@@ -550,6 +560,7 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
       cudaMemsetAsync(ag[r]->ptr, 0xFF, count * 4 * n, R.streams[r]);
       cudaMemsetAsync(bc[r]->ptr, 0xFF, count * 4, R.streams[r]);
       cudaMemsetAsync(ar[r]->ptr, 0xFF, small * 4, R.streams[r]);
+      cudaMemsetAsync(big[r]->ptr, 0xFF, count * 4, R.streams[r]);
       CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
     }
     R.sync();
