@@ -230,6 +230,7 @@ class CudaDeviceComm final : public DeviceComm {
     int64_t ce = settings::getInt("LOOM_P2P_CE_BYTES");
     ceMin_ = ce < 0 ? size_t(16) << 20 : ce == 0 ? SIZE_MAX : static_cast<size_t>(ce);
     reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES")));
+    pullMax_ = static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_PULL_BYTES")));
     bool oneProcess = true;
     for (const auto& g : gpus) oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
     if (!mesh_) {
@@ -344,6 +345,14 @@ class CudaDeviceComm final : public DeviceComm {
     // Copies only, every rank's buffers known (ranks of this process): the copy engines.
     const size_t block = op.count * dataTypeSize(op.dtype);
     std::vector<dev::RankBuffers> all;
+    // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
+    // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
+    // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
+    if (op.type == collectives::CollType::kAllReduce && call.kind != dev::MeshKind::kAllReduceLL &&
+        algo_.empty() && block <= pullMax_ && red.op.kind != RedKind::kPreMulSum && !red.scalarDevice &&
+        op.ncclOp < ncclNumOps && peerBuffers(op, index, &all) && outputsApart(all, block)) {
+      return launchPull(call, all, op.stream);
+    }
     if (dev::copyOnly(call.kind) && dev::copyBytesPerPeer(call.kind, block) >= ceMin_ && peerBuffers(op, index, &all) &&
         dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
       return launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream);
@@ -452,6 +461,34 @@ class CudaDeviceComm final : public DeviceComm {
       (*all)[r] = {c.in, c.out};
     }
     return true;
+  }
+
+  // True when no rank's output overlaps any rank's input (the pulled all-reduce reads
+  // every input while every output is written).
+  static bool outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes) {
+    for (const auto& o : all) {
+      auto out = reinterpret_cast<uintptr_t>(o.out);
+      for (const auto& i : all) {
+        auto in = reinterpret_cast<uintptr_t>(i.in);
+        if (in < out + bytes && out < in + bytes) return false;
+      }
+    }
+    return true;
+  }
+
+  Status launchPull(const dev::MeshCall& call, const std::vector<dev::RankBuffers>& all, cudaStream_t stream) {
+    DeviceGuard guard(device_);
+    const bool cap = capturing(stream);
+    LOOM_TRY(order(stream, cap));
+    if (log::enabled(log::kInfo, log::kColl)) {
+      LOOM_INFO(kColl, "GPU pulled one-shot all-reduce: %zu x %s (ranks of one process, out of place, "
+                "size <= LOOM_P2P_PULL_BYTES)", call.count, dataTypeName(call.type));
+    }
+    dev::PullInputs in;
+    for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
+    int e = dev::launchPullAllReduce(ctx_, call, in, stream);
+    if (e != 0) return errorf(Code::kCudaError, "launching the pulled all-reduce failed: %s", cudaErrorText(e).c_str());
+    return recordDone(stream, cap);
   }
 
   // A barrier, the copies (into peers on the caller's stream, local ones beside them on
@@ -666,6 +703,7 @@ class CudaDeviceComm final : public DeviceComm {
   std::shared_ptr<Clique> clique_;   // null unless every rank is in this process
   size_t ceMin_ = 0;                 // LOOM_P2P_CE_BYTES
   size_t reduceDirectMax_ = 0;       // LOOM_P2P_REDUCE_DIRECT_BYTES
+  size_t pullMax_ = 0;               // LOOM_P2P_PULL_BYTES
   uint64_t group_ = 0;               // the group being run (postGroup), 0 outside one
   size_t cursor_ = 0;                // device collectives of that group run so far
   cudaStream_t lastStream_ = nullptr;

@@ -55,6 +55,9 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_P2P_CE_BYTES", nullptr, Type::kInt, "-1",
      "GPU broadcast, all-gather and all-to-all with every rank in one process: copy engines "
      "from this many bytes per copy (-1: 16 MiB; 0: never)"},
+    {"LOOM_P2P_PULL_BYTES", nullptr, Type::kInt, "67108864",
+     "GPU all-reduce between ranks of one process whose calls meet in a group, out of place: "
+     "each rank reads every input directly, above the LL limit and up to this size (0: never)"},
     {"LOOM_P2P_REDUCE_DIRECT_BYTES", nullptr, Type::kInt, "2097152",
      "GPU reduce on 2 ranks: the input straight to the root up to this size, reduce-scatter + "
      "gather above"},

@@ -56,7 +56,9 @@ struct Geometry {
   // count per LL block, then the barrier count.
   LOOM_HOST_DEVICE size_t llSeqIndex(int block) const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) + block; }
   LOOM_HOST_DEVICE size_t barrierSeqIndex() const { return llSeqIndex(0) + kLLBlocks; }
-  LOOM_HOST_DEVICE size_t stateBytes() const { return (barrierSeqIndex() + 1) * sizeof(uint64_t); }
+  // Blocks of a pulled all-reduce that finished (the last one resets it).
+  LOOM_HOST_DEVICE size_t pullDoneIndex() const { return barrierSeqIndex() + 1; }
+  LOOM_HOST_DEVICE size_t stateBytes() const { return (pullDoneIndex() + 1) * sizeof(uint64_t); }
 };
 
 enum class MeshKind : int {
@@ -139,6 +141,17 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call);
 // Enqueues the call on `stream` (`p2p` for kSendRecv). Returns a cudaError_t value (0: success).
 int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream,
                const P2pList* p2p = nullptr);
+
+// One-shot all-reduce for ranks of one process, whose inputs every rank can read (peer
+// access): each rank reads every rank's input (`inputs`, in rank order) and writes the
+// whole result to its own output; no slots, no per-tile handshakes. The kernel waits for
+// every peer to arrive first and, before it ends, for every peer to finish reading, so
+// inputs may change after it. Outputs must not overlap inputs. No pre-op is applied, so
+// not for PreMulSum (ncclAvg on floats included). Returns a cudaError_t value.
+struct PullInputs {
+  const void* inputs[kMaxRanks] = {};
+};
+int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
 
 // Enqueues a barrier of every rank of the mesh on `stream`: one small kernel that tells
 // each peer this rank got here and waits until every peer did (counters in the windows,

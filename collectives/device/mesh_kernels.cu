@@ -802,6 +802,67 @@ __global__ void __launch_bounds__(512) p2pKernel(const __grid_constant__ MeshCon
   meshBody<Plain<uint8_t, uint32_t>>(c, a, tile, &p2p);
 }
 
+__device__ __forceinline__ uint64_t* barrierFlag(const MeshContext& c, int owner, int from) {
+  return reinterpret_cast<uint64_t*>(c.windows[owner] + c.geo.barrierOffset() + size_t(from) * kFlagStride);
+}
+
+// Every block: announce us to each peer and wait until each peer arrived (thread p for
+// rank p), reduce its part of every rank's input into our output; the last block
+// to finish tells the peers we are done reading theirs and waits until they are done
+// reading ours. Two barrier counts per call (the same count the barrier kernel uses).
+template <typename E>
+__global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant__ MeshContext c,
+                                                          const __grid_constant__ MeshCall a,
+                                                          const __grid_constant__ PullInputs p) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  uint64_t* seqSlot = c.state + c.geo.barrierSeqIndex();
+  auto* done = reinterpret_cast<unsigned int*>(c.state + c.geo.pullDoneIndex());
+  const uint64_t arrive = *seqSlot + 1, leave = *seqSlot + 2;
+  const int t = threadIdx.x;
+  const bool peerThread = t < c.nranks && t != c.rank;
+  // Every block announces us (the same value), so no block waits on one not yet running.
+  // The fence publishes what earlier work on our stream wrote into our input.
+  if (peerThread) {
+    __threadfence_system();
+    storeRelease(barrierFlag(c, t, c.rank), arrive);
+  }
+  int bad = 0;
+  if (peerThread) bad = !waitAtLeast(c, barrierFlag(c, c.rank, t), arrive);
+  if (__syncthreads_or(bad)) return;  // the error flag says why; the call has failed
+
+  Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
+  constexpr size_t vec = 16 / sizeof(S);
+  const size_t per = ((a.count + gridDim.x - 1) / gridDim.x + vec - 1) / vec * vec;
+  const size_t begin = size_t(blockIdx.x) * per;
+  if (begin < a.count) {
+    Io io;
+    for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(p.inputs[r]) + begin * sizeof(S);
+    io.nsrc = c.nranks;
+    io.post = true;
+    io.dsts[0] = static_cast<char*>(a.out) + begin * sizeof(S);
+    io.ndst = 1;
+    reduceCopy<E>(io, op, min(per, a.count - begin));
+  }
+  __shared__ int last;
+  __syncthreads();
+  if (t == 0) {
+    __threadfence();
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  if (peerThread) {
+    storeRelease(barrierFlag(c, t, c.rank), leave);
+    waitAtLeast(c, barrierFlag(c, c.rank, t), leave);
+  }
+  __syncthreads();
+  if (t == 0) {
+    *done = 0;
+    *seqSlot = leave;
+  }
+}
+
 // One block of 32 threads; thread p signals and waits for rank p.
 __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ MeshContext c) {
   uint64_t* count = c.state + c.geo.barrierSeqIndex();
@@ -811,10 +872,8 @@ __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ Mesh
     // The stream's earlier work (a copy engine's writes into a peer, too) is complete
     // when this kernel starts; the fence and the release publish it before the counter.
     __threadfence_system();
-    auto* theirs = reinterpret_cast<uint64_t*>(c.windows[p] + c.geo.barrierOffset() + size_t(c.rank) * kFlagStride);
-    storeRelease(theirs, seq);
-    auto* mine = reinterpret_cast<const uint64_t*>(c.windows[c.rank] + c.geo.barrierOffset() + size_t(p) * kFlagStride);
-    waitAtLeast(c, mine, seq);  // on failure the error flag says why
+    storeRelease(barrierFlag(c, p, c.rank), seq);
+    waitAtLeast(c, barrierFlag(c, c.rank, p), seq);  // on failure the error flag says why
   }
   __syncwarp();
   if (p == 0) *count = seq;
@@ -882,6 +941,33 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   size_t tiles = (part + s.tileElems - 1) / s.tileElems;
   s.blocks = static_cast<int>(std::clamp<size_t>(tiles, 1, ctx.geo.maxBlocks));
   return s;
+}
+
+template <typename E>
+int launchPullTyped(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
+  using S = typename E::Storage;
+  // Parts of at least 32 KiB, so small calls use few blocks.
+  size_t blocks = std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
+  pullAllReduceKernel<E><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, call, in);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
+  switch (call.type) {
+    case DataType::kInt8: return launchPullTyped<Plain<int8_t, int32_t>>(ctx, call, in, stream);
+    case DataType::kUint8: return launchPullTyped<Plain<uint8_t, uint32_t>>(ctx, call, in, stream);
+    case DataType::kInt32: return launchPullTyped<Plain<int32_t, int32_t>>(ctx, call, in, stream);
+    case DataType::kUint32: return launchPullTyped<Plain<uint32_t, uint32_t>>(ctx, call, in, stream);
+    case DataType::kInt64: return launchPullTyped<Plain<int64_t, int64_t>>(ctx, call, in, stream);
+    case DataType::kUint64: return launchPullTyped<Plain<uint64_t, uint64_t>>(ctx, call, in, stream);
+    case DataType::kFloat16: return launchPullTyped<Half>(ctx, call, in, stream);
+    case DataType::kFloat32: return launchPullTyped<Plain<float, float>>(ctx, call, in, stream);
+    case DataType::kFloat64: return launchPullTyped<Plain<double, double>>(ctx, call, in, stream);
+    case DataType::kBfloat16: return launchPullTyped<Bf16>(ctx, call, in, stream);
+    case DataType::kFloat8e4m3: return launchPullTyped<E4m3>(ctx, call, in, stream);
+    case DataType::kFloat8e5m2: return launchPullTyped<E5m2>(ctx, call, in, stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {

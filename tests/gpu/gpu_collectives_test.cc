@@ -487,6 +487,25 @@ TEST(GpuCollectives, CopyEngineCollectives) {
   }
 }
 
+// The pulled one-shot all-reduce (ranks of one process, out of place, above the LL limit
+// and up to LOOM_P2P_PULL_BYTES): every type and op, aligned and not; in place (the
+// kernels) in between, so the two forms' counters interleave.
+TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  for (DataType t : kAllTypes) {
+    const size_t es = loom::dataTypeSize(t);
+    for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+      for (size_t count : {size_t{300001}, (size_t{3} << 20) + 5}) {
+        if (count > 300001 && t != DataType::kInt8 && t != DataType::kBfloat16 && t != DataType::kFloat32) continue;
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << loom::dataTypeName(t);
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, 0), 0u) << loom::dataTypeName(t);
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, es), 0u) << loom::dataTypeName(t);
+      }
+    }
+  }
+}
+
 // Copy-engine collectives mixed with kernel ones in one group, and captured (both ranks'
 // streams in one group) in CUDA graphs replayed with the outputs poisoned in between.
 TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
