@@ -39,6 +39,28 @@ inline void cpuRelax() {
 #endif
 }
 
+// How a thread waits for peers: spin `spinUs`, then sched_yield() until kYieldUs, then
+// block (poll() on the sockets, or short sleeps for memory transports). Yielding before
+// blocking matters most when ranks outnumber cores (4 ranks on 2 cores): a yielding rank
+// hands the core to a peer that has work, yet stays runnable, so the data it waits for is
+// picked up at the next turn instead of after a wake-up from poll(). Measured on the
+// 2-core VM, 4 ranks over TCP: 8-byte all-reduce 150-200 us blocking in poll() at once,
+// 70-80 us yielding first (docs/perf/host_allreduce.md). After kYieldUs a rank that
+// still waits is waiting on something slow, and blocks so that it costs nothing.
+constexpr int64_t kYieldUs = 2000;
+
+void waitForPeers(int64_t idleUs, int64_t spinUs, std::vector<pollfd>* fds) {
+  if (idleUs < spinUs) {
+    cpuRelax();
+  } else if (idleUs < kYieldUs) {
+    sched_yield();
+  } else if (!fds->empty()) {
+    ::poll(fds->data(), fds->size(), 1);
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 struct StepState {
   const Step* step = nullptr;
   size_t pieces = 0;
@@ -62,7 +84,6 @@ class PhaseRunner {
     LOOM_TRY(setUp(phase));
     Clock::time_point lastProgress = Clock::now();
     Clock::time_point lastCheck = lastProgress;
-    int idle = 0;
     const int64_t spinLimit = args_.spinUs > 0 ? args_.spinUs : 50;
     while (true) {
       bool progressed = false;
@@ -82,31 +103,22 @@ class PhaseRunner {
       }
       if (allDone) return Status::ok();
       if (progressed) {
-        idle = 0;
         lastProgress = Clock::now();
         continue;
       }
-      // Nothing moved: let the transports work, then wait politely.
+      // Nothing moved: let the transports work (a socket whose step is not its turn yet
+      // still gets read into free slots, so poll() does not keep reporting it), then wait
+      // politely.
       for (auto* sc : activeSends_) LOOM_TRY(sc->progress());
-      ++idle;
+      for (auto* rc : activeRecvs_) LOOM_TRY(rc->progress());
       Clock::time_point now = Clock::now();
       auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(now - lastProgress).count();
-      if (idleUs < spinLimit) {
-        cpuRelax();
-      } else {
-        fds_.clear();
-        if (allPollable_) {
-          for (auto* sc : activeSends_) sc->addPollFds(&fds_);
-          for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
-        }
-        if (!fds_.empty()) {
-          ::poll(fds_.data(), fds_.size(), 1);
-        } else if (idleUs < 2000) {
-          sched_yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
+      fds_.clear();
+      if (idleUs >= kYieldUs && allPollable_) {
+        for (auto* sc : activeSends_) sc->addPollFds(&fds_);
+        for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
       }
+      waitForPeers(idleUs, spinLimit, &fds_);
       if (now - lastCheck > std::chrono::milliseconds(100)) {
         lastCheck = now;
         LOOM_TRY(checkHealth(now, lastProgress));
@@ -306,14 +318,18 @@ Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
   // Everything posted must have left this process before the call returns: nobody
   // drives these connections between operations.
   Deadline deadline = Deadline::afterMs(args.timeoutMs, args.abortFlag);
+  const int64_t spinUs = args.spinUs > 0 ? args.spinUs : 50;
+  std::vector<pollfd> fds;
   for (int p : sendPeers) {
     transport::SendConnection* sc = conns.sendConnection(p);
+    const Clock::time_point start = Clock::now();
     while (!sc->flushed()) {
       LOOM_TRY(sc->progress());
       if (sc->flushed()) break;
-      std::vector<pollfd> fds;
-      sc->addPollFds(&fds);
-      ::poll(fds.data(), fds.size(), 1);
+      auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+      fds.clear();
+      if (idleUs >= kYieldUs) sc->addPollFds(&fds);
+      waitForPeers(idleUs, spinUs, &fds);
       if (deadline.aborted() || deadline.expired()) {
         return errorf(Code::kRemoteError, "%s on rank %d: rank %d is not draining its connection",
                       args.what.c_str(), args.rank, p);
