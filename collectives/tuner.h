@@ -33,4 +33,12 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
 
 Schedule buildSchedule(const CollRequest& req, Algorithm algo);
 
+// The piece size (bytes) of a host collective: what one FIFO slot carries per step.
+// `bytes` is the call's size as the C API counts it (per rank for all-gather and
+// reduce-scatter). Rings cut the data into blocks of nranks pieces and run their steps
+// one block at a time, each step one hop, so a message takes as many blocks as it needs
+// and no more: one block while nranks pieces fit a slot each. Broadcast and reduce
+// stream through their hops, so they get several pieces per rank.
+size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes);
+
 }  // namespace loom::collectives

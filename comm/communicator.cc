@@ -456,19 +456,8 @@ Status Communicator::runCollective(const Operation& op) {
   req.nranks = nranks_;
   req.rank = rank_;
   req.root = op.root;
-  // Pieces: a whole FIFO slot for large messages; for mid-size ones smaller pieces, so a
-  // ring or chain has several in flight instead of one slot-sized step at a time.
-  size_t pieceBytes = context_.fifo.slotBytes;
-  {
-    size_t total = op.count * req.elemSize;
-    if (op.type == collectives::CollType::kAllGather || op.type == collectives::CollType::kReduceScatter) {
-      total *= static_cast<size_t>(nranks_);
-    }
-    size_t want = total / (static_cast<size_t>(nranks_) * 4);
-    want = std::max<size_t>(want, 16 * 1024);
-    want = (want + 63) / 64 * 64;
-    pieceBytes = std::min(pieceBytes, want);
-  }
+  const size_t pieceBytes = collectives::hostPieceBytes(op.type, op.count * req.elemSize, nranks_,
+                                                        context_.fifo.slotBytes);
   req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);
   req.ring = &topo_.ring;  // rank order where the topology gave no valid ring
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));

@@ -324,5 +324,21 @@ TEST(Tuner, MessageSizePicksOneShotTreeOrRing) {
   EXPECT_EQ(c->algo, Algorithm::kRing) << c->reason;
 }
 
+TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {
+  const size_t slot = 256 * 1024;
+  // 512 KiB over 4 ranks: one block of four 128 KiB pieces.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 512 * 1024, 4, slot), 128u * 1024);
+  // Larger messages take whole slots; small ones never go below 16 KiB.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 64 << 20, 4, slot), slot);
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 1000, 4, slot), 16u * 1024);
+  // All-gather and reduce-scatter count per rank.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllGather, 128 * 1024, 4, slot), 128u * 1024);
+  // Broadcast streams through a chain: several pieces per rank.
+  EXPECT_EQ(hostPieceBytes(CollType::kBroadcast, 1 << 20, 4, slot), 64u * 1024);
+  // Never more than a slot, always a multiple of 64 bytes.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 3 << 20, 3, 4096), 4096u);
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 100001 * 3, 3, slot) % 64, 0u);
+}
+
 }  // namespace
 }  // namespace loom::collectives
