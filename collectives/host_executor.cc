@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <thread>
 #include <vector>
 
@@ -67,15 +66,44 @@ struct StepState {
   size_t done = 0;
   transport::SendConnection* send[kMaxStepPeers] = {nullptr, nullptr};
   transport::RecvConnection* recv[kMaxStepPeers] = {nullptr, nullptr};
-  // Connection keys: (peer << 1) | isSend.
-  int keys[2 * kMaxStepPeers];
-  int nkeys = 0;
+  // The turn queues (Scratch::queues) of the connections this step uses.
+  int queues[2 * kMaxStepPeers];
+  int nqueues = 0;
   bool finished() const { return done == pieces; }
 };
 
+// Steps of a phase that share a connection take it in phase order: `steps` lists them,
+// `turn` indexes the one whose turn it is.
+struct TurnQueue {
+  int key = 0;  // (peer << 1) | isSend
+  std::vector<size_t> steps;
+  size_t turn = 0;
+};
+
+// What a run needs besides the schedule, kept per thread so that a small collective
+// allocates nothing once its thread has run one like it (the vectors keep their
+// capacity; runSchedule is never re-entered on one thread).
+struct Scratch {
+  std::vector<StepState> states;
+  std::vector<TurnQueue> queues;  // the first `nqueues` are in use
+  size_t nqueues = 0;
+  std::vector<transport::SendConnection*> activeSends;
+  std::vector<transport::RecvConnection*> activeRecvs;
+  std::vector<pollfd> fds;
+  std::vector<int> sendPeers, recvPeers;
+};
+
+Scratch& threadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
 class PhaseRunner {
  public:
-  PhaseRunner(const ExecArgs& a, ConnectionProvider& c) : args_(a), conns_(c) {
+  PhaseRunner(const ExecArgs& a, ConnectionProvider& c, Scratch& scratch)
+      : args_(a), conns_(c), states_(scratch.states), queues_(scratch.queues),
+        nqueues_(scratch.nqueues), activeSends_(scratch.activeSends),
+        activeRecvs_(scratch.activeRecvs), fds_(scratch.fds) {
     esize_ = dataTypeSize(a.type);
     pieceElems_ = std::max<size_t>(1, a.pieceBytes / esize_);
   }
@@ -130,7 +158,7 @@ class PhaseRunner {
   Status setUp(const Phase& phase) {
     states_.clear();
     states_.resize(phase.size());
-    keyQueues_.clear();
+    nqueues_ = 0;
     activeSends_.clear();
     activeRecvs_.clear();
     for (size_t i = 0; i < phase.size(); ++i) {
@@ -142,17 +170,16 @@ class PhaseRunner {
         int p = s.step->sendPeers[j];
         s.send[j] = conns_.sendConnection(p);
         if (!s.send[j]) return errorf(Code::kInternalError, "no send connection to rank %d", p);
-        s.keys[s.nkeys++] = (p << 1) | 1;
+        s.queues[s.nqueues++] = queueFor((p << 1) | 1, i);
         addUnique(&activeSends_, s.send[j]);
       }
       for (int j = 0; j < s.step->nrecv; ++j) {
         int p = s.step->recvPeers[j];
         s.recv[j] = conns_.recvConnection(p);
         if (!s.recv[j]) return errorf(Code::kInternalError, "no recv connection from rank %d", p);
-        s.keys[s.nkeys++] = p << 1;
+        s.queues[s.nqueues++] = queueFor(p << 1, i);
         addUnique(&activeRecvs_, s.recv[j]);
       }
-      for (int k = 0; k < s.nkeys; ++k) keyQueues_[s.keys[k]].push_back(i);
     }
     // Blocking in poll() is only a safe way to wait when every connection is a socket;
     // memory transports offer nothing to poll, so then we yield instead.
@@ -160,6 +187,21 @@ class PhaseRunner {
     for (auto* sc : activeSends_) allPollable_ = allPollable_ && sc->pollable();
     for (auto* rc : activeRecvs_) allPollable_ = allPollable_ && rc->pollable();
     return Status::ok();
+  }
+
+  // The queue of connection `key` (taking a free one for a new key), with step i appended.
+  int queueFor(int key, size_t i) {
+    size_t q = 0;
+    while (q < nqueues_ && queues_[q].key != key) ++q;
+    if (q == nqueues_) {
+      if (q == queues_.size()) queues_.emplace_back();
+      queues_[q].key = key;
+      queues_[q].steps.clear();
+      queues_[q].turn = 0;
+      ++nqueues_;
+    }
+    queues_[q].steps.push_back(i);
+    return static_cast<int>(q);
   }
 
   template <typename T>
@@ -171,20 +213,20 @@ class PhaseRunner {
   // Steps sharing a connection use it in phase order.
   bool eligible(size_t i) const {
     const StepState& s = states_[i];
-    for (int k = 0; k < s.nkeys; ++k) {
-      const auto& q = keyQueues_.at(s.keys[k]);
-      if (q.front() != i) return false;
+    for (int k = 0; k < s.nqueues; ++k) {
+      const TurnQueue& q = queues_[s.queues[k]];
+      if (q.steps[q.turn] != i) return false;
     }
     return true;
   }
 
   void retire(size_t i) {
     StepState& s = states_[i];
-    for (int k = 0; k < s.nkeys; ++k) {
-      auto& q = keyQueues_[s.keys[k]];
-      if (!q.empty() && q.front() == i) q.erase(q.begin());
+    for (int k = 0; k < s.nqueues; ++k) {
+      TurnQueue& q = queues_[s.queues[k]];
+      if (q.turn < q.steps.size() && q.steps[q.turn] == i) ++q.turn;
     }
-    s.nkeys = 0;
+    s.nqueues = 0;
   }
 
   char* bufferAt(const Region& r) const {
@@ -295,11 +337,12 @@ class PhaseRunner {
   ConnectionProvider& conns_;
   size_t esize_ = 1;
   size_t pieceElems_ = 1;
-  std::vector<StepState> states_;
-  std::map<int, std::vector<size_t>> keyQueues_;
-  std::vector<transport::SendConnection*> activeSends_;
-  std::vector<transport::RecvConnection*> activeRecvs_;
-  std::vector<pollfd> fds_;
+  std::vector<StepState>& states_;
+  std::vector<TurnQueue>& queues_;
+  size_t& nqueues_;
+  std::vector<transport::SendConnection*>& activeSends_;
+  std::vector<transport::RecvConnection*>& activeRecvs_;
+  std::vector<pollfd>& fds_;
   bool allPollable_ = false;
   int waitingOn_ = -1;
   bool waitingSend_ = false;
@@ -310,16 +353,18 @@ class PhaseRunner {
 
 Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
   const Schedule& sch = *args.schedule;
-  std::vector<int> sendPeers, recvPeers;
+  Scratch& scratch = threadScratch();
+  std::vector<int>& sendPeers = scratch.sendPeers;
+  std::vector<int>& recvPeers = scratch.recvPeers;
   schedulePeers(sch, &sendPeers, &recvPeers);
   LOOM_TRY(conns.ensureConnected(sendPeers, recvPeers));
-  PhaseRunner runner(args, conns);
+  PhaseRunner runner(args, conns, scratch);
   for (const auto& phase : sch.phases) LOOM_TRY(runner.run(phase));
   // Everything posted must have left this process before the call returns: nobody
   // drives these connections between operations.
   Deadline deadline = Deadline::afterMs(args.timeoutMs, args.abortFlag);
   const int64_t spinUs = args.spinUs > 0 ? args.spinUs : 50;
-  std::vector<pollfd> fds;
+  std::vector<pollfd>& fds = scratch.fds;
   for (int p : sendPeers) {
     transport::SendConnection* sc = conns.sendConnection(p);
     const Clock::time_point start = Clock::now();
