@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -28,6 +29,14 @@ void schedulePeers(const Schedule& schedule, std::vector<int>* sendPeers,
     std::sort(v->begin(), v->end());
     v->erase(std::unique(v->begin(), v->end()), v->end());
   }
+}
+
+std::string describe(const ExecArgs& args) {
+  if (!args.what.empty()) return args.what;
+  char text[160];
+  std::snprintf(text, sizeof(text), "%s(%s, %zu x %s)", collTypeName(args.coll),
+                algorithmName(args.algo), args.count, dataTypeName(args.type));
+  return text;
 }
 
 namespace {
@@ -311,22 +320,22 @@ class PhaseRunner {
   Status checkHealth(Clock::time_point now, Clock::time_point lastProgress) {
     if (args_.abortFlag && args_.abortFlag->load(std::memory_order_relaxed)) {
       return errorf(Code::kSystemError, "%s on rank %d: aborted by ncclCommAbort",
-                    args_.what.c_str(), args_.rank);
+                    describe(args_).c_str(), args_.rank);
     }
     for (auto* sc : activeSends_) {
       Status st = sc->checkPeer();
-      if (!st) return st.withContext(args_.what + " on rank " + std::to_string(args_.rank));
+      if (!st) return st.withContext(describe(args_) + " on rank " + std::to_string(args_.rank));
     }
     for (auto* rc : activeRecvs_) {
       Status st = rc->checkPeer();
-      if (!st) return st.withContext(args_.what + " on rank " + std::to_string(args_.rank));
+      if (!st) return st.withContext(describe(args_) + " on rank " + std::to_string(args_.rank));
     }
     auto idleMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - lastProgress).count();
     if (args_.timeoutMs >= 0 && idleMs > args_.timeoutMs) {
       return errorf(Code::kRemoteError,
                     "%s on rank %d: no progress for %lld ms while %s rank %d (LOOM_TIMEOUT_MS=%lld); "
                     "that rank may be stuck, dead, or calling a different operation",
-                    args_.what.c_str(), args_.rank, (long long)idleMs,
+                    describe(args_).c_str(), args_.rank, (long long)idleMs,
                     waitingSend_ ? "sending to" : "receiving from", waitingOn_,
                     (long long)args_.timeoutMs);
     }
@@ -377,7 +386,7 @@ Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
       waitForPeers(idleUs, spinUs, &fds);
       if (deadline.aborted() || deadline.expired()) {
         return errorf(Code::kRemoteError, "%s on rank %d: rank %d is not draining its connection",
-                      args.what.c_str(), args.rank, p);
+                      describe(args).c_str(), args.rank, p);
       }
     }
   }

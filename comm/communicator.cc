@@ -475,11 +475,10 @@ Status Communicator::runCollective(const Operation& op) {
   if (sch.reduces) {
     LOOM_ASSIGN_OR_RETURN(args.op, resolveOp(op.ncclOp, op.dtype));
   }
-  char what[160];
-  std::snprintf(what, sizeof(what), "%s(%s, %zu x %s)", collectives::collTypeName(op.type),
-                collectives::algorithmName(choice.algo), op.count, dataTypeName(op.dtype));
-  args.what = what;
-  LOOM_INFO(kColl, "%s: %s", what, choice.reason.c_str());
+  args.coll = op.type;
+  args.algo = choice.algo;
+  args.count = op.count;
+  LOOM_INFO(kColl, "%s: %s", collectives::describe(args).c_str(), choice.reason.c_str());
   if (choice.algo == collectives::Algorithm::kOneShot) return runOneShotAllReduce(op, sch, args);
   // In-place all-to-all reads blocks that it also overwrites: work from a copy.
   std::vector<char> copy;
