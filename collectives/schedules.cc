@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include "collectives/schedule.h"
 
@@ -387,6 +388,7 @@ Schedule directExchange(int r, int n, size_t count, bool sameInputForAll) {
   s.inputCount = sameInputForAll ? count : count * n;
   s.outputCount = count * n;
   Phase phase;
+  phase.reserve(2 * static_cast<size_t>(n) - 1);
   Step self;
   self.src = in(inBlock(r));
   self.dst = out(static_cast<size_t>(r) * count);
@@ -406,7 +408,7 @@ Schedule directExchange(int r, int n, size_t count, bool sameInputForAll) {
     recv.recvFrom(from);
     phase.push_back(recv);
   }
-  s.phases.push_back(phase);
+  s.phases.push_back(std::move(phase));
   return s;
 }
 
