@@ -301,10 +301,18 @@ class PhaseRunner {
     if (sch.reduces) {
       int r0 = 0;
       if (src && st.nrecv > 0) {
-        reduceWithLocal(args_.type, args_.op, target, src, recv[0], elems);
+        if (st.srcPartial) {
+          reduce(args_.type, args_.op, target, src, recv[0], elems);
+        } else {
+          reduceWithLocal(args_.type, args_.op, target, src, recv[0], elems);
+        }
         r0 = 1;
       } else if (src) {
-        applyPreOp(args_.type, args_.op, target, src, elems);
+        if (!st.srcPartial) {
+          applyPreOp(args_.type, args_.op, target, src, elems);
+        } else if (target != src) {
+          std::memcpy(target, src, bytes);
+        }
       } else if (st.nrecv > 0) {
         if (target != recv[0]) std::memcpy(target, recv[0], bytes);
         r0 = 1;

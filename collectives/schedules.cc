@@ -25,6 +25,7 @@ const char* algorithmName(Algorithm algo) {
     case Algorithm::kChain: return "chain";
     case Algorithm::kOneShot: return "oneshot";
     case Algorithm::kDirect: return "direct";
+    case Algorithm::kDoubling: return "doubling";
   }
   return "?";
 }
@@ -173,6 +174,38 @@ Schedule ringAllReduce(int r, int n, size_t count, size_t piece, const std::vect
       return z;
     };
     ringPass(&s, ro, n, RingMode::kAllReduce, off, off, size);
+  }
+  return s;
+}
+
+Schedule doublingAllReduce(int r, int n, size_t count, size_t piece) {
+  if (n == 1) return localOnly(count, count, count, true);
+  if ((n & (n - 1)) != 0) return ringAllReduce(r, n, count, piece);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  // One piece at a time, and the send of a round in a phase before its receive: the
+  // receive overwrites the output that the send reads from round 1 on, and a FIFO never
+  // holds more than two pieces of one connection, so bounded FIFOs cannot deadlock.
+  for (size_t base = 0; base < count; base += piece) {
+    const size_t bc = std::min(piece, count - base);
+    for (int mask = 1; mask < n; mask <<= 1) {
+      const bool first = mask == 1;
+      Step send;
+      send.src = first ? in(base) : out(base);
+      send.srcPartial = !first;
+      send.count = bc;
+      send.sendTo(r ^ mask);
+      s.phases.push_back(single(send));
+      Step recv;
+      recv.src = send.src;
+      recv.srcPartial = !first;
+      recv.count = bc;
+      recv.recvFrom(r ^ mask);
+      recv.dst = out(base);
+      recv.final = 2 * mask >= n;
+      s.phases.push_back(single(recv));
+    }
   }
   return s;
 }

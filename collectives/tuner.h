@@ -20,6 +20,9 @@ struct CollRequest {
   int root = 0;
   size_t pieceElems = 131072;  // elements per FIFO slot
   const std::vector<int>* ring = nullptr;  // ring order (the topology's), or rank order
+  // Some peer is reached through sockets, where every message costs its sender a trip
+  // through the network stack (on one host: both ends of loopback TCP).
+  bool network = false;
 };
 
 struct TunerChoice {

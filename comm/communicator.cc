@@ -120,6 +120,11 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
     if (!tcp) return tcp.status().withContext("setting up the tcp transport");
     transports_.push_back(std::move(tcp).value());
   }
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    auto t = selectTransport(p);
+    if (t) networkPeers_ = networkPeers_ || transports_[*t]->canConnect(me, peers_[p]).network;
+  }
   sends_.resize(nranks);
   recvs_.resize(nranks);
   sendTransport_.assign(nranks, -1);
@@ -460,6 +465,7 @@ Status Communicator::runCollective(const Operation& op) {
                                                         context_.fifo.slotBytes);
   req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);
   req.ring = &topo_.ring;  // rank order where the topology gave no valid ring
+  req.network = networkPeers_;
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
   collectives::Schedule sch = collectives::buildSchedule(req, choice.algo);
   collectives::ExecArgs args;

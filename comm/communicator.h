@@ -134,6 +134,7 @@ class Communicator : public collectives::ConnectionProvider {
   mutable std::mutex opsMutex_;
   std::string forcedAlgo_;
   int64_t spinUs_ = 50;
+  bool networkPeers_ = false;  // some peer is reached through a network transport
   std::vector<char> scratch_;  // one-shot all-reduce's gathered blocks
   ConnectMessage selfMessage_;
   std::unique_ptr<DeviceComm> device_;  // null for host-memory communicators

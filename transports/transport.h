@@ -49,6 +49,7 @@ struct Capability {
   bool deviceMemory = false;  // moves device buffers directly (others stage)
   double bandwidthGBs = 0;    // expected one-way bandwidth
   double latencyUs = 0;
+  bool network = false;       // every message goes through a network stack (sockets)
   std::string reason;         // why not reachable (logged at INFO)
 };
 

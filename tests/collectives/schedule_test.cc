@@ -106,7 +106,7 @@ class Simulator {
         size_t idx = st.src.offset + first + i;
         EXPECT_LT(idx, buf.size());
         int64_t v = idx < buf.size() ? buf[idx] : 0;
-        acc[i] = s.sch.reduces ? 2 * v : v;
+        acc[i] = s.sch.reduces && !st.srcPartial ? 2 * v : v;
       }
       have = true;
     }
@@ -174,6 +174,7 @@ std::vector<Case> cases() {
       {"RingAllGatherTopoOrder", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece, interleavedRing(n)); }},
       {"RingReduceScatterTopoOrder", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece, interleavedRing(n)); }},
       {"RingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
+      {"DoublingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return doublingAllReduce(r, n, c, kPiece); }},
       {"TreeAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece); }},
       {"RingAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece); }},
       {"RingReduceScatter", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece); }},
@@ -322,6 +323,38 @@ TEST(Tuner, MessageSizePicksOneShotTreeOrRing) {
   c = chooseAlgorithm(req, "");
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kRing) << c->reason;
+}
+
+TEST(Tuner, SmallAllReduceOverSocketsTakesRecursiveDoubling) {
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.count = 2;
+  req.elemSize = 4;
+  req.nranks = 4;
+  req.network = true;
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDoubling) << c->reason;
+  // Not a power of two, or not over sockets: one-shot.
+  req.nranks = 6;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
+  req.nranks = 4;
+  req.network = false;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
+  // Forced, at any size; excluded, never.
+  req.count = 64 << 20;
+  c = chooseAlgorithm(req, "doubling");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDoubling) << c->reason;
+  req.count = 2;
+  req.network = true;
+  c = chooseAlgorithm(req, "^doubling");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
 }
 
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {

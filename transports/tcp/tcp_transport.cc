@@ -304,6 +304,7 @@ class TcpTransport : public Transport {
     c.reachable = true;
     c.bandwidthGBs = 1;
     c.latencyUs = 20;
+    c.network = true;
     return c;
   }
   Result<std::unique_ptr<RecvSetup>> listen(const PeerInfo& peer, const Deadline&) override {
