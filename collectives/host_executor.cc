@@ -73,8 +73,8 @@ struct StepState {
   const Step* step = nullptr;
   size_t pieces = 0;
   size_t done = 0;
-  transport::SendConnection* send[kMaxStepPeers] = {nullptr, nullptr};
-  transport::RecvConnection* recv[kMaxStepPeers] = {nullptr, nullptr};
+  transport::SendConnection* send[kMaxStepPeers] = {};
+  transport::RecvConnection* recv[kMaxStepPeers] = {};
   // The turn queues (Scratch::queues) of the connections this step uses.
   int queues[2 * kMaxStepPeers];
   int nqueues = 0;
@@ -250,8 +250,8 @@ class PhaseRunner {
   // Moves one piece of step `s` if every slot it needs is ready.
   Result<bool> advance(StepState& s) {
     const Step& st = *s.step;
-    void* sendSlot[kMaxStepPeers] = {nullptr, nullptr};
-    const void* recvData[kMaxStepPeers] = {nullptr, nullptr};
+    void* sendSlot[kMaxStepPeers] = {};
+    const void* recvData[kMaxStepPeers] = {};
     size_t first = s.done * pieceElems_;
     size_t elems = std::min(pieceElems_, st.count - first);
     size_t bytes = elems * esize_;

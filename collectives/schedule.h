@@ -28,14 +28,16 @@ struct Region {
   size_t offset = 0;  // in elements (bytes of address for kAbsolute)
 };
 
-inline constexpr int kMaxStepPeers = 2;
+// Up to 3 peers a step: enough for a binary tree (2 children) and for direct all-reduce
+// over 4 ranks (a chunk reduced from, and sent to, 3 peers at once).
+inline constexpr int kMaxStepPeers = 3;
 
 struct Step {
   Region src;
   Region dst;
   size_t count = 0;
-  int recvPeers[kMaxStepPeers] = {-1, -1};
-  int sendPeers[kMaxStepPeers] = {-1, -1};
+  int recvPeers[kMaxStepPeers] = {-1, -1, -1};
+  int sendPeers[kMaxStepPeers] = {-1, -1, -1};
   int nrecv = 0;
   int nsend = 0;
   bool final = false;  // apply the post-op (the result is complete after this step)
@@ -93,6 +95,11 @@ Schedule treeAllReduce(int rank, int n, size_t count, size_t piece);  // double 
 // adds the two; log2(n) rounds of one message each, for n a power of two (otherwise the
 // ring). Both partners add the same two operands, so results match bitwise on every rank.
 Schedule doublingAllReduce(int rank, int n, size_t count, size_t piece);
+// Direct reduce-scatter then all-gather, for n - 1 <= kMaxStepPeers (otherwise the
+// ring): each rank sends chunk q of its input to rank q, reduces the contributions to
+// its own chunk and sends the result to every rank. Two hops a block against the ring's
+// 2(n-1), the same bytes, and every rank talks to every other, whatever the pairing.
+Schedule directAllReduce(int rank, int n, size_t count, size_t piece);
 Schedule ringAllGather(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
 Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
 // True when `ring` lists each of 0..n-1 exactly once.

@@ -210,6 +210,57 @@ Schedule doublingAllReduce(int r, int n, size_t count, size_t piece) {
   return s;
 }
 
+Schedule directAllReduce(int r, int n, size_t count, size_t piece) {
+  if (n == 1) return localOnly(count, count, count, true);
+  if (n - 1 > kMaxStepPeers) return ringAllReduce(r, n, count, piece);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  // Blocks of n chunks of at most one piece: each connection then carries two pieces a
+  // block (a contribution, then a result), so FIFOs of two slots cannot deadlock. One
+  // phase a block: steps sharing a connection take turns in the order below.
+  const size_t block = piece * n;
+  for (size_t base = 0; base < count; base += block) {
+    const size_t bc = std::min(block, count - base);
+    auto chunk = [&](int c, size_t* off, size_t* size) {
+      chunkRange(bc, n, c, off, size);
+      *off += base;
+    };
+    Phase phase;
+    phase.reserve(2 * static_cast<size_t>(n) - 1);
+    size_t off, size;
+    for (int k = 1; k < n; ++k) {  // every other rank's chunk to its owner
+      const int to = mod(r + k, n);
+      chunk(to, &off, &size);
+      Step send;
+      send.src = in(off);
+      send.count = size;
+      send.sendTo(to);
+      phase.push_back(send);
+    }
+    chunk(r, &off, &size);
+    Step own;  // this rank's chunk: reduced here, then handed to every rank
+    own.src = in(off);
+    own.dst = out(off);
+    own.count = size;
+    own.final = true;
+    for (int k = 1; k < n; ++k) own.recvFrom(mod(r - k, n));
+    for (int k = 1; k < n; ++k) own.sendTo(mod(r + k, n));
+    phase.push_back(own);
+    for (int k = 1; k < n; ++k) {  // the other chunks' results
+      const int from = mod(r - k, n);
+      chunk(from, &off, &size);
+      Step get;
+      get.dst = out(off);
+      get.count = size;
+      get.recvFrom(from);
+      phase.push_back(get);
+    }
+    s.phases.push_back(std::move(phase));
+  }
+  return s;
+}
+
 Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece, const std::vector<int>* ring) {
   if (n == 1) return localOnly(recvcount, recvcount, recvcount, true);
   const RingOrder ro = ringOrder(r, n, ring);

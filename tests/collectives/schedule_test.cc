@@ -174,6 +174,7 @@ std::vector<Case> cases() {
       {"RingAllGatherTopoOrder", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece, interleavedRing(n)); }},
       {"RingReduceScatterTopoOrder", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece, interleavedRing(n)); }},
       {"RingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
+      {"DirectAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return directAllReduce(r, n, c, kPiece); }},
       {"DoublingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return doublingAllReduce(r, n, c, kPiece); }},
       {"TreeAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece); }},
       {"RingAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece); }},
@@ -355,6 +356,38 @@ TEST(Tuner, SmallAllReduceOverSocketsTakesRecursiveDoubling) {
   c = chooseAlgorithm(req, "^doubling");
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
+}
+
+TEST(Tuner, LargerAllReduceOverSocketsWithFewRanksGoesDirect) {
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.count = 1 << 20;
+  req.elemSize = 4;
+  req.nranks = 4;
+  req.network = true;
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDirect) << c->reason;
+  req.nranks = 3;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDirect) << c->reason;
+  // Too many ranks for one step, shared memory, or excluded: ring (or tree).
+  req.nranks = 5;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDirect) << c->reason;
+  req.nranks = 4;
+  c = chooseAlgorithm(req, "ring");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kRing) << c->reason;
+  req.network = false;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDirect) << c->reason;
+  c = chooseAlgorithm(req, "direct");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDirect) << c->reason;
 }
 
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {

@@ -262,6 +262,32 @@ TEST(ApiCollectives, AllCollectivesOverTcp) {
   unsetenv("LOOM_TRANSPORTS");
 }
 
+// Direct all-reduce (the tuner's choice over sockets for 3-4 ranks), forced over shared
+// memory too: every type and op, in and out of place, one piece and many.
+TEST(ApiCollectives, DirectAllReduceEveryOp) {
+  setenv("LOOM_ALGO", "direct", 1);
+  for (const char* transports : {"shm", "tcp"}) {
+    setenv("LOOM_TRANSPORTS", transports, 1);
+    for (int n : {3, 4}) {
+      Comms cm(n);
+      for (int t = 0; t < loom::kNumDataTypes; ++t) {
+        for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+          runCase(cm, Coll::kAllReduce, static_cast<DataType>(t), op, 1031, false, 0);
+          if (HasFatalFailure()) break;
+        }
+      }
+      for (bool inPlace : {false, true}) {
+        for (size_t count : {size_t{1}, size_t{2}, size_t{300007}}) {
+          runCase(cm, Coll::kAllReduce, DataType::kFloat32, ncclAvg, count, inPlace, 0);
+          runCase(cm, Coll::kAllReduce, DataType::kInt32, ncclSum, count, inPlace, 0);
+        }
+      }
+    }
+  }
+  unsetenv("LOOM_TRANSPORTS");
+  unsetenv("LOOM_ALGO");
+}
+
 // Recursive doubling (the tuner's choice for small all-reduces over sockets), forced at
 // every size, over shared memory and over TCP: every type and op, in and out of place,
 // several pieces; and the result is bitwise the same on every rank.
