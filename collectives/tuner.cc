@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace loom::collectives {
 
@@ -44,6 +45,13 @@ bool algoAllowed(const std::string& forced, const char* name) {
 }
 
 }  // namespace
+
+std::string TunerChoice::text() const {
+  if (ringUs < 0) return reason;
+  char estimates[96];
+  std::snprintf(estimates, sizeof(estimates), ": ring %.1f us, tree %.1f us", ringUs, treeUs);
+  return std::string(reason) + estimates;
+}
 
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced) {
   if (!forced.empty()) {
@@ -113,14 +121,16 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
       if (ring && tree) {
         double r = ringAllReduceUs(bytes, n), t = treeAllReduceUs(bytes, n);
         c.algo = t < r ? Algorithm::kTree : Algorithm::kRing;
-        c.reason = "cost model: ring " + std::to_string(r) + " us, tree " + std::to_string(t) + " us";
+        c.reason = "cost model";
+        c.ringUs = r;
+        c.treeUs = t;
       } else if (tree) {
         c.algo = Algorithm::kTree;
         c.reason = "forced by LOOM_ALGO";
       } else {
         c.algo = Algorithm::kRing;
         c.reason = ring && !forced.empty() ? "forced by LOOM_ALGO" : "ring is the only choice";
-        if (!ring) c.reason = "no allowed algorithm fits " + std::to_string(n) + " ranks; using ring";
+        if (!ring) c.reason = "no allowed algorithm fits this rank count; using ring";
       }
       break;
     }

@@ -27,7 +27,12 @@ struct CollRequest {
 
 struct TunerChoice {
   Algorithm algo = Algorithm::kRing;
-  std::string reason;
+  const char* reason = "";  // why (static text: choosing allocates nothing)
+  // The cost model's estimates, where it decided (negative otherwise).
+  double ringUs = -1;
+  double treeUs = -1;
+  // The reason with the estimates, for the log.
+  std::string text() const;
 };
 
 // `forced` is the LOOM_ALGO text (empty: choose). Unknown names are an error; an

@@ -484,7 +484,7 @@ Status Communicator::runCollective(const Operation& op) {
   args.coll = op.type;
   args.algo = choice.algo;
   args.count = op.count;
-  LOOM_INFO(kColl, "%s: %s", collectives::describe(args).c_str(), choice.reason.c_str());
+  LOOM_INFO(kColl, "%s: %s", collectives::describe(args).c_str(), choice.text().c_str());
   if (choice.algo == collectives::Algorithm::kOneShot) return runOneShotAllReduce(op, sch, args);
   // In-place all-to-all reads blocks that it also overwrites: work from a copy.
   std::vector<char> copy;
