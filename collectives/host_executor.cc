@@ -53,8 +53,8 @@ inline void cpuRelax() {
 // hands the core to a peer that has work, yet stays runnable, so the data it waits for is
 // picked up at the next turn instead of after a wake-up from poll(). Measured on the
 // 2-core VM, 4 ranks over TCP: 8-byte all-reduce 150-200 us blocking in poll() at once,
-// 70-80 us yielding first (docs/perf/host_allreduce.md). After kYieldUs a rank that
-// still waits is waiting on something slow, and blocks so that it costs nothing.
+// 70-80 us yielding first (docs/decisions.md). After kYieldUs a rank that still waits
+// is waiting on something slow, and blocks so that it costs nothing.
 constexpr int64_t kYieldUs = 2000;
 
 void waitForPeers(int64_t idleUs, int64_t spinUs, std::vector<pollfd>* fds) {
