@@ -453,6 +453,19 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   return Status::ok();
 }
 
+// A loop calls the same collective again and again: the last schedule is kept and
+// reused when the call matches it (the ring order never changes).
+const collectives::Schedule& Communicator::scheduleFor(const collectives::CollRequest& req,
+                                                      collectives::Algorithm algo) {
+  ScheduleKey key{req.type, algo, req.count, req.elemSize, req.root, req.pieceElems};
+  if (!(haveSchedule_ && key == scheduleKey_)) {
+    schedule_ = collectives::buildSchedule(req, algo);
+    scheduleKey_ = key;
+    haveSchedule_ = true;
+  }
+  return schedule_;
+}
+
 Status Communicator::runCollective(const Operation& op) {
   collectives::CollRequest req;
   req.type = op.type;
@@ -467,7 +480,7 @@ Status Communicator::runCollective(const Operation& op) {
   req.ring = &topo_.ring;  // rank order where the topology gave no valid ring
   req.network = networkPeers_;
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
-  collectives::Schedule sch = collectives::buildSchedule(req, choice.algo);
+  const collectives::Schedule& sch = scheduleFor(req, choice.algo);
   collectives::ExecArgs args;
   args.schedule = &sch;
   args.type = op.dtype;
