@@ -4,8 +4,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
-#include <map>
 #include <thread>
 #include <vector>
 
@@ -31,6 +31,14 @@ void schedulePeers(const Schedule& schedule, std::vector<int>* sendPeers,
   }
 }
 
+std::string describe(const ExecArgs& args) {
+  if (!args.what.empty()) return args.what;
+  char text[160];
+  std::snprintf(text, sizeof(text), "%s(%s, %zu x %s)", collTypeName(args.coll),
+                algorithmName(args.algo), args.count, dataTypeName(args.type));
+  return text;
+}
+
 namespace {
 
 inline void cpuRelax() {
@@ -39,21 +47,72 @@ inline void cpuRelax() {
 #endif
 }
 
+// How a thread waits for peers: spin `spinUs`, then sched_yield() until kYieldUs, then
+// block (poll() on the sockets, or short sleeps for memory transports). Yielding before
+// blocking matters most when ranks outnumber cores (4 ranks on 2 cores): a yielding rank
+// hands the core to a peer that has work, yet stays runnable, so the data it waits for is
+// picked up at the next turn instead of after a wake-up from poll(). Measured on the
+// 2-core VM, 4 ranks over TCP: 8-byte all-reduce 150-200 us blocking in poll() at once,
+// 70-80 us yielding first (docs/decisions.md). After kYieldUs a rank that still waits
+// is waiting on something slow, and blocks so that it costs nothing.
+constexpr int64_t kYieldUs = 2000;
+
+void waitForPeers(int64_t idleUs, int64_t spinUs, std::vector<pollfd>* fds) {
+  if (idleUs < spinUs) {
+    cpuRelax();
+  } else if (idleUs < kYieldUs) {
+    sched_yield();
+  } else if (!fds->empty()) {
+    ::poll(fds->data(), fds->size(), 1);
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 struct StepState {
   const Step* step = nullptr;
   size_t pieces = 0;
   size_t done = 0;
-  transport::SendConnection* send[kMaxStepPeers] = {nullptr, nullptr};
-  transport::RecvConnection* recv[kMaxStepPeers] = {nullptr, nullptr};
-  // Connection keys: (peer << 1) | isSend.
-  int keys[2 * kMaxStepPeers];
-  int nkeys = 0;
+  transport::SendConnection* send[kMaxStepPeers] = {};
+  transport::RecvConnection* recv[kMaxStepPeers] = {};
+  // The turn queues (Scratch::queues) of the connections this step uses.
+  int queues[2 * kMaxStepPeers];
+  int nqueues = 0;
   bool finished() const { return done == pieces; }
 };
 
+// Steps of a phase that share a connection take it in phase order: `steps` lists them,
+// `turn` indexes the one whose turn it is.
+struct TurnQueue {
+  int key = 0;  // (peer << 1) | isSend
+  std::vector<size_t> steps;
+  size_t turn = 0;
+};
+
+// What a run needs besides the schedule, kept per thread so that a small collective
+// allocates nothing once its thread has run one like it (the vectors keep their
+// capacity; runSchedule is never re-entered on one thread).
+struct Scratch {
+  std::vector<StepState> states;
+  std::vector<TurnQueue> queues;  // the first `nqueues` are in use
+  size_t nqueues = 0;
+  std::vector<transport::SendConnection*> activeSends;
+  std::vector<transport::RecvConnection*> activeRecvs;
+  std::vector<pollfd> fds;
+  std::vector<int> sendPeers, recvPeers;
+};
+
+Scratch& threadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
 class PhaseRunner {
  public:
-  PhaseRunner(const ExecArgs& a, ConnectionProvider& c) : args_(a), conns_(c) {
+  PhaseRunner(const ExecArgs& a, ConnectionProvider& c, Scratch& scratch)
+      : args_(a), conns_(c), states_(scratch.states), queues_(scratch.queues),
+        nqueues_(scratch.nqueues), activeSends_(scratch.activeSends),
+        activeRecvs_(scratch.activeRecvs), fds_(scratch.fds) {
     esize_ = dataTypeSize(a.type);
     pieceElems_ = std::max<size_t>(1, a.pieceBytes / esize_);
   }
@@ -62,7 +121,6 @@ class PhaseRunner {
     LOOM_TRY(setUp(phase));
     Clock::time_point lastProgress = Clock::now();
     Clock::time_point lastCheck = lastProgress;
-    int idle = 0;
     const int64_t spinLimit = args_.spinUs > 0 ? args_.spinUs : 50;
     while (true) {
       bool progressed = false;
@@ -82,31 +140,22 @@ class PhaseRunner {
       }
       if (allDone) return Status::ok();
       if (progressed) {
-        idle = 0;
         lastProgress = Clock::now();
         continue;
       }
-      // Nothing moved: let the transports work, then wait politely.
+      // Nothing moved: let the transports work (a socket whose step is not its turn yet
+      // still gets read into free slots, so poll() does not keep reporting it), then wait
+      // politely.
       for (auto* sc : activeSends_) LOOM_TRY(sc->progress());
-      ++idle;
+      for (auto* rc : activeRecvs_) LOOM_TRY(rc->progress());
       Clock::time_point now = Clock::now();
       auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(now - lastProgress).count();
-      if (idleUs < spinLimit) {
-        cpuRelax();
-      } else {
-        fds_.clear();
-        if (allPollable_) {
-          for (auto* sc : activeSends_) sc->addPollFds(&fds_);
-          for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
-        }
-        if (!fds_.empty()) {
-          ::poll(fds_.data(), fds_.size(), 1);
-        } else if (idleUs < 2000) {
-          sched_yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
+      fds_.clear();
+      if (idleUs >= kYieldUs && allPollable_) {
+        for (auto* sc : activeSends_) sc->addPollFds(&fds_);
+        for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
       }
+      waitForPeers(idleUs, spinLimit, &fds_);
       if (now - lastCheck > std::chrono::milliseconds(100)) {
         lastCheck = now;
         LOOM_TRY(checkHealth(now, lastProgress));
@@ -118,7 +167,7 @@ class PhaseRunner {
   Status setUp(const Phase& phase) {
     states_.clear();
     states_.resize(phase.size());
-    keyQueues_.clear();
+    nqueues_ = 0;
     activeSends_.clear();
     activeRecvs_.clear();
     for (size_t i = 0; i < phase.size(); ++i) {
@@ -130,17 +179,16 @@ class PhaseRunner {
         int p = s.step->sendPeers[j];
         s.send[j] = conns_.sendConnection(p);
         if (!s.send[j]) return errorf(Code::kInternalError, "no send connection to rank %d", p);
-        s.keys[s.nkeys++] = (p << 1) | 1;
+        s.queues[s.nqueues++] = queueFor((p << 1) | 1, i);
         addUnique(&activeSends_, s.send[j]);
       }
       for (int j = 0; j < s.step->nrecv; ++j) {
         int p = s.step->recvPeers[j];
         s.recv[j] = conns_.recvConnection(p);
         if (!s.recv[j]) return errorf(Code::kInternalError, "no recv connection from rank %d", p);
-        s.keys[s.nkeys++] = p << 1;
+        s.queues[s.nqueues++] = queueFor(p << 1, i);
         addUnique(&activeRecvs_, s.recv[j]);
       }
-      for (int k = 0; k < s.nkeys; ++k) keyQueues_[s.keys[k]].push_back(i);
     }
     // Blocking in poll() is only a safe way to wait when every connection is a socket;
     // memory transports offer nothing to poll, so then we yield instead.
@@ -148,6 +196,21 @@ class PhaseRunner {
     for (auto* sc : activeSends_) allPollable_ = allPollable_ && sc->pollable();
     for (auto* rc : activeRecvs_) allPollable_ = allPollable_ && rc->pollable();
     return Status::ok();
+  }
+
+  // The queue of connection `key` (taking a free one for a new key), with step i appended.
+  int queueFor(int key, size_t i) {
+    size_t q = 0;
+    while (q < nqueues_ && queues_[q].key != key) ++q;
+    if (q == nqueues_) {
+      if (q == queues_.size()) queues_.emplace_back();
+      queues_[q].key = key;
+      queues_[q].steps.clear();
+      queues_[q].turn = 0;
+      ++nqueues_;
+    }
+    queues_[q].steps.push_back(i);
+    return static_cast<int>(q);
   }
 
   template <typename T>
@@ -159,20 +222,20 @@ class PhaseRunner {
   // Steps sharing a connection use it in phase order.
   bool eligible(size_t i) const {
     const StepState& s = states_[i];
-    for (int k = 0; k < s.nkeys; ++k) {
-      const auto& q = keyQueues_.at(s.keys[k]);
-      if (q.front() != i) return false;
+    for (int k = 0; k < s.nqueues; ++k) {
+      const TurnQueue& q = queues_[s.queues[k]];
+      if (q.steps[q.turn] != i) return false;
     }
     return true;
   }
 
   void retire(size_t i) {
     StepState& s = states_[i];
-    for (int k = 0; k < s.nkeys; ++k) {
-      auto& q = keyQueues_[s.keys[k]];
-      if (!q.empty() && q.front() == i) q.erase(q.begin());
+    for (int k = 0; k < s.nqueues; ++k) {
+      TurnQueue& q = queues_[s.queues[k]];
+      if (q.turn < q.steps.size() && q.steps[q.turn] == i) ++q.turn;
     }
-    s.nkeys = 0;
+    s.nqueues = 0;
   }
 
   char* bufferAt(const Region& r) const {
@@ -187,8 +250,8 @@ class PhaseRunner {
   // Moves one piece of step `s` if every slot it needs is ready.
   Result<bool> advance(StepState& s) {
     const Step& st = *s.step;
-    void* sendSlot[kMaxStepPeers] = {nullptr, nullptr};
-    const void* recvData[kMaxStepPeers] = {nullptr, nullptr};
+    void* sendSlot[kMaxStepPeers] = {};
+    const void* recvData[kMaxStepPeers] = {};
     size_t first = s.done * pieceElems_;
     size_t elems = std::min(pieceElems_, st.count - first);
     size_t bytes = elems * esize_;
@@ -219,16 +282,41 @@ class PhaseRunner {
     }
     const char* src = st.src.buffer == Buffer::kNone ? nullptr : bufferAt(st.src) + first * esize_;
     char* dst = st.dst.buffer == Buffer::kNone ? nullptr : bufferAt(st.dst) + first * esize_;
-    char* target = st.nsend > 0 ? static_cast<char*>(sendSlot[0]) : dst;
-    if (target && elems > 0) {
-      compute(st, target, src, recvData, elems);
-      if (dst && dst != target) std::memcpy(dst, target, bytes);
-      for (int j = 1; j < st.nsend; ++j) std::memcpy(sendSlot[j], target, bytes);
+    if (const char* ready = sendFromMemory(s, src, dst, recvData, elems)) {
+      for (int j = 0; j < st.nsend; ++j) LOOM_TRY(s.send[j]->postSendFrom(ready, bytes));
+    } else {
+      char* target = st.nsend > 0 ? static_cast<char*>(sendSlot[0]) : dst;
+      if (target && elems > 0) {
+        compute(st, target, src, recvData, elems);
+        if (dst && dst != target) std::memcpy(dst, target, bytes);
+        for (int j = 1; j < st.nsend; ++j) std::memcpy(sendSlot[j], target, bytes);
+      }
+      for (int j = 0; j < st.nsend; ++j) LOOM_TRY(s.send[j]->postSend(bytes));
     }
-    for (int j = 0; j < st.nsend; ++j) LOOM_TRY(s.send[j]->postSend(bytes));
     for (int j = 0; j < st.nrecv; ++j) LOOM_TRY(s.recv[j]->releaseRecv());
     ++s.done;
     return true;
+  }
+
+  // Sockets copy into the kernel anyway, so when the piece's result lies in user memory
+  // (the step has a destination, or sends its source unchanged) they send it from there
+  // rather than through a slot: one memcpy less per piece. Computes the piece into dst
+  // where it needs computing. Returns where the result is, or null to use the slots.
+  const char* sendFromMemory(const StepState& s, const char* src, char* dst,
+                             const void* const* recvData, size_t elems) {
+    const Step& st = *s.step;
+    if (st.nsend == 0 || elems == 0) return nullptr;
+    for (int j = 0; j < st.nsend; ++j) {
+      if (!s.send[j]->sendsFromMemory()) return nullptr;
+    }
+    if (dst) {
+      compute(st, dst, src, recvData, elems);
+      return dst;
+    }
+    const bool reduces = args_.schedule->reduces;
+    const bool unchanged =
+        !reduces || ((st.srcPartial || !hasPreOp(args_.op)) && !(st.final && hasPostOp(args_.op)));
+    return src && st.nrecv == 0 && unchanged ? src : nullptr;
   }
 
   void compute(const Step& st, char* target, const char* src, const void* const* recv,
@@ -238,10 +326,18 @@ class PhaseRunner {
     if (sch.reduces) {
       int r0 = 0;
       if (src && st.nrecv > 0) {
-        reduceWithLocal(args_.type, args_.op, target, src, recv[0], elems);
+        if (st.srcPartial) {
+          reduce(args_.type, args_.op, target, src, recv[0], elems);
+        } else {
+          reduceWithLocal(args_.type, args_.op, target, src, recv[0], elems);
+        }
         r0 = 1;
       } else if (src) {
-        applyPreOp(args_.type, args_.op, target, src, elems);
+        if (!st.srcPartial) {
+          applyPreOp(args_.type, args_.op, target, src, elems);
+        } else if (target != src) {
+          std::memcpy(target, src, bytes);
+        }
       } else if (st.nrecv > 0) {
         if (target != recv[0]) std::memcpy(target, recv[0], bytes);
         r0 = 1;
@@ -257,22 +353,22 @@ class PhaseRunner {
   Status checkHealth(Clock::time_point now, Clock::time_point lastProgress) {
     if (args_.abortFlag && args_.abortFlag->load(std::memory_order_relaxed)) {
       return errorf(Code::kSystemError, "%s on rank %d: aborted by ncclCommAbort",
-                    args_.what.c_str(), args_.rank);
+                    describe(args_).c_str(), args_.rank);
     }
     for (auto* sc : activeSends_) {
       Status st = sc->checkPeer();
-      if (!st) return st.withContext(args_.what + " on rank " + std::to_string(args_.rank));
+      if (!st) return st.withContext(describe(args_) + " on rank " + std::to_string(args_.rank));
     }
     for (auto* rc : activeRecvs_) {
       Status st = rc->checkPeer();
-      if (!st) return st.withContext(args_.what + " on rank " + std::to_string(args_.rank));
+      if (!st) return st.withContext(describe(args_) + " on rank " + std::to_string(args_.rank));
     }
     auto idleMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - lastProgress).count();
     if (args_.timeoutMs >= 0 && idleMs > args_.timeoutMs) {
       return errorf(Code::kRemoteError,
                     "%s on rank %d: no progress for %lld ms while %s rank %d (LOOM_TIMEOUT_MS=%lld); "
                     "that rank may be stuck, dead, or calling a different operation",
-                    args_.what.c_str(), args_.rank, (long long)idleMs,
+                    describe(args_).c_str(), args_.rank, (long long)idleMs,
                     waitingSend_ ? "sending to" : "receiving from", waitingOn_,
                     (long long)args_.timeoutMs);
     }
@@ -283,11 +379,12 @@ class PhaseRunner {
   ConnectionProvider& conns_;
   size_t esize_ = 1;
   size_t pieceElems_ = 1;
-  std::vector<StepState> states_;
-  std::map<int, std::vector<size_t>> keyQueues_;
-  std::vector<transport::SendConnection*> activeSends_;
-  std::vector<transport::RecvConnection*> activeRecvs_;
-  std::vector<pollfd> fds_;
+  std::vector<StepState>& states_;
+  std::vector<TurnQueue>& queues_;
+  size_t& nqueues_;
+  std::vector<transport::SendConnection*>& activeSends_;
+  std::vector<transport::RecvConnection*>& activeRecvs_;
+  std::vector<pollfd>& fds_;
   bool allPollable_ = false;
   int waitingOn_ = -1;
   bool waitingSend_ = false;
@@ -298,25 +395,31 @@ class PhaseRunner {
 
 Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
   const Schedule& sch = *args.schedule;
-  std::vector<int> sendPeers, recvPeers;
+  Scratch& scratch = threadScratch();
+  std::vector<int>& sendPeers = scratch.sendPeers;
+  std::vector<int>& recvPeers = scratch.recvPeers;
   schedulePeers(sch, &sendPeers, &recvPeers);
   LOOM_TRY(conns.ensureConnected(sendPeers, recvPeers));
-  PhaseRunner runner(args, conns);
+  PhaseRunner runner(args, conns, scratch);
   for (const auto& phase : sch.phases) LOOM_TRY(runner.run(phase));
   // Everything posted must have left this process before the call returns: nobody
   // drives these connections between operations.
   Deadline deadline = Deadline::afterMs(args.timeoutMs, args.abortFlag);
+  const int64_t spinUs = args.spinUs > 0 ? args.spinUs : 50;
+  std::vector<pollfd>& fds = scratch.fds;
   for (int p : sendPeers) {
     transport::SendConnection* sc = conns.sendConnection(p);
+    const Clock::time_point start = Clock::now();
     while (!sc->flushed()) {
       LOOM_TRY(sc->progress());
       if (sc->flushed()) break;
-      std::vector<pollfd> fds;
-      sc->addPollFds(&fds);
-      ::poll(fds.data(), fds.size(), 1);
+      auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+      fds.clear();
+      if (idleUs >= kYieldUs) sc->addPollFds(&fds);
+      waitForPeers(idleUs, spinUs, &fds);
       if (deadline.aborted() || deadline.expired()) {
         return errorf(Code::kRemoteError, "%s on rank %d: rank %d is not draining its connection",
-                      args.what.c_str(), args.rank, p);
+                      describe(args).c_str(), args.rank, p);
       }
     }
   }

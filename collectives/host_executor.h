@@ -40,8 +40,17 @@ struct ExecArgs {
   int64_t timeoutMs = 300000;
   int64_t spinUs = 0;  // 0: automatic
   const std::atomic<bool>* abortFlag = nullptr;
-  std::string what;  // "AllReduce(ring, 1024 x float)" for messages
+  // Names the operation in messages: `what` when set (the p2p calls of a group), else
+  // "AllReduce(ring, 1024 x float)" from the fields below, built only when a message
+  // needs it (formatting it on every call costs a small collective measurably).
+  std::string what;
+  CollType coll = CollType::kAllReduce;
+  Algorithm algo = Algorithm::kRing;
+  size_t count = 0;
 };
+
+// The operation's name for messages (see ExecArgs::what).
+std::string describe(const ExecArgs& args);
 
 // The peers a schedule sends to and receives from (sorted, unique).
 void schedulePeers(const Schedule& schedule, std::vector<int>* sendPeers,

@@ -28,17 +28,22 @@ struct Region {
   size_t offset = 0;  // in elements (bytes of address for kAbsolute)
 };
 
-inline constexpr int kMaxStepPeers = 2;
+// Up to 3 peers a step: enough for a binary tree (2 children) and for direct all-reduce
+// over 4 ranks (a chunk reduced from, and sent to, 3 peers at once).
+inline constexpr int kMaxStepPeers = 3;
 
 struct Step {
   Region src;
   Region dst;
   size_t count = 0;
-  int recvPeers[kMaxStepPeers] = {-1, -1};
-  int sendPeers[kMaxStepPeers] = {-1, -1};
+  int recvPeers[kMaxStepPeers] = {-1, -1, -1};
+  int sendPeers[kMaxStepPeers] = {-1, -1, -1};
   int nrecv = 0;
   int nsend = 0;
   bool final = false;  // apply the post-op (the result is complete after this step)
+  // src already holds a partial result (this rank's earlier work), so the pre-op is not
+  // applied to it again.
+  bool srcPartial = false;
 
   Step& recvFrom(int p) {
     recvPeers[nrecv++] = p;
@@ -62,7 +67,7 @@ enum class CollType : uint8_t {
   kSendRecv,  // the p2p calls of a group
 };
 
-enum class Algorithm : uint8_t { kRing, kTree, kChain, kOneShot, kDirect };
+enum class Algorithm : uint8_t { kRing, kTree, kChain, kOneShot, kDirect, kDoubling };
 
 const char* collTypeName(CollType type);
 const char* algorithmName(Algorithm algo);
@@ -86,6 +91,15 @@ void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
 // topology's) or rank order when it is null or not a permutation of n ranks.
 Schedule ringAllReduce(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
 Schedule treeAllReduce(int rank, int n, size_t count, size_t piece);  // double binary tree
+// Recursive doubling: in round j every rank swaps its partial result with rank ^ 2^j and
+// adds the two; log2(n) rounds of one message each, for n a power of two (otherwise the
+// ring). Both partners add the same two operands, so results match bitwise on every rank.
+Schedule doublingAllReduce(int rank, int n, size_t count, size_t piece);
+// Direct reduce-scatter then all-gather, for n - 1 <= kMaxStepPeers (otherwise the
+// ring): each rank sends chunk q of its input to rank q, reduces the contributions to
+// its own chunk and sends the result to every rank. Two hops a block against the ring's
+// 2(n-1), the same bytes, and every rank talks to every other, whatever the pairing.
+Schedule directAllReduce(int rank, int n, size_t count, size_t piece);
 Schedule ringAllGather(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
 Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
 // True when `ring` lists each of 0..n-1 exactly once.

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include "collectives/schedule.h"
 
@@ -24,6 +25,7 @@ const char* algorithmName(Algorithm algo) {
     case Algorithm::kChain: return "chain";
     case Algorithm::kOneShot: return "oneshot";
     case Algorithm::kDirect: return "direct";
+    case Algorithm::kDoubling: return "doubling";
   }
   return "?";
 }
@@ -172,6 +174,89 @@ Schedule ringAllReduce(int r, int n, size_t count, size_t piece, const std::vect
       return z;
     };
     ringPass(&s, ro, n, RingMode::kAllReduce, off, off, size);
+  }
+  return s;
+}
+
+Schedule doublingAllReduce(int r, int n, size_t count, size_t piece) {
+  if (n == 1) return localOnly(count, count, count, true);
+  if ((n & (n - 1)) != 0) return ringAllReduce(r, n, count, piece);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  // One piece at a time, and the send of a round in a phase before its receive: the
+  // receive overwrites the output that the send reads from round 1 on, and a FIFO never
+  // holds more than two pieces of one connection, so bounded FIFOs cannot deadlock.
+  for (size_t base = 0; base < count; base += piece) {
+    const size_t bc = std::min(piece, count - base);
+    for (int mask = 1; mask < n; mask <<= 1) {
+      const bool first = mask == 1;
+      Step send;
+      send.src = first ? in(base) : out(base);
+      send.srcPartial = !first;
+      send.count = bc;
+      send.sendTo(r ^ mask);
+      s.phases.push_back(single(send));
+      Step recv;
+      recv.src = send.src;
+      recv.srcPartial = !first;
+      recv.count = bc;
+      recv.recvFrom(r ^ mask);
+      recv.dst = out(base);
+      recv.final = 2 * mask >= n;
+      s.phases.push_back(single(recv));
+    }
+  }
+  return s;
+}
+
+Schedule directAllReduce(int r, int n, size_t count, size_t piece) {
+  if (n == 1) return localOnly(count, count, count, true);
+  if (n - 1 > kMaxStepPeers) return ringAllReduce(r, n, count, piece);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  // Blocks of n chunks of at most one piece: each connection then carries two pieces a
+  // block (a contribution, then a result), so FIFOs of two slots cannot deadlock. One
+  // phase a block: steps sharing a connection take turns in the order below.
+  const size_t block = piece * n;
+  for (size_t base = 0; base < count; base += block) {
+    const size_t bc = std::min(block, count - base);
+    auto chunk = [&](int c, size_t* off, size_t* size) {
+      chunkRange(bc, n, c, off, size);
+      *off += base;
+    };
+    Phase phase;
+    phase.reserve(2 * static_cast<size_t>(n) - 1);
+    size_t off, size;
+    for (int k = 1; k < n; ++k) {  // every other rank's chunk to its owner
+      const int to = mod(r + k, n);
+      chunk(to, &off, &size);
+      Step send;
+      send.src = in(off);
+      send.count = size;
+      send.sendTo(to);
+      phase.push_back(send);
+    }
+    chunk(r, &off, &size);
+    Step own;  // this rank's chunk: reduced here, then handed to every rank
+    own.src = in(off);
+    own.dst = out(off);
+    own.count = size;
+    own.final = true;
+    for (int k = 1; k < n; ++k) own.recvFrom(mod(r - k, n));
+    for (int k = 1; k < n; ++k) own.sendTo(mod(r + k, n));
+    phase.push_back(own);
+    for (int k = 1; k < n; ++k) {  // the other chunks' results
+      const int from = mod(r - k, n);
+      chunk(from, &off, &size);
+      Step get;
+      get.dst = out(off);
+      get.count = size;
+      get.recvFrom(from);
+      phase.push_back(get);
+    }
+    s.phases.push_back(std::move(phase));
   }
   return s;
 }
@@ -387,6 +472,7 @@ Schedule directExchange(int r, int n, size_t count, bool sameInputForAll) {
   s.inputCount = sameInputForAll ? count : count * n;
   s.outputCount = count * n;
   Phase phase;
+  phase.reserve(2 * static_cast<size_t>(n) - 1);
   Step self;
   self.src = in(inBlock(r));
   self.dst = out(static_cast<size_t>(r) * count);
@@ -406,7 +492,7 @@ Schedule directExchange(int r, int n, size_t count, bool sameInputForAll) {
     recv.recvFrom(from);
     phase.push_back(recv);
   }
-  s.phases.push_back(phase);
+  s.phases.push_back(std::move(phase));
   return s;
 }
 

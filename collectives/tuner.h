@@ -20,11 +20,19 @@ struct CollRequest {
   int root = 0;
   size_t pieceElems = 131072;  // elements per FIFO slot
   const std::vector<int>* ring = nullptr;  // ring order (the topology's), or rank order
+  // Some peer is reached through sockets, where every message costs its sender a trip
+  // through the network stack (on one host: both ends of loopback TCP).
+  bool network = false;
 };
 
 struct TunerChoice {
   Algorithm algo = Algorithm::kRing;
-  std::string reason;
+  const char* reason = "";  // why (static text: choosing allocates nothing)
+  // The cost model's estimates, where it decided (negative otherwise).
+  double ringUs = -1;
+  double treeUs = -1;
+  // The reason with the estimates, for the log.
+  std::string text() const;
 };
 
 // `forced` is the LOOM_ALGO text (empty: choose). Unknown names are an error; an
@@ -32,5 +40,13 @@ struct TunerChoice {
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced);
 
 Schedule buildSchedule(const CollRequest& req, Algorithm algo);
+
+// The piece size (bytes) of a host collective: what one FIFO slot carries per step.
+// `bytes` is the call's size as the C API counts it (per rank for all-gather and
+// reduce-scatter). Rings cut the data into blocks of nranks pieces and run their steps
+// one block at a time, each step one hop, so a message takes as many blocks as it needs
+// and no more: one block while nranks pieces fit a slot each. Broadcast and reduce
+// stream through their hops, so they get several pieces per rank.
+size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes);
 
 }  // namespace loom::collectives

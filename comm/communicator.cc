@@ -120,6 +120,11 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
     if (!tcp) return tcp.status().withContext("setting up the tcp transport");
     transports_.push_back(std::move(tcp).value());
   }
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    auto t = selectTransport(p);
+    if (t) networkPeers_ = networkPeers_ || transports_[*t]->canConnect(me, peers_[p]).network;
+  }
   sends_.resize(nranks);
   recvs_.resize(nranks);
   sendTransport_.assign(nranks, -1);
@@ -453,6 +458,19 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   return Status::ok();
 }
 
+// A loop calls the same collective again and again: the last schedule is kept and
+// reused when the call matches it (the ring order never changes).
+const collectives::Schedule& Communicator::scheduleFor(const collectives::CollRequest& req,
+                                                      collectives::Algorithm algo) {
+  ScheduleKey key{req.type, algo, req.count, req.elemSize, req.root, req.pieceElems};
+  if (!(haveSchedule_ && key == scheduleKey_)) {
+    schedule_ = collectives::buildSchedule(req, algo);
+    scheduleKey_ = key;
+    haveSchedule_ = true;
+  }
+  return schedule_;
+}
+
 Status Communicator::runCollective(const Operation& op) {
   collectives::CollRequest req;
   req.type = op.type;
@@ -461,23 +479,13 @@ Status Communicator::runCollective(const Operation& op) {
   req.nranks = nranks_;
   req.rank = rank_;
   req.root = op.root;
-  // Pieces: a whole FIFO slot for large messages; for mid-size ones smaller pieces, so a
-  // ring or chain has several in flight instead of one slot-sized step at a time.
-  size_t pieceBytes = context_.fifo.slotBytes;
-  {
-    size_t total = op.count * req.elemSize;
-    if (op.type == collectives::CollType::kAllGather || op.type == collectives::CollType::kReduceScatter) {
-      total *= static_cast<size_t>(nranks_);
-    }
-    size_t want = total / (static_cast<size_t>(nranks_) * 4);
-    want = std::max<size_t>(want, 16 * 1024);
-    want = (want + 63) / 64 * 64;
-    pieceBytes = std::min(pieceBytes, want);
-  }
+  const size_t pieceBytes = collectives::hostPieceBytes(op.type, op.count * req.elemSize, nranks_,
+                                                        context_.fifo.slotBytes);
   req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);
   req.ring = &topo_.ring;  // rank order where the topology gave no valid ring
+  req.network = networkPeers_;
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
-  collectives::Schedule sch = collectives::buildSchedule(req, choice.algo);
+  const collectives::Schedule& sch = scheduleFor(req, choice.algo);
   collectives::ExecArgs args;
   args.schedule = &sch;
   args.type = op.dtype;
@@ -491,11 +499,10 @@ Status Communicator::runCollective(const Operation& op) {
   if (sch.reduces) {
     LOOM_ASSIGN_OR_RETURN(args.op, resolveOp(op.ncclOp, op.dtype));
   }
-  char what[160];
-  std::snprintf(what, sizeof(what), "%s(%s, %zu x %s)", collectives::collTypeName(op.type),
-                collectives::algorithmName(choice.algo), op.count, dataTypeName(op.dtype));
-  args.what = what;
-  LOOM_INFO(kColl, "%s: %s", what, choice.reason.c_str());
+  args.coll = op.type;
+  args.algo = choice.algo;
+  args.count = op.count;
+  LOOM_INFO(kColl, "%s: %s", collectives::describe(args).c_str(), choice.text().c_str());
   if (choice.algo == collectives::Algorithm::kOneShot) return runOneShotAllReduce(op, sch, args);
   // In-place all-to-all reads blocks that it also overwrites: work from a copy.
   std::vector<char> copy;

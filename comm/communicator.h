@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/host_executor.h"
+#include "collectives/tuner.h"
 #include "collectives/schedule.h"
 #include "comm/bootstrap.h"
 #include "comm/device_comm.h"
@@ -106,6 +107,8 @@ class Communicator : public collectives::ConnectionProvider {
   Communicator() = default;
   Status init(const IdContents& id, int rank, int nranks, const CommOptions& options);
   Status runCollective(const Operation& op);
+  const collectives::Schedule& scheduleFor(const collectives::CollRequest& req,
+                                           collectives::Algorithm algo);
   Status runOneShotAllReduce(const Operation& op, const collectives::Schedule& sch,
                              collectives::ExecArgs args);
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
@@ -139,6 +142,18 @@ class Communicator : public collectives::ConnectionProvider {
   mutable std::mutex opsMutex_;
   std::string forcedAlgo_;
   int64_t spinUs_ = 50;
+  bool networkPeers_ = false;  // some peer is reached through a network transport
+  struct ScheduleKey {
+    collectives::CollType type;
+    collectives::Algorithm algo;
+    size_t count, elemSize;
+    int root;
+    size_t pieceElems;
+    bool operator==(const ScheduleKey&) const = default;
+  };
+  ScheduleKey scheduleKey_{};
+  bool haveSchedule_ = false;
+  collectives::Schedule schedule_;  // the last host schedule built (scheduleFor)
   std::vector<char> scratch_;  // one-shot all-reduce's gathered blocks
   ConnectMessage selfMessage_;
   std::unique_ptr<DeviceComm> device_;  // null for host-memory communicators

@@ -77,7 +77,8 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_STEPS", nullptr, Type::kInt, "8", "slots per connection FIFO"},
     // collectives
     {"LOOM_ALGO", "NCCL_ALGO", Type::kString, "",
-     "force an algorithm: ring, tree (double binary tree), chain; on GPUs oneshot or twoshot"},
+     "force an algorithm: ring, tree (double binary tree), chain, oneshot; host all-reduce also "
+     "doubling (recursive doubling) or direct (up to 4 ranks); on GPUs oneshot or twoshot"},
     {"LOOM_PROTO", "NCCL_PROTO", Type::kString, "",
      "force a protocol: simple, or ll (GPU all-reduce up to 512 KiB)"},
     {"LOOM_CHUNK_BYTES", nullptr, Type::kInt, "0",

@@ -49,6 +49,7 @@ struct Capability {
   bool deviceMemory = false;  // moves device buffers directly (others stage)
   double bandwidthGBs = 0;    // expected one-way bandwidth
   double latencyUs = 0;
+  bool network = false;       // every message goes through a network stack (sockets)
   std::string reason;         // why not reachable (logged at INFO)
 };
 
@@ -71,6 +72,15 @@ class SendConnection {
   virtual Result<void*> trySendSlot() = 0;
   // Publishes the slot returned by the last trySendSlot with `bytes` of data.
   virtual Status postSend(size_t bytes) = 0;
+  // True when postSendFrom works: the transport copies into the kernel anyway (sockets),
+  // so a result that already lies in the caller's memory need not go through a slot.
+  virtual bool sendsFromMemory() const { return false; }
+  // Like postSend, but the data is `bytes` at `data` instead of the slot returned by the
+  // last trySendSlot (which must have returned one). `data` is not referenced after the
+  // call returns: what cannot leave at once is copied into that slot.
+  virtual Status postSendFrom(const void* data, size_t bytes) {
+    return Status(Code::kInternalError, "postSendFrom on a transport without sendsFromMemory");
+  }
   // Moves posted data along (TCP writes to its sockets); shm has nothing to do.
   virtual Status progress() { return Status::ok(); }
   // True once every posted slot has left this process (TCP) or been written (shm).

@@ -106,7 +106,7 @@ class Simulator {
         size_t idx = st.src.offset + first + i;
         EXPECT_LT(idx, buf.size());
         int64_t v = idx < buf.size() ? buf[idx] : 0;
-        acc[i] = s.sch.reduces ? 2 * v : v;
+        acc[i] = s.sch.reduces && !st.srcPartial ? 2 * v : v;
       }
       have = true;
     }
@@ -174,6 +174,8 @@ std::vector<Case> cases() {
       {"RingAllGatherTopoOrder", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece, interleavedRing(n)); }},
       {"RingReduceScatterTopoOrder", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece, interleavedRing(n)); }},
       {"RingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
+      {"DirectAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return directAllReduce(r, n, c, kPiece); }},
+      {"DoublingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return doublingAllReduce(r, n, c, kPiece); }},
       {"TreeAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece); }},
       {"RingAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece); }},
       {"RingReduceScatter", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece); }},
@@ -322,6 +324,86 @@ TEST(Tuner, MessageSizePicksOneShotTreeOrRing) {
   c = chooseAlgorithm(req, "");
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kRing) << c->reason;
+}
+
+TEST(Tuner, SmallAllReduceOverSocketsTakesRecursiveDoubling) {
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.count = 2;
+  req.elemSize = 4;
+  req.nranks = 4;
+  req.network = true;
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDoubling) << c->reason;
+  // Not a power of two, or not over sockets: one-shot.
+  req.nranks = 6;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
+  req.nranks = 4;
+  req.network = false;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
+  // Forced, at any size; excluded, never.
+  req.count = 64 << 20;
+  c = chooseAlgorithm(req, "doubling");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDoubling) << c->reason;
+  req.count = 2;
+  req.network = true;
+  c = chooseAlgorithm(req, "^doubling");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
+}
+
+TEST(Tuner, LargerAllReduceOverSocketsWithFewRanksGoesDirect) {
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.count = 1 << 20;
+  req.elemSize = 4;
+  req.nranks = 4;
+  req.network = true;
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDirect) << c->reason;
+  req.nranks = 3;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDirect) << c->reason;
+  // Too many ranks for one step, shared memory, or excluded: ring (or tree).
+  req.nranks = 5;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDirect) << c->reason;
+  req.nranks = 4;
+  c = chooseAlgorithm(req, "ring");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kRing) << c->reason;
+  req.network = false;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDirect) << c->reason;
+  c = chooseAlgorithm(req, "direct");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDirect) << c->reason;
+}
+
+TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {
+  const size_t slot = 256 * 1024;
+  // 512 KiB over 4 ranks: one block of four 128 KiB pieces.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 512 * 1024, 4, slot), 128u * 1024);
+  // Larger messages take whole slots; small ones never go below 16 KiB.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 64 << 20, 4, slot), slot);
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 1000, 4, slot), 16u * 1024);
+  // All-gather and reduce-scatter count per rank.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllGather, 128 * 1024, 4, slot), 128u * 1024);
+  // Broadcast streams through a chain: several pieces per rank.
+  EXPECT_EQ(hostPieceBytes(CollType::kBroadcast, 1 << 20, 4, slot), 64u * 1024);
+  // Never more than a slot, always a multiple of 64 bytes.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 3 << 20, 3, 4096), 4096u);
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 100001 * 3, 3, slot) % 64, 0u);
 }
 
 }  // namespace

@@ -240,6 +240,95 @@ TEST(ApiCollectives, TreeAndRingAgreeOnLargeCounts) {
   }
 }
 
+// Every collective over TCP, where sockets send results straight from user memory
+// (in place too, where a buffer is both read and written), for counts of one piece and
+// of many.
+TEST(ApiCollectives, AllCollectivesOverTcp) {
+  setenv("LOOM_TRANSPORTS", "tcp", 1);
+  for (int n : {3, 4}) {
+    Comms cm(n);
+    for (Coll coll : {Coll::kAllReduce, Coll::kReduce, Coll::kBroadcast, Coll::kAllGather,
+                      Coll::kReduceScatter, Coll::kAllToAll}) {
+      for (size_t count : {size_t{1}, size_t{1009}, size_t{300007}}) {
+        for (bool inPlace : {false, true}) {
+          runCase(cm, coll, DataType::kFloat32, ncclSum, count, inPlace, n - 1);
+          runCase(cm, coll, DataType::kFloat32, ncclAvg, count, inPlace, 0);
+          runCase(cm, coll, DataType::kInt32, ncclAvg, count, inPlace, 0);
+          if (HasFatalFailure()) break;
+        }
+      }
+    }
+  }
+  unsetenv("LOOM_TRANSPORTS");
+}
+
+// Direct all-reduce (the tuner's choice over sockets for 3-4 ranks), forced over shared
+// memory too: every type and op, in and out of place, one piece and many.
+TEST(ApiCollectives, DirectAllReduceEveryOp) {
+  setenv("LOOM_ALGO", "direct", 1);
+  for (const char* transports : {"shm", "tcp"}) {
+    setenv("LOOM_TRANSPORTS", transports, 1);
+    for (int n : {3, 4}) {
+      Comms cm(n);
+      for (int t = 0; t < loom::kNumDataTypes; ++t) {
+        for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+          runCase(cm, Coll::kAllReduce, static_cast<DataType>(t), op, 1031, false, 0);
+          if (HasFatalFailure()) break;
+        }
+      }
+      for (bool inPlace : {false, true}) {
+        for (size_t count : {size_t{1}, size_t{2}, size_t{300007}}) {
+          runCase(cm, Coll::kAllReduce, DataType::kFloat32, ncclAvg, count, inPlace, 0);
+          runCase(cm, Coll::kAllReduce, DataType::kInt32, ncclSum, count, inPlace, 0);
+        }
+      }
+    }
+  }
+  unsetenv("LOOM_TRANSPORTS");
+  unsetenv("LOOM_ALGO");
+}
+
+// Recursive doubling (the tuner's choice for small all-reduces over sockets), forced at
+// every size, over shared memory and over TCP: every type and op, in and out of place,
+// several pieces; and the result is bitwise the same on every rank.
+TEST(ApiCollectives, DoublingAllReduceEveryOpAndBitwiseEqual) {
+  setenv("LOOM_ALGO", "doubling", 1);
+  for (const char* transports : {"shm", "tcp"}) {
+    setenv("LOOM_TRANSPORTS", transports, 1);
+    for (int n : {4, 8}) {
+      Comms cm(n);
+      for (int t = 0; t < loom::kNumDataTypes; ++t) {
+        for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+          runCase(cm, Coll::kAllReduce, static_cast<DataType>(t), op, 1031, false, 0);
+          if (HasFatalFailure()) break;
+        }
+      }
+      for (bool inPlace : {false, true}) {
+        runCase(cm, Coll::kAllReduce, DataType::kFloat32, ncclSum, 300007, inPlace, 0);
+        runCase(cm, Coll::kAllReduce, DataType::kInt32, ncclSum, 1, inPlace, 0);
+      }
+      const size_t count = 4099;
+      std::vector<std::vector<float>> in(n, std::vector<float>(count)),
+          out(n, std::vector<float>(count));
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < count; ++i) in[r][i] = 1.0f / static_cast<float>(r * 13 + i % 31 + 3);
+      }
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(ncclAllReduce(in[r].data(), out[r].data(), count, ncclFloat32, ncclSum,
+                                cm.comms[r], nullptr), ncclSuccess);
+      }
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+      for (int r = 1; r < n; ++r) {
+        EXPECT_EQ(0, std::memcmp(out[r].data(), out[0].data(), count * sizeof(float)))
+            << transports << " n=" << n << ": rank " << r << " differs from rank 0";
+      }
+    }
+  }
+  unsetenv("LOOM_TRANSPORTS");
+  unsetenv("LOOM_ALGO");
+}
+
 TEST(ApiCollectives, PreMulSum) {
   const int n = 3;
   Comms cm(n);

@@ -98,7 +98,7 @@ class TcpSend : public SendConnection {
  public:
   TcpSend(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
       : ring_(fifo.slotBytes, fifo.slots), socks_(wrapSockets(std::move(socks))),
-        what_("rank " + std::to_string(peer)) {}
+        data_(fifo.slots, nullptr), what_("rank " + std::to_string(peer)) {}
   Result<void*> trySendSlot() override {
     LOOM_TRY(progress());
     if (posted_ - completed() >= static_cast<uint64_t>(ring_.slots())) return nullptr;
@@ -106,8 +106,23 @@ class TcpSend : public SendConnection {
   }
   Status postSend(size_t bytes) override {
     ring_.size(posted_) = bytes;
+    data(posted_) = ring_.slot(posted_);
     ++posted_;
     return progress();
+  }
+  bool sendsFromMemory() const override { return true; }
+  Status postSendFrom(const void* from, size_t bytes) override {
+    const uint64_t seq = posted_;
+    ring_.size(seq) = bytes;
+    data(seq) = static_cast<const char*>(from);
+    ++posted_;
+    LOOM_TRY(progress());
+    // Whatever has not left yet moves into the slot, so the caller may reuse its memory.
+    if (completed() <= seq) {
+      std::memcpy(ring_.slot(seq), from, bytes);
+      data(seq) = ring_.slot(seq);
+    }
+    return Status::ok();
   }
   Status progress() override {
     for (size_t k = 0; k < socks_.size(); ++k) {
@@ -123,7 +138,7 @@ class TcpSend : public SendConnection {
           if (s.done < hdr) {
             uint64_t h = total;
             iovec iov[2] = {{reinterpret_cast<char*>(&h) + s.done, hdr - s.done},
-                            {ring_.slot(s.seq) + b, e - b}};
+                            {const_cast<char*>(data(s.seq)) + b, e - b}};
             msghdr msg{};
             msg.msg_iov = iov;
             msg.msg_iovlen = 2;
@@ -135,7 +150,7 @@ class TcpSend : public SendConnection {
             }
             n = static_cast<size_t>(r);
           } else {
-            LOOM_ASSIGN_OR_RETURN(n, s.sock.sendSome(ring_.slot(s.seq) + b + (s.done - hdr),
+            LOOM_ASSIGN_OR_RETURN(n, s.sock.sendSome(data(s.seq) + b + (s.done - hdr),
                                                      want - s.done, what_.c_str()));
           }
           if (n == 0) break;
@@ -163,8 +178,11 @@ class TcpSend : public SendConnection {
     for (const auto& s : socks_) m = std::min(m, s.seq);
     return m;
   }
+  // Where slot i's bytes are: its ring slot, or the caller's memory during postSendFrom.
+  const char*& data(uint64_t i) { return data_[i % data_.size()]; }
   SlotRing ring_;
   std::vector<SockState> socks_;
+  std::vector<const char*> data_;
   uint64_t posted_ = 0;
   std::string what_;
 };
@@ -304,6 +322,7 @@ class TcpTransport : public Transport {
     c.reachable = true;
     c.bandwidthGBs = 1;
     c.latencyUs = 20;
+    c.network = true;
     return c;
   }
   Result<std::unique_ptr<RecvSetup>> listen(const PeerInfo& peer, const Deadline&) override {
