@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/compare_ompi.sh [--repeat N] [--iters N] [--warmup N] [--out FILE]
+# scripts/compare_ompi.sh [--repeat N] [--iters N] [--warmup N] [--latency-iters N] [--out FILE]
 #
 # Host-memory all-reduce, loom against Open MPI, in the same run, 4 ranks on this machine:
 #   Open MPI  MPI_Allreduce (float, sum) from scripts/bench/ompi_allreduce.cc, mpirun -np 4,
@@ -7,7 +7,9 @@
 #   loom      all_reduce_perf under mpirun -np 4 (one rank per process, host memory), once
 #             with its default transports (shared memory) and once with LOOM_TRANSPORTS=tcp.
 # Sizes 8 B, 512 KiB, 2 MiB, 8 MiB, 64 MiB, 128 MiB; each run does WARMUP untimed and ITERS
-# timed calls per size. With --repeat N every configuration runs N times, interleaved, and
+# timed calls per size, except 8 B (the latency), which does LATENCY_ITERS timed calls
+# (default 2000) after as many warm-ups: 20 calls of a few microseconds are mostly the
+# scheduler's noise. With --repeat N every configuration runs N times, interleaved, and
 # the table shows the median. Writes a markdown table (default docs/perf/host_allreduce.md)
 # with the date, the machine and the exact commands.
 #
@@ -20,12 +22,14 @@ cd "$LOOM_ROOT"
 repeat=3
 iters=20
 warmup=5
+latency_iters=2000
 out=docs/perf/host_allreduce.md
 while (($# > 0)); do
   case "$1" in
     --repeat) repeat="$2"; shift 2 ;;
     --iters) iters="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
+    --latency-iters) latency_iters="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) loom_die "unknown argument '$1' (try --help)" ;;
@@ -34,6 +38,7 @@ done
 
 BUILD_DIR="${BUILD_DIR:-build}"
 SIZES=(8 524288 2097152 8388608 67108864 134217728)
+LATENCY_SIZE=8  # timed with latency_iters calls
 NP=4
 
 loom_setup
@@ -59,10 +64,13 @@ if [[ ! -x "$ompi" || "$src" -nt "$ompi" ]]; then
 fi
 
 mpirun_base=(mpirun --allow-run-as-root --oversubscribe -np "$NP")
-ompi_cmd_shm=("${mpirun_base[@]}" "$ompi" -w "$warmup" -n "$iters")
+ompi_cmd_shm=("${mpirun_base[@]}" "$ompi")
 # shellcheck disable=SC2054 # "tcp,self" is one argument
-ompi_cmd_tcp=("${mpirun_base[@]}" --mca btl tcp,self "$ompi" -w "$warmup" -n "$iters")
-loom_args=(-g 1 -w "$warmup" -n "$iters" -c 1 --memory host)
+ompi_cmd_tcp=("${mpirun_base[@]}" --mca btl tcp,self "$ompi")
+loom_args=(-g 1 -c 1 --memory host)
+counts_for() {  # SIZE -> "-w W -n N"
+  if [[ "$1" == "$LATENCY_SIZE" ]]; then echo "-w $latency_iters -n $latency_iters"; else echo "-w $warmup -n $iters"; fi
+}
 loom_cmd_shm=("${mpirun_base[@]}" "$perf")
 loom_cmd_tcp=("${mpirun_base[@]}" -x LOOM_TRANSPORTS=tcp "$perf")
 
@@ -73,8 +81,12 @@ trap 'rm -f "$results"' EXIT
 run_ompi() {  # MODE
   local mode="$1" cmd
   if [[ "$mode" == shm ]]; then cmd=("${ompi_cmd_shm[@]}"); else cmd=("${ompi_cmd_tcp[@]}"); fi
-  local text
-  text="$("${cmd[@]}" "${SIZES[@]}")" || loom_die "Open MPI run failed: ${cmd[*]}"
+  local text rest=()
+  for size in "${SIZES[@]}"; do [[ "$size" == "$LATENCY_SIZE" ]] || rest+=("$size"); done
+  # shellcheck disable=SC2046 # counts_for gives separate words
+  text="$("${cmd[@]}" $(counts_for "$LATENCY_SIZE") "$LATENCY_SIZE")" || loom_die "Open MPI run failed: ${cmd[*]}"
+  # shellcheck disable=SC2046
+  text+=$'\n'"$("${cmd[@]}" $(counts_for "${rest[0]}") "${rest[@]}")" || loom_die "Open MPI run failed: ${cmd[*]}"
   awk -v mode="$mode" '!/^#/ && NF >= 6 { print "ompi", mode, $1, $3, $5, $6 }' <<<"$text" >>"$results"
 }
 
@@ -82,7 +94,8 @@ run_loom() {  # MODE
   local mode="$1" cmd size text
   if [[ "$mode" == shm ]]; then cmd=("${loom_cmd_shm[@]}"); else cmd=("${loom_cmd_tcp[@]}"); fi
   for size in "${SIZES[@]}"; do
-    text="$("${cmd[@]}" -b "$size" -e "$size" "${loom_args[@]}" 2>&1)" || {
+    # shellcheck disable=SC2046 # counts_for gives separate words
+    text="$("${cmd[@]}" -b "$size" -e "$size" $(counts_for "$size") "${loom_args[@]}" 2>&1)" || {
       printf '%s\n' "$text" | tail -n 20 >&2
       loom_die "loom run failed: ${cmd[*]} -b $size -e $size ${loom_args[*]}"
     }
@@ -172,7 +185,7 @@ cpu="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
 ompi_version="$(mpirun --version 2>/dev/null | head -n1)"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 git diff --quiet HEAD -- 2>/dev/null || commit+=" (with uncommitted changes)"
-sizes_text="${SIZES[*]}"
+rest_text="${SIZES[*]:1}"
 
 mkdir -p "$(dirname "$out")"
 {
@@ -183,7 +196,7 @@ mkdir -p "$(dirname "$out")"
   echo "- machine: $(nproc) cores, ${cpu:-unknown CPU}, Linux $(uname -r), $(free -g | awk '/^Mem:/ { print $2 " GiB" }') memory"
   echo "- Open MPI: ${ompi_version:-unknown}; loom: commit $commit, \`$perf\`"
   echo "- $NP ranks (4 processes, oversubscribed where there are fewer cores), host memory, float sum"
-  echo "- $warmup warm-up and $iters timed calls per size; every configuration ran $repeat time(s), interleaved, and each cell is the median"
+  echo "- $warmup warm-up and $iters timed calls per size, but $latency_iters and $latency_iters at $LATENCY_SIZE B (the latency); every configuration ran $repeat time(s), interleaved, and each cell is the median"
   echo "- time is the mean per call averaged over ranks (loom: all_reduce_perf's out-of-place column); busbw = size / time × 2(n−1)/n, nccl-tests' all-reduce formula, computed here from the median time for both"
   echo "- load average before: $load_before; after: $load_after (this includes the run's own 4 ranks; a high figure before means the machine was busy and the table is noisy); $elapsed s in all"
   echo "- wrong results reported across all runs: $(wrong_total)"
@@ -202,11 +215,15 @@ mkdir -p "$(dirname "$out")"
   echo '```sh'
   echo "mpicxx -O2 -std=c++17 -DOMPI_SKIP_MPICXX=1 $src -o $ompi"
   echo "# shared memory"
-  echo "${ompi_cmd_shm[*]} $sizes_text"
-  echo "for s in $sizes_text; do ${loom_cmd_shm[*]} -b \$s -e \$s ${loom_args[*]}; done"
+  echo "${ompi_cmd_shm[*]} $(counts_for "$LATENCY_SIZE") $LATENCY_SIZE"
+  echo "${ompi_cmd_shm[*]} $(counts_for 0) $rest_text"
+  echo "${loom_cmd_shm[*]} -b $LATENCY_SIZE -e $LATENCY_SIZE $(counts_for "$LATENCY_SIZE") ${loom_args[*]}"
+  echo "for s in $rest_text; do ${loom_cmd_shm[*]} -b \$s -e \$s $(counts_for 0) ${loom_args[*]}; done"
   echo "# TCP only"
-  echo "${ompi_cmd_tcp[*]} $sizes_text"
-  echo "for s in $sizes_text; do ${loom_cmd_tcp[*]} -b \$s -e \$s ${loom_args[*]}; done"
+  echo "${ompi_cmd_tcp[*]} $(counts_for "$LATENCY_SIZE") $LATENCY_SIZE"
+  echo "${ompi_cmd_tcp[*]} $(counts_for 0) $rest_text"
+  echo "${loom_cmd_tcp[*]} -b $LATENCY_SIZE -e $LATENCY_SIZE $(counts_for "$LATENCY_SIZE") ${loom_args[*]}"
+  echo "for s in $rest_text; do ${loom_cmd_tcp[*]} -b \$s -e \$s $(counts_for 0) ${loom_args[*]}; done"
   echo '```'
   echo
   echo "Run as root, the script also sets OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1."
