@@ -87,11 +87,13 @@ struct Clique {
     int ncclOp;
     const void* in;
     void* out;
+    bool inMapped;  // `in` is cudaMalloc memory, which peer access maps into the peers
   };
-  explicit Clique(int nranks) : group(nranks, 0), calls(nranks) {}
+  explicit Clique(int nranks) : group(nranks, 0), calls(nranks), abortFlags(nranks, nullptr) {}
   std::mutex mutex;
   std::vector<uint64_t> group;             // per rank: the group its calls belong to
   std::vector<std::vector<Call>> calls;    // per rank: its device collectives, in order
+  std::vector<volatile int*> abortFlags;   // per rank: its kernels' abort flag (host-mapped)
 };
 
 // One Clique per communicator (its token agreed at init), shared by its ranks here.
@@ -119,6 +121,7 @@ struct MeshAgreement {
   int64_t oneShotBytes = 0;
   int64_t ceBytes = 0;
   int64_t reduceDirectBytes = 0;
+  int64_t pullBytes = 0;
   uint64_t token = 0;
   char algo[24] = {0};
   char proto[24] = {0};
@@ -138,6 +141,10 @@ class CudaDeviceComm final : public DeviceComm {
     if (side_) cudaStreamDestroy(side_);
     window_.reset();
     if (state_) cudaFree(state_);
+    if (clique_) {  // no peer of this process may raise our flag once it is freed
+      std::lock_guard<std::mutex> lock(clique_->mutex);
+      clique_->abortFlags[rank_] = nullptr;
+    }
     if (hostFlags_) cudaFreeHost(hostFlags_);
     cudaGetLastError();
   }
@@ -186,6 +193,7 @@ class CudaDeviceComm final : public DeviceComm {
     mine.oneShotBytes = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
     mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
     mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
+    mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
     if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
     std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
     std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::getString("LOOM_PROTO").c_str());
@@ -201,9 +209,10 @@ class CudaDeviceComm final : public DeviceComm {
       }
       if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
           all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
+          all[r].pullBytes != mine.pullBytes ||
           std::strcmp(all[r].algo, mine.algo) != 0 || std::strcmp(all[r].proto, mine.proto) != 0) {
         return errorf(Code::kInvalidUsage, "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
-                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or LOOM_P2P_REDUCE_DIRECT_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
+                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or LOOM_P2P_REDUCE_DIRECT_BYTES, LOOM_P2P_PULL_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
                       "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm", r,
                       rank, all[r].algo, all[r].proto, (long long)all[r].llBytes, (long long)all[r].oneShotBytes,
                       (long long)all[r].ceBytes, mine.algo, mine.proto, (long long)mine.llBytes,
@@ -256,7 +265,11 @@ class CudaDeviceComm final : public DeviceComm {
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&forkEvent_, cudaEventDisableTiming), "cudaEventCreate"));
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&sideEvent_, cudaEventDisableTiming), "cudaEventCreate"));
     LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate"));
-    if (oneProcess) clique_ = cliqueFor(all[0].token, nranks_);
+    if (oneProcess) {
+      clique_ = cliqueFor(all[0].token, nranks_);
+      std::lock_guard<std::mutex> lock(clique_->mutex);
+      clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
+    }
     LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
     ctx_.geo = geo;
     ctx_.rank = rank;
@@ -291,7 +304,11 @@ class CudaDeviceComm final : public DeviceComm {
     mine.clear();
     for (const Operation& o : ops) {
       if (!o.onDevice || o.type == collectives::CollType::kSendRecv) continue;
-      mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff});
+      // Only the pulled all-reduce reads a peer's buffer with SM loads (the copy engines
+      // reach any device memory): ask the driver only there.
+      bool mapped = o.type == collectives::CollType::kAllReduce && o.count * dataTypeSize(o.dtype) <= pullMax_ &&
+                    cuda::isPeerMappableDevicePointer(o.sendbuff);
+      mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, mapped});
     }
     clique_->group[rank_] = group;
     group_ = group;
@@ -348,14 +365,16 @@ class CudaDeviceComm final : public DeviceComm {
     // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
     // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
     // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
+    bool mapped = false;
     if (op.type == collectives::CollType::kAllReduce && call.kind != dev::MeshKind::kAllReduceLL &&
         algo_.empty() && block <= pullMax_ && red.op.kind != RedKind::kPreMulSum && !red.scalarDevice &&
-        op.ncclOp < ncclNumOps && peerBuffers(op, index, &all) && outputsApart(all, block)) {
-      return launchPull(call, all, op.stream);
+        op.ncclOp < ncclNumOps && peerBuffers(op, index, &all, &mapped) && mapped && outputsApart(all, block)) {
+      return failCliqueOn(launchPull(call, all, op.stream));
     }
     if (dev::copyOnly(call.kind) && dev::copyBytesPerPeer(call.kind, block) >= ceMin_ && peerBuffers(op, index, &all) &&
         dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
-      return launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream);
+      return failCliqueOn(
+          launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream));
     }
     return launch(call, op.stream, why);
   }
@@ -447,9 +466,12 @@ class CudaDeviceComm final : public DeviceComm {
   // Every rank's buffers for the group's index-th device collective, when every rank of
   // the communicator posted the same call in this group (all in this process). Every
   // rank looks at the same postings, so all decide alike.
-  bool peerBuffers(const Operation& op, size_t index, std::vector<dev::RankBuffers>* all) {
+  // `inputsMapped` (optional): whether every rank's input is memory peer access maps.
+  bool peerBuffers(const Operation& op, size_t index, std::vector<dev::RankBuffers>* all,
+                   bool* inputsMapped = nullptr) {
     if (!clique_ || group_ == 0) return false;
     all->assign(nranks_, {});
+    if (inputsMapped) *inputsMapped = true;
     std::lock_guard<std::mutex> lock(clique_->mutex);
     for (int r = 0; r < nranks_; ++r) {
       if (clique_->group[r] != group_ || index >= clique_->calls[r].size()) return false;
@@ -459,8 +481,22 @@ class CudaDeviceComm final : public DeviceComm {
         return false;
       }
       (*all)[r] = {c.in, c.out};
+      if (inputsMapped) *inputsMapped = *inputsMapped && c.inMapped;
     }
     return true;
+  }
+
+  // A rank that fails after it may have enqueued a barrier or a pulled kernel would
+  // leave its peers waiting in theirs until LOOM_TIMEOUT_MS: every rank of this process
+  // is stopped at once instead (their kernels see the abort flag and end).
+  Status failCliqueOn(Status st) {
+    if (!st && clique_) {
+      std::lock_guard<std::mutex> lock(clique_->mutex);
+      for (volatile int* f : clique_->abortFlags) {
+        if (f) *f = 1;
+      }
+    }
+    return st;
   }
 
   // True when no rank's output overlaps any rank's input (the pulled all-reduce reads
@@ -511,12 +547,16 @@ class CudaDeviceComm final : public DeviceComm {
     LOOM_TRY(barrier());
     bool local = false;
     for (const auto& s : steps) local = local || s.peer == rank_;
+    // A side stream that joined a capture stays in it until the capture ends: while it
+    // does, local copies go on the caller's stream instead.
+    local = local && !capturing(side_);
     if (local) {
       LOOM_TRY(cudaStatus(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
       LOOM_TRY(cudaStatus(cudaStreamWaitEvent(side_, forkEvent_, 0), "cudaStreamWaitEvent"));
     }
     for (const auto& s : steps) {
-      LOOM_TRY(cudaStatus(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDefault, s.peer == rank_ ? side_ : stream),
+      LOOM_TRY(cudaStatus(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDefault,
+                                          local && s.peer == rank_ ? side_ : stream),
                           "cudaMemcpyAsync (copy-engine collective)"));
     }
     if (local) {

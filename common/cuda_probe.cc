@@ -13,6 +13,7 @@ namespace {
 // Values from the CUDA driver API (cuda.h); declared here so no CUDA header is needed.
 constexpr int kAttrMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kAttrIsManaged = 8;   // CU_POINTER_ATTRIBUTE_IS_MANAGED
+constexpr int kAttrLegacyIpc = 10;  // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
 constexpr unsigned kMemoryTypeDevice = 2;
 constexpr int kP2pPerformanceRank = 0x01;  // CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK
 constexpr int kP2pNativeAtomics = 0x03;    // CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
@@ -95,6 +96,14 @@ bool isDevicePointer(const void* ptr) {
     return false;
   }
   return true;
+}
+
+bool isPeerMappableDevicePointer(const void* ptr) {
+  if (!isDevicePointer(ptr)) return false;
+  const Driver& d = driver();
+  int legacy = 0;
+  if (d.getAttribute(&legacy, kAttrLegacyIpc, reinterpret_cast<uintptr_t>(ptr)) != 0) return false;
+  return legacy != 0;
 }
 
 std::string deviceBusId(int ordinal) {

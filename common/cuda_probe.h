@@ -14,6 +14,12 @@ namespace loom::cuda {
 // (non-managed) memory. False on machines without CUDA and for host pointers.
 bool isDevicePointer(const void* ptr);
 
+// True when `ptr` lies in memory from cudaMalloc (the driver calls it legacy-IPC
+// capable): the kind that cudaDeviceEnablePeerAccess maps into peer devices. False for
+// stream-ordered pools (cudaMallocAsync), cuMem/VMM allocations, host memory, and
+// without a driver.
+bool isPeerMappableDevicePointer(const void* ptr);
+
 // The PCI bus id the CUDA driver reports for device `ordinal` ("0000:19:00.0"), or ""
 // without a driver or such a device.
 std::string deviceBusId(int ordinal);

@@ -852,6 +852,7 @@ __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant
   }
   __syncthreads();
   if (!last) return;
+  __threadfence();  // the other blocks' reads (counted above) come before our release
   if (peerThread) {
     storeRelease(barrierFlag(c, t, c.rank), leave);
     waitAtLeast(c, barrierFlag(c, c.rank, t), leave);

@@ -116,7 +116,9 @@ class Simulator {
       EXPECT_TRUE(have || j == 0);
       have = true;
       q.pop_front();
-      if (!s.sch.reduces) EXPECT_EQ(st.nrecv, 1);
+      if (!s.sch.reduces) {
+        EXPECT_EQ(st.nrecv, 1);
+      }
     }
     if (st.final) for (auto& v : acc) v = -v;
     if (st.dst.buffer == Buffer::kOutput) {

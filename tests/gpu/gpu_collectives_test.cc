@@ -506,6 +506,57 @@ TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
   }
 }
 
+// Inputs from a stream-ordered pool (cudaMallocAsync) are not mapped by peer access:
+// the pulled all-reduce must leave them to the kernels, and the copy engines must still
+// reach pool outputs.
+TEST(GpuCollectives, PoolBuffersInOneProcess) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  const int n = R.n();
+  const size_t count = (size_t{1} << 20) + 3;  // 4 MiB of floats: the pulled range
+  std::vector<void*> in(n), out(n), ag(n);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    CUDA_OK(cudaMallocAsync(&in[r], count * 4, R.streams[r]));
+    CUDA_OK(cudaMallocAsync(&out[r], count * 4, R.streams[r]));
+    CUDA_OK(cudaMallocAsync(&ag[r], count * 4 * n, R.streams[r]));
+    CUDA_OK(cudaStreamSynchronize(R.streams[r]));
+    upload(r, in[r], makeInput(DataType::kFloat32, r, count, ncclSum));
+  }
+  setenv("LOOM_P2P_CE_BYTES", "4096", 1);  // (read at init: the next communicators)
+  Ranks C(2);
+  unsetenv("LOOM_P2P_CE_BYTES");
+  for (Ranks* rk : {&R, &C}) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      NCCL_OK(ncclAllReduce(in[r], out[r], count, ncclFloat32, ncclSum, rk->comms[r], R.streams[r]));
+      NCCL_OK(ncclAllGather(in[r], ag[r], count, ncclFloat32, rk->comms[r], R.streams[r]));
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    R.sync();
+    for (int r = 0; r < n; ++r) {
+      std::vector<char> got = download(r, out[r], count * 4);
+      size_t bad = 0;
+      for (size_t i = 0; i < count; ++i) {
+        bad += loom::loadAsDouble(DataType::kFloat32, got.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+      }
+      EXPECT_EQ(bad, 0u) << "rank " << r;
+      std::vector<char> all = download(r, ag[r], count * 4 * n);
+      for (int p = 0; p < n; ++p) {
+        EXPECT_EQ(std::memcmp(all.data() + p * count * 4, makeInput(DataType::kFloat32, p, count, ncclSum).data(),
+                              count * 4), 0) << "rank " << r << " block " << p;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    cudaFreeAsync(in[r], R.streams[r]);
+    cudaFreeAsync(out[r], R.streams[r]);
+    cudaFreeAsync(ag[r], R.streams[r]);
+    cudaStreamSynchronize(R.streams[r]);
+  }
+}
+
 // Copy-engine collectives mixed with kernel ones in one group, and captured (both ranks'
 // streams in one group) in CUDA graphs replayed with the outputs poisoned in between.
 TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {

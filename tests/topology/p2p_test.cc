@@ -306,6 +306,8 @@ TEST(CudaProbe, PeerAccessOrWhyNot) {
     EXPECT_EQ(peer.status().message(), count.status().message());
     int x = 0;
     EXPECT_FALSE(cuda::isDevicePointer(&x));  // the older functions still answer
+    EXPECT_FALSE(cuda::isPeerMappableDevicePointer(&x));
+    EXPECT_FALSE(cuda::isPeerMappableDevicePointer(nullptr));
     EXPECT_EQ(cuda::deviceBusId(0), "");
     std::vector<GpuRecord> gpus(2);
     gpus[0].busId = "0000:01:00.0";
