@@ -226,20 +226,8 @@ class CudaDeviceComm final : public DeviceComm {
                       rank, mine.blocks, mine.slots, (unsigned long long)mine.slotBytes, mine.threads);
       }
     }
-    algo_ = settings::getString("LOOM_ALGO");
-    for (auto& ch : algo_) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    int64_t oneShot = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
-    if (oneShot < 0) oneShot = nranks_ <= 2 ? 4 << 20 : 256 << 10;
-    oneShotMax_ = static_cast<size_t>(oneShot);
-    llMax_ = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_LL_BYTES"))),
-                              dev::kLLBlocks * dev::kLLPayload);
-    proto_ = settings::getString("LOOM_PROTO");
-    for (auto& ch : proto_) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    chooseForms(mine);
     timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
-    int64_t ce = settings::getInt("LOOM_P2P_CE_BYTES");
-    ceMin_ = ce < 0 ? size_t(16) << 20 : ce == 0 ? SIZE_MAX : static_cast<size_t>(ce);
-    reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES")));
-    pullMax_ = static_cast<size_t>(std::max<int64_t>(0, settings::getInt("LOOM_P2P_PULL_BYTES")));
     bool oneProcess = true;
     for (const auto& g : gpus) oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
     if (!mesh_) {
@@ -306,7 +294,7 @@ class CudaDeviceComm final : public DeviceComm {
       if (!o.onDevice || o.type == collectives::CollType::kSendRecv) continue;
       // Only the pulled all-reduce reads a peer's buffer with SM loads (the copy engines
       // reach any device memory): ask the driver only there.
-      bool mapped = o.type == collectives::CollType::kAllReduce && o.count * dataTypeSize(o.dtype) <= pullMax_ &&
+      bool mapped = o.type == collectives::CollType::kAllReduce && pullSize(o.count * dataTypeSize(o.dtype)) &&
                     cuda::isPeerMappableDevicePointer(o.sendbuff);
       mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, mapped});
     }
@@ -359,19 +347,20 @@ class CudaDeviceComm final : public DeviceComm {
       default:
         return errorf(Code::kInternalError, "collective %d has no GPU mesh form", static_cast<int>(op.type));
     }
-    // Copies only, every rank's buffers known (ranks of this process): the copy engines.
     const size_t block = op.count * dataTypeSize(op.dtype);
     std::vector<dev::RankBuffers> all;
     // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
     // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
     // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
     bool mapped = false;
-    if (op.type == collectives::CollType::kAllReduce && call.kind != dev::MeshKind::kAllReduceLL &&
-        algo_.empty() && block <= pullMax_ && red.op.kind != RedKind::kPreMulSum && !red.scalarDevice &&
-        op.ncclOp < ncclNumOps && peerBuffers(op, index, &all, &mapped) && mapped && outputsApart(all, block)) {
+    if (op.type == collectives::CollType::kAllReduce && pullSize(block) && red.op.kind != RedKind::kPreMulSum &&
+        !red.scalarDevice && op.ncclOp < ncclNumOps && peerBuffers(op, index, &all, &mapped) && mapped &&
+        outputsApart(all, block)) {
       return failCliqueOn(launchPull(call, all, op.stream));
     }
-    if (dev::copyOnly(call.kind) && dev::copyBytesPerPeer(call.kind, block) >= ceMin_ && peerBuffers(op, index, &all) &&
+    // Copies only, every rank's buffers known (ranks of this process): the copy engines,
+    // each copy moving one rank's block of `block` bytes.
+    if (dev::copyOnly(call.kind) && block >= ceMin_ && peerBuffers(op, index, &all) &&
         dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
       return failCliqueOn(
           launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream));
@@ -436,22 +425,48 @@ class CudaDeviceComm final : public DeviceComm {
   }
 
  private:
+  // The settings that pick the GPU forms (agreed by every rank), parsed once.
+  void chooseForms(const MeshAgreement& s) {
+    auto lower = [](const char* text) {
+      std::string t = text;
+      for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return t;
+    };
+    const std::string algo = lower(s.algo), proto = lower(s.proto);
+    algoSet_ = !algo.empty();
+    forceOne_ = algo == "oneshot" || algo == "one-shot";
+    forceTwo_ = algo == "twoshot" || algo == "two-shot" || algo == "ring" || algo == "tree";
+    forceDirect_ = forceOne_ || algo == "direct";
+    protoLL_ = proto == "ll";
+    // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
+    // turns it off, LOOM_PROTO=ll uses it up to the region's size).
+    const size_t region = dev::kLLBlocks * dev::kLLPayload;
+    llLimit_ = proto == "simple" ? 0 : protoLL_ ? region
+                                                : std::min<size_t>(static_cast<size_t>(std::max<int64_t>(0, s.llBytes)), region);
+    oneShotMax_ = s.oneShotBytes < 0 ? (nranks_ <= 2 ? size_t(4) << 20 : size_t(256) << 10)
+                                     : static_cast<size_t>(s.oneShotBytes);
+    ceMin_ = s.ceBytes < 0 ? size_t(16) << 20 : s.ceBytes == 0 ? SIZE_MAX : static_cast<size_t>(s.ceBytes);
+    reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
+    pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
+  }
+
+  // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
+  // have to agree on the buffers, see run()): no LOOM_ALGO, above the LL forms, up to
+  // LOOM_P2P_PULL_BYTES.
+  bool pullSize(size_t bytes) const { return !algoSet_ && bytes > llLimit_ && bytes <= pullMax_; }
+
   // The all-reduce form for `op`, and why (LOOM_DEBUG=INFO with LOOM_DEBUG_SUBSYS=COLL).
   dev::MeshKind allReduceKind(const Operation& op, const char** why) const {
     size_t bytes = op.count * dataTypeSize(op.dtype);
-    const bool forcedTwo = algo_ == "twoshot" || algo_ == "two-shot" || algo_ == "ring" || algo_ == "tree";
-    // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
-    // turns it off, LOOM_PROTO=ll uses it up to the region's size).
-    size_t llLimit = proto_ == "simple" ? 0 : proto_ == "ll" ? dev::kLLBlocks * dev::kLLPayload : llMax_;
-    if (bytes <= llLimit && !forcedTwo) {
-      *why = proto_ == "ll" ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
+    if (bytes <= llLimit_ && !forceTwo_) {
+      *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
       return dev::MeshKind::kAllReduceLL;
     }
-    if (algo_ == "oneshot" || algo_ == "one-shot") {
+    if (forceOne_) {
       *why = "LOOM_ALGO=oneshot";
       return dev::MeshKind::kAllReduceOneShot;
     }
-    if (forcedTwo) {
+    if (forceTwo_) {
       *why = "LOOM_ALGO asks for two-shot (ring and tree map to it on a GPU mesh)";
       return dev::MeshKind::kAllReduceTwoShot;
     }
@@ -573,17 +588,15 @@ class CudaDeviceComm final : public DeviceComm {
   // root's links do not carry every rank's whole input).
   dev::MeshKind reduceKind(const Operation& op, const char** why) const {
     size_t bytes = op.count * dataTypeSize(op.dtype);
-    const bool forcedTwo = algo_ == "twoshot" || algo_ == "two-shot" || algo_ == "ring" || algo_ == "tree";
-    size_t llLimit = proto_ == "simple" ? 0 : proto_ == "ll" ? dev::kLLBlocks * dev::kLLPayload : llMax_;
-    if (bytes <= llLimit && !forcedTwo) {
-      *why = proto_ == "ll" ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
+    if (bytes <= llLimit_ && !forceTwo_) {
+      *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
       return dev::MeshKind::kReduceLL;
     }
-    if (algo_ == "oneshot" || algo_ == "one-shot" || algo_ == "direct") {
+    if (forceDirect_) {
       *why = "LOOM_ALGO asks for one stage (direct to the root)";
       return dev::MeshKind::kReduceDirect;
     }
-    if (forcedTwo) {
+    if (forceTwo_) {
       *why = "LOOM_ALGO asks for two stages (reduce-scatter + gather)";
       return dev::MeshKind::kReduce;
     }
@@ -726,10 +739,14 @@ class CudaDeviceComm final : public DeviceComm {
   int device_ = -1;
   bool mesh_ = false;
   std::string why_;
-  std::string algo_;
+  // The forms' settings (chooseForms).
+  bool algoSet_ = false;      // any LOOM_ALGO: no size-based choice and no one-process forms
+  bool forceOne_ = false;     // LOOM_ALGO=oneshot
+  bool forceTwo_ = false;     // LOOM_ALGO=twoshot (ring, tree)
+  bool forceDirect_ = false;  // LOOM_ALGO=direct or oneshot (reduce)
+  bool protoLL_ = false;      // LOOM_PROTO=ll
+  size_t llLimit_ = 0;        // the LL forms up to this size
   size_t oneShotMax_ = 0;
-  size_t llMax_ = 0;
-  std::string proto_;
   int64_t timeoutMs_ = 0;
   std::unique_ptr<transport::p2p::Window> window_;
   uint64_t* state_ = nullptr;

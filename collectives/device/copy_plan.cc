@@ -8,10 +8,6 @@ bool copyOnly(MeshKind kind) {
   return kind == MeshKind::kBroadcast || kind == MeshKind::kAllGather || kind == MeshKind::kAllToAll;
 }
 
-size_t copyBytesPerPeer(MeshKind kind, size_t blockBytes) {
-  return copyOnly(kind) ? blockBytes : 0;
-}
-
 bool copyPlanSafe(MeshKind kind, int nranks, int root, size_t blockBytes, const RankBuffers* all) {
   if (!copyOnly(kind)) return false;
   for (int r = 0; r < nranks; ++r) {

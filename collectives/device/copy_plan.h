@@ -48,8 +48,4 @@ std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, 
 // blockBytes). The result depends only on `all`, so every rank decides alike.
 bool copyPlanSafe(MeshKind kind, int nranks, int root, size_t blockBytes, const RankBuffers* all);
 
-// The bytes one copy into a peer moves: what the size threshold for the copy engines
-// (LOOM_P2P_CE_BYTES) is compared with.
-size_t copyBytesPerPeer(MeshKind kind, size_t blockBytes);
-
 }  // namespace loom::collectives::device

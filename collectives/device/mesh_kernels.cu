@@ -887,6 +887,26 @@ int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape&
   return static_cast<int>(cudaGetLastError());
 }
 
+// Calls f with a value of the element traits for `type` (a cudaError_t value back).
+template <typename F>
+int withElement(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kInt8: return f(Plain<int8_t, int32_t>{});
+    case DataType::kUint8: return f(Plain<uint8_t, uint32_t>{});
+    case DataType::kInt32: return f(Plain<int32_t, int32_t>{});
+    case DataType::kUint32: return f(Plain<uint32_t, uint32_t>{});
+    case DataType::kInt64: return f(Plain<int64_t, int64_t>{});
+    case DataType::kUint64: return f(Plain<uint64_t, uint64_t>{});
+    case DataType::kFloat16: return f(Half{});
+    case DataType::kFloat32: return f(Plain<float, float>{});
+    case DataType::kFloat64: return f(Plain<double, double>{});
+    case DataType::kBfloat16: return f(Bf16{});
+    case DataType::kFloat8e4m3: return f(E4m3{});
+    case DataType::kFloat8e5m2: return f(E5m2{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
 }  // namespace
 
 const char* meshKindName(MeshKind kind) {
@@ -954,21 +974,7 @@ int launchPullTyped(const MeshContext& ctx, const MeshCall& call, const PullInpu
 }
 
 int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
-  switch (call.type) {
-    case DataType::kInt8: return launchPullTyped<Plain<int8_t, int32_t>>(ctx, call, in, stream);
-    case DataType::kUint8: return launchPullTyped<Plain<uint8_t, uint32_t>>(ctx, call, in, stream);
-    case DataType::kInt32: return launchPullTyped<Plain<int32_t, int32_t>>(ctx, call, in, stream);
-    case DataType::kUint32: return launchPullTyped<Plain<uint32_t, uint32_t>>(ctx, call, in, stream);
-    case DataType::kInt64: return launchPullTyped<Plain<int64_t, int64_t>>(ctx, call, in, stream);
-    case DataType::kUint64: return launchPullTyped<Plain<uint64_t, uint64_t>>(ctx, call, in, stream);
-    case DataType::kFloat16: return launchPullTyped<Half>(ctx, call, in, stream);
-    case DataType::kFloat32: return launchPullTyped<Plain<float, float>>(ctx, call, in, stream);
-    case DataType::kFloat64: return launchPullTyped<Plain<double, double>>(ctx, call, in, stream);
-    case DataType::kBfloat16: return launchPullTyped<Bf16>(ctx, call, in, stream);
-    case DataType::kFloat8e4m3: return launchPullTyped<E4m3>(ctx, call, in, stream);
-    case DataType::kFloat8e5m2: return launchPullTyped<E5m2>(ctx, call, in, stream);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return withElement(call.type, [&](auto e) { return launchPullTyped<decltype(e)>(ctx, call, in, stream); });
 }
 
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {
@@ -983,21 +989,7 @@ int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream
     p2pKernel<<<shape.blocks, ctx.threads, 0, stream>>>(ctx, call, shape.tileElems, *p2p);
     return static_cast<int>(cudaGetLastError());
   }
-  switch (call.type) {
-    case DataType::kInt8: return launchTyped<Plain<int8_t, int32_t>>(ctx, call, shape, stream);
-    case DataType::kUint8: return launchTyped<Plain<uint8_t, uint32_t>>(ctx, call, shape, stream);
-    case DataType::kInt32: return launchTyped<Plain<int32_t, int32_t>>(ctx, call, shape, stream);
-    case DataType::kUint32: return launchTyped<Plain<uint32_t, uint32_t>>(ctx, call, shape, stream);
-    case DataType::kInt64: return launchTyped<Plain<int64_t, int64_t>>(ctx, call, shape, stream);
-    case DataType::kUint64: return launchTyped<Plain<uint64_t, uint64_t>>(ctx, call, shape, stream);
-    case DataType::kFloat16: return launchTyped<Half>(ctx, call, shape, stream);
-    case DataType::kFloat32: return launchTyped<Plain<float, float>>(ctx, call, shape, stream);
-    case DataType::kFloat64: return launchTyped<Plain<double, double>>(ctx, call, shape, stream);
-    case DataType::kBfloat16: return launchTyped<Bf16>(ctx, call, shape, stream);
-    case DataType::kFloat8e4m3: return launchTyped<E4m3>(ctx, call, shape, stream);
-    case DataType::kFloat8e5m2: return launchTyped<E5m2>(ctx, call, shape, stream);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return withElement(call.type, [&](auto e) { return launchTyped<decltype(e)>(ctx, call, shape, stream); });
 }
 
 }  // namespace loom::collectives::device
