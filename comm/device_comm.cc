@@ -14,6 +14,7 @@
 #include <mutex>
 #include <random>
 
+#include "collectives/device/chunk_plan.h"
 #include "collectives/device/copy_plan.h"
 #include "collectives/device/mesh.h"
 #include "transports/p2p/p2p_window.h"
@@ -87,13 +88,30 @@ struct Clique {
     int ncclOp;
     const void* in;
     void* out;
-    bool inMapped;  // `in` is cudaMalloc memory, which peer access maps into the peers
+    bool inMapped;   // `in` is cudaMalloc memory, which peer access maps into the peers
+    bool outMapped;  // and `out` (stream-ordered pools and VMM memory are not mapped)
+    bool captured;   // its stream is capturing a CUDA graph (asked where it matters)
   };
-  explicit Clique(int nranks) : group(nranks, 0), calls(nranks), abortFlags(nranks, nullptr) {}
+  explicit Clique(int nranks)
+      : group(nranks, 0), calls(nranks), abortFlags(nranks, nullptr), devices(nranks, -1),
+        scratch(nranks, nullptr) {}
+  ~Clique() {
+    for (size_t r = 0; r < scratch.size(); ++r) {
+      if (!scratch[r]) continue;
+      DeviceGuard guard(devices[r]);
+      cudaFree(scratch[r]);
+    }
+    cudaGetLastError();
+  }
   std::mutex mutex;
   std::vector<uint64_t> group;             // per rank: the group its calls belong to
   std::vector<std::vector<Call>> calls;    // per rank: its device collectives, in order
   std::vector<volatile int*> abortFlags;   // per rank: its kernels' abort flag (host-mapped)
+  std::vector<int> devices;                // per rank: its GPU
+  // Per rank: the slots its peers push chunks into (the chunked all-reduce and reduce),
+  // allocated for every rank by the first call that needs them.
+  std::vector<void*> scratch;
+  bool scratchFailed = false;  // that allocation failed once: the kernels from then on
 };
 
 // One Clique per communicator (its token agreed at init), shared by its ranks here.
@@ -122,6 +140,9 @@ struct MeshAgreement {
   int64_t ceBytes = 0;
   int64_t reduceDirectBytes = 0;
   int64_t pullBytes = 0;
+  int64_t chunkBytes = 0;
+  int64_t chunkAllReduceBytes = 0;
+  int64_t scratchBytes = 0;
   uint64_t token = 0;
   char algo[24] = {0};
   char proto[24] = {0};
@@ -139,6 +160,10 @@ class CudaDeviceComm final : public DeviceComm {
     if (forkEvent_) cudaEventDestroy(forkEvent_);
     if (sideEvent_) cudaEventDestroy(sideEvent_);
     if (side_) cudaStreamDestroy(side_);
+    for (cudaEvent_t e : {chunkEvent_, pushEvent_}) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (pushStream_) cudaStreamDestroy(pushStream_);
     window_.reset();
     if (state_) cudaFree(state_);
     if (clique_) {  // no peer of this process may raise our flag once it is freed
@@ -194,6 +219,9 @@ class CudaDeviceComm final : public DeviceComm {
     mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
     mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
     mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
+    mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
+    mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
+    mine.scratchBytes = settings::getInt("LOOM_P2P_CE_SCRATCH_BYTES");
     if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
     std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
     std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::getString("LOOM_PROTO").c_str());
@@ -209,10 +237,14 @@ class CudaDeviceComm final : public DeviceComm {
       }
       if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
           all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
-          all[r].pullBytes != mine.pullBytes ||
+          all[r].pullBytes != mine.pullBytes || all[r].chunkBytes != mine.chunkBytes ||
+          all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes ||
+          all[r].scratchBytes != mine.scratchBytes ||
           std::strcmp(all[r].algo, mine.algo) != 0 || std::strcmp(all[r].proto, mine.proto) != 0) {
         return errorf(Code::kInvalidUsage, "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
-                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or LOOM_P2P_REDUCE_DIRECT_BYTES, LOOM_P2P_PULL_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
+                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or LOOM_P2P_REDUCE_DIRECT_BYTES, "
+                      "LOOM_P2P_PULL_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
+                      "LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
                       "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm", r,
                       rank, all[r].algo, all[r].proto, (long long)all[r].llBytes, (long long)all[r].oneShotBytes,
                       (long long)all[r].ceBytes, mine.algo, mine.proto, (long long)mine.llBytes,
@@ -254,9 +286,14 @@ class CudaDeviceComm final : public DeviceComm {
     LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&sideEvent_, cudaEventDisableTiming), "cudaEventCreate"));
     LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate"));
     if (oneProcess) {
+      LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&pushStream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+      for (cudaEvent_t* e : {&chunkEvent_, &pushEvent_}) {
+        LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate"));
+      }
       clique_ = cliqueFor(all[0].token, nranks_);
       std::lock_guard<std::mutex> lock(clique_->mutex);
       clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
+      clique_->devices[rank_] = device_;
     }
     LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
     ctx_.geo = geo;
@@ -276,7 +313,10 @@ class CudaDeviceComm final : public DeviceComm {
     if (clique_) {
       LOOM_INFO(kInit, "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "
                 "broadcast, all-gather and all-to-all from %zu bytes per copy use the copy engines "
-                "(LOOM_P2P_CE_BYTES)", device_, ceMin_);
+                "(LOOM_P2P_CE_BYTES); reduce from %zu bytes and all-reduce from %zu move their data "
+                "with them in chunks of up to %zu bytes, reduced locally (LOOM_P2P_CE_REDUCE_BYTES, "
+                "LOOM_P2P_CE_ALLREDUCE_BYTES, LOOM_P2P_CE_SCRATCH_BYTES; SIZE_MAX: never)", device_, ceMin_,
+                chunkReduceMin_, chunkAllReduceMin_, chunkMax_);
     }
     return Status::ok();
   }
@@ -292,11 +332,17 @@ class CudaDeviceComm final : public DeviceComm {
     mine.clear();
     for (const Operation& o : ops) {
       if (!o.onDevice || o.type == collectives::CollType::kSendRecv) continue;
-      // Only the pulled all-reduce reads a peer's buffer with SM loads (the copy engines
-      // reach any device memory): ask the driver only there.
-      bool mapped = o.type == collectives::CollType::kAllReduce && pullSize(o.count * dataTypeSize(o.dtype)) &&
-                    cuda::isPeerMappableDevicePointer(o.sendbuff);
-      mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, mapped});
+      // The one-process forms reach a peer's buffers through peer access, which maps
+      // cudaMalloc memory only: a copy between GPUs from or into a stream-ordered pool
+      // (cudaMallocAsync) or VMM memory fails. Ask the driver where such a form may run.
+      const size_t bytes = o.count * dataTypeSize(o.dtype);
+      const bool chunked = bytes >= (o.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_);
+      const bool ask = (o.type == collectives::CollType::kAllReduce && pullSize(bytes)) || bytes >= ceMin_ || chunked;
+      const bool inMapped = ask && cuda::isPeerMappableDevicePointer(o.sendbuff);
+      const bool outMapped = ask && (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff));
+      const bool captured = chunked && capturing(o.stream);
+      mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, inMapped, outMapped,
+                      captured});
     }
     clique_->group[rank_] = group;
     group_ = group;
@@ -349,6 +395,16 @@ class CudaDeviceComm final : public DeviceComm {
     }
     const size_t block = op.count * dataTypeSize(op.dtype);
     std::vector<dev::RankBuffers> all;
+    bool inMapped = false, outMapped = false, captured = true;
+    // Large all-reduce and reduce, every rank's buffers known and none in a graph capture:
+    // the copy engines move the data in chunks, kernels reduce them locally. A user's
+    // PreMulSum scalar may differ between ranks, so only ncclAvg's (1/n) is applied here.
+    if ((op.type == collectives::CollType::kAllReduce || op.type == collectives::CollType::kReduce) &&
+        block >= (op.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_) && !algoSet_ && op.ncclOp < ncclNumOps && !red.scalarDevice &&
+        peerBuffers(op, index, &all, &inMapped, &outMapped, &captured) && inMapped && outMapped && !captured) {
+      std::vector<void*> scratch = chunkScratch();
+      if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
+    }
     // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
     // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
     // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
@@ -360,8 +416,8 @@ class CudaDeviceComm final : public DeviceComm {
     }
     // Copies only, every rank's buffers known (ranks of this process): the copy engines,
     // each copy moving one rank's block of `block` bytes.
-    if (dev::copyOnly(call.kind) && block >= ceMin_ && peerBuffers(op, index, &all) &&
-        dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
+    if (dev::copyOnly(call.kind) && block >= ceMin_ && peerBuffers(op, index, &all, &inMapped, &outMapped) &&
+        inMapped && outMapped && dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
       return failCliqueOn(
           launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream));
     }
@@ -448,6 +504,12 @@ class CudaDeviceComm final : public DeviceComm {
     ceMin_ = s.ceBytes < 0 ? size_t(16) << 20 : s.ceBytes == 0 ? SIZE_MAX : static_cast<size_t>(s.ceBytes);
     reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
     pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
+    chunkReduceMin_ = s.chunkBytes <= 0 ? SIZE_MAX : static_cast<size_t>(s.chunkBytes);
+    chunkAllReduceMin_ = s.chunkAllReduceBytes <= 0 ? SIZE_MAX : static_cast<size_t>(s.chunkAllReduceBytes);
+    // Slots per peer; a chunk is a multiple of 64 KiB.
+    const size_t scratch = static_cast<size_t>(std::max<int64_t>(0, s.scratchBytes));
+    chunkMax_ = nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
+    if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
   }
 
   // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
@@ -483,10 +545,12 @@ class CudaDeviceComm final : public DeviceComm {
   // rank looks at the same postings, so all decide alike.
   // `inputsMapped` (optional): whether every rank's input is memory peer access maps.
   bool peerBuffers(const Operation& op, size_t index, std::vector<dev::RankBuffers>* all,
-                   bool* inputsMapped = nullptr) {
+                   bool* inputsMapped = nullptr, bool* outputsMapped = nullptr, bool* anyCaptured = nullptr) {
     if (!clique_ || group_ == 0) return false;
     all->assign(nranks_, {});
     if (inputsMapped) *inputsMapped = true;
+    if (outputsMapped) *outputsMapped = true;
+    if (anyCaptured) *anyCaptured = false;
     std::lock_guard<std::mutex> lock(clique_->mutex);
     for (int r = 0; r < nranks_; ++r) {
       if (clique_->group[r] != group_ || index >= clique_->calls[r].size()) return false;
@@ -497,6 +561,8 @@ class CudaDeviceComm final : public DeviceComm {
       }
       (*all)[r] = {c.in, c.out};
       if (inputsMapped) *inputsMapped = *inputsMapped && c.inMapped;
+      if (outputsMapped) *outputsMapped = *outputsMapped && c.outMapped;
+      if (anyCaptured) *anyCaptured = *anyCaptured || c.captured;
     }
     return true;
   }
@@ -580,6 +646,162 @@ class CudaDeviceComm final : public DeviceComm {
     }
     LOOM_TRY(barrier());
     return recordDone(stream, cap);
+  }
+
+  // Every rank's scratch for the chunked forms, allocated for all of them at the first
+  // call that needs it; empty when that failed (the kernels then, on every rank alike).
+  std::vector<void*> chunkScratch() {
+    std::lock_guard<std::mutex> lock(clique_->mutex);
+    if (clique_->scratchFailed) return {};
+    if (!clique_->scratch[0]) {
+      const size_t bytes = chunkSlots_ * size_t(nranks_ - 1) * chunkMax_;
+      for (int r = 0; r < nranks_; ++r) {
+        DeviceGuard guard(clique_->devices[r]);
+        if (cudaMalloc(&clique_->scratch[r], bytes) != cudaSuccess) {
+          cudaGetLastError();
+          clique_->scratch[r] = nullptr;
+          LOOM_WARN(kColl, "GPU %d: no %zu bytes of device memory for the chunked all-reduce and reduce "
+                    "(LOOM_P2P_CE_SCRATCH_BYTES): the kernels do them instead", clique_->devices[r], bytes);
+          for (void*& p : clique_->scratch) {
+            if (p) {
+              DeviceGuard g(clique_->devices[&p - clique_->scratch.data()]);
+              cudaFree(p);
+              p = nullptr;
+            }
+          }
+          clique_->scratchFailed = true;
+          return {};
+        }
+      }
+      LOOM_INFO(kColl, "chunked all-reduce and reduce: %zu bytes of scratch on each GPU", bytes);
+    }
+    return clique_->scratch;
+  }
+
+  // The chunked all-reduce and reduce (collectives/device/chunk_plan.h). On our push stream,
+  // each chunk of every peer's segment goes into that peer's scratch, followed by a kernel
+  // that counts it in the peer's window and waits for the slot the next chunk goes into.
+  // On the caller's stream, each chunk of our segment is reduced once every peer's copy
+  // has been counted; for all-reduce the gather stream then copies it into every peer's
+  // output. The counters carry over from call to call, so a slot is never overwritten
+  // before its owner reduced it. Nothing here may be captured (checked by the caller).
+  Status launchChunked(const Operation& op, const dev::MeshCall& call, const std::vector<dev::RankBuffers>& all,
+                       const std::vector<void*>& scratch) {
+    DeviceGuard guard(device_);
+    cudaStream_t stream = op.stream;
+    LOOM_TRY(order(stream, false));
+    const bool gather = op.type == collectives::CollType::kAllReduce;
+    const size_t es = dataTypeSize(op.dtype);
+    const int n = nranks_, me = rank_;
+    const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkMax_);
+    if (log::enabled(log::kInfo, log::kColl)) {
+      LOOM_INFO(kColl, "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
+                "process, size >= LOOM_P2P_CE_REDUCE_BYTES)", gather ? "all-reduce" : "reduce", op.count,
+                dataTypeName(op.dtype), plan.chunks(me));
+    }
+    // The slot of the m-th chunk `from` pushes into `owner`'s scratch.
+    auto slot = [&](int owner, int from, uint64_t m) {
+      const size_t peerIndex = static_cast<size_t>((from - owner - 1 + n) % n);
+      return static_cast<char*>(scratch[owner]) + (peerIndex * chunkSlots_ + m % chunkSlots_) * chunkMax_;
+    };
+    const auto* in = static_cast<const char*>(op.sendbuff);
+    auto* out = static_cast<char*>(op.recvbuff);
+    auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
+    auto kernel = [](int e, const char* what) {
+      return e == 0 ? Status::ok() : errorf(Code::kCudaError, "launching %s failed: %s", what, cudaErrorText(e).c_str());
+    };
+    // The pushes read our input: after our stream's earlier work.
+    LOOM_TRY(cuda(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
+    LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, forkEvent_, 0), "cudaStreamWaitEvent"));
+    const uint64_t D = chunkSlots_, B = std::max<uint64_t>(1, chunkSlots_ / 2);
+    // Before our m-th push to p (m from chunkSent_[p]), p must have freed chunk m - D. One
+    // wait covers the pushes up to the next multiple of B.
+    auto needFree = [&](int p, uint64_t m) -> uint64_t {
+      const uint64_t last = std::min<uint64_t>((m / B + 1) * B, chunkSent_[p] + plan.chunks(p));
+      return last >= D ? last - D : 0;
+    };
+    auto gatherChunk = [&](size_t c) -> Status {
+      const size_t begin = plan.chunkBegin(me, c) * es, bytes = plan.chunkCount(me, c) * es;
+      LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, chunkEvent_, 0), "cudaStreamWaitEvent"));
+      for (int i = 1; i < n; ++i) {
+        const int q = (me + i) % n;
+        LOOM_TRY(cuda(cudaMemcpyAsync(static_cast<char*>(all[q].out) + begin, out + begin, bytes, cudaMemcpyDefault,
+                                      pushStream_), "cudaMemcpyAsync (reduced chunk to a peer)"));
+      }
+      return Status::ok();
+    };
+    size_t rounds = plan.chunks(me);
+    for (int p = 0; p < n; ++p) {
+      if (p != me) rounds = std::max(rounds, plan.chunks(p));
+    }
+    for (size_t c = 0; c < rounds; ++c) {
+      dev::ChunkFlags wait, signal;
+      bool waits = false, signals = false;
+      for (int i = 1; i < n; ++i) {
+        const int p = (me + i) % n;
+        const uint64_t m = chunkSent_[p] + c;
+        if (c < plan.chunks(p) && (c == 0 || m % B == 0) && needFree(p, m) > 0) {
+          wait.wait[p] = needFree(p, m);
+          waits = true;
+        }
+      }
+      if (waits) LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
+      for (int i = 1; i < n; ++i) {
+        const int p = (me + i) % n;
+        if (c >= plan.chunks(p)) continue;
+        const uint64_t m = chunkSent_[p] + c;
+        LOOM_TRY(cuda(cudaMemcpyAsync(slot(p, me, m), in + plan.chunkBegin(p, c) * es, plan.chunkCount(p, c) * es,
+                                      cudaMemcpyDefault, pushStream_), "cudaMemcpyAsync (chunk to its owner)"));
+        // The counter by a stream memory operation (no kernel between two copies) where the
+        // driver has one; else by the kernel below.
+        int e = cuda::streamWriteValue64(pushStream_, dev::chunkFlag(ctx_, p, dev::kChunkReady, me), m + 1);
+        if (e > 0) return errorf(Code::kCudaError, "cuStreamWriteValue64 (chunk counter) failed: CUDA error %d", e);
+        if (e < 0) {
+          signal.signal[p] = m + 1;
+          signals = true;
+        }
+      }
+      if (signals) LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, signal, pushStream_), "the chunk counters"));
+      // The previous chunk's copies to the peers go after this chunk's pushes, so the push
+      // stream never waits for a reduction that waits for this chunk.
+      if (gather && c >= 1 && c - 1 < plan.chunks(me)) LOOM_TRY(gatherChunk(c - 1));
+      if (c >= plan.chunks(me)) continue;
+      const size_t begin = plan.chunkBegin(me, c) * es;
+      dev::ChunkReduce r;
+      r.type = call.type;
+      r.red = call.red;
+      r.scalar = call.scalar;
+      r.divisor = call.divisor;
+      r.out = out + begin;
+      r.count = plan.chunkCount(me, c);
+      for (int q = 0; q < n; ++q) {
+        if (q == me) {
+          r.srcs[q] = in + begin;
+          continue;
+        }
+        const uint64_t m = chunkReduced_[q] + c;
+        r.srcs[q] = slot(me, q, m);
+        r.wait[q] = r.signal[q] = m + 1;
+      }
+      LOOM_TRY(kernel(dev::launchChunkReduce(ctx_, r, stream), "the chunk reduction"));
+      if (!gather) continue;
+      LOOM_TRY(cuda(cudaEventRecord(chunkEvent_, stream), "cudaEventRecord"));
+    }
+    if (gather && plan.chunks(me) > 0 && plan.chunks(me) >= rounds) {
+      LOOM_TRY(gatherChunk(plan.chunks(me) - 1));
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      chunkSent_[p] += plan.chunks(p);
+      chunkReduced_[p] += plan.chunks(me);
+    }
+    LOOM_TRY(cuda(cudaEventRecord(pushEvent_, pushStream_), "cudaEventRecord"));
+    LOOM_TRY(cuda(cudaStreamWaitEvent(stream, pushEvent_, 0), "cudaStreamWaitEvent"));
+    if (gather) {
+      // Every peer's copies into our output have landed after this.
+      LOOM_TRY(kernel(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
+    }
+    return recordDone(stream, false);
   }
 
   // The reduce form: small ones through the LL all-reduce with only the root writing;
@@ -761,6 +983,17 @@ class CudaDeviceComm final : public DeviceComm {
   size_t ceMin_ = 0;                 // LOOM_P2P_CE_BYTES
   size_t reduceDirectMax_ = 0;       // LOOM_P2P_REDUCE_DIRECT_BYTES
   size_t pullMax_ = 0;               // LOOM_P2P_PULL_BYTES
+  // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
+  // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
+  static constexpr size_t chunkSlots_ = 2;
+  size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
+  size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
+  size_t chunkMax_ = 0;              // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)
+  uint64_t chunkSent_[dev::kMaxRanks] = {};
+  uint64_t chunkReduced_[dev::kMaxRanks] = {};
+  cudaStream_t pushStream_ = nullptr;  // our copies: input chunks to their owners, reduced chunks to the peers
+  cudaEvent_t chunkEvent_ = nullptr;   // a chunk reduced: the push stream may copy it to the peers
+  cudaEvent_t pushEvent_ = nullptr;    // the caller's stream waits for the push stream
   uint64_t group_ = 0;               // the group being run (postGroup), 0 outside one
   size_t cursor_ = 0;                // device collectives of that group run so far
   cudaStream_t lastStream_ = nullptr;

@@ -26,6 +26,7 @@ using CuDeviceGetPCIBusId = int (*)(char*, int, int);
 using CuDeviceGetCount = int (*)(int*);
 using CuDeviceCanAccessPeer = int (*)(int*, int, int);
 using CuDeviceGetP2PAttribute = int (*)(int*, int, int, int);
+using CuStreamWriteValue64 = int (*)(void*, uintptr_t, uint64_t, unsigned);
 
 struct Driver {
   CuPointerGetAttribute getAttribute = nullptr;  // null: no usable driver (see `error`)
@@ -35,6 +36,7 @@ struct Driver {
   CuDeviceGetCount deviceCount = nullptr;
   CuDeviceCanAccessPeer canAccessPeer = nullptr;
   CuDeviceGetP2PAttribute p2pAttribute = nullptr;
+  CuStreamWriteValue64 writeValue64 = nullptr;
   std::string error;  // why there is no usable driver
 };
 
@@ -70,6 +72,7 @@ const Driver& driver() {
     sym(lib, d.deviceCount, "cuDeviceGetCount");
     sym(lib, d.canAccessPeer, "cuDeviceCanAccessPeer");
     sym(lib, d.p2pAttribute, "cuDeviceGetP2PAttribute");
+    sym(lib, d.writeValue64, "cuStreamWriteValue64_v2");
   });
   return d;
 }
@@ -104,6 +107,12 @@ bool isPeerMappableDevicePointer(const void* ptr) {
   int legacy = 0;
   if (d.getAttribute(&legacy, kAttrLegacyIpc, reinterpret_cast<uintptr_t>(ptr)) != 0) return false;
   return legacy != 0;
+}
+
+int streamWriteValue64(void* stream, void* addr, uint64_t value) {
+  const Driver& d = driver();
+  if (!d.writeValue64) return -1;
+  return d.writeValue64(stream, reinterpret_cast<uintptr_t>(addr), value, 0);
 }
 
 std::string deviceBusId(int ordinal) {

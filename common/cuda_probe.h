@@ -4,6 +4,7 @@
 // thread-safe; the first call loads the driver and calls cuInit.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -19,6 +20,11 @@ bool isDevicePointer(const void* ptr);
 // stream-ordered pools (cudaMallocAsync), cuMem/VMM allocations, host memory, and
 // without a driver.
 bool isPeerMappableDevicePointer(const void* ptr);
+
+// Enqueues on `stream` (a cudaStream_t) a write of `value` to the 8 bytes at `addr` (device
+// memory this process maps), after the stream's earlier work and with a memory fence
+// before it (cuStreamWriteValue64). Returns the driver's error code, -1 without a driver.
+int streamWriteValue64(void* stream, void* addr, uint64_t value);
 
 // The PCI bus id the CUDA driver reports for device `ordinal` ("0000:19:00.0"), or ""
 // without a driver or such a device.

@@ -48,7 +48,12 @@ struct Geometry {
   // One counter per rank for the barriers around copy-engine collectives (copy_plan.h).
   LOOM_HOST_DEVICE size_t barrierOffset() const { return flagBytes() + llBytes(); }
   LOOM_HOST_DEVICE size_t barrierBytes() const { return size_t(kMaxRanks) * kFlagStride; }
-  LOOM_HOST_DEVICE size_t slotsOffset() const { return barrierOffset() + barrierBytes(); }
+  // Chunk counters of the copy-engine all-reduce and reduce (chunk_plan.h): per peer, how
+  // many chunks it pushed into our scratch (`ready`), and how many of ours it has reduced
+  // (`free`, so its scratch slot may be written again).
+  LOOM_HOST_DEVICE size_t chunkFlagOffset() const { return barrierOffset() + barrierBytes(); }
+  LOOM_HOST_DEVICE size_t chunkFlagBytes() const { return 2 * size_t(kMaxRanks) * kFlagStride; }
+  LOOM_HOST_DEVICE size_t slotsOffset() const { return chunkFlagOffset() + chunkFlagBytes(); }
   LOOM_HOST_DEVICE size_t windowBytes() const {
     return slotsOffset() + size_t(nranks) * size_t(maxBlocks) * size_t(slots) * slotBytes;
   }
@@ -58,7 +63,9 @@ struct Geometry {
   LOOM_HOST_DEVICE size_t barrierSeqIndex() const { return llSeqIndex(0) + kLLBlocks; }
   // Blocks of a pulled all-reduce that finished (the last one resets it).
   LOOM_HOST_DEVICE size_t pullDoneIndex() const { return barrierSeqIndex() + 1; }
-  LOOM_HOST_DEVICE size_t stateBytes() const { return (pullDoneIndex() + 1) * sizeof(uint64_t); }
+  // Blocks of a chunk reduction that finished (the last one resets it).
+  LOOM_HOST_DEVICE size_t chunkDoneIndex() const { return pullDoneIndex() + 1; }
+  LOOM_HOST_DEVICE size_t stateBytes() const { return (chunkDoneIndex() + 1) * sizeof(uint64_t); }
 };
 
 enum class MeshKind : int {
@@ -152,6 +159,41 @@ struct PullInputs {
   const void* inputs[kMaxRanks] = {};
 };
 int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
+
+// Where the chunk counter `kind` (kChunkReady, kChunkFree) that rank `from` writes lives in
+// `owner`'s window.
+inline constexpr int kChunkReady = 0, kChunkFree = 1;
+LOOM_HOST_DEVICE inline uint64_t* chunkFlag(const MeshContext& c, int owner, int kind, int from) {
+  return reinterpret_cast<uint64_t*>(c.windows[owner] + c.geo.chunkFlagOffset() +
+                                     (size_t(kind) * kMaxRanks + from) * kFlagStride);
+}
+
+// The copy-engine all-reduce and reduce (chunk_plan.h): the kernels that follow the copies.
+// A counter value of 0 means "none".
+struct ChunkFlags {
+  uint64_t signal[kMaxRanks] = {};  // ready[us] in peer p's window := signal[p]
+  uint64_t wait[kMaxRanks] = {};    // then wait until free[p] in our window >= wait[p]
+};
+// One warp: after the copies before it on `stream`, tells each peer how many chunks it has
+// (release at system scope), then waits until each peer freed the slots named.
+int launchChunkFlags(const MeshContext& ctx, const ChunkFlags& flags, cudaStream_t stream);
+
+// One chunk of our segment: waits until every peer's copy of it landed (ready[q] in our
+// window >= wait[q]), reduces the sources (in rank order: our input and the peers' copies)
+// into `out`, then tells each peer its slot is free (free[us] in q's window := signal[q]).
+// The op is applied as in MeshCall; PreMulSum multiplies every source by the one scalar.
+struct ChunkReduce {
+  DataType type = DataType::kFloat32;
+  RedKind red = RedKind::kSum;
+  double scalar = 1.0;
+  uint64_t divisor = 1;
+  const void* srcs[kMaxRanks] = {};
+  void* out = nullptr;
+  size_t count = 0;
+  uint64_t wait[kMaxRanks] = {};
+  uint64_t signal[kMaxRanks] = {};
+};
+int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream);
 
 // Enqueues a barrier of every rank of the mesh on `stream`: one small kernel that tells
 // each peer this rank got here and waits until every peer did (counters in the windows,

@@ -880,6 +880,67 @@ __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ Mesh
   if (p == 0) *count = seq;
 }
 
+// One warp; lane p signals and waits for rank p.
+__global__ void __launch_bounds__(32) chunkFlagsKernel(const __grid_constant__ MeshContext c,
+                                                       const __grid_constant__ ChunkFlags f) {
+  const int p = threadIdx.x;
+  if (p >= c.nranks || p == c.rank) return;
+  if (f.signal[p]) {
+    // The copies before this kernel on the stream are complete: publish them first.
+    __threadfence_system();
+    storeRelease(chunkFlag(c, p, kChunkReady, c.rank), f.signal[p]);
+  }
+  if (f.wait[p]) waitAtLeast(c, chunkFlag(c, c.rank, kChunkFree, p), f.wait[p]);
+}
+
+// Every block waits for the peers' copies (thread q for rank q), reduces its part; the
+// last block to finish frees the peers' slots.
+template <typename E>
+__global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__ MeshContext c,
+                                                        const __grid_constant__ ChunkReduce a) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  auto* done = reinterpret_cast<unsigned int*>(c.state + c.geo.chunkDoneIndex());
+  const int t = threadIdx.x;
+  const bool peerThread = t < c.nranks && t != c.rank;
+  int bad = 0;
+  if (peerThread && a.wait[t]) bad = !waitAtLeast(c, chunkFlag(c, c.rank, kChunkReady, t), a.wait[t]);
+  if (__syncthreads_or(bad)) return;  // the error flag says why; the call has failed
+
+  Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
+  if (a.red == RedKind::kPreMulSum) {
+    if constexpr (std::is_integral_v<C>) {
+      op.scalar = C(static_cast<long long>(a.scalar));
+    } else {
+      op.scalar = E::load(E::store(C(a.scalar)));
+    }
+  }
+  constexpr size_t vec = 16 / sizeof(S);
+  const size_t per = ((a.count + gridDim.x - 1) / gridDim.x + vec - 1) / vec * vec;
+  const size_t begin = size_t(blockIdx.x) * per;
+  if (begin < a.count) {
+    Io io;
+    for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(a.srcs[r]) + begin * sizeof(S);
+    io.nsrc = c.nranks;
+    io.preMask = a.red == RedKind::kPreMulSum ? (1u << c.nranks) - 1 : 0;
+    io.post = true;
+    io.dsts[0] = static_cast<char*>(a.out) + begin * sizeof(S);
+    io.ndst = 1;
+    reduceCopy<E>(io, op, min(per, a.count - begin));
+  }
+  __shared__ int last;
+  __syncthreads();
+  if (t == 0) {
+    __threadfence();
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every block's reads of the slots come before the release
+  if (peerThread && a.signal[t]) storeRelease(chunkFlag(c, t, kChunkFree, c.rank), a.signal[t]);
+  if (t == 0) *done = 0;
+}
+
 template <typename E>
 int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape& shape,
                 cudaStream_t stream) {
@@ -975,6 +1036,21 @@ int launchPullTyped(const MeshContext& ctx, const MeshCall& call, const PullInpu
 
 int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
   return withElement(call.type, [&](auto e) { return launchPullTyped<decltype(e)>(ctx, call, in, stream); });
+}
+
+int launchChunkFlags(const MeshContext& ctx, const ChunkFlags& flags, cudaStream_t stream) {
+  chunkFlagsKernel<<<1, 32, 0, stream>>>(ctx, flags);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream) {
+  return withElement(chunk.type, [&](auto e) {
+    using S = typename decltype(e)::Storage;
+    // Parts of at least 256 KiB, up to the mesh's block count (the chunk is in local memory).
+    size_t blocks = std::clamp<size_t>(chunk.count * sizeof(S) / (256 * 1024), 1, size_t(ctx.geo.maxBlocks));
+    chunkReduceKernel<decltype(e)><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, chunk);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {

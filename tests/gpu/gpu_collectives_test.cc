@@ -506,9 +506,9 @@ TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
   }
 }
 
-// Inputs from a stream-ordered pool (cudaMallocAsync) are not mapped by peer access:
-// the pulled all-reduce must leave them to the kernels, and the copy engines must still
-// reach pool outputs.
+// Buffers from a stream-ordered pool (cudaMallocAsync) are not mapped by peer access (a
+// copy between GPUs into or out of one fails): the pulled all-reduce and the copy engines
+// must leave them to the kernels.
 TEST(GpuCollectives, PoolBuffersInOneProcess) {
   REQUIRE_GPUS(2);
   Ranks R(2);
@@ -555,6 +555,108 @@ TEST(GpuCollectives, PoolBuffersInOneProcess) {
     cudaFreeAsync(ag[r], R.streams[r]);
     cudaStreamSynchronize(R.streams[r]);
   }
+}
+
+// The chunked all-reduce and reduce (copy engines, ranks of one process), with chunks of
+// 64 KiB so that every call has many and each slot is reused within a call and across
+// calls: every type and op, in place and not, aligned and not, every root; a user's
+// PreMulSum (left to the kernels) in between; several in one group with a copy-engine
+// all-gather and a kernel all-reduce; and under graph capture (the kernels then).
+TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
+  REQUIRE_GPUS(2);
+  setenv("LOOM_P2P_CE_REDUCE_BYTES", "1", 1);
+  setenv("LOOM_P2P_CE_ALLREDUCE_BYTES", "1", 1);
+  setenv("LOOM_P2P_CE_SCRATCH_BYTES", "131072", 1);  // 2 slots of 64 KiB per peer
+  Ranks R(2);
+  unsetenv("LOOM_P2P_CE_REDUCE_BYTES");
+  unsetenv("LOOM_P2P_CE_ALLREDUCE_BYTES");
+  unsetenv("LOOM_P2P_CE_SCRATCH_BYTES");
+  for (DataType t : kAllTypes) {
+    const size_t es = loom::dataTypeSize(t);
+    for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+      for (size_t count : {size_t{1}, size_t{13}, size_t{70001}, size_t{300001}}) {
+        const std::string what = std::string(loom::dataTypeName(t)) + " op " + std::to_string(op) + " count " +
+                                  std::to_string(count);
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << what;
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, es), 0u) << what;
+        if (count < 70001) continue;
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, op, count, false, es, false, 0), 0u) << what;
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, op, count, true, 0, false, 1), 0u) << what;
+      }
+    }
+  }
+  const int n = R.n();
+  std::vector<ncclRedOp_t> premul(n);
+  for (int r = 0; r < n; ++r) {
+    float two = 2.0f;
+    NCCL_OK(ncclRedOpCreatePreMulSum(&premul[r], &two, ncclFloat32, ncclScalarHostImmediate, R.comms[r]));
+  }
+  // Every rank's handle has the same value; runAndCheck passes rank 0's to all.
+  EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kFloat32, premul[0], 300001, false, 0), 0u);
+  for (int r = 0; r < n; ++r) NCCL_OK(ncclRedOpDestroy(premul[r], R.comms[r]));
+
+  const size_t count = 250007, small = 1000;
+  std::vector<std::unique_ptr<DeviceBuffer>> in, a, b, ag, k;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    a.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    b.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    ag.push_back(std::make_unique<DeviceBuffer>(r, count * 4 * n));
+    k.push_back(std::make_unique<DeviceBuffer>(r, small * 4));
+    upload(r, in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+  }
+  // b holds a reduce to rank 1: checked there only.
+  auto checkAll = [&](const char* what) {
+    for (int r = 0; r < n; ++r) {
+      std::vector<char> ga = download(r, a[r]->ptr, count * 4), gb = download(r, b[r]->ptr, count * 4);
+      std::vector<char> gk = download(r, k[r]->ptr, small * 4), gg = download(r, ag[r]->ptr, count * 4 * n);
+      size_t bad = 0;
+      for (size_t i = 0; i < count; ++i) {
+        const double want = reduced(DataType::kFloat32, ncclSum, n, i, false);
+        bad += loom::loadAsDouble(DataType::kFloat32, ga.data(), i) != want;
+        if (r == 1) bad += loom::loadAsDouble(DataType::kFloat32, gb.data(), i) != want;
+        if (i < small) bad += loom::loadAsDouble(DataType::kFloat32, gk.data(), i) != want;
+      }
+      for (int p = 0; p < n; ++p) {
+        bad += std::memcmp(gg.data() + p * count * 4, makeInput(DataType::kFloat32, p, count, ncclSum).data(),
+                           count * 4) != 0;
+      }
+      EXPECT_EQ(bad, 0u) << what << ", rank " << r;
+    }
+  };
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      NCCL_OK(ncclAllReduce(in[r]->ptr, a[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllGather(in[r]->ptr, ag[r]->ptr, count, ncclFloat32, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(in[r]->ptr, k[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclReduce(in[r]->ptr, b[r]->ptr, count, ncclFloat32, ncclSum, 1, R.comms[r], R.streams[r]));
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    R.sync();
+    checkAll("one group");
+  }
+  // Captured: every rank's stream in its own capture (no group), so the kernels run it.
+  std::vector<cudaGraphExec_t> execs(n);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    cudaGraph_t g;
+    CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, a[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
+    CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
+    cudaGraphDestroy(g);
+  }
+  for (int it = 0; it < 3; ++it) {
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(r);
+      cudaMemsetAsync(a[r]->ptr, 0xFF, count * 4, R.streams[r]);
+      CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
+    }
+    R.sync();
+    checkAll("graph replay");
+  }
+  for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
 }
 
 // Copy-engine collectives mixed with kernel ones in one group, and captured (both ranks'

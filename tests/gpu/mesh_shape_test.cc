@@ -96,13 +96,15 @@ TEST(MeshGeometry, WindowLayoutDoesNotOverlap) {
   g.slots = 4;
   g.slotBytes = 256 * 1024;
   EXPECT_EQ(g.barrierOffset(), g.flagBytes() + g.llBytes());
-  EXPECT_EQ(g.slotsOffset(), g.barrierOffset() + kMaxRanks * kFlagStride);
+  EXPECT_EQ(g.chunkFlagOffset(), g.barrierOffset() + kMaxRanks * kFlagStride);
+  EXPECT_EQ(g.slotsOffset(), g.chunkFlagOffset() + 2 * kMaxRanks * kFlagStride);
   EXPECT_EQ(g.windowBytes(), g.slotsOffset() + size_t{2} * 128 * 4 * 256 * 1024);
   EXPECT_EQ(g.flagBytes() % 128, 0u);
   EXPECT_EQ(g.llBytes() % 16, 0u);
   // 2 ranks with the defaults: a 256 MiB window plus counters and the LL region.
   EXPECT_LT(g.windowBytes(), size_t{264} << 20);
-  EXPECT_EQ(g.stateBytes(), (2 * kMaxRanks * 128 + kLLBlocks + 2) * sizeof(uint64_t));
+  // Sent/received per block and peer, the LL counts, the barrier count and two done counts.
+  EXPECT_EQ(g.stateBytes(), (2 * kMaxRanks * 128 + kLLBlocks + 3) * sizeof(uint64_t));
 }
 
 }  // namespace
