@@ -56,6 +56,9 @@ constexpr std::array<Alias, 13> kTypeAliases = {{
 std::span<const TypeInfo> allTypes() { return kTypes; }
 
 const TypeInfo& typeInfo(ncclDataType_t type) {
+  // Called per element by the -c checks: the table is in enum order, so index it first.
+  const auto i = static_cast<size_t>(type);
+  if (i < kTypes.size() && kTypes[i].type == type) return kTypes[i];
   for (const TypeInfo& info : kTypes) {
     if (info.type == type) return info;
   }

@@ -51,10 +51,6 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser
   return x ^ (x >> 31);
 }
 
-uint64_t elementHash(uint64_t seed, int rank, size_t index) {
-  return mix(mix(seed * 0x100000001B3ull + static_cast<uint64_t>(rank)) ^ index);
-}
-
 // The largest integer magnitude the type holds exactly (capped: we never need more).
 int64_t exactLimit(const TypeInfo& info) {
   switch (info.type) {
@@ -79,11 +75,13 @@ uint64_t widthMask(size_t size) {
   return size >= 8 ? ~uint64_t{0} : ((uint64_t{1} << (8 * size)) - 1);
 }
 
-Expected integerReduce(const DataParams& p, const TypeInfo& info, size_t index) {
+// `valueOf(r)`: rank r's input at the element (the checks pass precomputed generators).
+template <typename ValueOf>
+Expected integerReduce(const DataParams& p, const TypeInfo& info, ValueOf valueOf) {
   uint64_t acc = 0;
   int64_t best = 0;
   for (int r = 0; r < p.nranks; ++r) {
-    const int64_t x = inputValue(p, r, index);
+    const int64_t x = valueOf(r);
     const uint64_t ux = static_cast<uint64_t>(x);
     switch (p.op) {
       case OpKind::kSum:
@@ -106,10 +104,11 @@ Expected integerReduce(const DataParams& p, const TypeInfo& info, size_t index) 
   return e;
 }
 
-Expected floatReduce(const DataParams& p, const TypeInfo& info, size_t index) {
+template <typename ValueOf>
+Expected floatReduce(const DataParams& p, const TypeInfo& info, double smallest, ValueOf valueOf) {
   double acc = 0, absSum = 0;
   for (int r = 0; r < p.nranks; ++r) {
-    const double x = static_cast<double>(inputValue(p, r, index));
+    const double x = static_cast<double>(valueOf(r));
     switch (p.op) {
       case OpKind::kSum:
       case OpKind::kAvg: acc += x; absSum += std::fabs(x); break;
@@ -140,7 +139,7 @@ Expected floatReduce(const DataParams& p, const TypeInfo& info, size_t index) {
     case OpKind::kMax:
     case OpKind::kMin: e.tolerance = 0; break;
   }
-  if (e.tolerance > 0) e.tolerance += smallestNormal(info);
+  if (e.tolerance > 0) e.tolerance += smallest;
   return e;
 }
 
@@ -259,21 +258,42 @@ void storeValue(ncclDataType_t type, int64_t value, void* dst) {
 
 int64_t mulSumScalar(int rank) { return 1 + rank % 2; }
 
-int64_t inputValue(const DataParams& p, int rank, size_t index) {
-  const TypeInfo& info = typeInfo(p.type);
-  if (p.op == OpKind::kProd) {
-    // One rank in n+1 positions holds 2 (none for the remaining index), another holds -1.
-    const uint64_t slots = static_cast<uint64_t>(p.nranks) + 1;
-    const uint64_t h = mix(p.seed ^ index);
-    if (static_cast<uint64_t>(rank) == h % slots) return 2;
-    if (info.isSigned && static_cast<uint64_t>(rank) == (h >> 32) % slots) return -1;
-    return 1;
+namespace {
+
+// One rank's inputs, with everything that does not depend on the index worked out once
+// (the GiB-sized checks call this billions of times).
+class InputGen {
+ public:
+  InputGen(const DataParams& p, int rank)
+      : prod_(p.op == OpKind::kProd), seed_(p.seed), rank_(static_cast<uint64_t>(rank)),
+        slots_(static_cast<uint64_t>(p.nranks) + 1), rankHash_(mix(p.seed * 0x100000001B3ull + rank_)) {
+    const TypeInfo& info = typeInfo(p.type);
+    signed_ = info.isSigned;
+    k_ = prod_ ? 1 : valueRange(p, info);
+    const bool nonNegative = !info.isSigned || (p.op == OpKind::kAvg && !info.isFloat);
+    offset_ = nonNegative ? 0 : k_ / 2;
   }
-  const int64_t k = valueRange(p, info);
-  const int64_t v = static_cast<int64_t>(elementHash(p.seed, rank, index) % static_cast<uint64_t>(k));
-  const bool nonNegative = !info.isSigned || (p.op == OpKind::kAvg && !info.isFloat);
-  return nonNegative ? v : v - k / 2;
-}
+  int64_t operator()(size_t index) const {
+    if (prod_) {
+      // One rank in n+1 positions holds 2 (none for the remaining index), another holds -1.
+      const uint64_t h = mix(seed_ ^ index);
+      if (rank_ == h % slots_) return 2;
+      if (signed_ && rank_ == (h >> 32) % slots_) return -1;
+      return 1;
+    }
+    return static_cast<int64_t>(mix(rankHash_ ^ index) % static_cast<uint64_t>(k_)) - offset_;
+  }
+
+ private:
+  bool prod_;
+  bool signed_ = false;
+  uint64_t seed_, rank_, slots_, rankHash_;
+  int64_t k_ = 1, offset_ = 0;
+};
+
+}  // namespace
+
+int64_t inputValue(const DataParams& p, int rank, size_t index) { return InputGen(p, rank)(index); }
 
 namespace {
 
@@ -282,7 +302,7 @@ namespace {
 template <typename Fn>
 void parallelFor(size_t count, Fn fn) {
   constexpr size_t kSerial = size_t{1} << 22;
-  unsigned n = std::min(16u, std::max(1u, std::thread::hardware_concurrency()));
+  unsigned n = std::min(32u, std::max(1u, std::thread::hardware_concurrency()));
   if (count < kSerial || n == 1) {
     fn(size_t{0}, count);
     return;
@@ -301,8 +321,9 @@ void parallelFor(size_t count, Fn fn) {
 void fillInput(const DataParams& params, int rank, void* dst, size_t count) {
   const size_t size = typeInfo(params.type).size;
   auto* out = static_cast<char*>(dst);
+  const InputGen gen(params, rank);
   parallelFor(count, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) storeValue(params.type, inputValue(params, rank, i), out + i * size);
+    for (size_t i = b; i < e; ++i) storeValue(params.type, gen(i), out + i * size);
   });
 }
 
@@ -312,12 +333,15 @@ int poisonByte(ncclDataType_t type) { return typeInfo(type).isFloat ? 0x7F : 0xA
 
 Expected expectedReduce(const DataParams& params, size_t index) {
   const TypeInfo& info = typeInfo(params.type);
-  return info.isFloat ? floatReduce(params, info, index) : integerReduce(params, info, index);
+  auto valueOf = [&](int r) { return inputValue(params, r, index); };
+  return info.isFloat ? floatReduce(params, info, smallestNormal(info), valueOf)
+                      : integerReduce(params, info, valueOf);
 }
 
-Expected expectedCopy(const DataParams& params, int rank, size_t index) {
-  const TypeInfo& info = typeInfo(params.type);
-  const int64_t x = inputValue(params, rank, index);
+namespace {
+
+// An input value `x` as a copy must hold it (exact).
+Expected copied(const DataParams& params, const TypeInfo& info, int64_t x) {
   Expected e;
   e.isFloat = info.isFloat;
   if (info.isFloat) {
@@ -329,6 +353,12 @@ Expected expectedCopy(const DataParams& params, int rank, size_t index) {
     e.bits = static_cast<uint64_t>(x) & widthMask(info.size);
   }
   return e;
+}
+
+}  // namespace
+
+Expected expectedCopy(const DataParams& params, int rank, size_t index) {
+  return copied(params, typeInfo(params.type), inputValue(params, rank, index));
 }
 
 Expected expectedFor(const DataParams& params, const Source& source) {
@@ -345,7 +375,17 @@ bool matches(ncclDataType_t type, const Expected& expected, const void* element)
 
 int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn expect,
                    const void* data, size_t count) {
-  const size_t size = typeInfo(params.type).size;
+  const TypeInfo& info = typeInfo(params.type);
+  const size_t size = info.size;
+  const double smallest = smallestNormal(info);
+  std::vector<InputGen> gens;
+  for (int r = 0; r < params.nranks; ++r) gens.emplace_back(params, r);
+  // expectedFor(), with the generators above.
+  auto expected = [&](const Source& source) {
+    if (source.kind == Source::Kind::kCopy) return copied(params, info, gens[source.rank](source.index));
+    auto valueOf = [&](int r) { return gens[r](source.index); };
+    return info.isFloat ? floatReduce(params, info, smallest, valueOf) : integerReduce(params, info, valueOf);
+  };
   const auto* bytes = static_cast<const char*>(data);
   std::atomic<int64_t> wrong{0};
   parallelFor(count, [&](size_t b, size_t e) {
@@ -353,7 +393,7 @@ int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn 
     for (size_t j = b; j < e; ++j) {
       const Source source = expect(layout, j);
       if (source.kind == Source::Kind::kUnchecked) continue;
-      if (!matches(params.type, expectedFor(params, source), bytes + j * size)) ++local;
+      if (!matches(params.type, expected(source), bytes + j * size)) ++local;
     }
     wrong += local;
   });
