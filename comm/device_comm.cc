@@ -504,8 +504,13 @@ class CudaDeviceComm final : public DeviceComm {
     ceMin_ = s.ceBytes < 0 ? size_t(16) << 20 : s.ceBytes == 0 ? SIZE_MAX : static_cast<size_t>(s.ceBytes);
     reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
     pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
-    chunkReduceMin_ = s.chunkBytes <= 0 ? SIZE_MAX : static_cast<size_t>(s.chunkBytes);
-    chunkAllReduceMin_ = s.chunkAllReduceBytes <= 0 ? SIZE_MAX : static_cast<size_t>(s.chunkAllReduceBytes);
+    // -1: the sizes measured on 2 ranks (docs/perf/h200x2.md), and never on more (unmeasured).
+    auto threshold = [&](int64_t v, size_t twoRanks) -> size_t {
+      if (v < 0) return nranks_ == 2 ? twoRanks : SIZE_MAX;
+      return v == 0 ? SIZE_MAX : static_cast<size_t>(v);
+    };
+    chunkReduceMin_ = threshold(s.chunkBytes, size_t(16) << 20);
+    chunkAllReduceMin_ = threshold(s.chunkAllReduceBytes, size_t(256) << 20);
     // Slots per peer; a chunk is a multiple of 64 KiB.
     const size_t scratch = static_cast<size_t>(std::max<int64_t>(0, s.scratchBytes));
     chunkMax_ = nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
@@ -693,7 +698,10 @@ class CudaDeviceComm final : public DeviceComm {
     const bool gather = op.type == collectives::CollType::kAllReduce;
     const size_t es = dataTypeSize(op.dtype);
     const int n = nranks_, me = rank_;
-    const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkMax_);
+    // Chunks as large as a slot for reduce; at most 64 MiB for all-reduce (on the H200
+    // pair, at 8 GiB: 373 GB/s with 64 MiB chunks, 365 with 128, 353 with 32).
+    const size_t chunkBytes = gather ? std::min(chunkMax_, kChunkAllReduceBytes) : chunkMax_;
+    const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
     if (log::enabled(log::kInfo, log::kColl)) {
       LOOM_INFO(kColl, "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
                 "process, size >= LOOM_P2P_CE_REDUCE_BYTES)", gather ? "all-reduce" : "reduce", op.count,
@@ -774,6 +782,11 @@ class CudaDeviceComm final : public DeviceComm {
       r.divisor = call.divisor;
       r.out = out + begin;
       r.count = plan.chunkCount(me, c);
+      // All-reduce: each GPU also pushes its chunks out while it reduces; a reduction at full
+      // speed (every block) slowed those copies on the H200 pair (busbw at 8 GiB: 357 with
+      // 64 blocks, 373 with 48, 369 with 32, 139 with 8: too slow to keep up). The root of
+      // a reduce only receives: every block (379 GB/s; 272 with 32).
+      if (gather) r.maxBlocks = kChunkAllReduceBlocks;
       for (int q = 0; q < n; ++q) {
         if (q == me) {
           r.srcs[q] = in + begin;
@@ -986,6 +999,8 @@ class CudaDeviceComm final : public DeviceComm {
   // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
   // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
   static constexpr size_t chunkSlots_ = 2;
+  static constexpr int kChunkAllReduceBlocks = 48;
+  static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;
   size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
   size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
   size_t chunkMax_ = 0;              // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)

@@ -58,12 +58,13 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_P2P_PULL_BYTES", nullptr, Type::kInt, "67108864",
      "GPU all-reduce between ranks of one process whose calls meet in a group, out of place: "
      "each rank reads every input directly, above the LL limit and up to this size (0: never)"},
-    {"LOOM_P2P_CE_REDUCE_BYTES", nullptr, Type::kInt, "16777216",
+    {"LOOM_P2P_CE_REDUCE_BYTES", nullptr, Type::kInt, "-1",
      "GPU reduce between ranks of one process whose calls meet in a group: from this size the "
-     "copy engines move the data in chunks and kernels reduce each chunk locally (0: never)"},
-    {"LOOM_P2P_CE_ALLREDUCE_BYTES", nullptr, Type::kInt, "0",
-     "the same chunked form for all-reduce, from this size (0: never; it was not faster than "
-     "the kernels on 2 x H200, see docs/perf/h200x2.md)"},
+     "copy engines move the data in chunks and kernels reduce each chunk locally (-1: 16 MiB "
+     "on 2 ranks, never on more; 0: never)"},
+    {"LOOM_P2P_CE_ALLREDUCE_BYTES", nullptr, Type::kInt, "-1",
+     "the same chunked form for all-reduce, from this size (-1: 256 MiB on 2 ranks, never on "
+     "more; 0: never)"},
     {"LOOM_P2P_CE_SCRATCH_BYTES", nullptr, Type::kInt, "268435456",
      "device memory per GPU for the chunks of those forms (two per peer), allocated at their first use"},
     {"LOOM_P2P_REDUCE_DIRECT_BYTES", nullptr, Type::kInt, "2097152",

@@ -8,9 +8,8 @@
 // after each copy); for all-reduce, the owner then pushes the reduced chunk into every
 // peer's output. The SMs only touch local memory; all the NVLink traffic is the copy
 // engines', which carry about 390 GB/s each way on an H200 pair where SM stores top out
-// near 365 (docs/perf/h200x2.md). Reduce uses it by default from 16 MiB; all-reduce only
-// when asked (LOOM_P2P_CE_ALLREDUCE_BYTES): on the H200 pair it was not faster than the
-// kernels.
+// near 365 (docs/perf/h200x2.md). On 2 ranks, reduce uses it by default from 16 MiB and
+// all-reduce from 256 MiB.
 //
 // This file is the plan only: which elements each chunk covers. Plain host code.
 #pragma once
