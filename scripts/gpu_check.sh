@@ -3,7 +3,7 @@
 # NCCL found on that machine (--compare nccl), and writes logs, JSON reports and tables
 # to OUTDIR.
 #
-#   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all|tune|final] [TARBALL_DIR]
+#   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all|tune|final|large] [TARBALL_DIR]
 #
 # PREFIX is an install tree (`cmake --install build --prefix PREFIX`) with the GPU test
 # binary copied into PREFIX/bin. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -16,6 +16,8 @@
 #          the test suite, the timed sweeps beside NCCL (with the plot and tables), then
 #          the -c 1 checks (-g N up to 2 GiB, mpirun up to 1 GiB, all types and ops);
 #          OUTDIR is packed into TARBALL_DIR/results.tgz after every phase.
+#   large  the largest checks: every perf binary with -c 1 at 8 GiB (-g N; 26-41 s each on the
+#          H200 pair, most of it host-side filling and checking) and at 1 GiB under mpirun
 set -u
 prefix=$(cd "$1" && pwd)
 out=$2
@@ -96,6 +98,17 @@ if [ "$mode" = tune ]; then
   run tune_latency_mpi "${mpi[@]}" "$bin/all_reduce_perf" -b 8 -e 128K -f 8 -c 1 -w 10 -n 50
   echo "latency mpi: $(awk '/^ +[0-9]/ {printf "%s:%s ", $1, $6} END {print ""}' "$out/tune_latency_mpi.log")"
 fi
+if [ "$mode" = large ]; then
+  for c in $colls; do
+    run "large_${c}_g" timeout 150 "$bin/${c}_perf" -g "$ngpu" -b 8G -e 8G -c 1 -w 0 -n 1
+    pack
+  done
+  for c in $colls; do
+    run "large_${c}_mpi" timeout 120 "${mpi[@]}" "$bin/${c}_perf" -b 1G -e 1G -c 1 -w 0 -n 1
+    pack
+  done
+  grep -H "Out of bounds values" "$out"/large_*.log
+fi
 if [ "$mode" = final ]; then
   run gpu_test timeout 120 "$bin/gpu_collectives_test"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/gpu_test.log"
@@ -113,7 +126,7 @@ if [ "$mode" = final ]; then
   python3 "$here/plot_perf.py" --table "$out"/bench_*.json > "$out/tables.md" 2>&1
   pack
   # Host-side filling and checking dominate here (GiB of values per rank and row): up to
-  # 2 GiB, to stay inside one call of the device tool (the `check` mode goes to 8 GiB).
+  # 2 GiB, to stay inside one call of the device tool (`large` does the 8 GiB rows).
   for c in $colls; do
     run "check_${c}_g" timeout 100 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 2G -f 8 -c 1 -w 1 -n 1
     pack
