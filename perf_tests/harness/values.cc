@@ -377,7 +377,7 @@ int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn 
                    const void* data, size_t count) {
   const TypeInfo& info = typeInfo(params.type);
   const size_t size = info.size;
-  const double smallest = smallestNormal(info);
+  const double smallest = info.isFloat ? smallestNormal(info) : 0;  // (integers have no exponent)
   std::vector<InputGen> gens;
   for (int r = 0; r < params.nranks; ++r) gens.emplace_back(params, r);
   // expectedFor(), with the generators above.
