@@ -399,9 +399,12 @@ class CudaDeviceComm final : public DeviceComm {
     // Large all-reduce and reduce, every rank's buffers known and none in a graph capture:
     // the copy engines move the data in chunks, kernels reduce them locally. A user's
     // PreMulSum scalar may differ between ranks, so only ncclAvg's (1/n) is applied here.
+    // Peers write into an all-reduce's outputs, so those must be mapped; a reduce's output
+    // is written by the root's own kernel only (the others' may even be null, as NCCL allows).
     if ((op.type == collectives::CollType::kAllReduce || op.type == collectives::CollType::kReduce) &&
         block >= (op.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_) && !algoSet_ && op.ncclOp < ncclNumOps && !red.scalarDevice &&
-        peerBuffers(op, index, &all, &inMapped, &outMapped, &captured) && inMapped && outMapped && !captured) {
+        peerBuffers(op, index, &all, &inMapped, &outMapped, &captured) && inMapped && !captured &&
+        (outMapped || op.type == collectives::CollType::kReduce)) {
       std::vector<void*> scratch = chunkScratch();
       if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
     }
@@ -704,8 +707,9 @@ class CudaDeviceComm final : public DeviceComm {
     const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
     if (log::enabled(log::kInfo, log::kColl)) {
       LOOM_INFO(kColl, "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
-                "process, size >= LOOM_P2P_CE_REDUCE_BYTES)", gather ? "all-reduce" : "reduce", op.count,
-                dataTypeName(op.dtype), plan.chunks(me));
+                "process, size >= %s)", gather ? "all-reduce" : "reduce", op.count,
+                dataTypeName(op.dtype), plan.chunks(me),
+                gather ? "LOOM_P2P_CE_ALLREDUCE_BYTES" : "LOOM_P2P_CE_REDUCE_BYTES");
     }
     // The slot of the m-th chunk `from` pushes into `owner`'s scratch.
     auto slot = [&](int owner, int from, uint64_t m) {
@@ -761,10 +765,16 @@ class CudaDeviceComm final : public DeviceComm {
         LOOM_TRY(cuda(cudaMemcpyAsync(slot(p, me, m), in + plan.chunkBegin(p, c) * es, plan.chunkCount(p, c) * es,
                                       cudaMemcpyDefault, pushStream_), "cudaMemcpyAsync (chunk to its owner)"));
         // The counter by a stream memory operation (no kernel between two copies) where the
-        // driver has one; else by the kernel below.
-        int e = cuda::streamWriteValue64(pushStream_, dev::chunkFlag(ctx_, p, dev::kChunkReady, me), m + 1);
-        if (e > 0) return errorf(Code::kCudaError, "cuStreamWriteValue64 (chunk counter) failed: CUDA error %d", e);
-        if (e < 0) {
+        // driver has one and takes it; else by the kernel below (the owner only reads the
+        // counter, so each rank may choose on its own).
+        int e = memopOk_ ? cuda::streamWriteValue64(pushStream_, dev::chunkFlag(ctx_, p, dev::kChunkReady, me), m + 1)
+                         : -1;
+        if (e != 0) {
+          if (e > 0) {
+            LOOM_WARN(kColl, "GPU %d: cuStreamWriteValue64 failed (CUDA driver error %d): the chunk counters "
+                      "are written by a kernel from now on", device_, e);
+          }
+          memopOk_ = false;
           signal.signal[p] = m + 1;
           signals = true;
         }
@@ -999,6 +1009,7 @@ class CudaDeviceComm final : public DeviceComm {
   // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
   // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
   static constexpr size_t chunkSlots_ = 2;
+  bool memopOk_ = true;  // cuStreamWriteValue64 has not failed
   static constexpr int kChunkAllReduceBlocks = 48;
   static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;
   size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES

@@ -574,7 +574,8 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
   for (DataType t : kAllTypes) {
     const size_t es = loom::dataTypeSize(t);
     for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
-      for (size_t count : {size_t{1}, size_t{13}, size_t{70001}, size_t{300001}}) {
+      // 32770 floats: rank 0's segment has two chunks and rank 1's one.
+      for (size_t count : {size_t{1}, size_t{13}, size_t{32770}, size_t{70001}, size_t{300001}}) {
         const std::string what = std::string(loom::dataTypeName(t)) + " op " + std::to_string(op) + " count " +
                                   std::to_string(count);
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << what;
