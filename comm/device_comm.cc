@@ -6,64 +6,40 @@
 #include "common/settings.h"
 
 #if LOOM_HAVE_CUDA
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <random>
 
-#include "collectives/device/chunk_plan.h"
-#include "collectives/device/copy_plan.h"
-#include "collectives/device/mesh.h"
-#include "transports/p2p/p2p_window.h"
+#include "comm/cuda_device_comm.h"
 #endif
 
 namespace loom::comm {
 
-bool isDeviceBuffer(const void* p) { return cuda::isDevicePointer(p); }
+bool isDeviceBuffer(const void* p) {
+  return cuda::isDevicePointer(p);
+}
 
 #if !LOOM_HAVE_CUDA
 
-int currentDevice() { return -1; }
-bool copyDeviceToHost(void*, const void*, size_t) { return false; }
-void* deviceAlloc(size_t) { return nullptr; }
+int currentDevice() {
+  return -1;
+}
+bool copyDeviceToHost(void*, const void*, size_t) {
+  return false;
+}
+void* deviceAlloc(size_t) {
+  return nullptr;
+}
 void deviceFree(void*) {}
-Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap&, const std::vector<transport::PeerInfo>&,
-                                                       int, int) {
+Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap&,
+                                                       const std::vector<transport::PeerInfo>&, int,
+                                                       int) {
   return std::unique_ptr<DeviceComm>();
 }
 
 #else
 
-namespace dev = collectives::device;
-using transport::p2p::cudaErrorText;
-
-namespace {
-
-Status cudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::ok();
-  cudaGetLastError();
-  return errorf(Code::kCudaError, "%s failed: %s", what, cudaErrorText(e).c_str());
-}
-
-// Makes `device` current for the scope and restores the caller's device after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    cudaGetDevice(&now);
-    if (previous_ >= 0 && now != previous_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
+namespace detail {
 
 // Bytes of input and output of one call on one rank.
 void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
@@ -77,959 +53,578 @@ void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
   }
 }
 
-// The ranks of one communicator that live in this process, and the calls each posted
-// for the group being run (DeviceComm::postGroup): how a rank learns its peers' buffers.
-struct Clique {
-  struct Call {
-    collectives::CollType type;
-    size_t count;
-    DataType dtype;
-    int root;
-    int ncclOp;
-    const void* in;
-    void* out;
-    bool inMapped;   // `in` is cudaMalloc memory, which peer access maps into the peers
-    bool outMapped;  // and `out` (stream-ordered pools and VMM memory are not mapped)
-    bool captured;   // its stream is capturing a CUDA graph (asked where it matters)
-  };
-  explicit Clique(int nranks)
-      : group(nranks, 0), calls(nranks), abortFlags(nranks, nullptr), devices(nranks, -1),
-        scratch(nranks, nullptr) {}
-  ~Clique() {
-    for (size_t r = 0; r < scratch.size(); ++r) {
-      if (!scratch[r]) continue;
-      DeviceGuard guard(devices[r]);
-      cudaFree(scratch[r]);
-    }
-    cudaGetLastError();
+CudaDeviceComm::~CudaDeviceComm() {
+  DeviceGuard guard(device_);
+  // Kernels still queued write into the windows: let them finish first.
+  if (window_) cudaDeviceSynchronize();
+  if (lastEvent_) cudaEventDestroy(lastEvent_);
+  if (joinEvent_) cudaEventDestroy(joinEvent_);
+  if (forkEvent_) cudaEventDestroy(forkEvent_);
+  if (sideEvent_) cudaEventDestroy(sideEvent_);
+  if (side_) cudaStreamDestroy(side_);
+  for (cudaEvent_t e : {chunkEvent_, pushEvent_}) {
+    if (e) cudaEventDestroy(e);
   }
-  std::mutex mutex;
-  std::vector<uint64_t> group;             // per rank: the group its calls belong to
-  std::vector<std::vector<Call>> calls;    // per rank: its device collectives, in order
-  std::vector<volatile int*> abortFlags;   // per rank: its kernels' abort flag (host-mapped)
-  std::vector<int> devices;                // per rank: its GPU
-  // Per rank: the slots its peers push chunks into (the chunked all-reduce and reduce),
-  // allocated for every rank by the first call that needs them.
-  std::vector<void*> scratch;
-  bool scratchFailed = false;  // that allocation failed once: the kernels from then on
-};
-
-// One Clique per communicator (its token agreed at init), shared by its ranks here.
-std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks) {
-  static std::mutex mutex;
-  static auto* all = new std::map<uint64_t, std::weak_ptr<Clique>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = all->begin(); it != all->end();) it = it->second.expired() ? all->erase(it) : std::next(it);
-  auto& slot = (*all)[token];
-  auto c = slot.lock();
-  if (!c) {
-    c = std::make_shared<Clique>(nranks);
-    slot = c;
+  if (pushStream_) cudaStreamDestroy(pushStream_);
+  window_.reset();
+  if (state_) cudaFree(state_);
+  if (clique_) {  // no peer of this process may raise our flag once it is freed
+    std::lock_guard<std::mutex> lock(clique_->mutex);
+    clique_->abortFlags[rank_] = nullptr;
   }
-  return c;
+  if (hostFlags_) cudaFreeHost(hostFlags_);
+  cudaGetLastError();
 }
 
-struct MeshAgreement {
-  int32_t reachable = 0;
-  int32_t blocks = 0;
-  int32_t slots = 0;
-  int32_t threads = 0;
-  uint64_t slotBytes = 0;
-  int64_t llBytes = 0;
-  int64_t oneShotBytes = 0;
-  int64_t ceBytes = 0;
-  int64_t reduceDirectBytes = 0;
-  int64_t pullBytes = 0;
-  int64_t chunkBytes = 0;
-  int64_t chunkAllReduceBytes = 0;
-  int64_t scratchBytes = 0;
-  uint64_t token = 0;
-  char algo[24] = {0};
-  char proto[24] = {0};
-  char why[96] = {0};
-};
+Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers,
+                            int rank, int device) {
+  rank_ = rank;
+  nranks_ = static_cast<int>(peers.size());
+  device_ = device;
+  DeviceGuard guard(device_);
+  LOOM_ASSIGN_OR_RETURN(auto self, transport::p2p::describeGpu(rank, device, peers[rank].hostHash));
+  std::vector<transport::p2p::GpuIdentity> gpus(nranks_);
+  gpus[rank] = self;
+  LOOM_TRY(bootstrap.allGather(gpus.data(), sizeof(gpus[0])));
+  transport::p2p::checkReachable(&gpus[rank], gpus);
 
-class CudaDeviceComm final : public DeviceComm {
- public:
-  ~CudaDeviceComm() override {
-    DeviceGuard guard(device_);
-    // Kernels still queued write into the windows: let them finish first.
-    if (window_) cudaDeviceSynchronize();
-    if (lastEvent_) cudaEventDestroy(lastEvent_);
-    if (joinEvent_) cudaEventDestroy(joinEvent_);
-    if (forkEvent_) cudaEventDestroy(forkEvent_);
-    if (sideEvent_) cudaEventDestroy(sideEvent_);
-    if (side_) cudaStreamDestroy(side_);
-    for (cudaEvent_t e : {chunkEvent_, pushEvent_}) {
-      if (e) cudaEventDestroy(e);
-    }
-    if (pushStream_) cudaStreamDestroy(pushStream_);
-    window_.reset();
-    if (state_) cudaFree(state_);
-    if (clique_) {  // no peer of this process may raise our flag once it is freed
-      std::lock_guard<std::mutex> lock(clique_->mutex);
-      clique_->abortFlags[rank_] = nullptr;
-    }
-    if (hostFlags_) cudaFreeHost(hostFlags_);
-    cudaGetLastError();
+  MeshAgreement mine;
+  mine.reachable = gpus[rank].reachable;
+  std::snprintf(mine.why, sizeof(mine.why), "%s", gpus[rank].why);
+  std::string allowed = settings::getString("LOOM_TRANSPORTS");
+  if (settings::getBool("LOOM_P2P_DISABLE")) {
+    mine.reachable = 0;
+    std::snprintf(mine.why, sizeof(mine.why), "LOOM_P2P_DISABLE/NCCL_P2P_DISABLE is set");
+  } else if (!allowed.empty() && ("," + allowed + ",").find(",p2p,") == std::string::npos) {
+    mine.reachable = 0;
+    std::snprintf(mine.why, sizeof(mine.why), "LOOM_TRANSPORTS=%s leaves out p2p", allowed.c_str());
+  } else if (nranks_ > dev::kMaxRanks) {
+    mine.reachable = 0;
+    std::snprintf(mine.why, sizeof(mine.why), "%d ranks (the mesh takes at most %d)", nranks_,
+                  dev::kMaxRanks);
   }
-
-  Status init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank,
-              int device) {
-    rank_ = rank;
-    nranks_ = static_cast<int>(peers.size());
-    device_ = device;
-    DeviceGuard guard(device_);
-    LOOM_ASSIGN_OR_RETURN(auto self, transport::p2p::describeGpu(rank, device, peers[rank].hostHash));
-    std::vector<transport::p2p::GpuIdentity> gpus(nranks_);
-    gpus[rank] = self;
-    LOOM_TRY(bootstrap.allGather(gpus.data(), sizeof(gpus[0])));
-    transport::p2p::checkReachable(&gpus[rank], gpus);
-
-    MeshAgreement mine;
-    mine.reachable = gpus[rank].reachable;
-    std::snprintf(mine.why, sizeof(mine.why), "%s", gpus[rank].why);
-    std::string allowed = settings::getString("LOOM_TRANSPORTS");
-    if (settings::getBool("LOOM_P2P_DISABLE")) {
-      mine.reachable = 0;
-      std::snprintf(mine.why, sizeof(mine.why), "LOOM_P2P_DISABLE/NCCL_P2P_DISABLE is set");
-    } else if (!allowed.empty() && ("," + allowed + ",").find(",p2p,") == std::string::npos) {
-      mine.reachable = 0;
-      std::snprintf(mine.why, sizeof(mine.why), "LOOM_TRANSPORTS=%s leaves out p2p", allowed.c_str());
-    } else if (nranks_ > dev::kMaxRanks) {
-      mine.reachable = 0;
-      std::snprintf(mine.why, sizeof(mine.why), "%d ranks (the mesh takes at most %d)", nranks_,
-                    dev::kMaxRanks);
+  dev::Geometry geo;
+  geo.nranks = nranks_;
+  int64_t blocks = settings::getInt("LOOM_P2P_BLOCKS");
+  if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
+  geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
+  geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
+  int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
+  if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
+  geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
+  mine.blocks = geo.maxBlocks;
+  mine.slots = geo.slots;
+  mine.slotBytes = geo.slotBytes;
+  mine.threads =
+      static_cast<int32_t>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_THREADS"), 64, 512)) /
+      32 * 32;
+  mine.llBytes = settings::getInt("LOOM_P2P_LL_BYTES");
+  mine.oneShotBytes = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
+  mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
+  mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
+  mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
+  mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
+  mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
+  mine.scratchBytes = settings::getInt("LOOM_P2P_CE_SCRATCH_BYTES");
+  if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
+  std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
+  std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::getString("LOOM_PROTO").c_str());
+  std::vector<MeshAgreement> all(nranks_);
+  all[rank] = mine;
+  LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
+  mesh_ = true;
+  for (int r = 0; r < nranks_; ++r) {
+    if (!all[r].reachable) {
+      mesh_ = false;
+      why_ = "rank " + std::to_string(r) + ": " + all[r].why;
+      break;
     }
-    dev::Geometry geo;
-    geo.nranks = nranks_;
-    int64_t blocks = settings::getInt("LOOM_P2P_BLOCKS");
-    if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
-    geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
-    geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
-    int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
-    if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
-    geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
-    mine.blocks = geo.maxBlocks;
-    mine.slots = geo.slots;
-    mine.slotBytes = geo.slotBytes;
-    mine.threads = static_cast<int32_t>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_THREADS"), 64, 512)) / 32 * 32;
-    mine.llBytes = settings::getInt("LOOM_P2P_LL_BYTES");
-    mine.oneShotBytes = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
-    mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
-    mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
-    mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
-    mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
-    mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
-    mine.scratchBytes = settings::getInt("LOOM_P2P_CE_SCRATCH_BYTES");
-    if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
-    std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
-    std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::getString("LOOM_PROTO").c_str());
-    std::vector<MeshAgreement> all(nranks_);
-    all[rank] = mine;
-    LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
-    mesh_ = true;
-    for (int r = 0; r < nranks_; ++r) {
-      if (!all[r].reachable) {
-        mesh_ = false;
-        why_ = "rank " + std::to_string(r) + ": " + all[r].why;
-        break;
-      }
-      if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
-          all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
-          all[r].pullBytes != mine.pullBytes || all[r].chunkBytes != mine.chunkBytes ||
-          all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes ||
-          all[r].scratchBytes != mine.scratchBytes ||
-          std::strcmp(all[r].algo, mine.algo) != 0 || std::strcmp(all[r].proto, mine.proto) != 0) {
-        return errorf(Code::kInvalidUsage, "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
-                      "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or LOOM_P2P_REDUCE_DIRECT_BYTES, "
-                      "LOOM_P2P_PULL_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
-                      "LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
-                      "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm", r,
-                      rank, all[r].algo, all[r].proto, (long long)all[r].llBytes, (long long)all[r].oneShotBytes,
-                      (long long)all[r].ceBytes, mine.algo, mine.proto, (long long)mine.llBytes,
-                      (long long)mine.oneShotBytes, (long long)mine.ceBytes);
-      }
-      if (all[r].blocks != mine.blocks || all[r].slots != mine.slots ||
-          all[r].slotBytes != mine.slotBytes || all[r].threads != mine.threads) {
-        return errorf(Code::kInvalidUsage, "rank %d uses LOOM_P2P_BLOCKS/SLOTS/SLOT_BYTES/THREADS "
-                      "%d/%d/%llu/%d and rank %d %d/%d/%llu/%d: set them alike on every rank", r,
-                      all[r].blocks, all[r].slots, (unsigned long long)all[r].slotBytes, all[r].threads,
-                      rank, mine.blocks, mine.slots, (unsigned long long)mine.slotBytes, mine.threads);
-      }
+    if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
+        all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
+        all[r].pullBytes != mine.pullBytes || all[r].chunkBytes != mine.chunkBytes ||
+        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes ||
+        all[r].scratchBytes != mine.scratchBytes || std::strcmp(all[r].algo, mine.algo) != 0 ||
+        std::strcmp(all[r].proto, mine.proto) != 0) {
+      return errorf(
+          Code::kInvalidUsage,
+          "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
+          "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or "
+          "LOOM_P2P_REDUCE_DIRECT_BYTES, "
+          "LOOM_P2P_PULL_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
+          "LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
+          "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
+          r, rank, all[r].algo, all[r].proto, (long long)all[r].llBytes,
+          (long long)all[r].oneShotBytes, (long long)all[r].ceBytes, mine.algo, mine.proto,
+          (long long)mine.llBytes, (long long)mine.oneShotBytes, (long long)mine.ceBytes);
     }
-    chooseForms(mine);
-    timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
-    bool oneProcess = true;
-    for (const auto& g : gpus) oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
-    if (!mesh_) {
-      LOOM_INFO(kInit, "GPU %d (%s): device buffers go through host memory (staged), because %s",
-                device_, self.busId, why_.c_str());
-      return Status::ok();
+    if (all[r].blocks != mine.blocks || all[r].slots != mine.slots ||
+        all[r].slotBytes != mine.slotBytes || all[r].threads != mine.threads) {
+      return errorf(Code::kInvalidUsage,
+                    "rank %d uses LOOM_P2P_BLOCKS/SLOTS/SLOT_BYTES/THREADS "
+                    "%d/%d/%llu/%d and rank %d %d/%d/%llu/%d: set them alike on every rank",
+                    r, all[r].blocks, all[r].slots, (unsigned long long)all[r].slotBytes,
+                    all[r].threads, rank, mine.blocks, mine.slots,
+                    (unsigned long long)mine.slotBytes, mine.threads);
     }
-    auto window = transport::p2p::Window::create(
-        rank, nranks_, device_, geo.windowBytes(), gpus,
-        [&](void* data, size_t size) { return bootstrap.allGather(data, size); });
-    if (!window) return window.status().withContext("setting up the GPU peer-to-peer mesh");
-    window_ = std::move(window).value();
-    LOOM_TRY(cudaStatus(cudaMalloc(&state_, geo.stateBytes()), "cudaMalloc of the mesh counters"));
-    LOOM_TRY(cudaStatus(cudaMemset(state_, 0, geo.stateBytes()), "cudaMemset of the mesh counters"));
-    LOOM_TRY(cudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&hostFlags_), 2 * sizeof(int),
-                                      cudaHostAllocMapped), "cudaHostAlloc of the abort flag"));
-    hostFlags_[0] = hostFlags_[1] = 0;
-    int* devFlags = nullptr;
-    LOOM_TRY(cudaStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devFlags), hostFlags_, 0),
-                        "cudaHostGetDevicePointer"));
-    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
-    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
-    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&forkEvent_, cudaEventDisableTiming), "cudaEventCreate"));
-    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&sideEvent_, cudaEventDisableTiming), "cudaEventCreate"));
-    LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate"));
-    if (oneProcess) {
-      LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&pushStream_, cudaStreamNonBlocking), "cudaStreamCreate"));
-      for (cudaEvent_t* e : {&chunkEvent_, &pushEvent_}) {
-        LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate"));
-      }
-      clique_ = cliqueFor(all[0].token, nranks_);
-      std::lock_guard<std::mutex> lock(clique_->mutex);
-      clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
-      clique_->devices[rank_] = device_;
-    }
-    LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
-    ctx_.geo = geo;
-    ctx_.rank = rank;
-    ctx_.nranks = nranks_;
-    for (int r = 0; r < nranks_; ++r) ctx_.windows[r] = window_->peer(r);
-    ctx_.state = state_;
-    ctx_.abortFlag = devFlags;
-    ctx_.errorFlag = devFlags + 1;
-    ctx_.timeoutNs = timeoutMs_ > 0 ? static_cast<uint64_t>(timeoutMs_) * 1000000ull : 0;
-    ctx_.threads = mine.threads;
-    // Every rank's window must be mapped before anyone writes into it.
-    LOOM_TRY(bootstrap.barrier());
-    LOOM_INFO(kInit, "GPU %d (%s): P2P mesh of %d ranks, %d blocks x %d threads, %d slots x %zu "
-              "bytes per peer and block (%.1f MiB window)", device_, self.busId, nranks_,
-              geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes, geo.windowBytes() / 1048576.0);
-    if (clique_) {
-      LOOM_INFO(kInit, "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "
-                "broadcast, all-gather and all-to-all from %zu bytes per copy use the copy engines "
-                "(LOOM_P2P_CE_BYTES); reduce from %zu bytes and all-reduce from %zu move their data "
-                "with them in chunks of up to %zu bytes, reduced locally (LOOM_P2P_CE_REDUCE_BYTES, "
-                "LOOM_P2P_CE_ALLREDUCE_BYTES, LOOM_P2P_CE_SCRATCH_BYTES; SIZE_MAX: never)", device_, ceMin_,
-                chunkReduceMin_, chunkAllReduceMin_, chunkMax_);
-    }
+  }
+  chooseForms(mine);
+  timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
+  bool oneProcess = true;
+  for (const auto& g : gpus)
+    oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
+  if (!mesh_) {
+    LOOM_INFO(kInit, "GPU %d (%s): device buffers go through host memory (staged), because %s",
+              device_, self.busId, why_.c_str());
     return Status::ok();
   }
-
-  bool mesh() const override { return mesh_; }
-
-  void postGroup(uint64_t group, const std::vector<Operation>& ops) override {
-    group_ = 0;
-    cursor_ = 0;
-    if (!clique_) return;
+  auto window = transport::p2p::Window::create(
+      rank, nranks_, device_, geo.windowBytes(), gpus,
+      [&](void* data, size_t size) { return bootstrap.allGather(data, size); });
+  if (!window) return window.status().withContext("setting up the GPU peer-to-peer mesh");
+  window_ = std::move(window).value();
+  LOOM_TRY(cudaStatus(cudaMalloc(&state_, geo.stateBytes()), "cudaMalloc of the mesh counters"));
+  LOOM_TRY(cudaStatus(cudaMemset(state_, 0, geo.stateBytes()), "cudaMemset of the mesh counters"));
+  LOOM_TRY(cudaStatus(
+      cudaHostAlloc(reinterpret_cast<void**>(&hostFlags_), 2 * sizeof(int), cudaHostAllocMapped),
+      "cudaHostAlloc of the abort flag"));
+  hostFlags_[0] = hostFlags_[1] = 0;
+  int* devFlags = nullptr;
+  LOOM_TRY(cudaStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devFlags), hostFlags_, 0),
+                      "cudaHostGetDevicePointer"));
+  LOOM_TRY(
+      cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(
+      cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(
+      cudaStatus(cudaEventCreateWithFlags(&forkEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(
+      cudaStatus(cudaEventCreateWithFlags(&sideEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(
+      cudaStatus(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  if (oneProcess) {
+    LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&pushStream_, cudaStreamNonBlocking),
+                        "cudaStreamCreate"));
+    for (cudaEvent_t* e : {&chunkEvent_, &pushEvent_}) {
+      LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate"));
+    }
+    clique_ = cliqueFor(all[0].token, nranks_);
     std::lock_guard<std::mutex> lock(clique_->mutex);
-    auto& mine = clique_->calls[rank_];
-    mine.clear();
-    for (const Operation& o : ops) {
-      if (!o.onDevice || o.type == collectives::CollType::kSendRecv) continue;
-      // The one-process forms reach a peer's buffers through peer access, which maps
-      // cudaMalloc memory only: a copy between GPUs from or into a stream-ordered pool
-      // (cudaMallocAsync) or VMM memory fails. Ask the driver where such a form may run.
-      const size_t bytes = o.count * dataTypeSize(o.dtype);
-      const bool chunked = bytes >= (o.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_);
-      const bool ask = (o.type == collectives::CollType::kAllReduce && pullSize(bytes)) || bytes >= ceMin_ || chunked;
-      const bool inMapped = ask && cuda::isPeerMappableDevicePointer(o.sendbuff);
-      const bool outMapped = ask && (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff));
-      const bool captured = chunked && capturing(o.stream);
-      mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, inMapped, outMapped,
-                      captured});
-    }
-    clique_->group[rank_] = group;
-    group_ = group;
+    clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
+    clique_->devices[rank_] = device_;
   }
-
-  void endGroup() override { group_ = 0; }
-  std::string describe() const override { return mesh_ ? "p2p mesh" : "staged (" + why_ + ")"; }
-
-  Status kernelError() const override {
-    if (!hostFlags_) return Status::ok();
-    int e = reinterpret_cast<volatile int*>(hostFlags_)[1];
-    if (e == dev::kMeshErrorAborted) return errorf(Code::kInvalidUsage, "a GPU kernel stopped: the communicator was aborted");
-    if (e == dev::kMeshErrorTimeout) {
-      return errorf(Code::kRemoteError, "rank %d: a GPU kernel waited more than LOOM_TIMEOUT_MS=%lld ms "
-                    "for a peer (a peer died, or ranks issued different collectives)", rank_,
-                    (long long)timeoutMs_);
-    }
-    return Status::ok();
+  LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
+  ctx_.geo = geo;
+  ctx_.rank = rank;
+  ctx_.nranks = nranks_;
+  for (int r = 0; r < nranks_; ++r) ctx_.windows[r] = window_->peer(r);
+  ctx_.state = state_;
+  ctx_.abortFlag = devFlags;
+  ctx_.errorFlag = devFlags + 1;
+  ctx_.timeoutNs = timeoutMs_ > 0 ? static_cast<uint64_t>(timeoutMs_) * 1000000ull : 0;
+  ctx_.threads = mine.threads;
+  // Every rank's window must be mapped before anyone writes into it.
+  LOOM_TRY(bootstrap.barrier());
+  LOOM_INFO(kInit,
+            "GPU %d (%s): P2P mesh of %d ranks, %d blocks x %d threads, %d slots x %zu "
+            "bytes per peer and block (%.1f MiB window)",
+            device_, self.busId, nranks_, geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes,
+            geo.windowBytes() / 1048576.0);
+  if (clique_) {
+    LOOM_INFO(kInit,
+              "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "
+              "broadcast, all-gather and all-to-all from %zu bytes per copy use the copy engines "
+              "(LOOM_P2P_CE_BYTES); reduce from %zu bytes and all-reduce from %zu move their data "
+              "with them in chunks of up to %zu bytes, reduced locally (LOOM_P2P_CE_REDUCE_BYTES, "
+              "LOOM_P2P_CE_ALLREDUCE_BYTES, LOOM_P2P_CE_SCRATCH_BYTES; SIZE_MAX: never)",
+              device_, ceMin_, chunkReduceMin_, chunkAllReduceMin_, chunkMax_);
   }
+  return Status::ok();
+}
 
-  void abort() override {
-    if (hostFlags_) reinterpret_cast<volatile int*>(hostFlags_)[0] = 1;
+void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops) {
+  group_ = 0;
+  cursor_ = 0;
+  if (!clique_) return;
+  std::lock_guard<std::mutex> lock(clique_->mutex);
+  auto& mine = clique_->calls[rank_];
+  mine.clear();
+  for (const Operation& o : ops) {
+    if (!o.onDevice || o.type == collectives::CollType::kSendRecv) continue;
+    // The one-process forms reach a peer's buffers through peer access, which maps
+    // cudaMalloc memory only: a copy between GPUs from or into a stream-ordered pool
+    // (cudaMallocAsync) or VMM memory fails. Ask the driver where such a form may run.
+    const size_t bytes = o.count * dataTypeSize(o.dtype);
+    const bool chunked =
+        bytes >= (o.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_);
+    const bool ask = (o.type == collectives::CollType::kAllReduce && pullSize(bytes)) ||
+                     bytes >= ceMin_ || chunked;
+    const bool inMapped = ask && cuda::isPeerMappableDevicePointer(o.sendbuff);
+    const bool outMapped =
+        ask &&
+        (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff));
+    const bool captured = chunked && capturing(o.stream);
+    mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, inMapped,
+                    outMapped, captured});
   }
+  clique_->group[rank_] = group;
+  group_ = group;
+}
 
-  Status run(const Operation& op, const DeviceRedOp& red,
-             const std::function<Status(const Operation&)>& hostRun) override {
-    if (!mesh_) return staged(op, hostRun);
-    const size_t index = cursor_++;  // this call's place among the group's device collectives
-    if (op.count == 0) return Status::ok();
-    const char* why = "the one direct form on a GPU mesh";
-    dev::MeshCall call;
-    call.type = op.dtype;
-    call.red = red.op.kind;
-    call.scalar = red.op.scalar;
-    call.scalarDevice = red.scalarDevice;
-    call.divisor = red.op.divisor;
-    call.in = op.sendbuff;
-    call.out = op.recvbuff;
-    call.count = op.count;
-    call.root = op.root;
-    switch (op.type) {
-      case collectives::CollType::kAllReduce: call.kind = allReduceKind(op, &why); break;
-      case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
-      case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
-      case collectives::CollType::kReduceScatter: call.kind = dev::MeshKind::kReduceScatter; break;
-      case collectives::CollType::kReduce: call.kind = reduceKind(op, &why); break;
-      case collectives::CollType::kAllToAll: call.kind = dev::MeshKind::kAllToAll; break;
-      default:
-        return errorf(Code::kInternalError, "collective %d has no GPU mesh form", static_cast<int>(op.type));
-    }
-    const size_t block = op.count * dataTypeSize(op.dtype);
-    std::vector<dev::RankBuffers> all;
-    bool inMapped = false, outMapped = false, captured = true;
-    // Large all-reduce and reduce, every rank's buffers known and none in a graph capture:
-    // the copy engines move the data in chunks, kernels reduce them locally. A user's
-    // PreMulSum scalar may differ between ranks, so only ncclAvg's (1/n) is applied here.
-    // Peers write into an all-reduce's outputs, so those must be mapped; a reduce's output
-    // is written by the root's own kernel only (the others' may even be null, as NCCL allows).
-    if ((op.type == collectives::CollType::kAllReduce || op.type == collectives::CollType::kReduce) &&
-        block >= (op.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_) && !algoSet_ && op.ncclOp < ncclNumOps && !red.scalarDevice &&
-        peerBuffers(op, index, &all, &inMapped, &outMapped, &captured) && inMapped && !captured &&
-        (outMapped || op.type == collectives::CollType::kReduce)) {
-      std::vector<void*> scratch = chunkScratch();
-      if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
-    }
-    // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
-    // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
-    // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
-    bool mapped = false;
-    if (op.type == collectives::CollType::kAllReduce && pullSize(block) && red.op.kind != RedKind::kPreMulSum &&
-        !red.scalarDevice && op.ncclOp < ncclNumOps && peerBuffers(op, index, &all, &mapped) && mapped &&
-        outputsApart(all, block)) {
-      return failCliqueOn(launchPull(call, all, op.stream));
-    }
-    // Copies only, every rank's buffers known (ranks of this process): the copy engines,
-    // each copy moving one rank's block of `block` bytes.
-    if (dev::copyOnly(call.kind) && block >= ceMin_ && peerBuffers(op, index, &all, &inMapped, &outMapped) &&
-        inMapped && outMapped && dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
-      return failCliqueOn(
-          launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream));
-    }
-    return launch(call, op.stream, why);
+Status CudaDeviceComm::kernelError() const {
+  if (!hostFlags_) return Status::ok();
+  int e = reinterpret_cast<volatile int*>(hostFlags_)[1];
+  if (e == dev::kMeshErrorAborted)
+    return errorf(Code::kInvalidUsage, "a GPU kernel stopped: the communicator was aborted");
+  if (e == dev::kMeshErrorTimeout) {
+    return errorf(Code::kRemoteError,
+                  "rank %d: a GPU kernel waited more than LOOM_TIMEOUT_MS=%lld ms "
+                  "for a peer (a peer died, or ranks issued different collectives)",
+                  rank_, (long long)timeoutMs_);
   }
+  return Status::ok();
+}
 
-  Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
-                const std::function<Status(const std::vector<Operation>&)>& hostRun) override {
-    if (!mesh_) return stagedP2p(ops, begin, end, hostRun);
-    DeviceGuard guard(device_);
-    cudaStream_t stream = ops[begin].stream;
-    dev::MeshCall call;
-    call.kind = dev::MeshKind::kSendRecv;
-    call.type = DataType::kUint8;
-    dev::P2pList list;
-    std::map<std::pair<int, int>, int> seqOf;
-    // Sends to ourselves pair with receives from ourselves, in order.
-    std::vector<const Operation*> selfSends, selfRecvs;
-    for (size_t i = begin; i < end; ++i) {
-      const Operation& o = ops[i];
-      size_t bytes = o.count * dataTypeSize(o.dtype);
-      if (bytes == 0) continue;
-      if (o.root == rank_) {
-        (o.isSend ? selfSends : selfRecvs).push_back(&o);
-        continue;
-      }
-      if (list.nops == dev::kMaxP2pOps) {
-        return errorf(Code::kInvalidUsage, "more than %d Send/Recv calls with peers in one group on a "
-                      "GPU communicator; split the group", dev::kMaxP2pOps);
-      }
-      dev::P2pOp& p = list.ops[list.nops++];
-      p.buffer = o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff;
-      p.bytes = bytes;
-      p.peer = o.root;
-      p.isSend = o.isSend ? 1 : 0;
-      // The n-th message between two ranks in one direction is the n-th on both ends.
-      p.seq = seqOf[{o.root, p.isSend}]++;
-    }
-    // Calls of the group on other streams: those streams' earlier work comes first.
-    for (size_t i = begin; i < end; ++i) {
-      if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
-    }
-    if (selfSends.size() != selfRecvs.size()) {
-      return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
-                    rank_, selfSends.size(), selfRecvs.size());
-    }
-    const bool cap = capturing(stream);
-    LOOM_TRY(order(stream, cap));
-    for (size_t k = 0; k < selfSends.size(); ++k) {
-      size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
-      size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
-      if (sb != rb) {
-        return errorf(Code::kInvalidUsage, "rank %d: send to itself of %zu bytes meets a receive of %zu",
-                      rank_, sb, rb);
-      }
-      LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
-                                          cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"));
-    }
-    if (list.nops == 0) return recordDone(stream, cap);
-    return launchOrdered(call, stream, cap, &list, "grouped Send/Recv");
+void CudaDeviceComm::abort() {
+  if (hostFlags_) reinterpret_cast<volatile int*>(hostFlags_)[0] = 1;
+}
+
+Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
+                           const std::function<Status(const Operation&)>& hostRun) {
+  if (!mesh_) return staged(op, hostRun);
+  const size_t index = cursor_++;  // this call's place among the group's device collectives
+  if (op.count == 0) return Status::ok();
+  const char* why = "the one direct form on a GPU mesh";
+  dev::MeshCall call;
+  call.type = op.dtype;
+  call.red = red.op.kind;
+  call.scalar = red.op.scalar;
+  call.scalarDevice = red.scalarDevice;
+  call.divisor = red.op.divisor;
+  call.in = op.sendbuff;
+  call.out = op.recvbuff;
+  call.count = op.count;
+  call.root = op.root;
+  switch (op.type) {
+    case collectives::CollType::kAllReduce: call.kind = allReduceKind(op, &why); break;
+    case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
+    case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
+    case collectives::CollType::kReduceScatter: call.kind = dev::MeshKind::kReduceScatter; break;
+    case collectives::CollType::kReduce: call.kind = reduceKind(op, &why); break;
+    case collectives::CollType::kAllToAll: call.kind = dev::MeshKind::kAllToAll; break;
+    default:
+      return errorf(Code::kInternalError, "collective %d has no GPU mesh form",
+                    static_cast<int>(op.type));
   }
-
- private:
-  // The settings that pick the GPU forms (agreed by every rank), parsed once.
-  void chooseForms(const MeshAgreement& s) {
-    auto lower = [](const char* text) {
-      std::string t = text;
-      for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-      return t;
-    };
-    const std::string algo = lower(s.algo), proto = lower(s.proto);
-    algoSet_ = !algo.empty();
-    forceOne_ = algo == "oneshot" || algo == "one-shot";
-    forceTwo_ = algo == "twoshot" || algo == "two-shot" || algo == "ring" || algo == "tree";
-    forceDirect_ = forceOne_ || algo == "direct";
-    protoLL_ = proto == "ll";
-    // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
-    // turns it off, LOOM_PROTO=ll uses it up to the region's size).
-    const size_t region = dev::kLLBlocks * dev::kLLPayload;
-    llLimit_ = proto == "simple" ? 0 : protoLL_ ? region
-                                                : std::min<size_t>(static_cast<size_t>(std::max<int64_t>(0, s.llBytes)), region);
-    oneShotMax_ = s.oneShotBytes < 0 ? (nranks_ <= 2 ? size_t(4) << 20 : size_t(256) << 10)
-                                     : static_cast<size_t>(s.oneShotBytes);
-    ceMin_ = s.ceBytes < 0 ? size_t(16) << 20 : s.ceBytes == 0 ? SIZE_MAX : static_cast<size_t>(s.ceBytes);
-    reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
-    pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
-    // -1: the sizes measured on 2 ranks (docs/perf/h200x2.md), and never on more (unmeasured).
-    auto threshold = [&](int64_t v, size_t twoRanks) -> size_t {
-      if (v < 0) return nranks_ == 2 ? twoRanks : SIZE_MAX;
-      return v == 0 ? SIZE_MAX : static_cast<size_t>(v);
-    };
-    chunkReduceMin_ = threshold(s.chunkBytes, size_t(16) << 20);
-    chunkAllReduceMin_ = threshold(s.chunkAllReduceBytes, size_t(256) << 20);
-    // Slots per peer; a chunk is a multiple of 64 KiB.
-    const size_t scratch = static_cast<size_t>(std::max<int64_t>(0, s.scratchBytes));
-    chunkMax_ = nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
-    if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
+  const size_t block = op.count * dataTypeSize(op.dtype);
+  std::vector<dev::RankBuffers> all;
+  bool inMapped = false, outMapped = false, captured = true;
+  // Large all-reduce and reduce, every rank's buffers known and none in a graph capture:
+  // the copy engines move the data in chunks, kernels reduce them locally. A user's
+  // PreMulSum scalar may differ between ranks, so only ncclAvg's (1/n) is applied here.
+  // Peers write into an all-reduce's outputs, so those must be mapped; a reduce's output
+  // is written by the root's own kernel only (the others' may even be null, as NCCL allows).
+  if ((op.type == collectives::CollType::kAllReduce || op.type == collectives::CollType::kReduce) &&
+      block >= (op.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_) &&
+      !algoSet_ && op.ncclOp < ncclNumOps && !red.scalarDevice &&
+      peerBuffers(op, index, &all, &inMapped, &outMapped, &captured) && inMapped && !captured &&
+      (outMapped || op.type == collectives::CollType::kReduce)) {
+    std::vector<void*> scratch = chunkScratch();
+    if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
   }
+  // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
+  // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
+  // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
+  bool mapped = false;
+  if (op.type == collectives::CollType::kAllReduce && pullSize(block) &&
+      red.op.kind != RedKind::kPreMulSum && !red.scalarDevice && op.ncclOp < ncclNumOps &&
+      peerBuffers(op, index, &all, &mapped) && mapped && outputsApart(all, block)) {
+    return failCliqueOn(launchPull(call, all, op.stream));
+  }
+  // Copies only, every rank's buffers known (ranks of this process): the copy engines,
+  // each copy moving one rank's block of `block` bytes.
+  if (dev::copyOnly(call.kind) && block >= ceMin_ &&
+      peerBuffers(op, index, &all, &inMapped, &outMapped) && inMapped && outMapped &&
+      dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
+    return failCliqueOn(launchCopies(
+        call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream));
+  }
+  return launch(call, op.stream, why);
+}
 
-  // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
-  // have to agree on the buffers, see run()): no LOOM_ALGO, above the LL forms, up to
-  // LOOM_P2P_PULL_BYTES.
-  bool pullSize(size_t bytes) const { return !algoSet_ && bytes > llLimit_ && bytes <= pullMax_; }
+Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
+                              const std::function<Status(const std::vector<Operation>&)>& hostRun) {
+  if (!mesh_) return stagedP2p(ops, begin, end, hostRun);
+  DeviceGuard guard(device_);
+  cudaStream_t stream = ops[begin].stream;
+  dev::MeshCall call;
+  call.kind = dev::MeshKind::kSendRecv;
+  call.type = DataType::kUint8;
+  dev::P2pList list;
+  std::map<std::pair<int, int>, int> seqOf;
+  // Sends to ourselves pair with receives from ourselves, in order.
+  std::vector<const Operation*> selfSends, selfRecvs;
+  for (size_t i = begin; i < end; ++i) {
+    const Operation& o = ops[i];
+    size_t bytes = o.count * dataTypeSize(o.dtype);
+    if (bytes == 0) continue;
+    if (o.root == rank_) {
+      (o.isSend ? selfSends : selfRecvs).push_back(&o);
+      continue;
+    }
+    if (list.nops == dev::kMaxP2pOps) {
+      return errorf(Code::kInvalidUsage,
+                    "more than %d Send/Recv calls with peers in one group on a "
+                    "GPU communicator; split the group",
+                    dev::kMaxP2pOps);
+    }
+    dev::P2pOp& p = list.ops[list.nops++];
+    p.buffer = o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff;
+    p.bytes = bytes;
+    p.peer = o.root;
+    p.isSend = o.isSend ? 1 : 0;
+    // The n-th message between two ranks in one direction is the n-th on both ends.
+    p.seq = seqOf[{o.root, p.isSend}]++;
+  }
+  // Calls of the group on other streams: those streams' earlier work comes first.
+  for (size_t i = begin; i < end; ++i) {
+    if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
+  }
+  if (selfSends.size() != selfRecvs.size()) {
+    return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
+                  rank_, selfSends.size(), selfRecvs.size());
+  }
+  const bool cap = capturing(stream);
+  LOOM_TRY(order(stream, cap));
+  for (size_t k = 0; k < selfSends.size(); ++k) {
+    size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
+    size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
+    if (sb != rb) {
+      return errorf(Code::kInvalidUsage,
+                    "rank %d: send to itself of %zu bytes meets a receive of %zu", rank_, sb, rb);
+    }
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
+                                        cudaMemcpyDeviceToDevice, stream),
+                        "cudaMemcpyAsync"));
+  }
+  if (list.nops == 0) return recordDone(stream, cap);
+  return launchOrdered(call, stream, cap, &list, "grouped Send/Recv");
+}
 
-  // The all-reduce form for `op`, and why (LOOM_DEBUG=INFO with LOOM_DEBUG_SUBSYS=COLL).
-  dev::MeshKind allReduceKind(const Operation& op, const char** why) const {
-    size_t bytes = op.count * dataTypeSize(op.dtype);
-    if (bytes <= llLimit_ && !forceTwo_) {
-      *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
-      return dev::MeshKind::kAllReduceLL;
-    }
-    if (forceOne_) {
-      *why = "LOOM_ALGO=oneshot";
-      return dev::MeshKind::kAllReduceOneShot;
-    }
-    if (forceTwo_) {
-      *why = "LOOM_ALGO asks for two-shot (ring and tree map to it on a GPU mesh)";
-      return dev::MeshKind::kAllReduceTwoShot;
-    }
-    if (bytes <= oneShotMax_) {
-      *why = "size <= LOOM_P2P_ONESHOT_BYTES (one synchronisation, same bytes for 2 ranks)";
-      return dev::MeshKind::kAllReduceOneShot;
-    }
-    *why = "size > LOOM_P2P_ONESHOT_BYTES (each rank reduces 1/n of the data)";
+void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
+  auto lower = [](const char* text) {
+    std::string t = text;
+    for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return t;
+  };
+  const std::string algo = lower(s.algo), proto = lower(s.proto);
+  algoSet_ = !algo.empty();
+  forceOne_ = algo == "oneshot" || algo == "one-shot";
+  forceTwo_ = algo == "twoshot" || algo == "two-shot" || algo == "ring" || algo == "tree";
+  forceDirect_ = forceOne_ || algo == "direct";
+  protoLL_ = proto == "ll";
+  // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
+  // turns it off, LOOM_PROTO=ll uses it up to the region's size).
+  const size_t region = dev::kLLBlocks * dev::kLLPayload;
+  llLimit_ = proto == "simple" ? 0
+             : protoLL_
+                 ? region
+                 : std::min<size_t>(static_cast<size_t>(std::max<int64_t>(0, s.llBytes)), region);
+  oneShotMax_ = s.oneShotBytes < 0 ? (nranks_ <= 2 ? size_t(4) << 20 : size_t(256) << 10)
+                                   : static_cast<size_t>(s.oneShotBytes);
+  ceMin_ = s.ceBytes < 0    ? size_t(16) << 20
+           : s.ceBytes == 0 ? SIZE_MAX
+                            : static_cast<size_t>(s.ceBytes);
+  reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
+  pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
+  // -1: the sizes measured on 2 ranks (docs/perf/h200x2.md), and never on more (unmeasured).
+  auto threshold = [&](int64_t v, size_t twoRanks) -> size_t {
+    if (v < 0) return nranks_ == 2 ? twoRanks : SIZE_MAX;
+    return v == 0 ? SIZE_MAX : static_cast<size_t>(v);
+  };
+  chunkReduceMin_ = threshold(s.chunkBytes, size_t(16) << 20);
+  chunkAllReduceMin_ = threshold(s.chunkAllReduceBytes, size_t(256) << 20);
+  // Slots per peer; a chunk is a multiple of 64 KiB.
+  const size_t scratch = static_cast<size_t>(std::max<int64_t>(0, s.scratchBytes));
+  chunkMax_ =
+      nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
+  if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
+}
+
+dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** why) const {
+  size_t bytes = op.count * dataTypeSize(op.dtype);
+  if (bytes <= llLimit_ && !forceTwo_) {
+    *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
+    return dev::MeshKind::kAllReduceLL;
+  }
+  if (forceOne_) {
+    *why = "LOOM_ALGO=oneshot";
+    return dev::MeshKind::kAllReduceOneShot;
+  }
+  if (forceTwo_) {
+    *why = "LOOM_ALGO asks for two-shot (ring and tree map to it on a GPU mesh)";
     return dev::MeshKind::kAllReduceTwoShot;
   }
-
-  // Every rank's buffers for the group's index-th device collective, when every rank of
-  // the communicator posted the same call in this group (all in this process). Every
-  // rank looks at the same postings, so all decide alike.
-  // `inputsMapped` (optional): whether every rank's input is memory peer access maps.
-  bool peerBuffers(const Operation& op, size_t index, std::vector<dev::RankBuffers>* all,
-                   bool* inputsMapped = nullptr, bool* outputsMapped = nullptr, bool* anyCaptured = nullptr) {
-    if (!clique_ || group_ == 0) return false;
-    all->assign(nranks_, {});
-    if (inputsMapped) *inputsMapped = true;
-    if (outputsMapped) *outputsMapped = true;
-    if (anyCaptured) *anyCaptured = false;
-    std::lock_guard<std::mutex> lock(clique_->mutex);
-    for (int r = 0; r < nranks_; ++r) {
-      if (clique_->group[r] != group_ || index >= clique_->calls[r].size()) return false;
-      const Clique::Call& c = clique_->calls[r][index];
-      if (c.type != op.type || c.count != op.count || c.dtype != op.dtype || c.root != op.root ||
-          c.ncclOp != op.ncclOp) {
-        return false;
-      }
-      (*all)[r] = {c.in, c.out};
-      if (inputsMapped) *inputsMapped = *inputsMapped && c.inMapped;
-      if (outputsMapped) *outputsMapped = *outputsMapped && c.outMapped;
-      if (anyCaptured) *anyCaptured = *anyCaptured || c.captured;
-    }
-    return true;
+  if (bytes <= oneShotMax_) {
+    *why = "size <= LOOM_P2P_ONESHOT_BYTES (one synchronisation, same bytes for 2 ranks)";
+    return dev::MeshKind::kAllReduceOneShot;
   }
+  *why = "size > LOOM_P2P_ONESHOT_BYTES (each rank reduces 1/n of the data)";
+  return dev::MeshKind::kAllReduceTwoShot;
+}
 
-  // A rank that fails after it may have enqueued a barrier or a pulled kernel would
-  // leave its peers waiting in theirs until LOOM_TIMEOUT_MS: every rank of this process
-  // is stopped at once instead (their kernels see the abort flag and end).
-  Status failCliqueOn(Status st) {
-    if (!st && clique_) {
-      std::lock_guard<std::mutex> lock(clique_->mutex);
-      for (volatile int* f : clique_->abortFlags) {
-        if (f) *f = 1;
-      }
-    }
-    return st;
+dev::MeshKind CudaDeviceComm::reduceKind(const Operation& op, const char** why) const {
+  size_t bytes = op.count * dataTypeSize(op.dtype);
+  if (bytes <= llLimit_ && !forceTwo_) {
+    *why = protoLL_ ? "LOOM_PROTO=ll"
+                    : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
+    return dev::MeshKind::kReduceLL;
   }
-
-  // True when no rank's output overlaps any rank's input (the pulled all-reduce reads
-  // every input while every output is written).
-  static bool outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes) {
-    for (const auto& o : all) {
-      auto out = reinterpret_cast<uintptr_t>(o.out);
-      for (const auto& i : all) {
-        auto in = reinterpret_cast<uintptr_t>(i.in);
-        if (in < out + bytes && out < in + bytes) return false;
-      }
-    }
-    return true;
+  if (forceDirect_) {
+    *why = "LOOM_ALGO asks for one stage (direct to the root)";
+    return dev::MeshKind::kReduceDirect;
   }
-
-  Status launchPull(const dev::MeshCall& call, const std::vector<dev::RankBuffers>& all, cudaStream_t stream) {
-    DeviceGuard guard(device_);
-    const bool cap = capturing(stream);
-    LOOM_TRY(order(stream, cap));
-    if (log::enabled(log::kInfo, log::kColl)) {
-      LOOM_INFO(kColl, "GPU pulled one-shot all-reduce: %zu x %s (ranks of one process, out of place, "
-                "size <= LOOM_P2P_PULL_BYTES)", call.count, dataTypeName(call.type));
-    }
-    dev::PullInputs in;
-    for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
-    int e = dev::launchPullAllReduce(ctx_, call, in, stream);
-    if (e != 0) return errorf(Code::kCudaError, "launching the pulled all-reduce failed: %s", cudaErrorText(e).c_str());
-    return recordDone(stream, cap);
-  }
-
-  // A barrier, the copies (into peers on the caller's stream, local ones beside them on
-  // a second stream), and a barrier: the first says every peer's buffers are free to
-  // write, the second that everything written into ours has landed.
-  Status launchCopies(const dev::MeshCall& call, const std::vector<dev::CopyStep>& steps, cudaStream_t stream) {
-    DeviceGuard guard(device_);
-    const bool cap = capturing(stream);
-    LOOM_TRY(order(stream, cap));
-    if (log::enabled(log::kInfo, log::kColl)) {
-      LOOM_INFO(kColl, "GPU copy-engine %s: %zu x %s, %zu copies (every rank's buffers known in this "
-                "group, size >= LOOM_P2P_CE_BYTES)", dev::meshKindName(call.kind), call.count,
-                dataTypeName(call.type), steps.size());
-    }
-    auto barrier = [&]() {
-      int e = dev::launchMeshBarrier(ctx_, stream);
-      return e == 0 ? Status::ok()
-                    : errorf(Code::kCudaError, "launching the mesh barrier failed: %s", cudaErrorText(e).c_str());
-    };
-    LOOM_TRY(barrier());
-    bool local = false;
-    for (const auto& s : steps) local = local || s.peer == rank_;
-    // A side stream that joined a capture stays in it until the capture ends: while it
-    // does, local copies go on the caller's stream instead.
-    local = local && !capturing(side_);
-    if (local) {
-      LOOM_TRY(cudaStatus(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
-      LOOM_TRY(cudaStatus(cudaStreamWaitEvent(side_, forkEvent_, 0), "cudaStreamWaitEvent"));
-    }
-    for (const auto& s : steps) {
-      LOOM_TRY(cudaStatus(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDefault,
-                                          local && s.peer == rank_ ? side_ : stream),
-                          "cudaMemcpyAsync (copy-engine collective)"));
-    }
-    if (local) {
-      LOOM_TRY(cudaStatus(cudaEventRecord(sideEvent_, side_), "cudaEventRecord"));
-      LOOM_TRY(cudaStatus(cudaStreamWaitEvent(stream, sideEvent_, 0), "cudaStreamWaitEvent"));
-    }
-    LOOM_TRY(barrier());
-    return recordDone(stream, cap);
-  }
-
-  // Every rank's scratch for the chunked forms, allocated for all of them at the first
-  // call that needs it; empty when that failed (the kernels then, on every rank alike).
-  std::vector<void*> chunkScratch() {
-    std::lock_guard<std::mutex> lock(clique_->mutex);
-    if (clique_->scratchFailed) return {};
-    if (!clique_->scratch[0]) {
-      const size_t bytes = chunkSlots_ * size_t(nranks_ - 1) * chunkMax_;
-      for (int r = 0; r < nranks_; ++r) {
-        DeviceGuard guard(clique_->devices[r]);
-        if (cudaMalloc(&clique_->scratch[r], bytes) != cudaSuccess) {
-          cudaGetLastError();
-          clique_->scratch[r] = nullptr;
-          LOOM_WARN(kColl, "GPU %d: no %zu bytes of device memory for the chunked all-reduce and reduce "
-                    "(LOOM_P2P_CE_SCRATCH_BYTES): the kernels do them instead", clique_->devices[r], bytes);
-          for (void*& p : clique_->scratch) {
-            if (p) {
-              DeviceGuard g(clique_->devices[&p - clique_->scratch.data()]);
-              cudaFree(p);
-              p = nullptr;
-            }
-          }
-          clique_->scratchFailed = true;
-          return {};
-        }
-      }
-      LOOM_INFO(kColl, "chunked all-reduce and reduce: %zu bytes of scratch on each GPU", bytes);
-    }
-    return clique_->scratch;
-  }
-
-  // The chunked all-reduce and reduce (collectives/device/chunk_plan.h). On our push stream,
-  // each chunk of every peer's segment goes into that peer's scratch, followed by a kernel
-  // that counts it in the peer's window and waits for the slot the next chunk goes into.
-  // On the caller's stream, each chunk of our segment is reduced once every peer's copy
-  // has been counted; for all-reduce the gather stream then copies it into every peer's
-  // output. The counters carry over from call to call, so a slot is never overwritten
-  // before its owner reduced it. Nothing here may be captured (checked by the caller).
-  Status launchChunked(const Operation& op, const dev::MeshCall& call, const std::vector<dev::RankBuffers>& all,
-                       const std::vector<void*>& scratch) {
-    DeviceGuard guard(device_);
-    cudaStream_t stream = op.stream;
-    LOOM_TRY(order(stream, false));
-    const bool gather = op.type == collectives::CollType::kAllReduce;
-    const size_t es = dataTypeSize(op.dtype);
-    const int n = nranks_, me = rank_;
-    // Chunks as large as a slot for reduce; at most 64 MiB for all-reduce (on the H200
-    // pair, at 8 GiB: 373 GB/s with 64 MiB chunks, 365 with 128, 353 with 32).
-    const size_t chunkBytes = gather ? std::min(chunkMax_, kChunkAllReduceBytes) : chunkMax_;
-    const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
-    if (log::enabled(log::kInfo, log::kColl)) {
-      LOOM_INFO(kColl, "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
-                "process, size >= %s)", gather ? "all-reduce" : "reduce", op.count,
-                dataTypeName(op.dtype), plan.chunks(me),
-                gather ? "LOOM_P2P_CE_ALLREDUCE_BYTES" : "LOOM_P2P_CE_REDUCE_BYTES");
-    }
-    // The slot of the m-th chunk `from` pushes into `owner`'s scratch.
-    auto slot = [&](int owner, int from, uint64_t m) {
-      const size_t peerIndex = static_cast<size_t>((from - owner - 1 + n) % n);
-      return static_cast<char*>(scratch[owner]) + (peerIndex * chunkSlots_ + m % chunkSlots_) * chunkMax_;
-    };
-    const auto* in = static_cast<const char*>(op.sendbuff);
-    auto* out = static_cast<char*>(op.recvbuff);
-    auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
-    auto kernel = [](int e, const char* what) {
-      return e == 0 ? Status::ok() : errorf(Code::kCudaError, "launching %s failed: %s", what, cudaErrorText(e).c_str());
-    };
-    // The pushes read our input: after our stream's earlier work.
-    LOOM_TRY(cuda(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
-    LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, forkEvent_, 0), "cudaStreamWaitEvent"));
-    const uint64_t D = chunkSlots_, B = std::max<uint64_t>(1, chunkSlots_ / 2);
-    // Before our m-th push to p (m from chunkSent_[p]), p must have freed chunk m - D. One
-    // wait covers the pushes up to the next multiple of B.
-    auto needFree = [&](int p, uint64_t m) -> uint64_t {
-      const uint64_t last = std::min<uint64_t>((m / B + 1) * B, chunkSent_[p] + plan.chunks(p));
-      return last >= D ? last - D : 0;
-    };
-    auto gatherChunk = [&](size_t c) -> Status {
-      const size_t begin = plan.chunkBegin(me, c) * es, bytes = plan.chunkCount(me, c) * es;
-      LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, chunkEvent_, 0), "cudaStreamWaitEvent"));
-      for (int i = 1; i < n; ++i) {
-        const int q = (me + i) % n;
-        LOOM_TRY(cuda(cudaMemcpyAsync(static_cast<char*>(all[q].out) + begin, out + begin, bytes, cudaMemcpyDefault,
-                                      pushStream_), "cudaMemcpyAsync (reduced chunk to a peer)"));
-      }
-      return Status::ok();
-    };
-    size_t rounds = plan.chunks(me);
-    for (int p = 0; p < n; ++p) {
-      if (p != me) rounds = std::max(rounds, plan.chunks(p));
-    }
-    for (size_t c = 0; c < rounds; ++c) {
-      dev::ChunkFlags wait, signal;
-      bool waits = false, signals = false;
-      for (int i = 1; i < n; ++i) {
-        const int p = (me + i) % n;
-        const uint64_t m = chunkSent_[p] + c;
-        if (c < plan.chunks(p) && (c == 0 || m % B == 0) && needFree(p, m) > 0) {
-          wait.wait[p] = needFree(p, m);
-          waits = true;
-        }
-      }
-      if (waits) LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
-      for (int i = 1; i < n; ++i) {
-        const int p = (me + i) % n;
-        if (c >= plan.chunks(p)) continue;
-        const uint64_t m = chunkSent_[p] + c;
-        LOOM_TRY(cuda(cudaMemcpyAsync(slot(p, me, m), in + plan.chunkBegin(p, c) * es, plan.chunkCount(p, c) * es,
-                                      cudaMemcpyDefault, pushStream_), "cudaMemcpyAsync (chunk to its owner)"));
-        // The counter by a stream memory operation (no kernel between two copies) where the
-        // driver has one and takes it; else by the kernel below (the owner only reads the
-        // counter, so each rank may choose on its own).
-        int e = memopOk_ ? cuda::streamWriteValue64(pushStream_, dev::chunkFlag(ctx_, p, dev::kChunkReady, me), m + 1)
-                         : -1;
-        if (e != 0) {
-          if (e > 0) {
-            LOOM_WARN(kColl, "GPU %d: cuStreamWriteValue64 failed (CUDA driver error %d): the chunk counters "
-                      "are written by a kernel from now on", device_, e);
-          }
-          memopOk_ = false;
-          signal.signal[p] = m + 1;
-          signals = true;
-        }
-      }
-      if (signals) LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, signal, pushStream_), "the chunk counters"));
-      // The previous chunk's copies to the peers go after this chunk's pushes, so the push
-      // stream never waits for a reduction that waits for this chunk.
-      if (gather && c >= 1 && c - 1 < plan.chunks(me)) LOOM_TRY(gatherChunk(c - 1));
-      if (c >= plan.chunks(me)) continue;
-      const size_t begin = plan.chunkBegin(me, c) * es;
-      dev::ChunkReduce r;
-      r.type = call.type;
-      r.red = call.red;
-      r.scalar = call.scalar;
-      r.divisor = call.divisor;
-      r.out = out + begin;
-      r.count = plan.chunkCount(me, c);
-      // All-reduce: each GPU also pushes its chunks out while it reduces; a reduction at full
-      // speed (every block) slowed those copies on the H200 pair (busbw at 8 GiB: 357 with
-      // 64 blocks, 373 with 48, 369 with 32, 139 with 8: too slow to keep up). The root of
-      // a reduce only receives: every block (379 GB/s; 272 with 32).
-      if (gather) r.maxBlocks = kChunkAllReduceBlocks;
-      for (int q = 0; q < n; ++q) {
-        if (q == me) {
-          r.srcs[q] = in + begin;
-          continue;
-        }
-        const uint64_t m = chunkReduced_[q] + c;
-        r.srcs[q] = slot(me, q, m);
-        r.wait[q] = r.signal[q] = m + 1;
-      }
-      LOOM_TRY(kernel(dev::launchChunkReduce(ctx_, r, stream), "the chunk reduction"));
-      if (!gather) continue;
-      LOOM_TRY(cuda(cudaEventRecord(chunkEvent_, stream), "cudaEventRecord"));
-    }
-    if (gather && plan.chunks(me) > 0 && plan.chunks(me) >= rounds) {
-      LOOM_TRY(gatherChunk(plan.chunks(me) - 1));
-    }
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      chunkSent_[p] += plan.chunks(p);
-      chunkReduced_[p] += plan.chunks(me);
-    }
-    LOOM_TRY(cuda(cudaEventRecord(pushEvent_, pushStream_), "cudaEventRecord"));
-    LOOM_TRY(cuda(cudaStreamWaitEvent(stream, pushEvent_, 0), "cudaStreamWaitEvent"));
-    if (gather) {
-      // Every peer's copies into our output have landed after this.
-      LOOM_TRY(kernel(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
-    }
-    return recordDone(stream, false);
-  }
-
-  // The reduce form: small ones through the LL all-reduce with only the root writing;
-  // then every input straight to the root (one stage; with 2 ranks the same bytes on the
-  // link), or reduce-scatter then gather to the root (each rank reduces 1/n, so the
-  // root's links do not carry every rank's whole input).
-  dev::MeshKind reduceKind(const Operation& op, const char** why) const {
-    size_t bytes = op.count * dataTypeSize(op.dtype);
-    if (bytes <= llLimit_ && !forceTwo_) {
-      *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
-      return dev::MeshKind::kReduceLL;
-    }
-    if (forceDirect_) {
-      *why = "LOOM_ALGO asks for one stage (direct to the root)";
-      return dev::MeshKind::kReduceDirect;
-    }
-    if (forceTwo_) {
-      *why = "LOOM_ALGO asks for two stages (reduce-scatter + gather)";
-      return dev::MeshKind::kReduce;
-    }
-    if (nranks_ == 2 && bytes <= reduceDirectMax_) {
-      *why = "2 ranks and size <= LOOM_P2P_REDUCE_DIRECT_BYTES";
-      return dev::MeshKind::kReduceDirect;
-    }
-    *why = nranks_ == 2 ? "size > LOOM_P2P_REDUCE_DIRECT_BYTES" : "more than 2 ranks";
+  if (forceTwo_) {
+    *why = "LOOM_ALGO asks for two stages (reduce-scatter + gather)";
     return dev::MeshKind::kReduce;
   }
+  if (nranks_ == 2 && bytes <= reduceDirectMax_) {
+    *why = "2 ranks and size <= LOOM_P2P_REDUCE_DIRECT_BYTES";
+    return dev::MeshKind::kReduceDirect;
+  }
+  *why = nranks_ == 2 ? "size > LOOM_P2P_REDUCE_DIRECT_BYTES" : "more than 2 ranks";
+  return dev::MeshKind::kReduce;
+}
 
-  // Operations of one communicator run in call order even across streams: each launch
-  // records lastEvent_, and a launch on another stream waits for it. Within one CUDA
-  // graph capture, or outside any, that is an edge; across a capture boundary CUDA allows
-  // no such wait, and the order is the caller's to keep (said once).
-  // `cap`: whether `stream` is capturing (asked once per call, see capturing()).
-  Status order(cudaStream_t stream, bool cap) {
-    if (!haveLast_ || stream == lastStream_) return Status::ok();
-    if (cap != lastCaptured_) {
-      if (!warnedCapture_) {
-        LOOM_WARN(kColl, "rank %d: consecutive GPU collectives on two streams, one inside a CUDA "
-                  "graph capture and one outside; loom cannot order them: keep them on one "
-                  "stream or order the streams yourself", rank_);
-        warnedCapture_ = true;
+Status CudaDeviceComm::order(cudaStream_t stream, bool cap) {
+  if (!haveLast_ || stream == lastStream_) return Status::ok();
+  if (cap != lastCaptured_) {
+    if (!warnedCapture_) {
+      LOOM_WARN(kColl,
+                "rank %d: consecutive GPU collectives on two streams, one inside a CUDA "
+                "graph capture and one outside; loom cannot order them: keep them on one "
+                "stream or order the streams yourself",
+                rank_);
+      warnedCapture_ = true;
+    }
+    return Status::ok();
+  }
+  cudaError_t e = cudaStreamWaitEvent(stream, lastEvent_, 0);
+  if (e != cudaSuccess)
+    return cudaStatus(e, "cudaStreamWaitEvent (ordering after the previous collective)");
+  return Status::ok();
+}
+
+Status CudaDeviceComm::join(cudaStream_t earlier, cudaStream_t later) {
+  if (capturing(earlier) != capturing(later)) return Status::ok();
+  LOOM_TRY(cudaStatus(cudaEventRecord(joinEvent_, earlier), "cudaEventRecord"));
+  return cudaStatus(cudaStreamWaitEvent(later, joinEvent_, 0), "cudaStreamWaitEvent");
+}
+
+bool CudaDeviceComm::capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+Status CudaDeviceComm::recordDone(cudaStream_t stream, bool cap) {
+  LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, stream), "cudaEventRecord"));
+  lastStream_ = stream;
+  lastCaptured_ = cap;
+  haveLast_ = true;
+  return Status::ok();
+}
+
+Status CudaDeviceComm::launch(const dev::MeshCall& call, cudaStream_t stream, const char* why) {
+  DeviceGuard guard(device_);
+  const bool cap = capturing(stream);
+  LOOM_TRY(order(stream, cap));
+  return launchOrdered(call, stream, cap, nullptr, why);
+}
+
+Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
+                                     const dev::P2pList* p2p, const char* why) {
+  if (log::enabled(log::kInfo, log::kColl)) {
+    auto shape = dev::meshShape(ctx_, call);
+    LOOM_INFO(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements (%s)",
+              dev::meshKindName(call.kind), call.count, dataTypeName(call.type), shape.blocks,
+              shape.tileElems, why);
+  }
+  int e = dev::launchMesh(ctx_, call, stream, p2p);
+  if (e != 0) {
+    return errorf(Code::kCudaError, "launching the %s kernel failed: %s",
+                  dev::meshKindName(call.kind), cudaErrorText(e).c_str());
+  }
+  return recordDone(stream, cap);
+}
+
+Status CudaDeviceComm::staged(const Operation& op,
+                              const std::function<Status(const Operation&)>& hostRun) {
+  DeviceGuard guard(device_);
+  size_t inBytes = 0, outBytes = 0;
+  callBytes(op, nranks_, &inBytes, &outBytes);
+  bool readsInput = !(op.type == collectives::CollType::kBroadcast && op.root != rank_);
+  bool writesOutput = !(op.type == collectives::CollType::kReduce && op.root != rank_);
+  hostIn_.resize(std::max<size_t>(inBytes, 1));
+  hostOut_.resize(std::max<size_t>(outBytes, 1));
+  if (readsInput && inBytes > 0) {
+    LOOM_TRY(cudaStatus(
+        cudaMemcpyAsync(hostIn_.data(), op.sendbuff, inBytes, cudaMemcpyDeviceToHost, op.stream),
+        "cudaMemcpyAsync (device to host)"));
+    LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
+  }
+  Operation h = op;
+  h.sendbuff = hostIn_.data();
+  h.recvbuff = hostOut_.data();
+  LOOM_TRY(hostRun(h));
+  if (writesOutput && outBytes > 0) {
+    // On the caller's stream, waited for: a pageable copy on the legacy stream could
+    // still be landing when a non-blocking stream reads the output.
+    LOOM_TRY(cudaStatus(
+        cudaMemcpyAsync(op.recvbuff, hostOut_.data(), outBytes, cudaMemcpyHostToDevice, op.stream),
+        "cudaMemcpyAsync (host to device)"));
+    LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
+  }
+  return Status::ok();
+}
+
+Status CudaDeviceComm::stagedP2p(
+    const std::vector<Operation>& ops, size_t begin, size_t end,
+    const std::function<Status(const std::vector<Operation>&)>& hostRun) {
+  DeviceGuard guard(device_);
+  std::vector<Operation> h(ops.begin() + begin, ops.begin() + end);
+  std::vector<std::vector<char>> bufs(h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
+    bufs[i].resize(std::max<size_t>(bytes, 1));
+    if (h[i].isSend) {
+      if (bytes) {
+        LOOM_TRY(cudaStatus(cudaMemcpyAsync(bufs[i].data(), h[i].sendbuff, bytes,
+                                            cudaMemcpyDeviceToHost, h[i].stream),
+                            "cudaMemcpyAsync (device to host)"));
+        LOOM_TRY(cudaStatus(cudaStreamSynchronize(h[i].stream), "cudaStreamSynchronize"));
       }
-      return Status::ok();
+      h[i].sendbuff = bufs[i].data();
+    } else {
+      h[i].recvbuff = bufs[i].data();
     }
-    cudaError_t e = cudaStreamWaitEvent(stream, lastEvent_, 0);
-    if (e != cudaSuccess) return cudaStatus(e, "cudaStreamWaitEvent (ordering after the previous collective)");
-    return Status::ok();
   }
-
-  // `later` waits for what was queued on `earlier` so far.
-  Status join(cudaStream_t earlier, cudaStream_t later) {
-    if (capturing(earlier) != capturing(later)) return Status::ok();
-    LOOM_TRY(cudaStatus(cudaEventRecord(joinEvent_, earlier), "cudaEventRecord"));
-    return cudaStatus(cudaStreamWaitEvent(later, joinEvent_, 0), "cudaStreamWaitEvent");
-  }
-
-  static bool capturing(cudaStream_t s) {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
+  LOOM_TRY(hostRun(h));
+  for (size_t i = 0; i < h.size(); ++i) {
+    size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
+    if (!h[i].isSend && bytes) {
+      LOOM_TRY(cudaStatus(cudaMemcpyAsync(ops[begin + i].recvbuff, bufs[i].data(), bytes,
+                                          cudaMemcpyHostToDevice, ops[begin + i].stream),
+                          "cudaMemcpyAsync (host to device)"));
+      LOOM_TRY(cudaStatus(cudaStreamSynchronize(ops[begin + i].stream), "cudaStreamSynchronize"));
     }
-    return st != cudaStreamCaptureStatusNone;
   }
+  return Status::ok();
+}
 
-  Status recordDone(cudaStream_t stream, bool cap) {
-    LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, stream), "cudaEventRecord"));
-    lastStream_ = stream;
-    lastCaptured_ = cap;
-    haveLast_ = true;
-    return Status::ok();
-  }
-
-  Status launch(const dev::MeshCall& call, cudaStream_t stream, const char* why) {
-    DeviceGuard guard(device_);
-    const bool cap = capturing(stream);
-    LOOM_TRY(order(stream, cap));
-    return launchOrdered(call, stream, cap, nullptr, why);
-  }
-
-  Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
-                       const dev::P2pList* p2p, const char* why) {
-    if (log::enabled(log::kInfo, log::kColl)) {
-      auto shape = dev::meshShape(ctx_, call);
-      LOOM_INFO(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements (%s)", dev::meshKindName(call.kind),
-                call.count, dataTypeName(call.type), shape.blocks, shape.tileElems, why);
-    }
-    int e = dev::launchMesh(ctx_, call, stream, p2p);
-    if (e != 0) {
-      return errorf(Code::kCudaError, "launching the %s kernel failed: %s",
-                    dev::meshKindName(call.kind), cudaErrorText(e).c_str());
-    }
-    return recordDone(stream, cap);
-  }
-
-  Status staged(const Operation& op, const std::function<Status(const Operation&)>& hostRun) {
-    DeviceGuard guard(device_);
-    size_t inBytes = 0, outBytes = 0;
-    callBytes(op, nranks_, &inBytes, &outBytes);
-    bool readsInput = !(op.type == collectives::CollType::kBroadcast && op.root != rank_);
-    bool writesOutput = !(op.type == collectives::CollType::kReduce && op.root != rank_);
-    hostIn_.resize(std::max<size_t>(inBytes, 1));
-    hostOut_.resize(std::max<size_t>(outBytes, 1));
-    if (readsInput && inBytes > 0) {
-      LOOM_TRY(cudaStatus(cudaMemcpyAsync(hostIn_.data(), op.sendbuff, inBytes, cudaMemcpyDeviceToHost,
-                                          op.stream), "cudaMemcpyAsync (device to host)"));
-      LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
-    }
-    Operation h = op;
-    h.sendbuff = hostIn_.data();
-    h.recvbuff = hostOut_.data();
-    LOOM_TRY(hostRun(h));
-    if (writesOutput && outBytes > 0) {
-      // On the caller's stream, waited for: a pageable copy on the legacy stream could
-      // still be landing when a non-blocking stream reads the output.
-      LOOM_TRY(cudaStatus(cudaMemcpyAsync(op.recvbuff, hostOut_.data(), outBytes, cudaMemcpyHostToDevice,
-                                          op.stream), "cudaMemcpyAsync (host to device)"));
-      LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
-    }
-    return Status::ok();
-  }
-
-  Status stagedP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
-                   const std::function<Status(const std::vector<Operation>&)>& hostRun) {
-    DeviceGuard guard(device_);
-    std::vector<Operation> h(ops.begin() + begin, ops.begin() + end);
-    std::vector<std::vector<char>> bufs(h.size());
-    for (size_t i = 0; i < h.size(); ++i) {
-      size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
-      bufs[i].resize(std::max<size_t>(bytes, 1));
-      if (h[i].isSend) {
-        if (bytes) {
-          LOOM_TRY(cudaStatus(cudaMemcpyAsync(bufs[i].data(), h[i].sendbuff, bytes, cudaMemcpyDeviceToHost,
-                                              h[i].stream), "cudaMemcpyAsync (device to host)"));
-          LOOM_TRY(cudaStatus(cudaStreamSynchronize(h[i].stream), "cudaStreamSynchronize"));
-        }
-        h[i].sendbuff = bufs[i].data();
-      } else {
-        h[i].recvbuff = bufs[i].data();
-      }
-    }
-    LOOM_TRY(hostRun(h));
-    for (size_t i = 0; i < h.size(); ++i) {
-      size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
-      if (!h[i].isSend && bytes) {
-        LOOM_TRY(cudaStatus(cudaMemcpyAsync(ops[begin + i].recvbuff, bufs[i].data(), bytes,
-                                            cudaMemcpyHostToDevice, ops[begin + i].stream),
-                            "cudaMemcpyAsync (host to device)"));
-        LOOM_TRY(cudaStatus(cudaStreamSynchronize(ops[begin + i].stream), "cudaStreamSynchronize"));
-      }
-    }
-    return Status::ok();
-  }
-
-  int rank_ = 0;
-  int nranks_ = 0;
-  int device_ = -1;
-  bool mesh_ = false;
-  std::string why_;
-  // The forms' settings (chooseForms).
-  bool algoSet_ = false;      // any LOOM_ALGO: no size-based choice and no one-process forms
-  bool forceOne_ = false;     // LOOM_ALGO=oneshot
-  bool forceTwo_ = false;     // LOOM_ALGO=twoshot (ring, tree)
-  bool forceDirect_ = false;  // LOOM_ALGO=direct or oneshot (reduce)
-  bool protoLL_ = false;      // LOOM_PROTO=ll
-  size_t llLimit_ = 0;        // the LL forms up to this size
-  size_t oneShotMax_ = 0;
-  int64_t timeoutMs_ = 0;
-  std::unique_ptr<transport::p2p::Window> window_;
-  uint64_t* state_ = nullptr;
-  int* hostFlags_ = nullptr;  // [0] abort (host writes), [1] error (kernels write)
-  dev::MeshContext ctx_;
-  cudaEvent_t lastEvent_ = nullptr;
-  cudaEvent_t joinEvent_ = nullptr;
-  cudaEvent_t forkEvent_ = nullptr;  // copy-engine collectives: the side stream starts here
-  cudaEvent_t sideEvent_ = nullptr;  // and the caller's stream waits for it here
-  cudaStream_t side_ = nullptr;      // local copies, beside the copies into peers
-  std::shared_ptr<Clique> clique_;   // null unless every rank is in this process
-  size_t ceMin_ = 0;                 // LOOM_P2P_CE_BYTES
-  size_t reduceDirectMax_ = 0;       // LOOM_P2P_REDUCE_DIRECT_BYTES
-  size_t pullMax_ = 0;               // LOOM_P2P_PULL_BYTES
-  // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
-  // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
-  static constexpr size_t chunkSlots_ = 2;
-  bool memopOk_ = true;  // cuStreamWriteValue64 has not failed
-  static constexpr int kChunkAllReduceBlocks = 48;
-  static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;
-  size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
-  size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
-  size_t chunkMax_ = 0;              // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)
-  uint64_t chunkSent_[dev::kMaxRanks] = {};
-  uint64_t chunkReduced_[dev::kMaxRanks] = {};
-  cudaStream_t pushStream_ = nullptr;  // our copies: input chunks to their owners, reduced chunks to the peers
-  cudaEvent_t chunkEvent_ = nullptr;   // a chunk reduced: the push stream may copy it to the peers
-  cudaEvent_t pushEvent_ = nullptr;    // the caller's stream waits for the push stream
-  uint64_t group_ = 0;               // the group being run (postGroup), 0 outside one
-  size_t cursor_ = 0;                // device collectives of that group run so far
-  cudaStream_t lastStream_ = nullptr;
-  bool haveLast_ = false;
-  bool lastCaptured_ = false;
-  bool warnedCapture_ = false;
-  std::vector<char> hostIn_, hostOut_;
-};
-
-}  // namespace
+}  // namespace detail
 
 int currentDevice() {
   if (settings::getString("LOOM_DEVICE") == "cpu") return -1;
@@ -1068,10 +663,9 @@ void deviceFree(void* p) {
   cudaGetLastError();
 }
 
-Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap& bootstrap,
-                                                       const std::vector<transport::PeerInfo>& peers,
-                                                       int rank, int device) {
-  auto c = std::make_unique<CudaDeviceComm>();
+Result<std::unique_ptr<DeviceComm>> DeviceComm::create(
+    Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank, int device) {
+  auto c = std::make_unique<detail::CudaDeviceComm>();
   LOOM_TRY(c->init(bootstrap, peers, rank, device));
   return std::unique_ptr<DeviceComm>(std::move(c));
 }

@@ -1,0 +1,274 @@
+// The CUDA side of DeviceComm (comm/device_comm.h), shared by the files that implement it:
+//   comm/device_comm.cc         set-up, the choice of form for each call, the kernels, staging
+//   comm/device_one_process.cc  the forms for ranks of one process, which see each other's
+//                               buffers: pulled all-reduce, copy-engine copies, chunked reduce
+// Internal: included only where LOOM_HAVE_CUDA is 1.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/device/chunk_plan.h"
+#include "collectives/device/copy_plan.h"
+#include "collectives/device/mesh.h"
+#include "comm/communicator.h"
+#include "comm/device_comm.h"
+#include "transports/p2p/p2p_window.h"
+
+namespace loom::comm::detail {
+
+namespace dev = collectives::device;
+using transport::p2p::cudaErrorText;
+
+inline Status cudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  cudaGetLastError();
+  return errorf(Code::kCudaError, "%s failed: %s", what, cudaErrorText(e).c_str());
+}
+
+// Makes `device` current for the scope and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    cudaGetDevice(&now);
+    if (previous_ >= 0 && now != previous_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+// The ranks of one communicator that live in this process, and the calls each posted
+// for the group being run (DeviceComm::postGroup): how a rank learns its peers' buffers.
+struct Clique {
+  struct Call {
+    collectives::CollType type;
+    size_t count;
+    DataType dtype;
+    int root;
+    int ncclOp;
+    const void* in;
+    void* out;
+    bool inMapped;   // `in` is cudaMalloc memory, which peer access maps into the peers
+    bool outMapped;  // and `out` (stream-ordered pools and VMM memory are not mapped)
+    bool captured;   // its stream is capturing a CUDA graph (asked where it matters)
+  };
+  explicit Clique(int nranks)
+      : group(nranks, 0),
+        calls(nranks),
+        abortFlags(nranks, nullptr),
+        devices(nranks, -1),
+        scratch(nranks, nullptr) {}
+  ~Clique() {
+    for (size_t r = 0; r < scratch.size(); ++r) {
+      if (!scratch[r]) continue;
+      DeviceGuard guard(devices[r]);
+      cudaFree(scratch[r]);
+    }
+    cudaGetLastError();
+  }
+  std::mutex mutex;
+  std::vector<uint64_t> group;            // per rank: the group its calls belong to
+  std::vector<std::vector<Call>> calls;   // per rank: its device collectives, in order
+  std::vector<volatile int*> abortFlags;  // per rank: its kernels' abort flag (host-mapped)
+  std::vector<int> devices;               // per rank: its GPU
+  // Per rank: the slots its peers push chunks into (the chunked all-reduce and reduce),
+  // allocated for every rank by the first call that needs them.
+  std::vector<void*> scratch;
+  bool scratchFailed = false;  // that allocation failed once: the kernels from then on
+};
+
+// One Clique per communicator (its token agreed at init), shared by its ranks here.
+std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks);
+
+struct MeshAgreement {
+  int32_t reachable = 0;
+  int32_t blocks = 0;
+  int32_t slots = 0;
+  int32_t threads = 0;
+  uint64_t slotBytes = 0;
+  int64_t llBytes = 0;
+  int64_t oneShotBytes = 0;
+  int64_t ceBytes = 0;
+  int64_t reduceDirectBytes = 0;
+  int64_t pullBytes = 0;
+  int64_t chunkBytes = 0;
+  int64_t chunkAllReduceBytes = 0;
+  int64_t scratchBytes = 0;
+  uint64_t token = 0;
+  char algo[24] = {0};
+  char proto[24] = {0};
+  char why[96] = {0};
+};
+
+class CudaDeviceComm final : public DeviceComm {
+ public:
+  ~CudaDeviceComm() override;
+
+  Status init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank,
+              int device);
+
+  bool mesh() const override { return mesh_; }
+
+  void postGroup(uint64_t group, const std::vector<Operation>& ops) override;
+
+  void endGroup() override { group_ = 0; }
+  std::string describe() const override { return mesh_ ? "p2p mesh" : "staged (" + why_ + ")"; }
+
+  Status kernelError() const override;
+
+  void abort() override;
+
+  Status run(const Operation& op, const DeviceRedOp& red,
+             const std::function<Status(const Operation&)>& hostRun) override;
+
+  Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
+                const std::function<Status(const std::vector<Operation>&)>& hostRun) override;
+
+ private:
+  // The settings that pick the GPU forms (agreed by every rank), parsed once.
+  void chooseForms(const MeshAgreement& s);
+
+  // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
+  // have to agree on the buffers, see run()): no LOOM_ALGO, above the LL forms, up to
+  // LOOM_P2P_PULL_BYTES.
+  bool pullSize(size_t bytes) const { return !algoSet_ && bytes > llLimit_ && bytes <= pullMax_; }
+
+  // The all-reduce form for `op`, and why (LOOM_DEBUG=INFO with LOOM_DEBUG_SUBSYS=COLL).
+  dev::MeshKind allReduceKind(const Operation& op, const char** why) const;
+
+  // Every rank's buffers for the group's index-th device collective, when every rank of
+  // the communicator posted the same call in this group (all in this process). Every
+  // rank looks at the same postings, so all decide alike.
+  // `inputsMapped` (optional): whether every rank's input is memory peer access maps.
+  bool peerBuffers(const Operation& op, size_t index, std::vector<dev::RankBuffers>* all,
+                   bool* inputsMapped = nullptr, bool* outputsMapped = nullptr,
+                   bool* anyCaptured = nullptr);
+
+  // A rank that fails after it may have enqueued a barrier or a pulled kernel would
+  // leave its peers waiting in theirs until LOOM_TIMEOUT_MS: every rank of this process
+  // is stopped at once instead (their kernels see the abort flag and end).
+  Status failCliqueOn(Status st);
+
+  // True when no rank's output overlaps any rank's input (the pulled all-reduce reads
+  // every input while every output is written).
+  static bool outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes);
+
+  Status launchPull(const dev::MeshCall& call, const std::vector<dev::RankBuffers>& all,
+                    cudaStream_t stream);
+
+  // A barrier, the copies (into peers on the caller's stream, local ones beside them on
+  // a second stream), and a barrier: the first says every peer's buffers are free to
+  // write, the second that everything written into ours has landed.
+  Status launchCopies(const dev::MeshCall& call, const std::vector<dev::CopyStep>& steps,
+                      cudaStream_t stream);
+
+  // Every rank's scratch for the chunked forms, allocated for all of them at the first
+  // call that needs it; empty when that failed (the kernels then, on every rank alike).
+  std::vector<void*> chunkScratch();
+
+  // The chunked all-reduce and reduce (collectives/device/chunk_plan.h). On our push stream,
+  // each chunk of every peer's segment goes into that peer's scratch, and is counted in the
+  // peer's window (a stream memory operation, or a kernel); a kernel waits for a slot to be
+  // free before it is written again. On the caller's stream, each chunk of our segment is
+  // reduced once every peer's copy has been counted; for all-reduce the push stream then
+  // copies it into every peer's output. The counters carry over from call to call, so a
+  // slot is never overwritten before its owner reduced it. Nothing here may be captured
+  // (checked by the caller).
+  Status launchChunked(const Operation& op, const dev::MeshCall& call,
+                       const std::vector<dev::RankBuffers>& all, const std::vector<void*>& scratch);
+
+  // The reduce form: small ones through the LL all-reduce with only the root writing;
+  // then every input straight to the root (one stage; with 2 ranks the same bytes on the
+  // link), or reduce-scatter then gather to the root (each rank reduces 1/n, so the
+  // root's links do not carry every rank's whole input).
+  dev::MeshKind reduceKind(const Operation& op, const char** why) const;
+
+  // Operations of one communicator run in call order even across streams: each launch
+  // records lastEvent_, and a launch on another stream waits for it. Within one CUDA
+  // graph capture, or outside any, that is an edge; across a capture boundary CUDA allows
+  // no such wait, and the order is the caller's to keep (said once).
+  // `cap`: whether `stream` is capturing (asked once per call, see capturing()).
+  Status order(cudaStream_t stream, bool cap);
+
+  // `later` waits for what was queued on `earlier` so far.
+  Status join(cudaStream_t earlier, cudaStream_t later);
+
+  static bool capturing(cudaStream_t s);
+
+  Status recordDone(cudaStream_t stream, bool cap);
+
+  Status launch(const dev::MeshCall& call, cudaStream_t stream, const char* why);
+
+  Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
+                       const dev::P2pList* p2p, const char* why);
+
+  Status staged(const Operation& op, const std::function<Status(const Operation&)>& hostRun);
+
+  Status stagedP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
+                   const std::function<Status(const std::vector<Operation>&)>& hostRun);
+
+  int rank_ = 0;
+  int nranks_ = 0;
+  int device_ = -1;
+  bool mesh_ = false;
+  std::string why_;
+  // The forms' settings (chooseForms).
+  bool algoSet_ = false;      // any LOOM_ALGO: no size-based choice and no one-process forms
+  bool forceOne_ = false;     // LOOM_ALGO=oneshot
+  bool forceTwo_ = false;     // LOOM_ALGO=twoshot (ring, tree)
+  bool forceDirect_ = false;  // LOOM_ALGO=direct or oneshot (reduce)
+  bool protoLL_ = false;      // LOOM_PROTO=ll
+  size_t llLimit_ = 0;        // the LL forms up to this size
+  size_t oneShotMax_ = 0;
+  int64_t timeoutMs_ = 0;
+  std::unique_ptr<transport::p2p::Window> window_;
+  uint64_t* state_ = nullptr;
+  int* hostFlags_ = nullptr;  // [0] abort (host writes), [1] error (kernels write)
+  dev::MeshContext ctx_;
+  cudaEvent_t lastEvent_ = nullptr;
+  cudaEvent_t joinEvent_ = nullptr;
+  cudaEvent_t forkEvent_ = nullptr;  // copy-engine collectives: the side stream starts here
+  cudaEvent_t sideEvent_ = nullptr;  // and the caller's stream waits for it here
+  cudaStream_t side_ = nullptr;      // local copies, beside the copies into peers
+  std::shared_ptr<Clique> clique_;   // null unless every rank is in this process
+  size_t ceMin_ = 0;                 // LOOM_P2P_CE_BYTES
+  size_t reduceDirectMax_ = 0;       // LOOM_P2P_REDUCE_DIRECT_BYTES
+  size_t pullMax_ = 0;               // LOOM_P2P_PULL_BYTES
+  // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
+  // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
+  static constexpr size_t chunkSlots_ = 2;
+  bool memopOk_ = true;  // cuStreamWriteValue64 has not failed
+  static constexpr int kChunkAllReduceBlocks = 48;
+  static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;
+  size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
+  size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
+  size_t chunkMax_ = 0;                  // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)
+  uint64_t chunkSent_[dev::kMaxRanks] = {};
+  uint64_t chunkReduced_[dev::kMaxRanks] = {};
+  cudaStream_t pushStream_ =
+      nullptr;  // our copies: input chunks to their owners, reduced chunks to the peers
+  cudaEvent_t chunkEvent_ = nullptr;  // a chunk reduced: the push stream may copy it to the peers
+  cudaEvent_t pushEvent_ = nullptr;   // the caller's stream waits for the push stream
+  uint64_t group_ = 0;                // the group being run (postGroup), 0 outside one
+  size_t cursor_ = 0;                 // device collectives of that group run so far
+  cudaStream_t lastStream_ = nullptr;
+  bool haveLast_ = false;
+  bool lastCaptured_ = false;
+  bool warnedCapture_ = false;
+  std::vector<char> hostIn_, hostOut_;
+};
+
+}  // namespace loom::comm::detail

@@ -1,0 +1,317 @@
+// The forms for ranks that all live in one process (ncclCommInitAll, `-g N`) and whose calls
+// meet in one group: every rank sees the others' buffers through the Clique, so a rank can
+// read its peers' inputs (the pulled all-reduce), let the copy engines write straight into
+// their outputs (broadcast, all-gather, all-to-all), or push its input in chunks to the
+// rank that reduces them (the chunked reduce and all-reduce, collectives/device/chunk_plan.h).
+#include "comm/device_comm.h"
+
+#if LOOM_HAVE_CUDA
+#include <algorithm>
+
+#include "comm/cuda_device_comm.h"
+#include "common/cuda_probe.h"
+#include "common/log.h"
+
+namespace loom::comm::detail {
+
+// One Clique per communicator (its token agreed at init), shared by its ranks here.
+std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks) {
+  static std::mutex mutex;
+  static auto* all = new std::map<uint64_t, std::weak_ptr<Clique>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = all->begin(); it != all->end();)
+    it = it->second.expired() ? all->erase(it) : std::next(it);
+  auto& slot = (*all)[token];
+  auto c = slot.lock();
+  if (!c) {
+    c = std::make_shared<Clique>(nranks);
+    slot = c;
+  }
+  return c;
+}
+
+bool CudaDeviceComm::peerBuffers(const Operation& op, size_t index,
+                                 std::vector<dev::RankBuffers>* all, bool* inputsMapped,
+                                 bool* outputsMapped, bool* anyCaptured) {
+  if (!clique_ || group_ == 0) return false;
+  all->assign(nranks_, {});
+  if (inputsMapped) *inputsMapped = true;
+  if (outputsMapped) *outputsMapped = true;
+  if (anyCaptured) *anyCaptured = false;
+  std::lock_guard<std::mutex> lock(clique_->mutex);
+  for (int r = 0; r < nranks_; ++r) {
+    if (clique_->group[r] != group_ || index >= clique_->calls[r].size()) return false;
+    const Clique::Call& c = clique_->calls[r][index];
+    if (c.type != op.type || c.count != op.count || c.dtype != op.dtype || c.root != op.root ||
+        c.ncclOp != op.ncclOp) {
+      return false;
+    }
+    (*all)[r] = {c.in, c.out};
+    if (inputsMapped) *inputsMapped = *inputsMapped && c.inMapped;
+    if (outputsMapped) *outputsMapped = *outputsMapped && c.outMapped;
+    if (anyCaptured) *anyCaptured = *anyCaptured || c.captured;
+  }
+  return true;
+}
+
+Status CudaDeviceComm::failCliqueOn(Status st) {
+  if (!st && clique_) {
+    std::lock_guard<std::mutex> lock(clique_->mutex);
+    for (volatile int* f : clique_->abortFlags) {
+      if (f) *f = 1;
+    }
+  }
+  return st;
+}
+
+bool CudaDeviceComm::outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes) {
+  for (const auto& o : all) {
+    auto out = reinterpret_cast<uintptr_t>(o.out);
+    for (const auto& i : all) {
+      auto in = reinterpret_cast<uintptr_t>(i.in);
+      if (in < out + bytes && out < in + bytes) return false;
+    }
+  }
+  return true;
+}
+
+Status CudaDeviceComm::launchPull(const dev::MeshCall& call,
+                                  const std::vector<dev::RankBuffers>& all, cudaStream_t stream) {
+  DeviceGuard guard(device_);
+  const bool cap = capturing(stream);
+  LOOM_TRY(order(stream, cap));
+  if (log::enabled(log::kInfo, log::kColl)) {
+    LOOM_INFO(kColl,
+              "GPU pulled one-shot all-reduce: %zu x %s (ranks of one process, out of place, "
+              "size <= LOOM_P2P_PULL_BYTES)",
+              call.count, dataTypeName(call.type));
+  }
+  dev::PullInputs in;
+  for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
+  int e = dev::launchPullAllReduce(ctx_, call, in, stream);
+  if (e != 0)
+    return errorf(Code::kCudaError, "launching the pulled all-reduce failed: %s",
+                  cudaErrorText(e).c_str());
+  return recordDone(stream, cap);
+}
+
+Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
+                                    const std::vector<dev::CopyStep>& steps, cudaStream_t stream) {
+  DeviceGuard guard(device_);
+  const bool cap = capturing(stream);
+  LOOM_TRY(order(stream, cap));
+  if (log::enabled(log::kInfo, log::kColl)) {
+    LOOM_INFO(kColl,
+              "GPU copy-engine %s: %zu x %s, %zu copies (every rank's buffers known in this "
+              "group, size >= LOOM_P2P_CE_BYTES)",
+              dev::meshKindName(call.kind), call.count, dataTypeName(call.type), steps.size());
+  }
+  auto barrier = [&]() {
+    int e = dev::launchMeshBarrier(ctx_, stream);
+    return e == 0 ? Status::ok()
+                  : errorf(Code::kCudaError, "launching the mesh barrier failed: %s",
+                           cudaErrorText(e).c_str());
+  };
+  LOOM_TRY(barrier());
+  bool local = false;
+  for (const auto& s : steps) local = local || s.peer == rank_;
+  // A side stream that joined a capture stays in it until the capture ends: while it
+  // does, local copies go on the caller's stream instead.
+  local = local && !capturing(side_);
+  if (local) {
+    LOOM_TRY(cudaStatus(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
+    LOOM_TRY(cudaStatus(cudaStreamWaitEvent(side_, forkEvent_, 0), "cudaStreamWaitEvent"));
+  }
+  for (const auto& s : steps) {
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDefault,
+                                        local && s.peer == rank_ ? side_ : stream),
+                        "cudaMemcpyAsync (copy-engine collective)"));
+  }
+  if (local) {
+    LOOM_TRY(cudaStatus(cudaEventRecord(sideEvent_, side_), "cudaEventRecord"));
+    LOOM_TRY(cudaStatus(cudaStreamWaitEvent(stream, sideEvent_, 0), "cudaStreamWaitEvent"));
+  }
+  LOOM_TRY(barrier());
+  return recordDone(stream, cap);
+}
+
+std::vector<void*> CudaDeviceComm::chunkScratch() {
+  std::lock_guard<std::mutex> lock(clique_->mutex);
+  if (clique_->scratchFailed) return {};
+  if (!clique_->scratch[0]) {
+    const size_t bytes = chunkSlots_ * size_t(nranks_ - 1) * chunkMax_;
+    for (int r = 0; r < nranks_; ++r) {
+      DeviceGuard guard(clique_->devices[r]);
+      if (cudaMalloc(&clique_->scratch[r], bytes) != cudaSuccess) {
+        cudaGetLastError();
+        clique_->scratch[r] = nullptr;
+        LOOM_WARN(kColl,
+                  "GPU %d: no %zu bytes of device memory for the chunked all-reduce and reduce "
+                  "(LOOM_P2P_CE_SCRATCH_BYTES): the kernels do them instead",
+                  clique_->devices[r], bytes);
+        for (void*& p : clique_->scratch) {
+          if (p) {
+            DeviceGuard g(clique_->devices[&p - clique_->scratch.data()]);
+            cudaFree(p);
+            p = nullptr;
+          }
+        }
+        clique_->scratchFailed = true;
+        return {};
+      }
+    }
+    LOOM_INFO(kColl, "chunked all-reduce and reduce: %zu bytes of scratch on each GPU", bytes);
+  }
+  return clique_->scratch;
+}
+
+Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& call,
+                                     const std::vector<dev::RankBuffers>& all,
+                                     const std::vector<void*>& scratch) {
+  DeviceGuard guard(device_);
+  cudaStream_t stream = op.stream;
+  LOOM_TRY(order(stream, false));
+  const bool gather = op.type == collectives::CollType::kAllReduce;
+  const size_t es = dataTypeSize(op.dtype);
+  const int n = nranks_, me = rank_;
+  // Chunks as large as a slot for reduce; at most 64 MiB for all-reduce (on the H200
+  // pair, at 8 GiB: 373 GB/s with 64 MiB chunks, 365 with 128, 353 with 32).
+  const size_t chunkBytes = gather ? std::min(chunkMax_, kChunkAllReduceBytes) : chunkMax_;
+  const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
+  if (log::enabled(log::kInfo, log::kColl)) {
+    LOOM_INFO(kColl,
+              "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
+              "process, size >= %s)",
+              gather ? "all-reduce" : "reduce", op.count, dataTypeName(op.dtype), plan.chunks(me),
+              gather ? "LOOM_P2P_CE_ALLREDUCE_BYTES" : "LOOM_P2P_CE_REDUCE_BYTES");
+  }
+  // The slot of the m-th chunk `from` pushes into `owner`'s scratch.
+  auto slot = [&](int owner, int from, uint64_t m) {
+    const size_t peerIndex = static_cast<size_t>((from - owner - 1 + n) % n);
+    return static_cast<char*>(scratch[owner]) +
+           (peerIndex * chunkSlots_ + m % chunkSlots_) * chunkMax_;
+  };
+  const auto* in = static_cast<const char*>(op.sendbuff);
+  auto* out = static_cast<char*>(op.recvbuff);
+  auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
+  auto kernel = [](int e, const char* what) {
+    return e == 0 ? Status::ok()
+                  : errorf(Code::kCudaError, "launching %s failed: %s", what,
+                           cudaErrorText(e).c_str());
+  };
+  // The pushes read our input: after our stream's earlier work.
+  LOOM_TRY(cuda(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
+  LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, forkEvent_, 0), "cudaStreamWaitEvent"));
+  const uint64_t D = chunkSlots_, B = std::max<uint64_t>(1, chunkSlots_ / 2);
+  // Before our m-th push to p (m from chunkSent_[p]), p must have freed chunk m - D. One
+  // wait covers the pushes up to the next multiple of B.
+  auto needFree = [&](int p, uint64_t m) -> uint64_t {
+    const uint64_t last = std::min<uint64_t>((m / B + 1) * B, chunkSent_[p] + plan.chunks(p));
+    return last >= D ? last - D : 0;
+  };
+  auto gatherChunk = [&](size_t c) -> Status {
+    const size_t begin = plan.chunkBegin(me, c) * es, bytes = plan.chunkCount(me, c) * es;
+    LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, chunkEvent_, 0), "cudaStreamWaitEvent"));
+    for (int i = 1; i < n; ++i) {
+      const int q = (me + i) % n;
+      LOOM_TRY(cuda(cudaMemcpyAsync(static_cast<char*>(all[q].out) + begin, out + begin, bytes,
+                                    cudaMemcpyDefault, pushStream_),
+                    "cudaMemcpyAsync (reduced chunk to a peer)"));
+    }
+    return Status::ok();
+  };
+  size_t rounds = plan.chunks(me);
+  for (int p = 0; p < n; ++p) {
+    if (p != me) rounds = std::max(rounds, plan.chunks(p));
+  }
+  for (size_t c = 0; c < rounds; ++c) {
+    dev::ChunkFlags wait, signal;
+    bool waits = false, signals = false;
+    for (int i = 1; i < n; ++i) {
+      const int p = (me + i) % n;
+      const uint64_t m = chunkSent_[p] + c;
+      if (c < plan.chunks(p) && (c == 0 || m % B == 0) && needFree(p, m) > 0) {
+        wait.wait[p] = needFree(p, m);
+        waits = true;
+      }
+    }
+    if (waits)
+      LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
+    for (int i = 1; i < n; ++i) {
+      const int p = (me + i) % n;
+      if (c >= plan.chunks(p)) continue;
+      const uint64_t m = chunkSent_[p] + c;
+      LOOM_TRY(cuda(cudaMemcpyAsync(slot(p, me, m), in + plan.chunkBegin(p, c) * es,
+                                    plan.chunkCount(p, c) * es, cudaMemcpyDefault, pushStream_),
+                    "cudaMemcpyAsync (chunk to its owner)"));
+      // The counter by a stream memory operation (no kernel between two copies) where the
+      // driver has one and takes it; else by the kernel below (the owner only reads the
+      // counter, so each rank may choose on its own).
+      int e = memopOk_ ? cuda::streamWriteValue64(
+                             pushStream_, dev::chunkFlag(ctx_, p, dev::kChunkReady, me), m + 1)
+                       : -1;
+      if (e != 0) {
+        if (e > 0) {
+          LOOM_WARN(
+              kColl,
+              "GPU %d: cuStreamWriteValue64 failed (CUDA driver error %d): the chunk counters "
+              "are written by a kernel from now on",
+              device_, e);
+        }
+        memopOk_ = false;
+        signal.signal[p] = m + 1;
+        signals = true;
+      }
+    }
+    if (signals)
+      LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, signal, pushStream_), "the chunk counters"));
+    // The previous chunk's copies to the peers go after this chunk's pushes, so the push
+    // stream never waits for a reduction that waits for this chunk.
+    if (gather && c >= 1 && c - 1 < plan.chunks(me)) LOOM_TRY(gatherChunk(c - 1));
+    if (c >= plan.chunks(me)) continue;
+    const size_t begin = plan.chunkBegin(me, c) * es;
+    dev::ChunkReduce r;
+    r.type = call.type;
+    r.red = call.red;
+    r.scalar = call.scalar;
+    r.divisor = call.divisor;
+    r.out = out + begin;
+    r.count = plan.chunkCount(me, c);
+    // All-reduce: each GPU also pushes its chunks out while it reduces; a reduction at full
+    // speed (every block) slowed those copies on the H200 pair (busbw at 8 GiB: 357 with
+    // 64 blocks, 373 with 48, 369 with 32, 139 with 8: too slow to keep up). The root of
+    // a reduce only receives: every block (379 GB/s; 272 with 32).
+    if (gather) r.maxBlocks = kChunkAllReduceBlocks;
+    for (int q = 0; q < n; ++q) {
+      if (q == me) {
+        r.srcs[q] = in + begin;
+        continue;
+      }
+      const uint64_t m = chunkReduced_[q] + c;
+      r.srcs[q] = slot(me, q, m);
+      r.wait[q] = r.signal[q] = m + 1;
+    }
+    LOOM_TRY(kernel(dev::launchChunkReduce(ctx_, r, stream), "the chunk reduction"));
+    if (!gather) continue;
+    LOOM_TRY(cuda(cudaEventRecord(chunkEvent_, stream), "cudaEventRecord"));
+  }
+  if (gather && plan.chunks(me) > 0 && plan.chunks(me) >= rounds) {
+    LOOM_TRY(gatherChunk(plan.chunks(me) - 1));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    chunkSent_[p] += plan.chunks(p);
+    chunkReduced_[p] += plan.chunks(me);
+  }
+  LOOM_TRY(cuda(cudaEventRecord(pushEvent_, pushStream_), "cudaEventRecord"));
+  LOOM_TRY(cuda(cudaStreamWaitEvent(stream, pushEvent_, 0), "cudaStreamWaitEvent"));
+  if (gather) {
+    // Every peer's copies into our output have landed after this.
+    LOOM_TRY(kernel(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
+  }
+  return recordDone(stream, false);
+}
+
+}  // namespace loom::comm::detail
+
+#endif  // LOOM_HAVE_CUDA
