@@ -256,8 +256,7 @@ class CudaDeviceComm final : public DeviceComm {
   size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
   size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
   size_t chunkMax_ = 0;                  // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)
-  uint64_t chunkSent_[dev::kMaxRanks] = {};
-  uint64_t chunkReduced_[dev::kMaxRanks] = {};
+  dev::ChunkCounters chunkCounters_;
   cudaStream_t pushStream_ =
       nullptr;  // our copies: input chunks to their owners, reduced chunks to the peers
   cudaEvent_t chunkEvent_ = nullptr;  // a chunk reduced: the push stream may copy it to the peers

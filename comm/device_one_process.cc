@@ -185,12 +185,6 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
               gather ? "all-reduce" : "reduce", op.count, dataTypeName(op.dtype), plan.chunks(me),
               gather ? "LOOM_P2P_CE_ALLREDUCE_BYTES" : "LOOM_P2P_CE_REDUCE_BYTES");
   }
-  // The slot of the m-th chunk `from` pushes into `owner`'s scratch.
-  auto slot = [&](int owner, int from, uint64_t m) {
-    const size_t peerIndex = static_cast<size_t>((from - owner - 1 + n) % n);
-    return static_cast<char*>(scratch[owner]) +
-           (peerIndex * chunkSlots_ + m % chunkSlots_) * chunkMax_;
-  };
   const auto* in = static_cast<const char*>(op.sendbuff);
   auto* out = static_cast<char*>(op.recvbuff);
   auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
@@ -199,116 +193,105 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
                   : errorf(Code::kCudaError, "launching %s failed: %s", what,
                            cudaErrorText(e).c_str());
   };
-  // The pushes read our input: after our stream's earlier work.
-  LOOM_TRY(cuda(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
-  LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, forkEvent_, 0), "cudaStreamWaitEvent"));
-  const uint64_t D = chunkSlots_, B = std::max<uint64_t>(1, chunkSlots_ / 2);
-  // Before our m-th push to p (m from chunkSent_[p]), p must have freed chunk m - D. One
-  // wait covers the pushes up to the next multiple of B.
-  auto needFree = [&](int p, uint64_t m) -> uint64_t {
-    const uint64_t last = std::min<uint64_t>((m / B + 1) * B, chunkSent_[p] + plan.chunks(p));
-    return last >= D ? last - D : 0;
+  auto slot = [&](int owner, int from, uint64_t m) {
+    return static_cast<char*>(scratch[owner]) +
+           dev::chunkSlot(owner, from, m, n, static_cast<int>(chunkSlots_)) * chunkMax_;
   };
-  auto gatherChunk = [&](size_t c) -> Status {
-    const size_t begin = plan.chunkBegin(me, c) * es, bytes = plan.chunkCount(me, c) * es;
-    LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, chunkEvent_, 0), "cudaStreamWaitEvent"));
-    for (int i = 1; i < n; ++i) {
-      const int q = (me + i) % n;
-      LOOM_TRY(cuda(cudaMemcpyAsync(static_cast<char*>(all[q].out) + begin, out + begin, bytes,
-                                    cudaMemcpyDefault, pushStream_),
-                    "cudaMemcpyAsync (reduced chunk to a peer)"));
-    }
+  // Counters the driver would not write by a stream memory operation, written by one
+  // kernel after the copies (the owner only reads the counter, so each rank may choose).
+  dev::ChunkFlags pending;
+  bool anyPending = false;
+  auto flush = [&]() -> Status {
+    if (!anyPending) return Status::ok();
+    anyPending = false;
+    LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, pending, pushStream_), "the chunk counters"));
+    pending = dev::ChunkFlags();
     return Status::ok();
   };
-  size_t rounds = plan.chunks(me);
-  for (int p = 0; p < n; ++p) {
-    if (p != me) rounds = std::max(rounds, plan.chunks(p));
-  }
-  for (size_t c = 0; c < rounds; ++c) {
-    dev::ChunkFlags wait, signal;
-    bool waits = false, signals = false;
-    for (int i = 1; i < n; ++i) {
-      const int p = (me + i) % n;
-      const uint64_t m = chunkSent_[p] + c;
-      if (c < plan.chunks(p) && (c == 0 || m % B == 0) && needFree(p, m) > 0) {
-        wait.wait[p] = needFree(p, m);
-        waits = true;
+  using K = dev::ChunkStep::Kind;
+  for (const dev::ChunkStep& s :
+       dev::chunkProgram(plan, me, gather, static_cast<int>(chunkSlots_), &chunkCounters_)) {
+    if (s.kind != K::kSignalReady) LOOM_TRY(flush());
+    switch (s.kind) {
+      case K::kFork:  // the pushes read our input: after our stream's earlier work
+        LOOM_TRY(cuda(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
+        LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, forkEvent_, 0), "cudaStreamWaitEvent"));
+        break;
+      case K::kWaitFree: {
+        dev::ChunkFlags wait;
+        for (int p = 0; p < n; ++p) wait.wait[p] = s.wait[p];
+        LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
+        break;
       }
-    }
-    if (waits)
-      LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
-    for (int i = 1; i < n; ++i) {
-      const int p = (me + i) % n;
-      if (c >= plan.chunks(p)) continue;
-      const uint64_t m = chunkSent_[p] + c;
-      LOOM_TRY(cuda(cudaMemcpyAsync(slot(p, me, m), in + plan.chunkBegin(p, c) * es,
-                                    plan.chunkCount(p, c) * es, cudaMemcpyDefault, pushStream_),
-                    "cudaMemcpyAsync (chunk to its owner)"));
-      // The counter by a stream memory operation (no kernel between two copies) where the
-      // driver has one and takes it; else by the kernel below (the owner only reads the
-      // counter, so each rank may choose on its own).
-      int e = memopOk_ ? cuda::streamWriteValue64(
-                             pushStream_, dev::chunkFlag(ctx_, p, dev::kChunkReady, me), m + 1)
-                       : -1;
-      if (e != 0) {
-        if (e > 0) {
-          LOOM_WARN(
-              kColl,
-              "GPU %d: cuStreamWriteValue64 failed (CUDA driver error %d): the chunk counters "
-              "are written by a kernel from now on",
-              device_, e);
+      case K::kPush:
+        LOOM_TRY(cuda(cudaMemcpyAsync(slot(s.peer, me, s.m), in + s.begin * es, s.count * es,
+                                      cudaMemcpyDefault, pushStream_),
+                      "cudaMemcpyAsync (chunk to its owner)"));
+        break;
+      case K::kSignalReady: {
+        int e = memopOk_
+                    ? cuda::streamWriteValue64(
+                          pushStream_, dev::chunkFlag(ctx_, s.peer, dev::kChunkReady, me), s.m + 1)
+                    : -1;
+        if (e != 0) {
+          if (e > 0) {
+            LOOM_WARN(kColl,
+                      "GPU %d: cuStreamWriteValue64 failed (CUDA driver error %d): the chunk "
+                      "counters are written by a kernel from now on",
+                      device_, e);
+          }
+          memopOk_ = false;
+          pending.signal[s.peer] = s.m + 1;
+          anyPending = true;
         }
-        memopOk_ = false;
-        signal.signal[p] = m + 1;
-        signals = true;
+        break;
       }
-    }
-    if (signals)
-      LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, signal, pushStream_), "the chunk counters"));
-    // The previous chunk's copies to the peers go after this chunk's pushes, so the push
-    // stream never waits for a reduction that waits for this chunk.
-    if (gather && c >= 1 && c - 1 < plan.chunks(me)) LOOM_TRY(gatherChunk(c - 1));
-    if (c >= plan.chunks(me)) continue;
-    const size_t begin = plan.chunkBegin(me, c) * es;
-    dev::ChunkReduce r;
-    r.type = call.type;
-    r.red = call.red;
-    r.scalar = call.scalar;
-    r.divisor = call.divisor;
-    r.out = out + begin;
-    r.count = plan.chunkCount(me, c);
-    // All-reduce: each GPU also pushes its chunks out while it reduces; a reduction at full
-    // speed (every block) slowed those copies on the H200 pair (busbw at 8 GiB: 357 with
-    // 64 blocks, 373 with 48, 369 with 32, 139 with 8: too slow to keep up). The root of
-    // a reduce only receives: every block (379 GB/s; 272 with 32).
-    if (gather) r.maxBlocks = kChunkAllReduceBlocks;
-    for (int q = 0; q < n; ++q) {
-      if (q == me) {
-        r.srcs[q] = in + begin;
-        continue;
+      case K::kWaitReduced:
+        LOOM_TRY(cuda(cudaStreamWaitEvent(pushStream_, chunkEvent_, 0), "cudaStreamWaitEvent"));
+        break;
+      case K::kGather:
+        LOOM_TRY(
+            cuda(cudaMemcpyAsync(static_cast<char*>(all[s.peer].out) + s.begin * es,
+                                 out + s.begin * es, s.count * es, cudaMemcpyDefault, pushStream_),
+                 "cudaMemcpyAsync (reduced chunk to a peer)"));
+        break;
+      case K::kReduce: {
+        dev::ChunkReduce r;
+        r.type = call.type;
+        r.red = call.red;
+        r.scalar = call.scalar;
+        r.divisor = call.divisor;
+        r.out = out + s.begin * es;
+        r.count = s.count;
+        // All-reduce: each GPU also pushes its chunks out while it reduces; a reduction at
+        // full speed (every block) slowed those copies on the H200 pair (busbw at 8 GiB: 357
+        // with 64 blocks, 373 with 48, 369 with 32, 139 with 8: too slow to keep up). The
+        // root of a reduce only receives: every block (379 GB/s; 272 with 32).
+        if (gather) r.maxBlocks = kChunkAllReduceBlocks;
+        for (int q = 0; q < n; ++q) {
+          if (q == me) {
+            r.srcs[q] = in + s.begin * es;
+            continue;
+          }
+          r.srcs[q] = slot(me, q, s.mOf[q]);
+          r.wait[q] = r.signal[q] = s.mOf[q] + 1;
+        }
+        LOOM_TRY(kernel(dev::launchChunkReduce(ctx_, r, stream), "the chunk reduction"));
+        break;
       }
-      const uint64_t m = chunkReduced_[q] + c;
-      r.srcs[q] = slot(me, q, m);
-      r.wait[q] = r.signal[q] = m + 1;
+      case K::kRecordReduced:
+        LOOM_TRY(cuda(cudaEventRecord(chunkEvent_, stream), "cudaEventRecord"));
+        break;
+      case K::kJoin:
+        LOOM_TRY(cuda(cudaEventRecord(pushEvent_, pushStream_), "cudaEventRecord"));
+        LOOM_TRY(cuda(cudaStreamWaitEvent(stream, pushEvent_, 0), "cudaStreamWaitEvent"));
+        break;
+      case K::kBarrier:  // every peer's copies into our output have landed after this
+        LOOM_TRY(kernel(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
+        break;
     }
-    LOOM_TRY(kernel(dev::launchChunkReduce(ctx_, r, stream), "the chunk reduction"));
-    if (!gather) continue;
-    LOOM_TRY(cuda(cudaEventRecord(chunkEvent_, stream), "cudaEventRecord"));
   }
-  if (gather && plan.chunks(me) > 0 && plan.chunks(me) >= rounds) {
-    LOOM_TRY(gatherChunk(plan.chunks(me) - 1));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    chunkSent_[p] += plan.chunks(p);
-    chunkReduced_[p] += plan.chunks(me);
-  }
-  LOOM_TRY(cuda(cudaEventRecord(pushEvent_, pushStream_), "cudaEventRecord"));
-  LOOM_TRY(cuda(cudaStreamWaitEvent(stream, pushEvent_, 0), "cudaStreamWaitEvent"));
-  if (gather) {
-    // Every peer's copies into our output have landed after this.
-    LOOM_TRY(kernel(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
-  }
+  LOOM_TRY(flush());
   return recordDone(stream, false);
 }
 

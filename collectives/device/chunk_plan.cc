@@ -49,4 +49,82 @@ size_t ChunkPlan::maxChunkBytes() const {
   return m;
 }
 
+std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
+                                    ChunkCounters* counters) {
+  using K = ChunkStep::Kind;
+  const int n = plan.nranks();
+  const uint64_t D = static_cast<uint64_t>(slots), B = std::max<uint64_t>(1, D / 2);
+  std::vector<ChunkStep> out;
+  auto add = [&](K kind, int peer = -1) -> ChunkStep& {
+    out.push_back({});
+    out.back().kind = kind;
+    out.back().peer = peer;
+    return out.back();
+  };
+  // Before our m-th push to p, p must have freed chunk m - D. One wait covers the pushes up
+  // to the next multiple of B (fewer kernels between copies).
+  auto needFree = [&](int p, uint64_t m) -> uint64_t {
+    const uint64_t last = std::min<uint64_t>((m / B + 1) * B, counters->sent[p] + plan.chunks(p));
+    return last >= D ? last - D : 0;
+  };
+  auto gatherChunk = [&](size_t c) {
+    add(K::kWaitReduced);
+    for (int i = 1; i < n; ++i) {
+      ChunkStep& g = add(K::kGather, (me + i) % n);
+      g.begin = plan.chunkBegin(me, c);
+      g.count = plan.chunkCount(me, c);
+    }
+  };
+  size_t rounds = plan.chunks(me);
+  for (int p = 0; p < n; ++p) {
+    if (p != me) rounds = std::max(rounds, plan.chunks(p));
+  }
+  add(K::kFork);
+  for (size_t c = 0; c < rounds; ++c) {
+    ChunkStep wait;
+    bool waits = false;
+    for (int i = 1; i < n; ++i) {
+      const int p = (me + i) % n;
+      const uint64_t m = counters->sent[p] + c;
+      if (c < plan.chunks(p) && (c == 0 || m % B == 0) && needFree(p, m) > 0) {
+        wait.wait[p] = needFree(p, m);
+        waits = true;
+      }
+    }
+    if (waits) {
+      wait.kind = K::kWaitFree;
+      out.push_back(wait);
+    }
+    for (int i = 1; i < n; ++i) {
+      const int p = (me + i) % n;
+      if (c >= plan.chunks(p)) continue;
+      ChunkStep& push = add(K::kPush, p);
+      push.begin = plan.chunkBegin(p, c);
+      push.count = plan.chunkCount(p, c);
+      push.m = counters->sent[p] + c;
+      add(K::kSignalReady, p).m = counters->sent[p] + c;
+    }
+    // The previous chunk's copies to the peers go after this chunk's pushes, so the push
+    // stream never waits for a reduction that waits for this chunk.
+    if (gather && c >= 1 && c - 1 < plan.chunks(me)) gatherChunk(c - 1);
+    if (c >= plan.chunks(me)) continue;
+    ChunkStep& r = add(K::kReduce);
+    r.begin = plan.chunkBegin(me, c);
+    r.count = plan.chunkCount(me, c);
+    for (int q = 0; q < n; ++q) {
+      if (q != me) r.mOf[q] = counters->reduced[q] + c;
+    }
+    if (gather) add(K::kRecordReduced);
+  }
+  if (gather && plan.chunks(me) > 0 && plan.chunks(me) >= rounds) gatherChunk(plan.chunks(me) - 1);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    counters->sent[p] += plan.chunks(p);
+    counters->reduced[p] += plan.chunks(me);
+  }
+  add(K::kJoin);
+  if (gather) add(K::kBarrier);
+  return out;
+}
+
 }  // namespace loom::collectives::device

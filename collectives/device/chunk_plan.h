@@ -4,18 +4,22 @@
 // Each rank owns a segment of the elements (all-reduce: 1/n each; reduce: the root all).
 // Every other rank pushes its input's part of that segment, chunk by chunk, into the
 // owner's scratch with cudaMemcpyAsync; the owner reduces each chunk in a kernel as soon
-// as every peer's copy of it landed (counters in the windows, written by a small kernel
-// after each copy); for all-reduce, the owner then pushes the reduced chunk into every
-// peer's output. The SMs only touch local memory; all the NVLink traffic is the copy
-// engines', which carry about 390 GB/s each way on an H200 pair where SM stores top out
-// near 365 (docs/perf/h200x2.md). On 2 ranks, reduce uses it by default from 16 MiB and
-// all-reduce from 256 MiB.
+// as every peer's copy of it landed (counters in the windows, written after each copy);
+// for all-reduce, the owner then pushes the reduced chunk into every peer's output. The SMs only
+// touch local memory; all the NVLink traffic is the copy engines', which carry about 390 GB/s each
+// way on an H200 pair where SM stores top out near 365 (docs/perf/h200x2.md). On 2 ranks, reduce
+// uses it by default from 16 MiB and all-reduce from 256 MiB.
 //
-// This file is the plan only: which elements each chunk covers. Plain host code.
+// This file is plain host code: the plan (which elements each chunk covers) and each
+// rank's program (what it enqueues, in order, on its two streams). The unit tests run
+// every rank's program on host memory under random timing (tests/gpu/chunk_plan_test.cc).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
+
+#include "collectives/device/mesh.h"
 
 namespace loom::collectives::device {
 
@@ -41,5 +45,50 @@ class ChunkPlan {
   size_t elemSize_;
   std::vector<size_t> segBegin_, segCount_, chunkElems_;
 };
+
+// One step of a rank's program. "push" steps go on the rank's own push stream, the others
+// on the caller's stream. Counters: ready[from] and free[from] in each rank's window
+// (mesh.h, chunkFlag); both only grow, across calls.
+struct ChunkStep {
+  enum class Kind {
+    kFork,           // caller: the push stream starts after the caller's earlier work
+    kWaitFree,       // push: until free[p] in our window >= wait[p], for every p with wait[p] > 0
+    kPush,           // push: our input [begin, begin + count) into `peer`'s slot for chunk `m`
+    kSignalReady,    // push: ready[us] in `peer`'s window := m + 1 (after the copy before it)
+    kWaitReduced,    // push: after the caller stream's last kRecordReduced issued so far
+    kGather,         // push: our output [begin, begin + count) into `peer`'s output
+    kReduce,         // caller: until ready[q] >= m[q] + 1 for each peer q, then our output
+                     // [begin, begin + count) := our input there reduced with the peers'
+                     // slots for chunks m[q]; then free[us] in q's window := m[q] + 1
+    kRecordReduced,  // caller: marks the reduction just issued (for kWaitReduced)
+    kJoin,           // caller: after everything issued on the push stream so far
+    kBarrier,        // caller: until every rank got here (the peers' gathers have landed)
+  };
+  Kind kind = Kind::kFork;
+  int peer = -1;
+  size_t begin = 0, count = 0;    // elements
+  uint64_t m = 0;                 // kPush, kSignalReady: the chunk's number between us and peer
+  uint64_t wait[kMaxRanks] = {};  // kWaitFree
+  uint64_t mOf[kMaxRanks] = {};   // kReduce: per peer, the number of its chunk reduced here
+};
+
+// Chunks pushed to each peer and reduced from each so far (they carry over between calls).
+struct ChunkCounters {
+  uint64_t sent[kMaxRanks] = {};
+  uint64_t reduced[kMaxRanks] = {};
+};
+
+// Rank `me`'s program for one call (`gather`: all-reduce) with `slots` slots per peer,
+// counting on and updating `counters`.
+std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
+                                    ChunkCounters* counters);
+
+// Where in `owner`'s scratch the m-th chunk from rank `from` goes: a slot index (times the
+// slot size); each peer has `slots` slots.
+inline size_t chunkSlot(int owner, int from, uint64_t m, int nranks, int slots) {
+  const size_t peerIndex = static_cast<size_t>((from - owner - 1 + nranks) % nranks);
+  return peerIndex * static_cast<size_t>(slots) +
+         static_cast<size_t>(m % static_cast<uint64_t>(slots));
+}
 
 }  // namespace loom::collectives::device
