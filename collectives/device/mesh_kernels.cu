@@ -806,6 +806,42 @@ __device__ __forceinline__ uint64_t* barrierFlag(const MeshContext& c, int owner
   return reinterpret_cast<uint64_t*>(c.windows[owner] + c.geo.barrierOffset() + size_t(from) * kFlagStride);
 }
 
+// This block's part of a reduction of `count` elements split over the grid (whole 16-byte
+// vectors per block): out := the sources (one per rank, in rank order) combined, with the
+// pre-op on those in `preMask` and the post-op.
+template <typename E>
+__device__ void reduceBlockPart(const MeshContext& c, const void* const* srcs, void* out, size_t count,
+                                const Op<E>& op, unsigned preMask) {
+  using S = typename E::Storage;
+  constexpr size_t vec = 16 / sizeof(S);
+  const size_t per = ((count + gridDim.x - 1) / gridDim.x + vec - 1) / vec * vec;
+  const size_t begin = size_t(blockIdx.x) * per;
+  if (begin >= count) return;
+  Io io;
+  for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(srcs[r]) + begin * sizeof(S);
+  io.nsrc = c.nranks;
+  io.preMask = preMask;
+  io.post = true;
+  io.dsts[0] = static_cast<char*>(out) + begin * sizeof(S);
+  io.ndst = 1;
+  reduceCopy<E>(io, op, min(per, count - begin));
+}
+
+// Block-wide: true in the block that finished last (counted in `done`; the caller resets
+// it), after a fence that orders every block's work before what that block does next.
+__device__ bool lastBlockDone(unsigned int* done) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  return true;
+}
+
 // Every block: announce us to each peer and wait until each peer arrived (thread p for
 // rank p), reduce its part of every rank's input into our output; the last block
 // to finish tells the peers we are done reading theirs and waits until they are done
@@ -814,7 +850,6 @@ template <typename E>
 __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant__ MeshContext c,
                                                           const __grid_constant__ MeshCall a,
                                                           const __grid_constant__ PullInputs p) {
-  using S = typename E::Storage;
   using C = typename E::Compute;
   uint64_t* seqSlot = c.state + c.geo.barrierSeqIndex();
   auto* done = reinterpret_cast<unsigned int*>(c.state + c.geo.pullDoneIndex());
@@ -832,27 +867,9 @@ __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant
   if (__syncthreads_or(bad)) return;  // the error flag says why; the call has failed
 
   Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
-  constexpr size_t vec = 16 / sizeof(S);
-  const size_t per = ((a.count + gridDim.x - 1) / gridDim.x + vec - 1) / vec * vec;
-  const size_t begin = size_t(blockIdx.x) * per;
-  if (begin < a.count) {
-    Io io;
-    for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(p.inputs[r]) + begin * sizeof(S);
-    io.nsrc = c.nranks;
-    io.post = true;
-    io.dsts[0] = static_cast<char*>(a.out) + begin * sizeof(S);
-    io.ndst = 1;
-    reduceCopy<E>(io, op, min(per, a.count - begin));
-  }
-  __shared__ int last;
-  __syncthreads();
-  if (t == 0) {
-    __threadfence();
-    last = atomicAdd(done, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other blocks' reads (counted above) come before our release
+  reduceBlockPart<E>(c, p.inputs, a.out, a.count, op, 0);
+  // The last block: the other blocks' reads (counted) come before our release.
+  if (!lastBlockDone(done)) return;
   if (peerThread) {
     storeRelease(barrierFlag(c, t, c.rank), leave);
     waitAtLeast(c, barrierFlag(c, c.rank, t), leave);
@@ -898,7 +915,6 @@ __global__ void __launch_bounds__(32) chunkFlagsKernel(const __grid_constant__ M
 template <typename E>
 __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__ MeshContext c,
                                                         const __grid_constant__ ChunkReduce a) {
-  using S = typename E::Storage;
   using C = typename E::Compute;
   auto* done = reinterpret_cast<unsigned int*>(c.state + c.geo.chunkDoneIndex());
   const int t = threadIdx.x;
@@ -915,28 +931,9 @@ __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__
       op.scalar = E::load(E::store(C(a.scalar)));
     }
   }
-  constexpr size_t vec = 16 / sizeof(S);
-  const size_t per = ((a.count + gridDim.x - 1) / gridDim.x + vec - 1) / vec * vec;
-  const size_t begin = size_t(blockIdx.x) * per;
-  if (begin < a.count) {
-    Io io;
-    for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(a.srcs[r]) + begin * sizeof(S);
-    io.nsrc = c.nranks;
-    io.preMask = a.red == RedKind::kPreMulSum ? (1u << c.nranks) - 1 : 0;
-    io.post = true;
-    io.dsts[0] = static_cast<char*>(a.out) + begin * sizeof(S);
-    io.ndst = 1;
-    reduceCopy<E>(io, op, min(per, a.count - begin));
-  }
-  __shared__ int last;
-  __syncthreads();
-  if (t == 0) {
-    __threadfence();
-    last = atomicAdd(done, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // every block's reads of the slots come before the release
+  reduceBlockPart<E>(c, a.srcs, a.out, a.count, op, a.red == RedKind::kPreMulSum ? (1u << c.nranks) - 1 : 0);
+  // The last block: every block's reads of the slots come before the release.
+  if (!lastBlockDone(done)) return;
   if (peerThread && a.signal[t]) storeRelease(chunkFlag(c, t, kChunkFree, c.rank), a.signal[t]);
   if (t == 0) *done = 0;
 }
