@@ -146,6 +146,15 @@ class CudaDeviceComm final : public DeviceComm {
   // LOOM_P2P_PULL_BYTES.
   bool pullSize(size_t bytes) const { return !algoSet_ && bytes > llLimit_ && bytes <= pullMax_; }
 
+  // Whether a call of `type` and `bytes` may take the chunked form (launchChunked): no
+  // LOOM_ALGO, a reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from
+  // LOOM_P2P_CE_ALLREDUCE_BYTES.
+  bool chunkedSize(collectives::CollType type, size_t bytes) const {
+    if (algoSet_) return false;
+    if (type == collectives::CollType::kReduce) return bytes >= chunkReduceMin_;
+    return type == collectives::CollType::kAllReduce && bytes >= chunkAllReduceMin_;
+  }
+
   // The all-reduce form for `op`, and why (LOOM_DEBUG=INFO with LOOM_DEBUG_SUBSYS=COLL).
   dev::MeshKind allReduceKind(const Operation& op, const char** why) const;
 

@@ -254,8 +254,7 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
     // cudaMalloc memory only: a copy between GPUs from or into a stream-ordered pool
     // (cudaMallocAsync) or VMM memory fails. Ask the driver where such a form may run.
     const size_t bytes = o.count * dataTypeSize(o.dtype);
-    const bool chunked =
-        bytes >= (o.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_);
+    const bool chunked = chunkedSize(o.type, bytes);
     const bool ask = (o.type == collectives::CollType::kAllReduce && pullSize(bytes)) ||
                      bytes >= ceMin_ || chunked;
     const bool inMapped = ask && cuda::isPeerMappableDevicePointer(o.sendbuff);
@@ -323,9 +322,7 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
   // PreMulSum scalar may differ between ranks, so only ncclAvg's (1/n) is applied here.
   // Peers write into an all-reduce's outputs, so those must be mapped; a reduce's output
   // is written by the root's own kernel only (the others' may even be null, as NCCL allows).
-  if ((op.type == collectives::CollType::kAllReduce || op.type == collectives::CollType::kReduce) &&
-      block >= (op.type == collectives::CollType::kReduce ? chunkReduceMin_ : chunkAllReduceMin_) &&
-      !algoSet_ && op.ncclOp < ncclNumOps && !red.scalarDevice &&
+  if (chunkedSize(op.type, block) && op.ncclOp < ncclNumOps && !red.scalarDevice &&
       peerBuffers(op, index, &all, &inMapped, &outMapped, &captured) && inMapped && !captured &&
       (outMapped || op.type == collectives::CollType::kReduce)) {
     std::vector<void*> scratch = chunkScratch();

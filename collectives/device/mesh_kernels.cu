@@ -88,16 +88,17 @@ __device__ __forceinline__ typename E::Compute rounded(typename E::Compute v) {
   return E::load(E::store(v));
 }
 
+// PreMulSum's scalar: read from device memory when `device` is set, else `host`.
 template <typename E>
-__device__ typename E::Compute scalarFor(const MeshCall& a) {
+__device__ typename E::Compute scalarFor(double host, const void* device) {
   using C = typename E::Compute;
-  if (a.scalarDevice) {
-    return E::load(*static_cast<const typename E::Storage*>(a.scalarDevice));
+  if (device) {
+    return E::load(*static_cast<const typename E::Storage*>(device));
   }
   if constexpr (std::is_integral_v<C>) {
-    return C(static_cast<long long>(a.scalar));
+    return C(static_cast<long long>(host));
   } else {
-    return E::load(E::store(C(a.scalar)));  // the scalar rounded to the element type
+    return E::load(E::store(C(host)));  // the scalar rounded to the element type
   }
 }
 
@@ -742,7 +743,7 @@ __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a
   if (a.kind == MeshKind::kAllReduceLL || a.kind == MeshKind::kReduceLL) {
     // No counters and no drain: the LL words carry their own flags.
     Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
-    if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a);
+    if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);
     Run<E> run{c, a, B, op, tile};
     run.allReduceLL();
     return;
@@ -756,7 +757,7 @@ __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a
   __syncthreads();
   if (!B.fail) {
     Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
-    if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a);
+    if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);
     Run<E> run{c, a, B, op, tile, p2p};
     switch (a.kind) {
       case MeshKind::kAllReduceOneShot: run.allReduceOneShot(); break;
@@ -924,13 +925,7 @@ __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__
   if (__syncthreads_or(bad)) return;  // the error flag says why; the call has failed
 
   Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
-  if (a.red == RedKind::kPreMulSum) {
-    if constexpr (std::is_integral_v<C>) {
-      op.scalar = C(static_cast<long long>(a.scalar));
-    } else {
-      op.scalar = E::load(E::store(C(a.scalar)));
-    }
-  }
+  if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, nullptr);
   reduceBlockPart<E>(c, a.srcs, a.out, a.count, op, a.red == RedKind::kPreMulSum ? (1u << c.nranks) - 1 : 0);
   // The last block: every block's reads of the slots come before the release.
   if (!lastBlockDone(done)) return;

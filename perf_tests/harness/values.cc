@@ -361,11 +361,6 @@ Expected expectedCopy(const DataParams& params, int rank, size_t index) {
   return copied(params, typeInfo(params.type), inputValue(params, rank, index));
 }
 
-Expected expectedFor(const DataParams& params, const Source& source) {
-  if (source.kind == Source::Kind::kCopy) return expectedCopy(params, source.rank, source.index);
-  return expectedReduce(params, source.index);
-}
-
 bool matches(ncclDataType_t type, const Expected& expected, const void* element) {
   if (!expected.isFloat) return loadIntegerBits(type, element) == expected.bits;
   const double got = loadFloat(type, element);
@@ -380,7 +375,7 @@ int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn 
   const double smallest = info.isFloat ? smallestNormal(info) : 0;  // (integers have no exponent)
   std::vector<InputGen> gens;
   for (int r = 0; r < params.nranks; ++r) gens.emplace_back(params, r);
-  // expectedFor(), with the generators above.
+  // What `source` must hold: expectedCopy() or expectedReduce(), with the generators above.
   auto expected = [&](const Source& source) {
     if (source.kind == Source::Kind::kCopy) return copied(params, info, gens[source.rank](source.index));
     auto valueOf = [&](int r) { return gens[r](source.index); };

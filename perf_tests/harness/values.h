@@ -90,7 +90,6 @@ struct Expected {
 Expected expectedReduce(const DataParams& params, size_t index);
 // rank's input at index, as an expected output (exact).
 Expected expectedCopy(const DataParams& params, int rank, size_t index);
-Expected expectedFor(const DataParams& params, const Source& source);
 // True when the element at `element` is accepted for `expected`.
 bool matches(ncclDataType_t type, const Expected& expected, const void* element);
 

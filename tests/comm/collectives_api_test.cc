@@ -262,6 +262,16 @@ TEST(ApiCollectives, AllCollectivesOverTcp) {
   unsetenv("LOOM_TRANSPORTS");
 }
 
+// An all-reduce of 1031 elements of every type with every op, out of place.
+void allReduceEveryTypeAndOp(Comms& cm) {
+  for (int t = 0; t < loom::kNumDataTypes; ++t) {
+    for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+      runCase(cm, Coll::kAllReduce, static_cast<DataType>(t), op, 1031, false, 0);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 // Direct all-reduce (the tuner's choice over sockets for 3-4 ranks), forced over shared
 // memory too: every type and op, in and out of place, one piece and many.
 TEST(ApiCollectives, DirectAllReduceEveryOp) {
@@ -270,12 +280,7 @@ TEST(ApiCollectives, DirectAllReduceEveryOp) {
     setenv("LOOM_TRANSPORTS", transports, 1);
     for (int n : {3, 4}) {
       Comms cm(n);
-      for (int t = 0; t < loom::kNumDataTypes; ++t) {
-        for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
-          runCase(cm, Coll::kAllReduce, static_cast<DataType>(t), op, 1031, false, 0);
-          if (HasFatalFailure()) break;
-        }
-      }
+      allReduceEveryTypeAndOp(cm);
       for (bool inPlace : {false, true}) {
         for (size_t count : {size_t{1}, size_t{2}, size_t{300007}}) {
           runCase(cm, Coll::kAllReduce, DataType::kFloat32, ncclAvg, count, inPlace, 0);
@@ -297,12 +302,7 @@ TEST(ApiCollectives, DoublingAllReduceEveryOpAndBitwiseEqual) {
     setenv("LOOM_TRANSPORTS", transports, 1);
     for (int n : {4, 8}) {
       Comms cm(n);
-      for (int t = 0; t < loom::kNumDataTypes; ++t) {
-        for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
-          runCase(cm, Coll::kAllReduce, static_cast<DataType>(t), op, 1031, false, 0);
-          if (HasFatalFailure()) break;
-        }
-      }
+      allReduceEveryTypeAndOp(cm);
       for (bool inPlace : {false, true}) {
         runCase(cm, Coll::kAllReduce, DataType::kFloat32, ncclSum, 300007, inPlace, 0);
         runCase(cm, Coll::kAllReduce, DataType::kInt32, ncclSum, 1, inPlace, 0);
