@@ -616,6 +616,15 @@ void Communicator::executeAsync(std::vector<Operation> ops, std::function<void(S
   workCv_.notify_one();
 }
 
+SpinWorker& Communicator::launcher() {
+  std::lock_guard<std::mutex> lock(workMutex_);
+  if (!launcher_) {
+    launcher_ = std::make_unique<SpinWorker>(
+        std::max<int64_t>(0, settings::getInt("LOOM_LAUNCH_SPIN_US")));
+  }
+  return *launcher_;
+}
+
 void Communicator::workerMain() {
   while (true) {
     std::function<void()> job;

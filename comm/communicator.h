@@ -18,6 +18,7 @@
 #include "collectives/schedule.h"
 #include "comm/bootstrap.h"
 #include "comm/device_comm.h"
+#include "comm/spin_worker.h"
 #include "comm/topology_view.h"
 #include "common/datatype.h"
 #include "nccl.h"
@@ -76,6 +77,9 @@ class Communicator : public collectives::ConnectionProvider {
   bool enqueuesOnly(const std::vector<Operation>& ops) const;
   // Same, on this communicator's worker thread; `done` is called with the result.
   void executeAsync(std::vector<Operation> ops, std::function<void(Status)> done);
+  // The thread that runs this communicator's part of a group spanning several GPU ranks
+  // of this process at the same time as the others' (created at first use).
+  SpinWorker& launcher();
 
   // User reduction operators (PreMulSum). Returns the ncclRedOp_t value.
   Result<int> createPreMulSum(const void* scalar, DataType type, ncclScalarResidence_t residence);
@@ -171,6 +175,7 @@ class Communicator : public collectives::ConnectionProvider {
   std::deque<std::function<void()>> work_;
   std::thread worker_;
   bool stopWorker_ = false;
+  std::unique_ptr<SpinWorker> launcher_;
 };
 
 // Converts between internal codes and the C API.

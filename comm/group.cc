@@ -1,8 +1,9 @@
 // Groups: calls between ncclGroupStart and ncclGroupEnd are queued per thread and run
-// at the outermost ncclGroupEnd. One communicator runs inline in the calling thread, and
-// so do several whose calls only enqueue GPU work; otherwise several (ncclCommInitAll,
-// -g N on host memory) each run on their own worker thread at once, since their ranks
-// wait on each other.
+// at the outermost ncclGroupEnd. One communicator runs inline in the calling thread.
+// Several whose calls only enqueue GPU work run at once, each in its launch thread (the
+// first in the calling thread), or one after another with LOOM_LAUNCH_THREADS=0;
+// otherwise several (ncclCommInitAll, -g N on host memory) each run on their own worker
+// thread at once, since their ranks wait on each other.
 #include <algorithm>
 #include <atomic>
 #include <future>
@@ -13,6 +14,7 @@
 
 #include "comm/api_state.h"
 #include "common/log.h"
+#include "common/settings.h"
 
 namespace loom::comm {
 
@@ -60,7 +62,21 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
     inline_ = true;
     for (ncclComm* c : comms) inline_ = inline_ && c->impl->enqueuesOnly(perComm[c]);
   }
-  if (inline_) {
+  if (inline_ && comms.size() > 1 && settings::getBool("LOOM_LAUNCH_THREADS")) {
+    // Each rank's launches cost the host a few microseconds: issue them at once, the
+    // first in this thread and the others in their communicators' launch threads.
+    std::vector<Status> results(comms.size());
+    for (size_t i = 1; i < comms.size(); ++i) {
+      ncclComm* c = comms[i];
+      c->impl->launcher().post(
+          [c, &ops = perComm[c], &st = results[i]] { st = c->impl->execute(ops); });
+    }
+    results[0] = comms[0]->impl->execute(perComm[comms[0]]);
+    for (size_t i = 1; i < comms.size(); ++i) comms[i]->impl->launcher().wait();
+    for (const Status& st : results) {
+      if (!st && result) result = st;
+    }
+  } else if (inline_) {
     for (ncclComm* c : comms) {
       Status st = c->impl->execute(perComm[c]);
       if (!st && result) result = st;

@@ -92,6 +92,11 @@ const std::vector<Definition> kDefinitions = {
      "force a protocol: simple, or ll (GPU all-reduce up to 512 KiB)"},
     {"LOOM_CHUNK_BYTES", nullptr, Type::kInt, "0",
      "pipeline chunk size for host collectives (0: automatic)"},
+    {"LOOM_LAUNCH_THREADS", nullptr, Type::kBool, "1",
+     "a group that spans several GPU ranks of this process launches each rank's work from its "
+     "own thread, all at once (0: one after another in the calling thread)"},
+    {"LOOM_LAUNCH_SPIN_US", nullptr, Type::kInt, "500",
+     "microseconds those launch threads poll for the next group before they sleep"},
     {"LOOM_SPIN_US", nullptr, Type::kInt, "0",
      "microseconds to busy-poll before yielding while waiting on a peer (0: automatic)"},
 };
