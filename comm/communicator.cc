@@ -103,6 +103,7 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   for (const auto& p : peers_) local += p.hostHash == me.hostHash ? 1 : 0;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   spinUs_ = settings::getInt("LOOM_SPIN_US");
+  launchThreads_ = settings::getBool("LOOM_LAUNCH_THREADS");
   if (spinUs_ <= 0) spinUs_ = local <= cores ? 50 : 1;
   context_.commHash = fnv(std::to_string(id.secret[0]) + ":" + std::to_string(id.secret[1]));
 

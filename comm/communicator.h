@@ -80,6 +80,7 @@ class Communicator : public collectives::ConnectionProvider {
   // The thread that runs this communicator's part of a group spanning several GPU ranks
   // of this process at the same time as the others' (created at first use).
   SpinWorker& launcher();
+  bool launchThreads() const { return launchThreads_; }  // LOOM_LAUNCH_THREADS, read at init
 
   // User reduction operators (PreMulSum). Returns the ncclRedOp_t value.
   Result<int> createPreMulSum(const void* scalar, DataType type, ncclScalarResidence_t residence);
@@ -146,6 +147,7 @@ class Communicator : public collectives::ConnectionProvider {
   mutable std::mutex opsMutex_;
   std::string forcedAlgo_;
   int64_t spinUs_ = 50;
+  bool launchThreads_ = true;
   bool networkPeers_ = false;  // some peer is reached through a network transport
   struct ScheduleKey {
     collectives::CollType type;

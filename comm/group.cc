@@ -7,14 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
-#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "comm/api_state.h"
 #include "common/log.h"
-#include "common/settings.h"
 
 namespace loom::comm {
 
@@ -43,42 +41,54 @@ std::set<const ncclComm*>& registry() {
 }
 
 Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
-  // Order of first appearance, keeping each communicator's calls in order.
+  // Order of first appearance, keeping each communicator's calls in order (a group
+  // holds a few communicators: a linear search is the cheapest map).
   std::vector<ncclComm*> comms;
-  std::map<ncclComm*, std::vector<Operation>> perComm;
+  std::vector<std::vector<Operation>> calls;
   for (auto& [c, op] : ops) {
-    if (!perComm.count(c)) comms.push_back(c);
-    perComm[c].push_back(op);
+    size_t k = std::find(comms.begin(), comms.end(), c) - comms.begin();
+    if (k == comms.size()) {
+      comms.push_back(c);
+      calls.emplace_back();
+    }
+    calls[k].push_back(op);
   }
   for (ncclComm* c : comms) c->impl->enter();
   static std::atomic<uint64_t> groups{0};
   const uint64_t group = ++groups;
-  for (ncclComm* c : comms) c->impl->postGroup(group, perComm[c]);
+  for (size_t k = 0; k < comms.size(); ++k) comms[k]->impl->postGroup(group, calls[k]);
   Status result;
   // GPU mesh operations only enqueue work on streams: they never wait on a peer in the
   // calling thread, so several communicators' calls run inline, one after another.
   bool inline_ = comms.size() == 1;
   if (!inline_) {
     inline_ = true;
-    for (ncclComm* c : comms) inline_ = inline_ && c->impl->enqueuesOnly(perComm[c]);
+    for (size_t k = 0; k < comms.size(); ++k) {
+      inline_ = inline_ && comms[k]->impl->enqueuesOnly(calls[k]);
+    }
   }
-  if (inline_ && comms.size() > 1 && settings::getBool("LOOM_LAUNCH_THREADS")) {
+  if (inline_ && comms.size() > 1 && comms[0]->impl->launchThreads()) {
     // Each rank's launches cost the host a few microseconds: issue them at once, the
     // first in this thread and the others in their communicators' launch threads.
-    std::vector<Status> results(comms.size());
+    struct Job {
+      ncclComm* comm;
+      const std::vector<Operation>* ops;
+      Status result;
+    };
+    std::vector<Job> jobs(comms.size());
+    for (size_t i = 0; i < comms.size(); ++i) jobs[i] = {comms[i], &calls[i], Status()};
     for (size_t i = 1; i < comms.size(); ++i) {
-      ncclComm* c = comms[i];
-      c->impl->launcher().post(
-          [c, &ops = perComm[c], &st = results[i]] { st = c->impl->execute(ops); });
+      // One pointer: the closure fits in std::function without an allocation.
+      comms[i]->impl->launcher().post([j = &jobs[i]] { j->result = j->comm->impl->execute(*j->ops); });
     }
-    results[0] = comms[0]->impl->execute(perComm[comms[0]]);
+    jobs[0].result = comms[0]->impl->execute(calls[0]);
     for (size_t i = 1; i < comms.size(); ++i) comms[i]->impl->launcher().wait();
-    for (const Status& st : results) {
-      if (!st && result) result = st;
+    for (const Job& j : jobs) {
+      if (!j.result && result) result = j.result;
     }
   } else if (inline_) {
-    for (ncclComm* c : comms) {
-      Status st = c->impl->execute(perComm[c]);
+    for (size_t k = 0; k < comms.size(); ++k) {
+      Status st = comms[k]->impl->execute(calls[k]);
       if (!st && result) result = st;
     }
   } else {
@@ -86,7 +96,7 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
     std::vector<std::future<Status>> futures;
     for (auto& p : promises) futures.push_back(p.get_future());
     for (size_t i = 0; i < comms.size(); ++i) {
-      comms[i]->impl->executeAsync(perComm[comms[i]],
+      comms[i]->impl->executeAsync(calls[i],
                                    [&promises, i](Status st) { promises[i].set_value(st); });
     }
     for (auto& f : futures) {
