@@ -106,6 +106,7 @@ struct MeshAgreement {
   int64_t pullBytes = 0;
   int64_t chunkBytes = 0;
   int64_t chunkAllReduceBytes = 0;
+  int64_t chunkSize = 0;
   int64_t scratchBytes = 0;
   uint64_t token = 0;
   char algo[24] = {0};
@@ -264,6 +265,7 @@ class CudaDeviceComm final : public DeviceComm {
   static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;
   size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
   size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
+  size_t chunkSize_ = 0;                 // LOOM_P2P_CE_CHUNK_BYTES (0: by form)
   size_t chunkMax_ = 0;                  // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)
   dev::ChunkCounters chunkCounters_;
   cudaStream_t pushStream_ =

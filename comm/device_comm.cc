@@ -125,6 +125,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
   mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
   mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
+  mine.chunkSize = settings::getInt("LOOM_P2P_CE_CHUNK_BYTES");
   mine.scratchBytes = settings::getInt("LOOM_P2P_CE_SCRATCH_BYTES");
   if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
   std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
@@ -142,7 +143,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
         all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
         all[r].pullBytes != mine.pullBytes || all[r].chunkBytes != mine.chunkBytes ||
-        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes ||
+        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes || all[r].chunkSize != mine.chunkSize ||
         all[r].scratchBytes != mine.scratchBytes || std::strcmp(all[r].algo, mine.algo) != 0 ||
         std::strcmp(all[r].proto, mine.proto) != 0) {
       return errorf(
@@ -151,7 +152,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or "
           "LOOM_P2P_REDUCE_DIRECT_BYTES, "
           "LOOM_P2P_PULL_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
-          "LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
+          "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
           "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
           r, rank, all[r].algo, all[r].proto, (long long)all[r].llBytes,
           (long long)all[r].oneShotBytes, (long long)all[r].ceBytes, mine.algo, mine.proto,
@@ -438,8 +439,9 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
     if (v < 0) return nranks_ == 2 ? twoRanks : SIZE_MAX;
     return v == 0 ? SIZE_MAX : static_cast<size_t>(v);
   };
-  chunkReduceMin_ = threshold(s.chunkBytes, size_t(16) << 20);
+  chunkReduceMin_ = threshold(s.chunkBytes, size_t(2) << 20);
   chunkAllReduceMin_ = threshold(s.chunkAllReduceBytes, size_t(256) << 20);
+  chunkSize_ = static_cast<size_t>(std::max<int64_t>(0, s.chunkSize));
   // Slots per peer; a chunk is a multiple of 64 KiB.
   const size_t scratch = static_cast<size_t>(std::max<int64_t>(0, s.scratchBytes));
   chunkMax_ =

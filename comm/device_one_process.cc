@@ -174,9 +174,12 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   const bool gather = op.type == collectives::CollType::kAllReduce;
   const size_t es = dataTypeSize(op.dtype);
   const int n = nranks_, me = rank_;
-  // Chunks as large as a slot for reduce; at most 64 MiB for all-reduce (on the H200
-  // pair, at 8 GiB: 373 GB/s with 64 MiB chunks, 365 with 128, 353 with 32).
-  const size_t chunkBytes = gather ? std::min(chunkMax_, kChunkAllReduceBytes) : chunkMax_;
+  // Chunks as large as a slot for reduce (on the H200 pair, at 2-64 MiB 1, 2 and 4 MiB
+  // chunks were all slower than one chunk: each chunk's copy, counter and kernel cost more
+  // than the overlap gains); at most 64 MiB for all-reduce (at 8 GiB: 373 GB/s with
+  // 64 MiB chunks, 365 with 128, 353 with 32). LOOM_P2P_CE_CHUNK_BYTES sets them, to measure.
+  size_t chunkBytes = gather ? std::min(chunkMax_, kChunkAllReduceBytes) : chunkMax_;
+  if (chunkSize_ > 0) chunkBytes = std::min(chunkSize_, chunkMax_);
   const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,

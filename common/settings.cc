@@ -60,11 +60,14 @@ const std::vector<Definition> kDefinitions = {
      "each rank reads every input directly, above the LL limit and up to this size (0: never)"},
     {"LOOM_P2P_CE_REDUCE_BYTES", nullptr, Type::kInt, "-1",
      "GPU reduce between ranks of one process whose calls meet in a group: from this size the "
-     "copy engines move the data in chunks and kernels reduce each chunk locally (-1: 16 MiB "
+     "copy engines move the data in chunks and kernels reduce each chunk locally (-1: 2 MiB "
      "on 2 ranks, never on more; 0: never)"},
     {"LOOM_P2P_CE_ALLREDUCE_BYTES", nullptr, Type::kInt, "-1",
      "the same chunked form for all-reduce, from this size (-1: 256 MiB on 2 ranks, never on "
      "more; 0: never)"},
+    {"LOOM_P2P_CE_CHUNK_BYTES", nullptr, Type::kInt, "0",
+     "chunk size of the copy-engine reduce and all-reduce, for measurements (0: a whole slot "
+     "for reduce, 64 MiB for all-reduce)"},
     {"LOOM_P2P_CE_SCRATCH_BYTES", nullptr, Type::kInt, "268435456",
      "device memory per GPU for the chunks of those forms (two per peer), allocated at their first use"},
     {"LOOM_P2P_REDUCE_DIRECT_BYTES", nullptr, Type::kInt, "2097152",

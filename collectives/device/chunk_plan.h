@@ -8,7 +8,7 @@
 // for all-reduce, the owner then pushes the reduced chunk into every peer's output. The SMs only
 // touch local memory; all the NVLink traffic is the copy engines', which carry about 390 GB/s each
 // way on an H200 pair where SM stores top out near 365 (docs/perf/h200x2.md). On 2 ranks, reduce
-// uses it by default from 16 MiB and all-reduce from 256 MiB.
+// uses it by default from 2 MiB and all-reduce from 256 MiB.
 //
 // This file is plain host code: the plan (which elements each chunk covers) and each
 // rank's program (what it enqueues, in order, on its two streams). The unit tests run

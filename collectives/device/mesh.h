@@ -192,7 +192,7 @@ struct ChunkReduce {
   size_t count = 0;
   uint64_t wait[kMaxRanks] = {};
   uint64_t signal[kMaxRanks] = {};
-  int maxBlocks = 0;  // at most this many blocks (0: the mesh's); parts are at least 256 KiB
+  int maxBlocks = 0;  // at most this many blocks (0: the mesh's); parts are at least 64 KiB
 };
 int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream);
 

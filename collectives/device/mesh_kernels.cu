@@ -1038,9 +1038,9 @@ int launchChunkFlags(const MeshContext& ctx, const ChunkFlags& flags, cudaStream
 int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream) {
   return withElement(chunk.type, [&](auto e) {
     using S = typename decltype(e)::Storage;
-    // Parts of at least 256 KiB, up to the mesh's block count (the chunk is in local memory).
+    // Parts of at least 64 KiB, up to the mesh's block count (the chunk is in local memory).
     const size_t most = chunk.maxBlocks > 0 ? std::min(chunk.maxBlocks, ctx.geo.maxBlocks) : ctx.geo.maxBlocks;
-    size_t blocks = std::clamp<size_t>(chunk.count * sizeof(S) / (256 * 1024), 1, most);
+    size_t blocks = std::clamp<size_t>(chunk.count * sizeof(S) / (64 * 1024), 1, most);
     chunkReduceKernel<decltype(e)><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, chunk);
     return static_cast<int>(cudaGetLastError());
   });

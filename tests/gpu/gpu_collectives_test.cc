@@ -506,6 +506,37 @@ TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
   }
 }
 
+// A reduce whose non-root passes no output (NCCL allows it), both roots, through the
+// kernels (1.2 MB) and the copy engines (4 MiB).
+TEST(GpuCollectives, ReduceWithoutNonRootOutput) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  for (size_t count : {size_t{300001}, size_t{1} << 20}) {
+    std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+    for (int r = 0; r < 2; ++r) {
+      in.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+      out.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+      upload(r, in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+    }
+    for (int root = 0; root < 2; ++root) {
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < 2; ++r) {
+        NCCL_OK(ncclReduce(in[r]->ptr, r == root ? out[r]->ptr : nullptr, count, ncclFloat32,
+                           ncclSum, root, R.comms[r], R.streams[r]));
+      }
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+      R.sync();
+      std::vector<char> got = download(root, out[root]->ptr, count * 4);
+      size_t bad = 0;
+      for (size_t i = 0; i < count; ++i) {
+        bad += loom::loadAsDouble(DataType::kFloat32, got.data(), i) !=
+               reduced(DataType::kFloat32, ncclSum, 2, i, false);
+      }
+      EXPECT_EQ(bad, 0u) << "count " << count << ", root " << root;
+    }
+  }
+}
+
 // Buffers from a stream-ordered pool (cudaMallocAsync) are not mapped by peer access (a
 // copy between GPUs into or out of one fails): the pulled all-reduce and the copy engines
 // must leave them to the kernels.
