@@ -80,7 +80,12 @@ enum class MeshKind : int {
   kAllReduceLL = 8,  // one-shot through the LL region (at most kLLBlocks * kLLPayload bytes)
   kReduceDirect = 9,  // every rank's input to the root, reduced there (2 ranks)
   kReduceLL = 10,     // kAllReduceLL with only the root writing its output
+  kReduceScatterLL = 11,  // kAllReduceLL over the whole input, each rank writing its part
 };
+// The LL forms: the whole input travels in LL words (at most kLLBlocks * kLLPayload bytes).
+LOOM_HOST_DEVICE inline bool isLL(MeshKind k) {
+  return k == MeshKind::kAllReduceLL || k == MeshKind::kReduceLL || k == MeshKind::kReduceScatterLL;
+}
 const char* meshKindName(MeshKind kind);
 
 struct MeshContext {

@@ -442,12 +442,21 @@ struct Run {
   // LL one-shot: block b carries bytes [b * kLLPayload, ...) of every rank's input to
   // every rank as (4 data bytes, 4 flag bytes) words, the flag being the block's call
   // count. Receivers poll the words themselves: no fence, no counter, no reply. As a
-  // reduce (kReduceLL) only the root writes the result; the others still send and wait
-  // for every peer's words, since that is what keeps a rank from overwriting a buffer
-  // (one of two, by call parity) that a peer has not read yet.
+  // reduce (kReduceLL) only the root writes the result, as a reduce-scatter
+  // (kReduceScatterLL, whose input is count elements per rank) each rank its own part; every
+  // rank still sends everything and waits for every peer's words, since that is what keeps
+  // a rank from overwriting a buffer (one of two, by call parity) that a peer has not read
+  // yet. The result's bytes [ownBegin, ownEnd) of the input's go to out + (x - ownBegin).
   __device__ void allReduceLL() {
-    const bool writes = a.kind != MeshKind::kReduceLL || c.rank == a.root;
-    const size_t bytes = a.count * sizeof(S);
+    const bool scatter = a.kind == MeshKind::kReduceScatterLL;
+    const size_t bytes = a.count * sizeof(S) * (scatter ? c.nranks : 1);
+    size_t ownBegin = 0, ownEnd = bytes;
+    if (scatter) {
+      ownBegin = size_t(c.rank) * a.count * sizeof(S);
+      ownEnd = ownBegin + a.count * sizeof(S);
+    } else if (a.kind == MeshKind::kReduceLL && c.rank != a.root) {
+      ownEnd = 0;
+    }
     const size_t begin = size_t(blockIdx.x) * kLLPayload;
     if (begin >= bytes) return;
     const size_t len = min(kLLPayload, bytes - begin);
@@ -507,7 +516,8 @@ struct Run {
         parts[p].w[1] = uint32_t(y);
       }
       if (failed) break;
-      if (!writes) continue;
+      const size_t from = max(begin + j * 8, ownBegin), to = min(begin + j * 8 + 8, min(ownEnd, bytes));
+      if (from >= to) continue;
       Chunk res;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
@@ -515,12 +525,12 @@ struct Run {
         for (int p = 1; p < c.nranks; ++p) acc = rounded<E>(op.combine(acc, E::load(parts[p].e[k])));
         res.e[k] = E::store(op.post(acc));
       }
-      char* dst = static_cast<char*>(a.out) + begin + j * 8;
-      size_t n = min(size_t(8), len - j * 8);
+      char* dst = static_cast<char*>(a.out) + (from - ownBegin);
+      const size_t n = to - from, skip = from - (begin + j * 8);
       if (n == 8 && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
         *reinterpret_cast<uint64_t*>(dst) = res.u;
       } else {
-        for (size_t k = 0; k < n; ++k) dst[k] = reinterpret_cast<char*>(&res)[k];
+        for (size_t k = 0; k < n; ++k) dst[k] = reinterpret_cast<char*>(&res)[skip + k];
       }
     }
     __syncthreads();
@@ -740,7 +750,7 @@ template <typename E>
 __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a, size_t tile,
                                          const P2pList* p2p) {
   __shared__ Block B;
-  if (a.kind == MeshKind::kAllReduceLL || a.kind == MeshKind::kReduceLL) {
+  if (isLL(a.kind)) {
     // No counters and no drain: the LL words carry their own flags.
     Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
     if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);
@@ -770,7 +780,8 @@ __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a
       case MeshKind::kAllToAll: run.copies(); break;
       case MeshKind::kSendRecv: run.sendRecv(); break;
       case MeshKind::kAllReduceLL:
-      case MeshKind::kReduceLL: break;  // handled above
+      case MeshKind::kReduceLL:
+      case MeshKind::kReduceScatterLL: break;  // handled above
     }
   }
   // Before the kernel ends, every message this block sent has been taken, so no peer
@@ -975,14 +986,16 @@ const char* meshKindName(MeshKind kind) {
     case MeshKind::kSendRecv: return "direct send/recv";
     case MeshKind::kAllReduceLL: return "one-shot LL";
     case MeshKind::kReduceLL: return "one-shot LL reduce";
+    case MeshKind::kReduceScatterLL: return "one-shot LL reduce-scatter";
   }
   return "?";
 }
 
 LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
-  if (call.kind == MeshKind::kAllReduceLL || call.kind == MeshKind::kReduceLL) {
+  if (isLL(call.kind)) {
     LaunchShape s;
-    size_t bytes = call.count * dataTypeSize(call.type);
+    size_t bytes = call.count * dataTypeSize(call.type) *
+                   (call.kind == MeshKind::kReduceScatterLL ? ctx.nranks : 1);
     s.blocks = static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
     s.tileElems = kLLPayload / dataTypeSize(call.type);
     return s;

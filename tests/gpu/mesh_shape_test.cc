@@ -57,6 +57,12 @@ TEST(MeshShape, LLStaysInsideItsRegion) {
     LaunchShape s = meshShape(c, call);
     EXPECT_LE(s.blocks, kLLBlocks);
     EXPECT_GE(static_cast<size_t>(s.blocks) * kLLPayload, call.count * 4) << bytes;
+    // A reduce-scatter's count is per rank: its LL words carry every rank's part.
+    call.kind = MeshKind::kReduceScatterLL;
+    call.count = bytes / 4 / 2;
+    s = meshShape(c, call);
+    EXPECT_LE(s.blocks, kLLBlocks);
+    EXPECT_GE(static_cast<size_t>(s.blocks) * kLLPayload, call.count * 4 * 2) << bytes;
   }
 }
 
