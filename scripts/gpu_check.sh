@@ -14,7 +14,7 @@
 #   tune   all_reduce, all_gather and broadcast over LOOM_P2P_BLOCKS / SLOT_BYTES / LOOM_ALGO
 #   final  what docs/perf/h200x2.md records, in the order that matters if time runs out:
 #          the test suite, the timed sweeps beside NCCL (with the plot and tables), then
-#          the -c 1 checks (-g N up to 2 GiB, mpirun up to 1 GiB, all types and ops);
+#          the -c 1 checks (-g N 8 B - 1 GiB by 8x, mpirun 8 B - 128 MiB by 64x, all types and ops);
 #          OUTDIR is packed into TARBALL_DIR/results.tgz after every phase.
 #   large  the largest checks: every perf binary with -c 1 at 8 GiB (-g N; 26-41 s each on the
 #          H200 pair, most of it host-side filling and checking) and at 1 GiB under mpirun
@@ -126,7 +126,7 @@ if [ "$mode" = final ]; then
   python3 "$here/plot_perf.py" --table "$out"/bench_*.json > "$out/tables.md" 2>&1
   pack
   # Host-side filling and checking dominate here (GiB of values per rank and row): up to
-  # 2 GiB, to stay inside one call of the device tool (`large` does the 8 GiB rows).
+  # 1 GiB (-e 2G by 8x), to stay inside one call of the device tool (`large` does the 8 GiB rows).
   for c in $colls; do
     run "check_${c}_g" timeout 100 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 2G -f 8 -c 1 -w 1 -n 1
     pack
