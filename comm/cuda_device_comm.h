@@ -33,6 +33,13 @@ inline Status cudaStatus(cudaError_t e, const char* what) {
   return errorf(Code::kCudaError, "%s failed: %s", what, cudaErrorText(e).c_str());
 }
 
+// What a kernel launcher of collectives/device/mesh.h returned (a cudaError_t value, 0 for
+// success), as a status naming the kernel.
+inline Status launchStatus(int e, const char* what) {
+  if (e == 0) return Status::ok();
+  return errorf(Code::kCudaError, "launching %s failed: %s", what, cudaErrorText(e).c_str());
+}
+
 // Makes `device` current for the scope and restores the caller's device after.
 class DeviceGuard {
  public:

@@ -561,10 +561,8 @@ Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t str
               dev::meshKindName(call.kind), call.count, dataTypeName(call.type), shape.blocks,
               shape.tileElems, why);
   }
-  int e = dev::launchMesh(ctx_, call, stream, p2p);
-  if (e != 0) {
-    return errorf(Code::kCudaError, "launching the %s kernel failed: %s",
-                  dev::meshKindName(call.kind), cudaErrorText(e).c_str());
+  if (int e = dev::launchMesh(ctx_, call, stream, p2p); e != 0) {
+    return launchStatus(e, (std::string("the ") + dev::meshKindName(call.kind) + " kernel").c_str());
   }
   return recordDone(stream, cap);
 }

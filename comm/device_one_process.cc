@@ -88,10 +88,7 @@ Status CudaDeviceComm::launchPull(const dev::MeshCall& call,
   }
   dev::PullInputs in;
   for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
-  int e = dev::launchPullAllReduce(ctx_, call, in, stream);
-  if (e != 0)
-    return errorf(Code::kCudaError, "launching the pulled all-reduce failed: %s",
-                  cudaErrorText(e).c_str());
+  LOOM_TRY(launchStatus(dev::launchPullAllReduce(ctx_, call, in, stream), "the pulled all-reduce"));
   return recordDone(stream, cap);
 }
 
@@ -106,12 +103,7 @@ Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
               "group, size >= LOOM_P2P_CE_BYTES)",
               dev::meshKindName(call.kind), call.count, dataTypeName(call.type), steps.size());
   }
-  auto barrier = [&]() {
-    int e = dev::launchMeshBarrier(ctx_, stream);
-    return e == 0 ? Status::ok()
-                  : errorf(Code::kCudaError, "launching the mesh barrier failed: %s",
-                           cudaErrorText(e).c_str());
-  };
+  auto barrier = [&]() { return launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"); };
   LOOM_TRY(barrier());
   bool local = false;
   for (const auto& s : steps) local = local || s.peer == rank_;
@@ -191,11 +183,6 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   const auto* in = static_cast<const char*>(op.sendbuff);
   auto* out = static_cast<char*>(op.recvbuff);
   auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
-  auto kernel = [](int e, const char* what) {
-    return e == 0 ? Status::ok()
-                  : errorf(Code::kCudaError, "launching %s failed: %s", what,
-                           cudaErrorText(e).c_str());
-  };
   auto slot = [&](int owner, int from, uint64_t m) {
     return static_cast<char*>(scratch[owner]) +
            dev::chunkSlot(owner, from, m, n, static_cast<int>(chunkSlots_)) * chunkMax_;
@@ -207,7 +194,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   auto flush = [&]() -> Status {
     if (!anyPending) return Status::ok();
     anyPending = false;
-    LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, pending, pushStream_), "the chunk counters"));
+    LOOM_TRY(launchStatus(dev::launchChunkFlags(ctx_, pending, pushStream_), "the chunk counters"));
     pending = dev::ChunkFlags();
     return Status::ok();
   };
@@ -223,7 +210,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
       case K::kWaitFree: {
         dev::ChunkFlags wait;
         for (int p = 0; p < n; ++p) wait.wait[p] = s.wait[p];
-        LOOM_TRY(kernel(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
+        LOOM_TRY(launchStatus(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
         break;
       }
       case K::kPush:
@@ -279,7 +266,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
           r.srcs[q] = slot(me, q, s.mOf[q]);
           r.wait[q] = r.signal[q] = s.mOf[q] + 1;
         }
-        LOOM_TRY(kernel(dev::launchChunkReduce(ctx_, r, stream), "the chunk reduction"));
+        LOOM_TRY(launchStatus(dev::launchChunkReduce(ctx_, r, stream), "the chunk reduction"));
         break;
       }
       case K::kRecordReduced:
@@ -290,7 +277,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         LOOM_TRY(cuda(cudaStreamWaitEvent(stream, pushEvent_, 0), "cudaStreamWaitEvent"));
         break;
       case K::kBarrier:  // every peer's copies into our output have landed after this
-        LOOM_TRY(kernel(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
+        LOOM_TRY(launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
         break;
     }
   }

@@ -59,7 +59,8 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
   for (size_t k = 0; k < comms.size(); ++k) comms[k]->impl->postGroup(group, calls[k]);
   Status result;
   // GPU mesh operations only enqueue work on streams: they never wait on a peer in the
-  // calling thread, so several communicators' calls run inline, one after another.
+  // calling thread, so several communicators' calls need no worker each (below: launch
+  // threads, or one after another in this thread).
   bool inline_ = comms.size() == 1;
   if (!inline_) {
     inline_ = true;

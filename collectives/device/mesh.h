@@ -86,6 +86,10 @@ enum class MeshKind : int {
 LOOM_HOST_DEVICE inline bool isLL(MeshKind k) {
   return k == MeshKind::kAllReduceLL || k == MeshKind::kReduceLL || k == MeshKind::kReduceScatterLL;
 }
+// Elements an LL form carries for a call of `count` (a reduce-scatter's count is per rank).
+LOOM_HOST_DEVICE inline size_t llElems(MeshKind k, size_t count, int nranks) {
+  return k == MeshKind::kReduceScatterLL ? count * size_t(nranks) : count;
+}
 const char* meshKindName(MeshKind kind);
 
 struct MeshContext {

@@ -448,10 +448,9 @@ struct Run {
   // a rank from overwriting a buffer (one of two, by call parity) that a peer has not read
   // yet. The result's bytes [ownBegin, ownEnd) of the input's go to out + (x - ownBegin).
   __device__ void allReduceLL() {
-    const bool scatter = a.kind == MeshKind::kReduceScatterLL;
-    const size_t bytes = a.count * sizeof(S) * (scatter ? c.nranks : 1);
+    const size_t bytes = llElems(a.kind, a.count, c.nranks) * sizeof(S);
     size_t ownBegin = 0, ownEnd = bytes;
-    if (scatter) {
+    if (a.kind == MeshKind::kReduceScatterLL) {
       ownBegin = size_t(c.rank) * a.count * sizeof(S);
       ownEnd = ownBegin + a.count * sizeof(S);
     } else if (a.kind == MeshKind::kReduceLL && c.rank != a.root) {
@@ -994,8 +993,7 @@ const char* meshKindName(MeshKind kind) {
 LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   if (isLL(call.kind)) {
     LaunchShape s;
-    size_t bytes = call.count * dataTypeSize(call.type) *
-                   (call.kind == MeshKind::kReduceScatterLL ? ctx.nranks : 1);
+    size_t bytes = llElems(call.kind, call.count, ctx.nranks) * dataTypeSize(call.type);
     s.blocks = static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
     s.tileElems = kLLPayload / dataTypeSize(call.type);
     return s;

@@ -12,8 +12,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/datatype.h"
@@ -57,8 +59,13 @@ struct DeviceBuffer {
 };
 
 struct Ranks {
-  explicit Ranks(int n) : comms(n), streams(n) {
+  // `settings`: environment variables set while the communicators are created (loom reads
+  // them at init), then unset.
+  explicit Ranks(int n, std::initializer_list<std::pair<const char*, const char*>> settings = {})
+      : comms(n), streams(n) {
+    for (const auto& [name, value] : settings) setenv(name, value, 1);
     EXPECT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+    for (const auto& [name, value] : settings) unsetenv(name);
     for (int r = 0; r < n; ++r) {
       cudaSetDevice(r);
       cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking);
@@ -447,9 +454,7 @@ TEST(GpuCollectives, ForcedAllReduceForms) {
   const char* forms[][2] = {{"LOOM_ALGO", "twoshot"}, {"LOOM_ALGO", "oneshot"}, {"LOOM_PROTO", "ll"},
                             {"LOOM_PROTO", "simple"}};
   for (auto& f : forms) {
-    setenv(f[0], f[1], 1);
-    Ranks R(2);
-    unsetenv(f[0]);
+    Ranks R(2, {{f[0], f[1]}});
     for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
       for (size_t count : {size_t{1}, size_t{7}, size_t{4097}, size_t{16381}}) {
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
@@ -469,9 +474,7 @@ TEST(GpuCollectives, ForcedAllReduceForms) {
 // alignment the kernels are tested with.
 TEST(GpuCollectives, CopyEngineCollectives) {
   REQUIRE_GPUS(2);
-  setenv("LOOM_P2P_CE_BYTES", "1", 1);
-  Ranks R(2);
-  unsetenv("LOOM_P2P_CE_BYTES");
+  Ranks R(2, {{"LOOM_P2P_CE_BYTES", "1"}});
   for (Coll c : {Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
     for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
       size_t es = loom::dataTypeSize(t);
@@ -554,9 +557,7 @@ TEST(GpuCollectives, PoolBuffersInOneProcess) {
     CUDA_OK(cudaStreamSynchronize(R.streams[r]));
     upload(r, in[r], makeInput(DataType::kFloat32, r, count, ncclSum));
   }
-  setenv("LOOM_P2P_CE_BYTES", "4096", 1);  // (read at init: the next communicators)
-  Ranks C(2);
-  unsetenv("LOOM_P2P_CE_BYTES");
+  Ranks C(2, {{"LOOM_P2P_CE_BYTES", "4096"}});  // (read at init: the next communicators)
   for (Ranks* rk : {&R, &C}) {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
@@ -595,13 +596,9 @@ TEST(GpuCollectives, PoolBuffersInOneProcess) {
 // all-gather and a kernel all-reduce; and under graph capture (the kernels then).
 TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
   REQUIRE_GPUS(2);
-  setenv("LOOM_P2P_CE_REDUCE_BYTES", "1", 1);
-  setenv("LOOM_P2P_CE_ALLREDUCE_BYTES", "1", 1);
-  setenv("LOOM_P2P_CE_SCRATCH_BYTES", "131072", 1);  // 2 slots of 64 KiB per peer
-  Ranks R(2);
-  unsetenv("LOOM_P2P_CE_REDUCE_BYTES");
-  unsetenv("LOOM_P2P_CE_ALLREDUCE_BYTES");
-  unsetenv("LOOM_P2P_CE_SCRATCH_BYTES");
+  Ranks R(2, {{"LOOM_P2P_CE_REDUCE_BYTES", "1"},
+              {"LOOM_P2P_CE_ALLREDUCE_BYTES", "1"},
+              {"LOOM_P2P_CE_SCRATCH_BYTES", "131072"}});  // 2 slots of 64 KiB per peer
   for (DataType t : kAllTypes) {
     const size_t es = loom::dataTypeSize(t);
     for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
@@ -695,9 +692,7 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
 // streams in one group) in CUDA graphs replayed with the outputs poisoned in between.
 TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
   REQUIRE_GPUS(2);
-  setenv("LOOM_P2P_CE_BYTES", "4096", 1);
-  Ranks R(2);
-  unsetenv("LOOM_P2P_CE_BYTES");
+  Ranks R(2, {{"LOOM_P2P_CE_BYTES", "4096"}});
   const int n = R.n();
   const size_t count = (size_t{3} << 20) + 1;  // floats: above the threshold
   const size_t small = 100;                     // below it: the kernels
@@ -776,9 +771,7 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
 
 TEST(GpuCollectives, StagedWhenP2pDisabled) {
   REQUIRE_GPUS(2);
-  setenv("NCCL_P2P_DISABLE", "1", 1);
-  Ranks R(2);
-  unsetenv("NCCL_P2P_DISABLE");
+  Ranks R(2, {{"NCCL_P2P_DISABLE", "1"}});
   for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
                  Coll::kReduce, Coll::kAllToAll}) {
     for (DataType t : {DataType::kInt32, DataType::kBfloat16, DataType::kFloat32}) {
