@@ -309,10 +309,10 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
     case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
     case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
     case collectives::CollType::kReduceScatter:
-      // The LL form while the whole input (every rank's part) fits the LL limit.
-      if (op.count * dataTypeSize(op.dtype) * nranks_ <= llLimit_ && !forceTwo_) {
+      // The LL form while each rank's part (what it sends each peer) fits the LL limit.
+      if (op.count * dataTypeSize(op.dtype) <= llLimit_ && !forceTwo_) {
         call.kind = dev::MeshKind::kReduceScatterLL;
-        why = protoLL_ ? "LOOM_PROTO=ll" : "input <= LOOM_P2P_LL_BYTES";
+        why = protoLL_ ? "LOOM_PROTO=ll" : "part per rank <= LOOM_P2P_LL_BYTES";
       } else {
         call.kind = dev::MeshKind::kReduceScatter;
       }
@@ -429,9 +429,12 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   forceDirect_ = forceOne_ || algo == "direct";
   protoLL_ = proto == "ll";
   // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
-  // turns it off, LOOM_PROTO=ll uses it up to the region's size). By default the whole
-  // region on 2 ranks (measured there: 512 KiB all-reduce and reduce-scatter in 9.2-9.4 us
-  // against 14-16 us for the next form), 256 KiB above (every rank sends it all to each peer).
+  // turns it off, LOOM_PROTO=ll uses it up to the region's size). The limit counts what
+  // a rank sends each peer: an all-reduce's or reduce's input, a reduce-scatter's part
+  // per rank. By default the whole region (1 MiB) on 2 ranks, measured there against the
+  // next forms (docs/perf/h200x2.md: at 1 MiB all-reduce 12.4 against 15.5 us, reduce
+  // 11.6 against 16.1, a 2 MiB reduce-scatter 12.7-12.9 against 17.4-17.5), 256 KiB above
+  // (unmeasured).
   const size_t region = dev::kLLBlocks * dev::kLLPayload;
   const int64_t ll = s.llBytes < 0 ? (nranks_ <= 2 ? int64_t(region) : int64_t(256) << 10) : s.llBytes;
   llLimit_ = proto == "simple" ? 0

@@ -74,8 +74,9 @@ const std::vector<Definition> kDefinitions = {
      "GPU reduce on 2 ranks: the input straight to the root up to this size, reduce-scatter + "
      "gather above"},
     {"LOOM_P2P_LL_BYTES", nullptr, Type::kInt, "-1",
-     "GPU all-reduce, reduce and reduce-scatter (its whole input): the LL one-shot (flags "
-     "inside the data) up to this size (at most 512 KiB; -1: 512 KiB on 2 ranks, 256 KiB above)"},
+     "GPU all-reduce, reduce and reduce-scatter: the LL one-shot (flags inside the data) while "
+     "what a rank sends each peer (the input; a reduce-scatter's part per rank) is at most this "
+     "(at most 1 MiB; -1: 1 MiB on 2 ranks, 256 KiB above)"},
     {"LOOM_NET", "NCCL_NET", Type::kString, "", "network transport to use (Socket, IB, UCX)"},
     {"LOOM_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", Type::kString, "",
      "interfaces for sockets: prefix list, ^ to exclude, = for exact names"},

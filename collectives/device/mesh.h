@@ -31,9 +31,9 @@ inline constexpr int kMaxP2pOps = 32;   // Send/Recv calls of one group on one c
 inline constexpr size_t kFlagStride = 128;  // bytes between counters (one per cache line)
 // The LL ("low latency") region: small all-reduces send 4 bytes of data and a 4-byte
 // flag in every 8-byte store, so the receiver needs no fence and no counter. Each block
-// carries up to kLLPayload bytes per call, in one of two buffers chosen by the parity
-// of its call count.
-inline constexpr int kLLBlocks = 64;
+// carries up to kLLPayload bytes per call to each peer, in one of two buffers chosen by
+// the parity of its call count: at most kLLBlocks * kLLPayload (1 MiB) per peer and call.
+inline constexpr int kLLBlocks = 128;
 inline constexpr size_t kLLPayload = 8 * 1024;
 inline constexpr size_t kLLRegion = 2 * kLLPayload;  // 8 bytes of data take 16 on the wire
 
@@ -80,15 +80,13 @@ enum class MeshKind : int {
   kAllReduceLL = 8,  // one-shot through the LL region (at most kLLBlocks * kLLPayload bytes)
   kReduceDirect = 9,  // every rank's input to the root, reduced there (2 ranks)
   kReduceLL = 10,     // kAllReduceLL with only the root writing its output
-  kReduceScatterLL = 11,  // kAllReduceLL over the whole input, each rank writing its part
+  kReduceScatterLL = 11,  // each rank sends each peer that peer's part in LL words
 };
-// The LL forms: the whole input travels in LL words (at most kLLBlocks * kLLPayload bytes).
+// The LL forms: each rank sends each peer `count` elements in LL words (an all-reduce or
+// reduce its whole input, a reduce-scatter the peer's part), at most kLLBlocks * kLLPayload
+// bytes.
 LOOM_HOST_DEVICE inline bool isLL(MeshKind k) {
   return k == MeshKind::kAllReduceLL || k == MeshKind::kReduceLL || k == MeshKind::kReduceScatterLL;
-}
-// Elements an LL form carries for a call of `count` (a reduce-scatter's count is per rank).
-LOOM_HOST_DEVICE inline size_t llElems(MeshKind k, size_t count, int nranks) {
-  return k == MeshKind::kReduceScatterLL ? count * size_t(nranks) : count;
 }
 const char* meshKindName(MeshKind kind);
 

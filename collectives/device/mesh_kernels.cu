@@ -439,23 +439,19 @@ struct Run {
     }
   }
 
-  // LL one-shot: block b carries bytes [b * kLLPayload, ...) of every rank's input to
-  // every rank as (4 data bytes, 4 flag bytes) words, the flag being the block's call
-  // count. Receivers poll the words themselves: no fence, no counter, no reply. As a
-  // reduce (kReduceLL) only the root writes the result, as a reduce-scatter
-  // (kReduceScatterLL, whose input is count elements per rank) each rank its own part; every
-  // rank still sends everything and waits for every peer's words, since that is what keeps
-  // a rank from overwriting a buffer (one of two, by call parity) that a peer has not read
-  // yet. The result's bytes [ownBegin, ownEnd) of the input's go to out + (x - ownBegin).
+  // LL one-shot: block b carries bytes [b * kLLPayload, ...) of what each rank sends each
+  // peer (an all-reduce or reduce: its whole input; a reduce-scatter, whose input is
+  // count elements per rank: the peer's part) as (4 data bytes, 4 flag bytes) words, the
+  // flag being the block's call count. Receivers poll the words themselves: no fence, no
+  // counter, no reply. As a reduce (kReduceLL) only the root writes the result. Every
+  // block of every rank sends to and waits for every peer, since that is what keeps a
+  // rank from overwriting a buffer (one of two, by call parity) that a peer has not read
+  // yet: block b's words of call s + 2 follow the peer's words of call s + 1, which the
+  // peer sent after its call s had read everything.
   __device__ void allReduceLL() {
-    const size_t bytes = llElems(a.kind, a.count, c.nranks) * sizeof(S);
-    size_t ownBegin = 0, ownEnd = bytes;
-    if (a.kind == MeshKind::kReduceScatterLL) {
-      ownBegin = size_t(c.rank) * a.count * sizeof(S);
-      ownEnd = ownBegin + a.count * sizeof(S);
-    } else if (a.kind == MeshKind::kReduceLL && c.rank != a.root) {
-      ownEnd = 0;
-    }
+    const bool scatter = a.kind == MeshKind::kReduceScatterLL;
+    const size_t bytes = a.count * sizeof(S);
+    const bool writes = !(a.kind == MeshKind::kReduceLL && c.rank != a.root);
     const size_t begin = size_t(blockIdx.x) * kLLPayload;
     if (begin >= bytes) return;
     const size_t len = min(kLLPayload, bytes - begin);
@@ -471,10 +467,14 @@ struct Run {
       uint32_t w[2];
       S e[kPer];
     };
-    auto loadOwn = [&](size_t j) {
+    // Rank r's share of our input: all of it, or (reduce-scatter) its part.
+    auto share = [&](int r) {
+      return static_cast<const char*>(a.in) + (scatter ? size_t(r) * bytes : 0) + begin;
+    };
+    auto loadOwn = [&](const char* base, size_t j) {
       Chunk v;
       v.u = 0;
-      const char* src = static_cast<const char*>(a.in) + begin + j * 8;
+      const char* src = base + j * 8;
       size_t n = min(size_t(8), len - j * 8);
       if (n == 8 && (reinterpret_cast<uintptr_t>(src) & 7) == 0) {
         v.u = *reinterpret_cast<const uint64_t*>(src);
@@ -486,8 +486,9 @@ struct Run {
       return v;
     };
     for (size_t j = threadIdx.x; j < chunks; j += blockDim.x) {
-      Chunk v = loadOwn(j);
+      Chunk v;
       for (int i = 1; i < c.nranks; ++i) {
+        if (scatter || i == 1) v = loadOwn(share(peer(i)), j);
         char* dst = llRegion(c.geo, c.windows[peer(i)], c.rank, blockIdx.x, parity) + j * 16;
         storeLL(dst, flag | v.w[0], flag | v.w[1]);
       }
@@ -497,7 +498,7 @@ struct Run {
       Chunk parts[kMaxRanks];
       for (int p = 0; p < c.nranks && !failed; ++p) {
         if (p == c.rank) {
-          parts[p] = loadOwn(j);
+          parts[p] = loadOwn(share(c.rank), j);
           continue;
         }
         const char* src = llRegion(c.geo, c.windows[c.rank], p, blockIdx.x, parity) + j * 16;
@@ -515,8 +516,7 @@ struct Run {
         parts[p].w[1] = uint32_t(y);
       }
       if (failed) break;
-      const size_t from = max(begin + j * 8, ownBegin), to = min(begin + j * 8 + 8, min(ownEnd, bytes));
-      if (from >= to) continue;
+      if (!writes) continue;
       Chunk res;
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
@@ -524,12 +524,12 @@ struct Run {
         for (int p = 1; p < c.nranks; ++p) acc = rounded<E>(op.combine(acc, E::load(parts[p].e[k])));
         res.e[k] = E::store(op.post(acc));
       }
-      char* dst = static_cast<char*>(a.out) + (from - ownBegin);
-      const size_t n = to - from, skip = from - (begin + j * 8);
+      char* dst = static_cast<char*>(a.out) + begin + j * 8;
+      const size_t n = min(size_t(8), len - j * 8);
       if (n == 8 && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
         *reinterpret_cast<uint64_t*>(dst) = res.u;
       } else {
-        for (size_t k = 0; k < n; ++k) dst[k] = reinterpret_cast<char*>(&res)[skip + k];
+        for (size_t k = 0; k < n; ++k) dst[k] = reinterpret_cast<char*>(&res)[k];
       }
     }
     __syncthreads();
@@ -993,7 +993,7 @@ const char* meshKindName(MeshKind kind) {
 LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   if (isLL(call.kind)) {
     LaunchShape s;
-    size_t bytes = llElems(call.kind, call.count, ctx.nranks) * dataTypeSize(call.type);
+    size_t bytes = call.count * dataTypeSize(call.type);
     s.blocks = static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
     s.tileElems = kLLPayload / dataTypeSize(call.type);
     return s;

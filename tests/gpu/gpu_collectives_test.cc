@@ -448,7 +448,7 @@ TEST(GpuCollectives, GraphReplayedThousandTimes) {
   for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
 }
 
-// Each all-reduce and reduce form forced over sizes it would not get by default.
+// Each all-reduce, reduce and reduce-scatter form forced over sizes it would not get by default.
 TEST(GpuCollectives, ForcedAllReduceForms) {
   REQUIRE_GPUS(2);
   const char* forms[][2] = {{"LOOM_ALGO", "twoshot"}, {"LOOM_ALGO", "oneshot"}, {"LOOM_PROTO", "ll"},
@@ -462,9 +462,18 @@ TEST(GpuCollectives, ForcedAllReduceForms) {
         // LOOM_ALGO picks the reduce form too (oneshot: direct to the root).
         EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, 0, false, 0), 0u) << f[0] << "=" << f[1];
         EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMin, count, true, 0, false, 1), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclMax, count, true, 0), 0u) << f[0] << "=" << f[1];
       }
       EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, 5 << 20, false, 0), 0u) << f[0] << "=" << f[1];
       EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, 3 << 20, false, 0), 0u) << f[0] << "=" << f[1];
+      // The LL region's edge (1 MiB per peer; LOOM_PROTO=ll fills it), and one element less.
+      const size_t edge = (size_t{1} << 20) / loom::dataTypeSize(t);
+      for (size_t count : {edge, edge - 1}) {
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclSum, count, true, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMax, count, false, 0, false, 0), 0u) << f[0] << "=" << f[1];
+      }
     }
   }
 }

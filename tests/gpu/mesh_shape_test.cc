@@ -57,12 +57,11 @@ TEST(MeshShape, LLStaysInsideItsRegion) {
     LaunchShape s = meshShape(c, call);
     EXPECT_LE(s.blocks, kLLBlocks);
     EXPECT_GE(static_cast<size_t>(s.blocks) * kLLPayload, call.count * 4) << bytes;
-    // A reduce-scatter's count is per rank: its LL words carry every rank's part.
+    // A reduce-scatter's count is per rank, and each peer gets only its part: the same
+    // blocks as an all-reduce of that count.
     call.kind = MeshKind::kReduceScatterLL;
-    call.count = bytes / 4 / 2;
-    s = meshShape(c, call);
-    EXPECT_LE(s.blocks, kLLBlocks);
-    EXPECT_GE(static_cast<size_t>(s.blocks) * kLLPayload, call.count * 4 * 2) << bytes;
+    LaunchShape rs = meshShape(c, call);
+    EXPECT_EQ(rs.blocks, s.blocks) << bytes;
   }
 }
 
@@ -107,8 +106,9 @@ TEST(MeshGeometry, WindowLayoutDoesNotOverlap) {
   EXPECT_EQ(g.windowBytes(), g.slotsOffset() + size_t{2} * 128 * 4 * 256 * 1024);
   EXPECT_EQ(g.flagBytes() % 128, 0u);
   EXPECT_EQ(g.llBytes() % 16, 0u);
-  // 2 ranks with the defaults: a 256 MiB window plus counters and the LL region.
-  EXPECT_LT(g.windowBytes(), size_t{264} << 20);
+  // 2 ranks with the defaults: 256 MiB of slots, the LL region (8 MiB) and counters.
+  EXPECT_EQ(g.llBytes(), size_t{8} << 20);
+  EXPECT_LT(g.windowBytes(), size_t{265} << 20);
   // Sent/received per block and peer, the LL counts, the barrier count and two done counts.
   EXPECT_EQ(g.stateBytes(), (2 * kMaxRanks * 128 + kLLBlocks + 3) * sizeof(uint64_t));
 }
