@@ -107,6 +107,7 @@ struct MeshAgreement {
   int32_t threads = 0;
   uint64_t slotBytes = 0;
   int64_t llBytes = 0;
+  int64_t ll128Bytes = 0;
   int64_t oneShotBytes = 0;
   int64_t ceBytes = 0;
   int64_t reduceDirectBytes = 0;
@@ -152,13 +153,15 @@ class CudaDeviceComm final : public DeviceComm {
   // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
   // have to agree on the buffers, see run()): no LOOM_ALGO, above the LL forms, up to
   // LOOM_P2P_PULL_BYTES.
-  bool pullSize(size_t bytes) const { return !algoSet_ && bytes > llLimit_ && bytes <= pullMax_; }
+  bool pullSize(size_t bytes) const {
+    return !algoSet_ && bytes > std::max(llLimit_, ll128Limit_) && bytes <= pullMax_;
+  }
 
   // Whether a call of `type` and `bytes` may take the chunked form (launchChunked): no
   // LOOM_ALGO, a reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from
   // LOOM_P2P_CE_ALLREDUCE_BYTES.
   bool chunkedSize(collectives::CollType type, size_t bytes) const {
-    if (algoSet_) return false;
+    if (algoSet_ || bytes <= ll128Limit_) return false;
     if (type == collectives::CollType::kReduce) return bytes >= chunkReduceMin_;
     return type == collectives::CollType::kAllReduce && bytes >= chunkAllReduceMin_;
   }
@@ -248,7 +251,8 @@ class CudaDeviceComm final : public DeviceComm {
   bool forceTwo_ = false;     // LOOM_ALGO=twoshot (ring, tree)
   bool forceDirect_ = false;  // LOOM_ALGO=direct or oneshot (reduce)
   bool protoLL_ = false;      // LOOM_PROTO=ll
-  size_t llLimit_ = 0;        // the LL forms up to this size
+  size_t llLimit_ = 0;        // the LL forms up to this size (bytes sent to each peer)
+  size_t ll128Limit_ = 0;     // the LL128 forms above llLimit_ up to this size
   size_t oneShotMax_ = 0;
   int64_t timeoutMs_ = 0;
   std::unique_ptr<transport::p2p::Window> window_;

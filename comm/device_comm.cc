@@ -7,6 +7,7 @@
 
 #if LOOM_HAVE_CUDA
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <random>
 
@@ -112,6 +113,16 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
   if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
   geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
+  // LL128 lines per block, peer and parity, only when asked for (it measured slower than
+  // the default forms at most sizes, docs/decisions.md): 8 MiB per peer and call on 2 ranks
+  // (17.5 MiB of window per peer), 2 MiB above; at least 16 KiB per block (meshShape).
+  // Every rank must ask alike (checked below, before any window exists).
+  {
+    std::string proto = settings::getString("LOOM_PROTO");
+    for (auto& ch : proto) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (settings::getInt("LOOM_P2P_LL128_BYTES") > 0 || proto == "ll128")
+      geo.ll128Lines = nranks_ <= 2 ? 560 : 144;
+  }
   mine.blocks = geo.maxBlocks;
   mine.slots = geo.slots;
   mine.slotBytes = geo.slotBytes;
@@ -119,6 +130,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
       static_cast<int32_t>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_THREADS"), 64, 512)) /
       32 * 32;
   mine.llBytes = settings::getInt("LOOM_P2P_LL_BYTES");
+  mine.ll128Bytes = settings::getInt("LOOM_P2P_LL128_BYTES");
   mine.oneShotBytes = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
   mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
   mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
@@ -140,7 +152,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
       why_ = "rank " + std::to_string(r) + ": " + all[r].why;
       break;
     }
-    if (all[r].llBytes != mine.llBytes || all[r].oneShotBytes != mine.oneShotBytes ||
+    if (all[r].llBytes != mine.llBytes || all[r].ll128Bytes != mine.ll128Bytes ||
+        all[r].oneShotBytes != mine.oneShotBytes ||
         all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
         all[r].pullBytes != mine.pullBytes || all[r].chunkBytes != mine.chunkBytes ||
         all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes || all[r].chunkSize != mine.chunkSize ||
@@ -150,7 +163,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           Code::kInvalidUsage,
           "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
           "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or "
-          "LOOM_P2P_REDUCE_DIRECT_BYTES, "
+          "LOOM_P2P_LL128_BYTES, LOOM_P2P_REDUCE_DIRECT_BYTES, "
           "LOOM_P2P_PULL_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
           "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
           "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
@@ -168,6 +181,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
                     (unsigned long long)mine.slotBytes, mine.threads);
     }
   }
+  ctx_.geo = geo;  // chooseForms reads the LL128 capacity
   chooseForms(mine);
   timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
   bool oneProcess = true;
@@ -313,6 +327,9 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
       if (op.count * dataTypeSize(op.dtype) <= llLimit_ && !forceTwo_) {
         call.kind = dev::MeshKind::kReduceScatterLL;
         why = protoLL_ ? "LOOM_PROTO=ll" : "part per rank <= LOOM_P2P_LL_BYTES";
+      } else if (op.count * dataTypeSize(op.dtype) <= ll128Limit_ && !algoSet_) {
+        call.kind = dev::MeshKind::kReduceScatterLL128;
+        why = "part per rank <= LOOM_P2P_LL128_BYTES";
       } else {
         call.kind = dev::MeshKind::kReduceScatter;
       }
@@ -428,6 +445,7 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   forceTwo_ = algo == "twoshot" || algo == "two-shot" || algo == "ring" || algo == "tree";
   forceDirect_ = forceOne_ || algo == "direct";
   protoLL_ = proto == "ll";
+  const bool protoLL128 = proto == "ll128";
   // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
   // turns it off, LOOM_PROTO=ll uses it up to the region's size). The limit counts what
   // a rank sends each peer: an all-reduce's or reduce's input, a reduce-scatter's part
@@ -437,9 +455,15 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   // (unmeasured).
   const size_t region = dev::kLLBlocks * dev::kLLPayload;
   const int64_t ll = s.llBytes < 0 ? (nranks_ <= 2 ? int64_t(region) : int64_t(256) << 10) : s.llBytes;
-  llLimit_ = proto == "simple" ? 0
+  llLimit_ = proto == "simple" || protoLL128 ? 0
              : protoLL_ ? region
                         : std::min<size_t>(static_cast<size_t>(std::max<int64_t>(0, ll)), region);
+  // LL128 above the LL limit (LOOM_PROTO=ll128: from 0; simple and ll turn it off).
+  const size_t capacity = ctx_.geo.ll128Capacity();
+  const int64_t ll128 = std::max<int64_t>(0, s.ll128Bytes);
+  ll128Limit_ = proto == "simple" || protoLL_ ? 0
+                : protoLL128 ? capacity
+                             : std::min<size_t>(static_cast<size_t>(ll128), capacity);
   oneShotMax_ = s.oneShotBytes < 0 ? (nranks_ <= 2 ? size_t(4) << 20 : size_t(256) << 10)
                                    : static_cast<size_t>(s.oneShotBytes);
   ceMin_ = s.ceBytes < 0    ? size_t(16) << 20
@@ -468,6 +492,10 @@ dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** wh
     *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
     return dev::MeshKind::kAllReduceLL;
   }
+  if (bytes <= ll128Limit_ && !algoSet_) {
+    *why = "size <= LOOM_P2P_LL128_BYTES";
+    return dev::MeshKind::kAllReduceLL128;
+  }
   if (forceOne_) {
     *why = "LOOM_ALGO=oneshot";
     return dev::MeshKind::kAllReduceOneShot;
@@ -490,6 +518,10 @@ dev::MeshKind CudaDeviceComm::reduceKind(const Operation& op, const char** why) 
     *why = protoLL_ ? "LOOM_PROTO=ll"
                     : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
     return dev::MeshKind::kReduceLL;
+  }
+  if (bytes <= ll128Limit_ && !algoSet_) {
+    *why = "size <= LOOM_P2P_LL128_BYTES (the LL128 all-reduce, only the root writes)";
+    return dev::MeshKind::kReduceLL128;
   }
   if (forceDirect_) {
     *why = "LOOM_ALGO asks for one stage (direct to the root)";

@@ -77,6 +77,11 @@ const std::vector<Definition> kDefinitions = {
      "GPU all-reduce, reduce and reduce-scatter: the LL one-shot (flags inside the data) while "
      "what a rank sends each peer (the input; a reduce-scatter's part per rank) is at most this "
      "(at most 1 MiB; -1: 1 MiB on 2 ranks, 256 KiB above)"},
+    {"LOOM_P2P_LL128_BYTES", nullptr, Type::kInt, "0",
+     "GPU all-reduce, reduce and reduce-scatter: the LL128 one-shot (120 data bytes and a flag per "
+     "128-byte line) above the LL limit while what a rank sends each peer is at most this (at "
+     "most 8 MiB on 2 ranks, 2 MiB above; 0: never, the default: slower than the other forms "
+     "at most sizes on 2 x H200)"},
     {"LOOM_NET", "NCCL_NET", Type::kString, "", "network transport to use (Socket, IB, UCX)"},
     {"LOOM_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", Type::kString, "",
      "interfaces for sockets: prefix list, ^ to exclude, = for exact names"},
@@ -94,7 +99,8 @@ const std::vector<Definition> kDefinitions = {
      "force an algorithm: ring, tree (double binary tree), chain, oneshot; host all-reduce also "
      "doubling (recursive doubling) or direct (up to 4 ranks); on GPUs oneshot or twoshot"},
     {"LOOM_PROTO", "NCCL_PROTO", Type::kString, "",
-     "force a protocol: simple, or ll (GPU all-reduce up to 512 KiB)"},
+     "force a protocol: simple, ll (GPU all-reduce, reduce and reduce-scatter up to 1 MiB per "
+     "peer) or ll128 (up to 8 MiB per peer on 2 ranks, 2 MiB above)"},
     {"LOOM_CHUNK_BYTES", nullptr, Type::kInt, "0",
      "pipeline chunk size for host collectives (0: automatic)"},
     {"LOOM_LAUNCH_THREADS", nullptr, Type::kBool, "1",

@@ -36,17 +36,32 @@ inline constexpr size_t kFlagStride = 128;  // bytes between counters (one per c
 inline constexpr int kLLBlocks = 128;
 inline constexpr size_t kLLPayload = 8 * 1024;
 inline constexpr size_t kLLRegion = 2 * kLLPayload;  // 8 bytes of data take 16 on the wire
+// The LL128 region, for mid sizes: 128-byte lines of 120 data bytes and an 8-byte flag, each
+// line stored by 8 threads of a warp in one instruction and read back the same way. NVLink
+// delivers such a line whole (NCCL's LL128 protocol relies on the same), so a reader that
+// sees the flag sees the line's data: no fence, no counter, 94 % of the bytes are data.
+// The same kLLBlocks blocks and call counts as LL; Geometry::ll128Lines lines per block,
+// peer and parity.
+inline constexpr size_t kLL128Line = 128;
+inline constexpr size_t kLL128Data = 120;
 
 struct Geometry {
   int nranks = 0;
   int maxBlocks = 32;
   int slots = 4;
   size_t slotBytes = 256 * 1024;
+  int ll128Lines = 0;  // LL128 lines per block, peer and parity (0: no LL128 region)
 
   LOOM_HOST_DEVICE size_t flagBytes() const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride; }
   LOOM_HOST_DEVICE size_t llBytes() const { return size_t(nranks) * kLLBlocks * 2 * kLLRegion; }
+  LOOM_HOST_DEVICE size_t ll128Offset() const { return flagBytes() + llBytes(); }
+  LOOM_HOST_DEVICE size_t ll128Bytes() const {
+    return size_t(nranks) * kLLBlocks * 2 * size_t(ll128Lines) * kLL128Line;
+  }
+  // The most an LL128 call carries to each peer.
+  LOOM_HOST_DEVICE size_t ll128Capacity() const { return size_t(kLLBlocks) * size_t(ll128Lines) * kLL128Data; }
   // One counter per rank for the barriers around copy-engine collectives (copy_plan.h).
-  LOOM_HOST_DEVICE size_t barrierOffset() const { return flagBytes() + llBytes(); }
+  LOOM_HOST_DEVICE size_t barrierOffset() const { return ll128Offset() + ll128Bytes(); }
   LOOM_HOST_DEVICE size_t barrierBytes() const { return size_t(kMaxRanks) * kFlagStride; }
   // Chunk counters of the copy-engine all-reduce and reduce (chunk_plan.h): per peer, how
   // many chunks it pushed into our scratch (`ready`), and how many of ours it has reduced
@@ -81,12 +96,20 @@ enum class MeshKind : int {
   kReduceDirect = 9,  // every rank's input to the root, reduced there (2 ranks)
   kReduceLL = 10,     // kAllReduceLL with only the root writing its output
   kReduceScatterLL = 11,  // each rank sends each peer that peer's part in LL words
+  kAllReduceLL128 = 12,   // the LL forms through the LL128 region (mid sizes)
+  kReduceLL128 = 13,
+  kReduceScatterLL128 = 14,
 };
 // The LL forms: each rank sends each peer `count` elements in LL words (an all-reduce or
 // reduce its whole input, a reduce-scatter the peer's part), at most kLLBlocks * kLLPayload
 // bytes.
 LOOM_HOST_DEVICE inline bool isLL(MeshKind k) {
   return k == MeshKind::kAllReduceLL || k == MeshKind::kReduceLL || k == MeshKind::kReduceScatterLL;
+}
+// The same three through the LL128 region (at most Geometry::ll128Capacity() bytes).
+LOOM_HOST_DEVICE inline bool isLL128(MeshKind k) {
+  return k == MeshKind::kAllReduceLL128 || k == MeshKind::kReduceLL128 ||
+         k == MeshKind::kReduceScatterLL128;
 }
 const char* meshKindName(MeshKind kind);
 

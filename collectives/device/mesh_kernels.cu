@@ -141,6 +141,11 @@ __device__ __forceinline__ char* llRegion(const Geometry& g, char* window, int f
   return window + g.flagBytes() + ((size_t(from) * kLLBlocks + block) * 2 + parity) * kLLRegion;
 }
 
+__device__ __forceinline__ char* ll128Region(const Geometry& g, char* window, int from, int block, int parity) {
+  return window + g.ll128Offset() +
+         ((size_t(from) * kLLBlocks + block) * 2 + parity) * size_t(g.ll128Lines) * kLL128Line;
+}
+
 // Per-block channel state, in shared memory.
 struct Block {
   uint64_t sent[kMaxRanks];
@@ -536,6 +541,154 @@ struct Run {
     if (threadIdx.x == 0) *seqSlot = seq;
   }
 
+  // The LL forms through the LL128 region: block b carries bytes [b * tile, ...) of what
+  // each rank sends each peer, in 128-byte lines of 120 data bytes and the block's call
+  // count as the flag. Each warp moves 4 lines per step, lane l holding bytes
+  // [16 (l % 8), +16) of line l / 8 (lane 7 of each 8: 8 data bytes, then the flag), kU
+  // such groups per step; every
+  // store and load of a line is one instruction of the 8 lanes that hold it, so a reader
+  // that sees the flag sees the line. Same exchange (every block with every peer, every
+  // call) and the same call counts as allReduceLL, so the same double-buffer argument holds.
+  __device__ void allReduceLL128() {
+    const bool scatter = a.kind == MeshKind::kReduceScatterLL128;
+    const size_t bytes = a.count * sizeof(S);
+    const bool writes = !(a.kind == MeshKind::kReduceLL128 && c.rank != a.root);
+    const size_t tileBytes = tile * sizeof(S);
+    const size_t begin = size_t(blockIdx.x) * tileBytes;
+    if (begin >= bytes) return;
+    const size_t len = min(tileBytes, bytes - begin);
+    const size_t lines = (len + kLL128Data - 1) / kLL128Data;
+    uint64_t* seqSlot = c.state + c.geo.llSeqIndex(blockIdx.x);
+    const uint64_t seq = *seqSlot + 1;  // the flag: never the 0 of a line nothing wrote
+    const int parity = int(seq & 1);
+    const int lane = threadIdx.x & 31;
+    const int part = lane & 7;
+    const bool flagLane = part == 7;
+    const size_t want = flagLane ? 8 : 16;  // data bytes this lane carries per line
+    constexpr int kU = 2;
+    const size_t step = size_t(blockDim.x >> 5) * 4 * kU;
+    constexpr int kPer = 16 / sizeof(S);
+    union Pack {
+      uint64_t u[2];
+      S e[kPer];
+    };
+    auto share = [&](int r) {
+      return static_cast<const char*>(a.in) + (scatter ? size_t(r) * bytes : 0) + begin;
+    };
+    // This lane's data bytes at `pos` of the block's part of `base`, pre-op applied (zeros
+    // past the end).
+    auto load = [&](const char* base, size_t pos) {
+      Pack v;
+      v.u[0] = v.u[1] = 0;
+      if (pos < len) {
+        const size_t n = min(want, len - pos);
+        const char* src = base + pos;
+        const uintptr_t at = reinterpret_cast<uintptr_t>(src);
+        if (n == 16 && (at & 15) == 0) {
+          uint4 w = *reinterpret_cast<const uint4*>(src);
+          v.u[0] = (uint64_t(w.y) << 32) | w.x;
+          v.u[1] = (uint64_t(w.w) << 32) | w.z;
+        } else if (n >= 8 && (at & 7) == 0) {
+          v.u[0] = reinterpret_cast<const uint64_t*>(src)[0];
+          if (n == 16) v.u[1] = reinterpret_cast<const uint64_t*>(src)[1];
+          else for (size_t k = 8; k < n; ++k) reinterpret_cast<char*>(&v)[k] = src[k];
+        } else {
+          for (size_t k = 0; k < n; ++k) reinterpret_cast<char*>(&v)[k] = src[k];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) v.e[k] = E::store(rounded<E>(op.pre(E::load(v.e[k]))));
+      return v;
+    };
+    // A warp's step: kU groups of 4 lines. Sends run one step ahead of receives, so the
+    // peer's lines of a step have usually landed when the step is read.
+    auto lineOf = [&](size_t l0, int u) { return l0 + size_t(u) * 4 + size_t(lane >> 3); };
+    auto posOf = [&](size_t line) { return line * kLL128Data + size_t(part) * 16; };
+    auto send = [&](size_t l0) {
+      Pack v[kU];
+      for (int i = 1; i < c.nranks; ++i) {
+        if (scatter || i == 1) {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) v[u] = load(share(peer(i)), posOf(lineOf(l0, u)));
+        }
+        char* dst = ll128Region(c.geo, c.windows[peer(i)], c.rank, blockIdx.x, parity) + size_t(part) * 16;
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const size_t line = lineOf(l0, u);
+          if (line < lines) storeLL(dst + line * kLL128Line, v[u].u[0], flagLane ? seq : v[u].u[1]);
+        }
+      }
+    };
+    // Combines every rank's lines of the step in rank order and writes the result. False
+    // (the whole warp alike) when a wait failed.
+    auto receive = [&](size_t l0) {
+      typename E::Compute acc[kU][kPer];
+      for (int p = 0; p < c.nranks; ++p) {
+        Pack x[kU];
+        if (p == c.rank) {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) x[u] = load(share(c.rank), posOf(lineOf(l0, u)));
+        } else {
+          const char* src = ll128Region(c.geo, c.windows[c.rank], p, blockIdx.x, parity) + size_t(part) * 16;
+          Patience patience;
+          while (true) {
+            bool ready = true;
+            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+              const size_t line = lineOf(l0, u);
+              x[u].u[0] = x[u].u[1] = 0;
+              if (line < lines) {
+                loadLL(src + line * kLL128Line, &x[u].u[0], &x[u].u[1]);
+                ready = ready && (!flagLane || x[u].u[1] == seq);
+              }
+            }
+            if (__all_sync(0xffffffffu, ready)) break;
+            if (__any_sync(0xffffffffu, patience.exhausted(c, 4095))) return false;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+#pragma unroll
+          for (int k = 0; k < kPer; ++k) {
+            typename E::Compute v = E::load(x[u].e[k]);
+            acc[u][k] = p == 0 ? v : rounded<E>(op.combine(acc[u][k], v));
+          }
+        }
+      }
+      if (!writes) return true;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const size_t pos = posOf(lineOf(l0, u));
+        if (pos >= len) continue;
+        Pack res;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) res.e[k] = E::store(op.post(acc[u][k]));
+        char* dst = static_cast<char*>(a.out) + begin + pos;
+        const size_t n = min(want, len - pos);
+        const uintptr_t at = reinterpret_cast<uintptr_t>(dst);
+        if (n == 16 && (at & 15) == 0) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(uint32_t(res.u[0]), uint32_t(res.u[0] >> 32),
+                                                      uint32_t(res.u[1]), uint32_t(res.u[1] >> 32));
+        } else if (n == 8 && (at & 7) == 0) {
+          *reinterpret_cast<uint64_t*>(dst) = res.u[0];
+        } else {
+          for (size_t k = 0; k < n; ++k) dst[k] = reinterpret_cast<char*>(&res)[k];
+        }
+      }
+      return true;
+    };
+    const size_t first = size_t(threadIdx.x >> 5) * 4 * kU;
+    if (first < lines) send(first);
+    for (size_t l0 = first; l0 < lines; l0 += step) {
+      if (l0 + step < lines) send(l0 + step);
+      if (!receive(l0)) break;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *seqSlot = seq;
+  }
+
   // Reduce-scatter of shares, then the owner's result to every rank (all-reduce), to
   // the root (reduce) or to its own output only (reduce-scatter).
   __device__ void reduceThenGather() {
@@ -749,12 +902,16 @@ template <typename E>
 __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a, size_t tile,
                                          const P2pList* p2p) {
   __shared__ Block B;
-  if (isLL(a.kind)) {
-    // No counters and no drain: the LL words carry their own flags.
+  if (isLL(a.kind) || isLL128(a.kind)) {
+    // No counters and no drain: the LL words and LL128 lines carry their own flags.
     Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
     if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);
     Run<E> run{c, a, B, op, tile};
-    run.allReduceLL();
+    if (isLL(a.kind)) {
+      run.allReduceLL();
+    } else {
+      run.allReduceLL128();
+    }
     return;
   }
   uint64_t* state = c.state + size_t(blockIdx.x) * 2 * kMaxRanks;
@@ -780,7 +937,10 @@ __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a
       case MeshKind::kSendRecv: run.sendRecv(); break;
       case MeshKind::kAllReduceLL:
       case MeshKind::kReduceLL:
-      case MeshKind::kReduceScatterLL: break;  // handled above
+      case MeshKind::kReduceScatterLL:
+      case MeshKind::kAllReduceLL128:
+      case MeshKind::kReduceLL128:
+      case MeshKind::kReduceScatterLL128: break;  // handled above
     }
   }
   // Before the kernel ends, every message this block sent has been taken, so no peer
@@ -986,6 +1146,9 @@ const char* meshKindName(MeshKind kind) {
     case MeshKind::kAllReduceLL: return "one-shot LL";
     case MeshKind::kReduceLL: return "one-shot LL reduce";
     case MeshKind::kReduceScatterLL: return "one-shot LL reduce-scatter";
+    case MeshKind::kAllReduceLL128: return "one-shot LL128";
+    case MeshKind::kReduceLL128: return "one-shot LL128 reduce";
+    case MeshKind::kReduceScatterLL128: return "one-shot LL128 reduce-scatter";
   }
   return "?";
 }
@@ -996,6 +1159,16 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
     size_t bytes = call.count * dataTypeSize(call.type);
     s.blocks = static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
     s.tileElems = kLLPayload / dataTypeSize(call.type);
+    return s;
+  }
+  if (isLL128(call.kind)) {
+    // At least 16 KiB per block, whole 8-byte words (so whole elements) per block.
+    LaunchShape s;
+    const size_t es = dataTypeSize(call.type);
+    const size_t bytes = call.count * es;
+    s.blocks = static_cast<int>(std::clamp<size_t>((bytes + 16383) / 16384, 1, kLLBlocks));
+    const size_t per = ((bytes + s.blocks - 1) / s.blocks + 7) / 8 * 8;
+    s.tileElems = std::max<size_t>(1, per / es);
     return s;
   }
   const size_t es = call.kind == MeshKind::kSendRecv ? 1 : dataTypeSize(call.type);

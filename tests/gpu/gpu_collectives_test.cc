@@ -478,6 +478,32 @@ TEST(GpuCollectives, ForcedAllReduceForms) {
   }
 }
 
+// The LL128 forms (LOOM_PROTO=ll128 from 0 bytes up to the region's 8 MiB per peer): every
+// type and op, partial and whole lines, the region's edge, unaligned and in place.
+TEST(GpuCollectives, LL128EveryTypeOpAndEdge) {
+  REQUIRE_GPUS(2);
+  Ranks R(2, {{"LOOM_PROTO", "ll128"}});
+  const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+  for (DataType t : kAllTypes) {
+    const size_t es = loom::dataTypeSize(t);
+    for (ncclRedOp_t op : ops) {
+      for (Coll c : {Coll::kAllReduce, Coll::kReduce, Coll::kReduceScatter}) {
+        for (size_t count : {size_t{1}, size_t{15}, size_t{241}, size_t{70001}}) {
+          EXPECT_EQ(runAndCheck(R, c, t, op, count, false, 0), 0u);
+          EXPECT_EQ(runAndCheck(R, c, t, op, count, true, es), 0u);
+        }
+      }
+    }
+    // 8 MiB per peer (the region holds 128 x 560 x 120 bytes = 8.2 MiB) and past a block's
+    // 16 KiB, and the root 0.
+    for (size_t count : {(size_t{8} << 20) / es, (size_t{8} << 20) / es - 1, (size_t{16} << 10) / es + 1}) {
+      EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << count;
+      EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclMax, count, true, 0), 0u) << count;
+      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, 3 * es, false, 0), 0u) << count;
+    }
+  }
+}
+
 // Broadcast, all-gather and all-to-all through the copy engines (ranks of one process
 // whose calls meet in one group), from one byte per copy up: every layout, root and
 // alignment the kernels are tested with.

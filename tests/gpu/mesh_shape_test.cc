@@ -65,6 +65,30 @@ TEST(MeshShape, LLStaysInsideItsRegion) {
   }
 }
 
+TEST(MeshShape, LL128StaysInsideItsRegion) {
+  MeshContext c = context(2, 128, 256 * 1024);
+  c.geo.ll128Lines = 560;
+  for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+    const size_t es = dataTypeSize(t);
+    for (size_t bytes : {es, size_t{120}, size_t{16384}, size_t{16385}, size_t{1} << 20,
+                         c.geo.ll128Capacity() / es * es}) {
+      for (MeshKind k : {MeshKind::kAllReduceLL128, MeshKind::kReduceLL128, MeshKind::kReduceScatterLL128}) {
+        MeshCall call;
+        call.kind = k;
+        call.type = t;
+        call.count = bytes / es;
+        LaunchShape s = meshShape(c, call);
+        EXPECT_GE(s.blocks, 1);
+        EXPECT_LE(s.blocks, kLLBlocks);
+        const size_t tile = s.tileElems * es;
+        EXPECT_EQ(tile % 8, 0u) << bytes;                             // whole words per block
+        EXPECT_LE(tile, size_t(c.geo.ll128Lines) * kLL128Data) << bytes;  // fits a block's lines
+        EXPECT_GE(static_cast<size_t>(s.blocks) * tile, call.count * es) << bytes;  // covers the call
+      }
+    }
+  }
+}
+
 TEST(MeshShape, SendRecvUsesTheWholeGrid) {
   MeshContext c = context(2, 32, 256 * 1024);
   MeshCall call;
@@ -100,15 +124,21 @@ TEST(MeshGeometry, WindowLayoutDoesNotOverlap) {
   g.maxBlocks = 128;
   g.slots = 4;
   g.slotBytes = 256 * 1024;
-  EXPECT_EQ(g.barrierOffset(), g.flagBytes() + g.llBytes());
+  g.ll128Lines = 560;
+  EXPECT_EQ(g.ll128Offset(), g.flagBytes() + g.llBytes());
+  EXPECT_EQ(g.ll128Offset() % 128, 0u);  // LL128 lines are 128-byte aligned
+  EXPECT_EQ(g.ll128Bytes(), size_t{2} * kLLBlocks * 2 * 560 * 128);
+  EXPECT_GE(g.ll128Capacity(), size_t{8} << 20);
+  EXPECT_EQ(g.barrierOffset(), g.ll128Offset() + g.ll128Bytes());
   EXPECT_EQ(g.chunkFlagOffset(), g.barrierOffset() + kMaxRanks * kFlagStride);
   EXPECT_EQ(g.slotsOffset(), g.chunkFlagOffset() + 2 * kMaxRanks * kFlagStride);
   EXPECT_EQ(g.windowBytes(), g.slotsOffset() + size_t{2} * 128 * 4 * 256 * 1024);
   EXPECT_EQ(g.flagBytes() % 128, 0u);
   EXPECT_EQ(g.llBytes() % 16, 0u);
-  // 2 ranks with the defaults: 256 MiB of slots, the LL region (8 MiB) and counters.
+  // 2 ranks with the defaults: 256 MiB of slots, the LL region (8 MiB), the LL128
+  // region (35 MiB) and counters.
   EXPECT_EQ(g.llBytes(), size_t{8} << 20);
-  EXPECT_LT(g.windowBytes(), size_t{265} << 20);
+  EXPECT_LT(g.windowBytes(), size_t{300} << 20);
   // Sent/received per block and peer, the LL counts, the barrier count and two done counts.
   EXPECT_EQ(g.stateBytes(), (2 * kMaxRanks * 128 + kLLBlocks + 3) * sizeof(uint64_t));
 }
