@@ -47,6 +47,7 @@ struct DeviceBuffer {
     cudaSetDevice(dev);
     cudaMalloc(&ptr, bytes + 64);
     cudaMemset(ptr, 0xA5, bytes + 64);  // poison: unwritten output shows
+    cudaDeviceSynchronize();  // before any non-blocking stream touches it (see upload())
   }
   ~DeviceBuffer() {
     cudaSetDevice(dev);
@@ -93,6 +94,7 @@ struct Ranks {
     if (!slot || slot->bytes < bytes) slot = std::make_unique<DeviceBuffer>(rank, bytes);
     cudaSetDevice(rank);
     cudaMemset(slot->ptr, 0xA5, slot->bytes + 64);
+    cudaDeviceSynchronize();
     return static_cast<char*>(slot->ptr);
   }
   std::unique_ptr<DeviceBuffer> pool[16];
@@ -142,11 +144,15 @@ std::vector<char> download(int dev, const void* p, size_t bytes) {
   return v;
 }
 
+// A copy from pageable memory may return before its DMA has landed, and the collectives
+// run on non-blocking streams that do not wait for the legacy stream: wait for the device,
+// or a rank's kernel may read its input (or a peer's) half written.
 void upload(int dev, void* p, const std::vector<char>& v) {
   cudaSetDevice(dev);
   if (!v.empty()) {
     EXPECT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
   }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 enum class Coll { kAllReduce, kReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll };
@@ -305,6 +311,7 @@ TEST(GpuCollectives, PreMulSumHostAndDeviceScalars) {
           cudaSetDevice(r);
           cudaMalloc(&scalars[r], 8);
           cudaMemcpy(scalars[r], two.data(), 8, cudaMemcpyHostToDevice);
+          cudaDeviceSynchronize();  // see upload()
           s = scalars[r];
           res = ncclScalarDevice;
         }
