@@ -56,6 +56,8 @@ inline void cpuRelax() {
 // 70-80 us yielding first (docs/decisions.md). After kYieldUs a rank that still waits
 // is waiting on something slow, and blocks so that it costs nothing.
 constexpr int64_t kYieldUs = 2000;
+// How many pieces ahead a receiving step offers its destination to the connection.
+constexpr size_t kClaimDepth = 4;
 
 void waitForPeers(int64_t idleUs, int64_t spinUs, std::vector<pollfd>* fds) {
   if (idleUs < spinUs) {
@@ -73,6 +75,8 @@ struct StepState {
   const Step* step = nullptr;
   size_t pieces = 0;
   size_t done = 0;
+  size_t claimed = 0;  // pieces up to this one were offered to claimRecv (intoMemory steps)
+  bool intoMemory = false;  // received pieces land straight in dst (see claimAhead)
   transport::SendConnection* send[kMaxStepPeers] = {};
   transport::RecvConnection* recv[kMaxStepPeers] = {};
   // The turn queues (Scratch::queues) of the connections this step uses.
@@ -189,6 +193,7 @@ class PhaseRunner {
         s.queues[s.nqueues++] = queueFor(p << 1, i);
         addUnique(&activeRecvs_, s.recv[j]);
       }
+      s.intoMemory = receivesIntoMemory(s);
     }
     // Blocking in poll() is only a safe way to wait when every connection is a socket;
     // memory transports offer nothing to poll, so then we yield instead.
@@ -255,6 +260,7 @@ class PhaseRunner {
     size_t first = s.done * pieceElems_;
     size_t elems = std::min(pieceElems_, st.count - first);
     size_t bytes = elems * esize_;
+    if (s.intoMemory) claimAhead(s);
     for (int j = 0; j < st.nrecv; ++j) {
       size_t got = 0;
       LOOM_ASSIGN_OR_RETURN(const void* p, s.recv[j]->tryRecv(&got));
@@ -296,6 +302,35 @@ class PhaseRunner {
     for (int j = 0; j < st.nrecv; ++j) LOOM_TRY(s.recv[j]->releaseRecv());
     ++s.done;
     return true;
+  }
+
+  // A step that copies what it receives, unchanged, into its destination (an all-gather
+  // or broadcast hop, an all-reduce's gather half) and sends only from memory: sockets
+  // copy out of the kernel anyway, so its pieces may land in the destination directly
+  // (compute then finds the data in place and copies nothing). Only the step whose turn
+  // it is on the connection claims, and only its own pieces, so nothing lands earlier
+  // than the step could have written it itself.
+  bool receivesIntoMemory(const StepState& s) const {
+    const Step& st = *s.step;
+    if (st.nrecv != 1 || st.src.buffer != Buffer::kNone || st.dst.buffer == Buffer::kNone) return false;
+    if (!s.recv[0]->recvsIntoMemory()) return false;
+    if (args_.schedule->reduces && st.final && hasPostOp(args_.op)) return false;
+    for (int j = 0; j < st.nsend; ++j) {
+      if (!s.send[j]->sendsFromMemory()) return false;
+    }
+    return true;
+  }
+  void claimAhead(StepState& s) {
+    if (s.claimed < s.done) s.claimed = s.done;
+    const Step& st = *s.step;
+    while (s.claimed < s.pieces && s.claimed - s.done < kClaimDepth) {
+      const size_t first = s.claimed * pieceElems_;
+      const size_t bytes = std::min(pieceElems_, st.count - first) * esize_;
+      // Refused: it is already arriving in the ring (or the ring is shorter), and is
+      // copied from there as usual.
+      s.recv[0]->claimRecv(s.claimed - s.done, bufferAt(st.dst) + first * esize_, bytes);
+      ++s.claimed;
+    }
   }
 
   // Sockets copy into the kernel anyway, so when the piece's result lies in user memory
@@ -401,7 +436,16 @@ Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
   schedulePeers(sch, &sendPeers, &recvPeers);
   LOOM_TRY(conns.ensureConnected(sendPeers, recvPeers));
   PhaseRunner runner(args, conns, scratch);
-  for (const auto& phase : sch.phases) LOOM_TRY(runner.run(phase));
+  for (const auto& phase : sch.phases) {
+    Status st = runner.run(phase);
+    if (!st) {
+      // Claimed slots point into the caller's buffers, which may go away now.
+      for (int p : recvPeers) {
+        if (transport::RecvConnection* rc = conns.recvConnection(p)) rc->dropClaims();
+      }
+      return st;
+    }
+  }
   // Everything posted must have left this process before the call returns: nobody
   // drives these connections between operations.
   Deadline deadline = Deadline::afterMs(args.timeoutMs, args.abortFlag);

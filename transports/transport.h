@@ -103,6 +103,18 @@ class RecvConnection {
   virtual Result<const void*> tryRecv(size_t* bytes) = 0;
   // Hands the slot returned by the last tryRecv back to the sender.
   virtual Status releaseRecv() = 0;
+  // True when claimRecv works: the transport copies out of the kernel anyway (sockets), so
+  // a slot whose data goes unchanged into the caller's memory can land there directly.
+  virtual bool recvsIntoMemory() const { return false; }
+  // Asks that the slot `ahead` places after the next one tryRecv returns (0: that one)
+  // land at `dst` (at most `bytes`), not in the ring; tryRecv then returns `dst` for it.
+  // False when it is too late (its data started arriving) or too far ahead (past the
+  // ring): the slot then arrives in the ring as usual. `dst` must stay valid until the
+  // slot is released, or until dropClaims.
+  virtual bool claimRecv(size_t ahead, void* dst, size_t bytes) { return false; }
+  // Forgets every claim not yet released (an operation that failed part-way). A claimed
+  // slot whose data had started arriving leaves the connection unusable.
+  virtual void dropClaims() {}
   virtual Status progress() { return Status::ok(); }
   virtual void addPollFds(std::vector<pollfd>* fds) const {}
   virtual bool pollable() const { return false; }

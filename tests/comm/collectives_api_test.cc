@@ -262,6 +262,26 @@ TEST(ApiCollectives, AllCollectivesOverTcp) {
   unsetenv("LOOM_TRANSPORTS");
 }
 
+// Over TCP, a step that forwards what it receives unchanged (all-gather, broadcast, the
+// all-reduce's gather half) has its pieces land straight in the output: many pieces per
+// step (past the claim depth), in place and not, rings and trees, 1- and 4-byte types.
+TEST(ApiCollectives, TcpReceivesIntoUserMemory) {
+  setenv("LOOM_TRANSPORTS", "tcp", 1);
+  for (const char* algo : {"ring", "tree"}) {
+    setenv("LOOM_ALGO", algo, 1);
+    Comms cm(4);
+    for (Coll coll : {Coll::kAllReduce, Coll::kAllGather, Coll::kBroadcast, Coll::kReduceScatter}) {
+      for (bool inPlace : {false, true}) {
+        runCase(cm, coll, DataType::kFloat32, ncclSum, 2000003, inPlace, 1);
+        runCase(cm, coll, DataType::kInt8, ncclMax, 1000003, inPlace, 3);
+        if (HasFatalFailure()) break;
+      }
+    }
+  }
+  unsetenv("LOOM_ALGO");
+  unsetenv("LOOM_TRANSPORTS");
+}
+
 // An all-reduce of 1031 elements of every type with every op, out of place.
 void allReduceEveryTypeAndOp(Comms& cm) {
   for (int t = 0; t < loom::kNumDataTypes; ++t) {

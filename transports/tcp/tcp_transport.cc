@@ -191,8 +191,31 @@ class TcpRecv : public RecvConnection {
  public:
   TcpRecv(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
       : ring_(fifo.slotBytes, fifo.slots), socks_(wrapSockets(std::move(socks))),
-        what_("rank " + std::to_string(peer)) {}
+        claims_(fifo.slots), what_("rank " + std::to_string(peer)) {}
+  bool recvsIntoMemory() const override { return true; }
+  bool claimRecv(size_t ahead, void* dst, size_t bytes) override {
+    if (ahead >= static_cast<size_t>(ring_.slots()) || !broken_.isOk()) return false;
+    const uint64_t seq = released_ + ahead;
+    if (started(seq)) return false;
+    // Socket 0 may have read the slot's header already: then its size is known.
+    if (socks_[0].seq == seq && socks_[0].done == sizeof(uint64_t) && ring_.size(seq) > bytes) {
+      return false;
+    }
+    claims_[seq % claims_.size()] = {seq, static_cast<char*>(dst), bytes, true};
+    return true;
+  }
+  void dropClaims() override {
+    for (auto& c : claims_) {
+      if (c.active && started(c.seq) && c.seq >= released_ && broken_.isOk()) {
+        broken_ = errorf(Code::kInternalError,
+                         "the connection from %s is unusable: an operation failed while data "
+                         "was arriving into its buffers", what_.c_str());
+      }
+      c.active = false;
+    }
+  }
   Result<const void*> tryRecv(size_t* bytes) override {
+    LOOM_TRY(broken_);
     // Only read more when the next slot is not complete: a peer that has sent all and
     // closed must not turn data already here into an error.
     if (complete() <= released_) LOOM_TRY(progress());
@@ -204,9 +227,11 @@ class TcpRecv : public RecvConnection {
       return nullptr;
     }
     *bytes = ring_.size(released_);
-    return static_cast<const void*>(ring_.slot(released_));
+    return static_cast<const void*>(dest(released_));
   }
   Status releaseRecv() override {
+    Claim& c = claims_[released_ % claims_.size()];
+    if (c.seq == released_) c.active = false;
     ++released_;
     return Status::ok();
   }
@@ -230,6 +255,10 @@ class TcpRecv : public RecvConnection {
                           what_.c_str(), (unsigned long long)s.header, ring_.slotBytes());
           }
           ring_.size(s.seq) = s.header;
+          // A claim too small for the slot (the ranks disagree on the call) is dropped
+          // before any of its data arrives: the executor reports the mismatch.
+          Claim& c = claims_[s.seq % claims_.size()];
+          if (c.active && c.seq == s.seq && s.header > c.bytes) c.active = false;
           ++headers_;
         }
         if (k != 0 && headers_ <= s.seq) break;  // size of this slot not known yet
@@ -238,7 +267,7 @@ class TcpRecv : public RecvConnection {
         partRange(total, static_cast<int>(k), static_cast<int>(socks_.size()), &b, &e);
         size_t want = hdr + (e - b);
         if (s.done < want) {
-          LOOM_ASSIGN_OR_RETURN(size_t n, readSome(s, ring_.slot(s.seq) + b + (s.done - hdr),
+          LOOM_ASSIGN_OR_RETURN(size_t n, readSome(s, dest(s.seq) + b + (s.done - hdr),
                                                    want - s.done));
           if (n == 0) break;
           s.done += n;
@@ -279,8 +308,30 @@ class TcpRecv : public RecvConnection {
     for (const auto& s : socks_) m = std::min(m, s.seq);
     return m;
   }
+  // Whether any socket has read data (beyond socket 0's header) of slot `seq`.
+  bool started(uint64_t seq) const {
+    for (size_t k = 0; k < socks_.size(); ++k) {
+      const SockState& s = socks_[k];
+      const size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
+      if (s.seq > seq || (s.seq == seq && s.done > hdr)) return true;
+    }
+    return false;
+  }
+  // Where slot `seq`'s data goes: its claim, or its ring slot.
+  char* dest(uint64_t seq) {
+    const Claim& c = claims_[seq % claims_.size()];
+    return c.active && c.seq == seq ? c.dst : ring_.slot(seq);
+  }
+  struct Claim {
+    uint64_t seq = 0;
+    char* dst = nullptr;
+    size_t bytes = 0;
+    bool active = false;
+  };
   SlotRing ring_;
   std::vector<SockState> socks_;
+  std::vector<Claim> claims_;  // by slot index; active for the claimed seq only
+  Status broken_;
   uint64_t released_ = 0;
   uint64_t headers_ = 0;
   Status closed_;
