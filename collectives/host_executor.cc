@@ -308,8 +308,10 @@ class PhaseRunner {
   // or broadcast hop, an all-reduce's gather half) and sends only from memory: sockets
   // copy out of the kernel anyway, so its pieces may land in the destination directly
   // (compute then finds the data in place and copies nothing). Only the step whose turn
-  // it is on the connection claims, and only its own pieces, so nothing lands earlier
-  // than the step could have written it itself.
+  // it is on the connection claims, and only its own pieces, up to kClaimDepth ahead of
+  // the one it is on. This relies on no other step of the phase reading this step's
+  // destination (true of every schedule in schedules.cc; a schedule that breaks it must
+  // not use such steps).
   bool receivesIntoMemory(const StepState& s) const {
     const Step& st = *s.step;
     if (st.nrecv != 1 || st.src.buffer != Buffer::kNone || st.dst.buffer == Buffer::kNone) return false;

@@ -161,7 +161,7 @@ class CudaDeviceComm final : public DeviceComm {
   // LOOM_ALGO, a reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from
   // LOOM_P2P_CE_ALLREDUCE_BYTES.
   bool chunkedSize(collectives::CollType type, size_t bytes) const {
-    if (algoSet_ || bytes <= ll128Limit_) return false;
+    if (algoSet_ || bytes <= std::max(llLimit_, ll128Limit_)) return false;
     if (type == collectives::CollType::kReduce) return bytes >= chunkReduceMin_;
     return type == collectives::CollType::kAllReduce && bytes >= chunkAllReduceMin_;
   }

@@ -117,11 +117,23 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   // the default forms at most sizes, docs/decisions.md): 8 MiB per peer and call on 2 ranks
   // (17.5 MiB of window per peer), 2 MiB above; at least 16 KiB per block (meshShape).
   // Every rank must ask alike (checked below, before any window exists).
+  // LOOM_PROTO=simple or ll turn LL128 off (chooseForms), so no region then either.
   {
     std::string proto = settings::getString("LOOM_PROTO");
     for (auto& ch : proto) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (settings::getInt("LOOM_P2P_LL128_BYTES") > 0 || proto == "ll128")
+    if (proto == "ll128" ||
+        (settings::getInt("LOOM_P2P_LL128_BYTES") > 0 && proto != "simple" && proto != "ll")) {
       geo.ll128Lines = nranks_ <= 2 ? 560 : 144;
+      // The protocol needs each 128-byte line to arrive whole, as over NVLink; over PCIe a
+      // reader can see a line's flag before its data (NCCL keeps LL128 off there too).
+      if (!gpus[rank].nativeLinks) {
+        LOOM_WARN(kInit,
+                  "rank %d: LL128 is on (LOOM_PROTO/LOOM_P2P_LL128_BYTES) but CUDA reports no "
+                  "native peer atomics between this GPU and every peer (not NVLink?): results "
+                  "may be wrong; turn it off unless the GPUs are linked by NVLink",
+                  rank);
+      }
+    }
   }
   mine.blocks = geo.maxBlocks;
   mine.slots = geo.slots;

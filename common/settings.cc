@@ -80,8 +80,8 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_P2P_LL128_BYTES", nullptr, Type::kInt, "0",
      "GPU all-reduce, reduce and reduce-scatter: the LL128 one-shot (120 data bytes and a flag per "
      "128-byte line) above the LL limit while what a rank sends each peer is at most this (at "
-     "most 8 MiB on 2 ranks, 2 MiB above; 0: never, the default: slower than the other forms "
-     "at most sizes on 2 x H200)"},
+     "most 8,601,600 bytes on 2 ranks, 2,211,840 above; 0: never, the default: slower than the "
+     "other forms at most sizes on 2 x H200; needs NVLink between the GPUs)"},
     {"LOOM_NET", "NCCL_NET", Type::kString, "", "network transport to use (Socket, IB, UCX)"},
     {"LOOM_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", Type::kString, "",
      "interfaces for sockets: prefix list, ^ to exclude, = for exact names"},

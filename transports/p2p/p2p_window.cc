@@ -41,6 +41,7 @@ Result<GpuIdentity> describeGpu(int rank, int device, uint64_t hostHash) {
 }
 
 void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all) {
+  self->nativeLinks = 1;
   for (const GpuIdentity& o : all) {
     if (o.rank == self->rank) continue;
     if (o.hostHash != self->hostHash) return setWhy(self, "rank " + std::to_string(o.rank) + " is on another host");
@@ -58,6 +59,13 @@ void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all) {
       cudaGetLastError();
       return setWhy(self, std::string("CUDA reports no peer access from ") + self->busId + " to " + o.busId);
     }
+    int atomics = 0;
+    if (cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, self->device, dev) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      atomics = 0;
+    }
+    if (!atomics) self->nativeLinks = 0;
   }
 }
 

@@ -21,6 +21,7 @@ struct GpuIdentity {
   int32_t device = -1;
   int32_t pid = 0;
   int32_t reachable = 0;   // 1: this rank can map every other rank's GPU
+  int32_t nativeLinks = 0; // 1: every such pair reports native atomics (NVLink, not PCIe)
   uint64_t hostHash = 0;
   char busId[32] = {0};    // "0000:19:00.0"
   char why[96] = {0};      // when reachable is 0: the first reason
@@ -31,7 +32,8 @@ struct GpuIdentity {
 Result<GpuIdentity> describeGpu(int rank, int device, uint64_t hostHash);
 
 // Decides from every rank's identity whether this rank can map all the others' GPUs
-// (same host, distinct GPUs, CUDA peer access between each pair). Sets reachable/why.
+// (same host, distinct GPUs, CUDA peer access between each pair). Sets reachable/why,
+// and nativeLinks (whether CUDA reports native peer atomics for every pair).
 void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all);
 
 // Exchanges `size` bytes per rank: data holds nranks blocks, this rank's filled in.

@@ -208,8 +208,8 @@ class TcpRecv : public RecvConnection {
     for (auto& c : claims_) {
       if (c.active && started(c.seq) && c.seq >= released_ && broken_.isOk()) {
         broken_ = errorf(Code::kInternalError,
-                         "the connection from %s is unusable: an operation failed while data "
-                         "was arriving into its buffers", what_.c_str());
+                         "the connection from %s is unusable: an operation failed after data "
+                         "had arrived into the caller's buffers for it", what_.c_str());
       }
       c.active = false;
     }
