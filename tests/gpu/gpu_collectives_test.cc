@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -819,6 +820,37 @@ TEST(GpuCollectives, StagedWhenP2pDisabled) {
     for (DataType t : {DataType::kInt32, DataType::kBfloat16, DataType::kFloat32}) {
       EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 70001, false, 0), 0u) << collName(c);
       EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 70001, true, 0), 0u) << collName(c);
+    }
+  }
+}
+
+// More than 2 GPUs (issue 5's 4- and 8-GPU machines; a mesh takes up to 8): 3 of them,
+// then every GPU of the machine, in one communicator each. Every collective, 1-, 2-, 4-
+// and 8-byte types, sum, max and avg, one element to several pipeline rounds, in place
+// and not, the first and the last rank as root. Skipped on 2-GPU machines.
+TEST(GpuCollectives, MoreThanTwoGpus) {
+  const int have = gpuCount();
+  if (have < 3) GTEST_SKIP() << "needs 3 or more GPUs, this machine has " << have;
+  std::vector<int> sizes = {3};
+  if (std::min(have, 8) > 3) sizes.push_back(std::min(have, 8));
+  for (int n : sizes) {
+    Ranks R(n);
+    for (Coll c : {Coll::kAllReduce, Coll::kReduce, Coll::kReduceScatter, Coll::kAllGather,
+                   Coll::kBroadcast, Coll::kAllToAll}) {
+      const bool reduces = c == Coll::kAllReduce || c == Coll::kReduce || c == Coll::kReduceScatter;
+      for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+        for (ncclRedOp_t op : {ncclSum, ncclMax, ncclAvg}) {
+          if (!reduces && op != ncclSum) continue;
+          for (size_t count : {size_t{1}, size_t{13}, size_t{70001}, (size_t{1} << 20) + 5}) {
+            for (bool inPlace : {false, true}) {
+              const int root = inPlace ? 0 : n - 1;
+              EXPECT_EQ(runAndCheck(R, c, t, op, count, inPlace, 0, false, root), 0u)
+                  << n << " GPUs, " << collName(c) << " " << loom::dataTypeName(t) << " op " << op
+                  << " count " << count << (inPlace ? " in place" : "");
+            }
+          }
+        }
+      }
     }
   }
 }
