@@ -41,12 +41,6 @@ std::string describe(const ExecArgs& args) {
 
 namespace {
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 // How a thread waits for peers: spin `spinUs`, then sched_yield() until kYieldUs, then
 // block (poll() on the sockets, or short sleeps for memory transports). Yielding before
 // blocking matters most when ranks outnumber cores (4 ranks on 2 cores): a yielding rank

@@ -215,6 +215,8 @@ class CudaDeviceComm final : public DeviceComm {
   // link), or reduce-scatter then gather to the root (each rank reduces 1/n, so the
   // root's links do not carry every rank's whole input).
   dev::MeshKind reduceKind(const Operation& op, const char** why) const;
+  // The reduce-scatter form for `op`, and why.
+  dev::MeshKind reduceScatterKind(const Operation& op, const char** why) const;
 
   // Operations of one communicator run in call order even across streams: each launch
   // records lastEvent_, and a launch on another stream waits for it. Within one CUDA

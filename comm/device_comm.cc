@@ -42,6 +42,13 @@ Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap&,
 
 namespace detail {
 
+// LOOM_ALGO and LOOM_PROTO are matched without regard to case.
+static std::string lowered(const char* text) {
+  std::string t = text;
+  for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return t;
+}
+
 // Bytes of input and output of one call on one rank.
 void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
   size_t b = op.count * dataTypeSize(op.dtype);
@@ -113,28 +120,6 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
   if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
   geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
-  // LL128 lines per block, peer and parity, only when asked for (it measured slower than
-  // the default forms at most sizes, docs/decisions.md): 8 MiB per peer and call on 2 ranks
-  // (17.5 MiB of window per peer), 2 MiB above; at least 16 KiB per block (meshShape).
-  // Every rank must ask alike (checked below, before any window exists).
-  // LOOM_PROTO=simple or ll turn LL128 off (chooseForms), so no region then either.
-  {
-    std::string proto = settings::getString("LOOM_PROTO");
-    for (auto& ch : proto) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (proto == "ll128" ||
-        (settings::getInt("LOOM_P2P_LL128_BYTES") > 0 && proto != "simple" && proto != "ll")) {
-      geo.ll128Lines = nranks_ <= 2 ? 560 : 144;
-      // The protocol needs each 128-byte line to arrive whole, as over NVLink; over PCIe a
-      // reader can see a line's flag before its data (NCCL keeps LL128 off there too).
-      if (!gpus[rank].nativeLinks) {
-        LOOM_WARN(kInit,
-                  "rank %d: LL128 is on (LOOM_PROTO/LOOM_P2P_LL128_BYTES) but CUDA reports no "
-                  "native peer atomics between this GPU and every peer (not NVLink?): results "
-                  "may be wrong; turn it off unless the GPUs are linked by NVLink",
-                  rank);
-      }
-    }
-  }
   mine.blocks = geo.maxBlocks;
   mine.slots = geo.slots;
   mine.slotBytes = geo.slotBytes;
@@ -193,6 +178,24 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
                     (unsigned long long)mine.slotBytes, mine.threads);
     }
   }
+  // LL128 lines per block, peer and parity, only when the agreed settings ask for it (it
+  // measured slower than the default forms at most sizes, docs/decisions.md): 8 MiB per
+  // peer and call on 2 ranks (17.5 MiB of window per peer), 2 MiB above; at least 16 KiB
+  // per block (meshShape). LOOM_PROTO=simple or ll turn LL128 off (chooseForms), so no
+  // region then either.
+  const std::string proto = lowered(mine.proto);
+  if (proto == "ll128" || (mine.ll128Bytes > 0 && proto != "simple" && proto != "ll")) {
+    geo.ll128Lines = nranks_ <= 2 ? 560 : 144;
+    // The protocol needs each 128-byte line to arrive whole, as over NVLink; over PCIe a
+    // reader can see a line's flag before its data (NCCL keeps LL128 off there too).
+    if (mesh_ && !gpus[rank].nativeLinks) {
+      LOOM_WARN(kInit,
+                "rank %d: LL128 is on (LOOM_PROTO/LOOM_P2P_LL128_BYTES) but CUDA reports no "
+                "native peer atomics between this GPU and every peer (not NVLink?): results "
+                "may be wrong; turn it off unless the GPUs are linked by NVLink",
+                rank);
+    }
+  }
   ctx_.geo = geo;  // chooseForms reads the LL128 capacity
   chooseForms(mine);
   timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
@@ -240,7 +243,6 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     clique_->devices[rank_] = device_;
   }
   LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
-  ctx_.geo = geo;
   ctx_.rank = rank;
   ctx_.nranks = nranks_;
   for (int r = 0; r < nranks_; ++r) ctx_.windows[r] = window_->peer(r);
@@ -334,18 +336,7 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
     case collectives::CollType::kAllReduce: call.kind = allReduceKind(op, &why); break;
     case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
     case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
-    case collectives::CollType::kReduceScatter:
-      // The LL form while each rank's part (what it sends each peer) fits the LL limit.
-      if (op.count * dataTypeSize(op.dtype) <= llLimit_ && !forceTwo_) {
-        call.kind = dev::MeshKind::kReduceScatterLL;
-        why = protoLL_ ? "LOOM_PROTO=ll" : "part per rank <= LOOM_P2P_LL_BYTES";
-      } else if (op.count * dataTypeSize(op.dtype) <= ll128Limit_ && !algoSet_) {
-        call.kind = dev::MeshKind::kReduceScatterLL128;
-        why = "part per rank <= LOOM_P2P_LL128_BYTES";
-      } else {
-        call.kind = dev::MeshKind::kReduceScatter;
-      }
-      break;
+    case collectives::CollType::kReduceScatter: call.kind = reduceScatterKind(op, &why); break;
     case collectives::CollType::kReduce: call.kind = reduceKind(op, &why); break;
     case collectives::CollType::kAllToAll: call.kind = dev::MeshKind::kAllToAll; break;
     default:
@@ -446,12 +437,7 @@ Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, s
 }
 
 void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
-  auto lower = [](const char* text) {
-    std::string t = text;
-    for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    return t;
-  };
-  const std::string algo = lower(s.algo), proto = lower(s.proto);
+  const std::string algo = lowered(s.algo), proto = lowered(s.proto);
   algoSet_ = !algo.empty();
   forceOne_ = algo == "oneshot" || algo == "one-shot";
   forceTwo_ = algo == "twoshot" || algo == "two-shot" || algo == "ring" || algo == "tree";
@@ -522,6 +508,20 @@ dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** wh
   }
   *why = "size > LOOM_P2P_ONESHOT_BYTES (each rank reduces 1/n of the data)";
   return dev::MeshKind::kAllReduceTwoShot;
+}
+
+dev::MeshKind CudaDeviceComm::reduceScatterKind(const Operation& op, const char** why) const {
+  // The LL forms while each rank's part (what it sends each peer) fits their limits.
+  size_t part = op.count * dataTypeSize(op.dtype);
+  if (part <= llLimit_ && !forceTwo_) {
+    *why = protoLL_ ? "LOOM_PROTO=ll" : "part per rank <= LOOM_P2P_LL_BYTES";
+    return dev::MeshKind::kReduceScatterLL;
+  }
+  if (part <= ll128Limit_ && !algoSet_) {
+    *why = "part per rank <= LOOM_P2P_LL128_BYTES";
+    return dev::MeshKind::kReduceScatterLL128;
+  }
+  return dev::MeshKind::kReduceScatter;
 }
 
 dev::MeshKind CudaDeviceComm::reduceKind(const Operation& op, const char** why) const {

@@ -2,21 +2,9 @@
 
 #include <chrono>
 
+#include "common/clock.h"
+
 namespace loom::comm {
-
-namespace {
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-using Clock = std::chrono::steady_clock;
-
-}  // namespace
 
 SpinWorker::SpinWorker(int64_t spinUs) : spinUs_(spinUs), thread_([this] { main(); }) {}
 

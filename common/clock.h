@@ -10,6 +10,15 @@ namespace loom {
 
 using Clock = std::chrono::steady_clock;
 
+// The CPU's hint for a busy-wait loop's body (x86 pause, Arm yield).
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class Deadline {
  public:
   // Expires `ms` milliseconds from now (ms < 0: never).

@@ -543,12 +543,12 @@ struct Run {
 
   // The LL forms through the LL128 region: block b carries bytes [b * tile, ...) of what
   // each rank sends each peer, in 128-byte lines of 120 data bytes and the block's call
-  // count as the flag. Each warp moves 4 lines per step, lane l holding bytes
-  // [16 (l % 8), +16) of line l / 8 (lane 7 of each 8: 8 data bytes, then the flag), kU
-  // such groups per step; every
-  // store and load of a line is one instruction of the 8 lanes that hold it, so a reader
-  // that sees the flag sees the line. Same exchange (every block with every peer, every
-  // call) and the same call counts as allReduceLL, so the same double-buffer argument holds.
+  // count as the flag. A warp moves kU groups of 4 lines per step, lane l holding bytes
+  // [16 (l % 8), +16) of line l / 8 of a group (lane 7 of each 8: 8 data bytes, then the
+  // flag); every store and load of a line is one instruction of the 8 lanes that hold it,
+  // so a reader that sees the flag sees the line. Same exchange (every block with every
+  // peer, every call) and the same call counts as allReduceLL, so the same double-buffer
+  // argument holds.
   __device__ void allReduceLL128() {
     const bool scatter = a.kind == MeshKind::kReduceScatterLL128;
     const size_t bytes = a.count * sizeof(S);
