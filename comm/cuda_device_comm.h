@@ -272,7 +272,9 @@ class CudaDeviceComm final : public DeviceComm {
   size_t pullMax_ = 0;               // LOOM_P2P_PULL_BYTES
   // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
   // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
-  static constexpr size_t chunkSlots_ = 2;
+  static constexpr size_t chunkSlots_ = 2;  // slots per peer (reduce; the scratch's size)
+  int arSlots_ = 2;                         // the all-reduce's: 4 where each holds 64 MiB
+  int lastChunkSlots_ = 0;                  // the previous chunked call's (0: none yet)
   bool memopOk_ = true;  // cuStreamWriteValue64 has not failed
   static constexpr int kChunkAllReduceBlocks = 48;
   static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;

@@ -482,6 +482,7 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   chunkMax_ =
       nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
   if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
+  arSlots_ = chunkSlots_ * chunkMax_ / 4 >= kChunkAllReduceBytes ? 4 : static_cast<int>(chunkSlots_);
 }
 
 dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** why) const {

@@ -170,9 +170,18 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   // chunks were all slower than one chunk: each chunk's copy, counter and kernel cost more
   // than the overlap gains); at most 64 MiB for all-reduce (at 8 GiB: 373 GB/s with
   // 64 MiB chunks, 365 with 128, 353 with 32). LOOM_P2P_CE_CHUNK_BYTES sets them, to measure.
-  size_t chunkBytes = gather ? std::min(chunkMax_, kChunkAllReduceBytes) : chunkMax_;
-  if (chunkSize_ > 0) chunkBytes = std::min(chunkSize_, chunkMax_);
+  // All-reduce cuts each peer's scratch into 4 slots where they hold 64 MiB: a slot's wait
+  // (a kernel on the push stream) then comes every second chunk instead of before each
+  // (8 GiB: 375.7-376.1 GB/s against 369.5-373.4, docs/perf/h200x2.md, session 7).
+  const int slots = gather ? arSlots_ : static_cast<int>(chunkSlots_);
+  const size_t region = chunkSlots_ * chunkMax_;  // each peer's part of an owner's scratch
+  const size_t slotBytes = region / static_cast<size_t>(slots) / (64 * 1024) * (64 * 1024);
+  size_t chunkBytes = gather ? std::min(slotBytes, kChunkAllReduceBytes) : slotBytes;
+  if (chunkSize_ > 0) chunkBytes = std::min(chunkSize_, slotBytes);
   const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
+  // A call after one with the other layout first waits until its earlier chunks are reduced.
+  const bool drain = lastChunkSlots_ != 0 && lastChunkSlots_ != slots;
+  lastChunkSlots_ = slots;
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,
               "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
@@ -184,8 +193,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   auto* out = static_cast<char*>(op.recvbuff);
   auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
   auto slot = [&](int owner, int from, uint64_t m) {
-    return static_cast<char*>(scratch[owner]) +
-           dev::chunkSlot(owner, from, m, n, static_cast<int>(chunkSlots_)) * chunkMax_;
+    return static_cast<char*>(scratch[owner]) + dev::chunkOffset(owner, from, m, n, slots, region);
   };
   // Counters the driver would not write by a stream memory operation, written by one
   // kernel after the copies (the owner only reads the counter, so each rank may choose).
@@ -200,7 +208,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   };
   using K = dev::ChunkStep::Kind;
   for (const dev::ChunkStep& s :
-       dev::chunkProgram(plan, me, gather, static_cast<int>(chunkSlots_), &chunkCounters_)) {
+       dev::chunkProgram(plan, me, gather, slots, &chunkCounters_, drain)) {
     if (s.kind != K::kSignalReady) LOOM_TRY(flush());
     switch (s.kind) {
       case K::kFork:  // the pushes read our input: after our stream's earlier work

@@ -50,7 +50,7 @@ size_t ChunkPlan::maxChunkBytes() const {
 }
 
 std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
-                                    ChunkCounters* counters) {
+                                    ChunkCounters* counters, bool drain) {
   using K = ChunkStep::Kind;
   const int n = plan.nranks();
   const uint64_t D = static_cast<uint64_t>(slots), B = std::max<uint64_t>(1, D / 2);
@@ -88,6 +88,12 @@ std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, 
       const uint64_t m = counters->sent[p] + c;
       if (c < plan.chunks(p) && (c == 0 || m % B == 0) && needFree(p, m) > 0) {
         wait.wait[p] = needFree(p, m);
+        waits = true;
+      }
+      // Another layout before: everything sent so far must be reduced (needFree never
+      // asks for more than that).
+      if (drain && c == 0 && c < plan.chunks(p) && counters->sent[p] > 0) {
+        wait.wait[p] = counters->sent[p];
         waits = true;
       }
     }

@@ -79,9 +79,11 @@ struct ChunkCounters {
 };
 
 // Rank `me`'s program for one call (`gather`: all-reduce) with `slots` slots per peer,
-// counting on and updating `counters`.
+// counting on and updating `counters`. `drain`: the scratch was cut into another number of
+// slots by the previous call, so the first push to each peer waits until that peer has
+// reduced every chunk sent to it before.
 std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
-                                    ChunkCounters* counters);
+                                    ChunkCounters* counters, bool drain = false);
 
 // Where in `owner`'s scratch the m-th chunk from rank `from` goes: a slot index (times the
 // slot size); each peer has `slots` slots.
@@ -89,6 +91,14 @@ inline size_t chunkSlot(int owner, int from, uint64_t m, int nranks, int slots) 
   const size_t peerIndex = static_cast<size_t>((from - owner - 1 + nranks) % nranks);
   return peerIndex * static_cast<size_t>(slots) +
          static_cast<size_t>(m % static_cast<uint64_t>(slots));
+}
+
+// The same as a byte offset, when each peer has `region` bytes of the owner's scratch, cut
+// into `slots` equal slots.
+inline size_t chunkOffset(int owner, int from, uint64_t m, int nranks, int slots, size_t region) {
+  const size_t slot = chunkSlot(owner, from, m, nranks, slots);
+  return slot / static_cast<size_t>(slots) * region +
+         slot % static_cast<size_t>(slots) * (region / static_cast<size_t>(slots));
 }
 
 }  // namespace loom::collectives::device

@@ -733,6 +733,27 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
 
 // Copy-engine collectives mixed with kernel ones in one group, and captured (both ranks'
 // streams in one group) in CUDA graphs replayed with the outputs poisoned in between.
+// The chunked all-reduce cuts each peer's scratch into 4 slots (with the default 256 MiB)
+// and reduce into 2: calls that alternate must wait for the other layout's chunks first.
+// 64 KiB chunks, so each call goes round the slots several times.
+TEST(GpuCollectives, ChunkedLayoutsAlternate) {
+  REQUIRE_GPUS(2);
+  Ranks R(2, {{"LOOM_P2P_CE_REDUCE_BYTES", "1"},
+              {"LOOM_P2P_CE_ALLREDUCE_BYTES", "1"},
+              {"LOOM_P2P_CE_CHUNK_BYTES", "65536"}});
+  for (DataType t : {DataType::kInt8, DataType::kFloat32, DataType::kFloat64}) {
+    const size_t es = loom::dataTypeSize(t);
+    for (size_t count : {size_t{300001}, (size_t{2} << 20) + 7}) {
+      const std::string what = std::string(loom::dataTypeName(t)) + " count " + std::to_string(count);
+      EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << what;
+      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, es, false, 1), 0u) << what;
+      EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclMax, count, true, es), 0u) << what;
+      EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << what;
+      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMin, count, true, 0, false, 0), 0u) << what;
+    }
+  }
+}
+
 TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
   REQUIRE_GPUS(2);
   Ranks R(2, {{"LOOM_P2P_CE_BYTES", "4096"}});
