@@ -69,7 +69,8 @@ const std::vector<Definition> kDefinitions = {
      "chunk size of the copy-engine reduce and all-reduce, for measurements (0: a whole slot "
      "for reduce, 64 MiB for all-reduce)"},
     {"LOOM_P2P_CE_SCRATCH_BYTES", nullptr, Type::kInt, "268435456",
-     "device memory per GPU for the chunks of those forms (two per peer), allocated at their first use"},
+     "device memory per GPU for the chunks of those forms (per peer: two slots for reduce, four "
+     "for all-reduce where each holds 64 MiB), allocated at their first use"},
     {"LOOM_P2P_REDUCE_DIRECT_BYTES", nullptr, Type::kInt, "2097152",
      "GPU reduce on 2 ranks: the input straight to the root up to this size, reduce-scatter + "
      "gather above"},
