@@ -79,6 +79,7 @@ struct Clique {
         devices(nranks, -1),
         scratch(nranks, nullptr) {}
   ~Clique() {
+    if (freeMirror) cudaFreeHost(const_cast<uint64_t*>(freeMirror));
     for (size_t r = 0; r < scratch.size(); ++r) {
       if (!scratch[r]) continue;
       DeviceGuard guard(devices[r]);
@@ -95,6 +96,11 @@ struct Clique {
   // allocated for every rank by the first call that needs them.
   std::vector<void*> scratch;
   bool scratchFailed = false;  // that allocation failed once: the kernels from then on
+  // Host-mapped copies of the chunk slots' free counters, [pusher * kMaxRanks + owner]:
+  // each owner's reduction writes them after the counter in the pusher's window, so a
+  // pusher's host thread can leave out a wait for a slot already free (allocated with the
+  // scratch; null if that failed).
+  volatile uint64_t* freeMirror = nullptr;
 };
 
 // One Clique per communicator (its token agreed at init), shared by its ranks here.

@@ -210,7 +210,8 @@ int launchChunkFlags(const MeshContext& ctx, const ChunkFlags& flags, cudaStream
 
 // One chunk of our segment: waits until every peer's copy of it landed (ready[q] in our
 // window >= wait[q]), reduces the sources (in rank order: our input and the peers' copies)
-// into `out`, then tells each peer its slot is free (free[us] in q's window := signal[q]).
+// into `out`, then tells each peer its slot is free (free[us] in q's window := signal[q],
+// then the same in freeMirror where given).
 // The op is applied as in MeshCall; PreMulSum multiplies every source by the one scalar.
 struct ChunkReduce {
   DataType type = DataType::kFloat32;
@@ -223,6 +224,9 @@ struct ChunkReduce {
   uint64_t wait[kMaxRanks] = {};
   uint64_t signal[kMaxRanks] = {};
   int maxBlocks = 0;  // at most this many blocks (0: the mesh's); parts are at least 64 KiB
+  // Host-mapped copies of the free counters, [pusher * kMaxRanks + owner] (null: none),
+  // written after the counters themselves.
+  uint64_t* freeMirror = nullptr;
 };
 int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream);
 

@@ -1099,7 +1099,10 @@ __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__
   reduceBlockPart<E>(c, a.srcs, a.out, a.count, op, a.red == RedKind::kPreMulSum ? (1u << c.nranks) - 1 : 0);
   // The last block: every block's reads of the slots come before the release.
   if (!lastBlockDone(done)) return;
-  if (peerThread && a.signal[t]) storeRelease(chunkFlag(c, t, kChunkFree, c.rank), a.signal[t]);
+  if (peerThread && a.signal[t]) {
+    storeRelease(chunkFlag(c, t, kChunkFree, c.rank), a.signal[t]);
+    if (a.freeMirror) storeRelease(a.freeMirror + t * kMaxRanks + c.rank, a.signal[t]);
+  }
   if (t == 0) *done = 0;
 }
 
