@@ -180,9 +180,10 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   // chunks were all slower than one chunk: each chunk's copy, counter and kernel cost more
   // than the overlap gains); at most 64 MiB for all-reduce (at 8 GiB: 373 GB/s with
   // 64 MiB chunks, 365 with 128, 353 with 32). LOOM_P2P_CE_CHUNK_BYTES sets them, to measure.
-  // All-reduce cuts each peer's scratch into 4 slots where they hold 64 MiB: a slot's wait
-  // (a kernel on the push stream) then comes every second chunk instead of before each
-  // (8 GiB: 375.7-376.1 GB/s against 369.5-373.4, docs/perf/h200x2.md, session 7).
+  // All-reduce cuts each peer's scratch into 4 slots where they hold 64 MiB, so a push
+  // waits for the reduction of the chunk four before it, not two, and a waiting kernel
+  // comes every second chunk (8 GiB: 375.9-376.4 GB/s against 369.5-373.4,
+  // docs/perf/h200x2.md, session 7).
   const int slots = gather ? arSlots_ : static_cast<int>(chunkSlots_);
   const size_t region = chunkSlots_ * chunkMax_;  // each peer's part of an owner's scratch
   const size_t slotBytes = region / static_cast<size_t>(slots) / (64 * 1024) * (64 * 1024);
