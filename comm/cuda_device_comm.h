@@ -78,13 +78,15 @@ struct Clique {
         abortFlags(nranks, nullptr),
         devices(nranks, -1),
         scratch(nranks, nullptr) {}
+  // Only the ranks' kernels write the scratch and the mirror, and every rank's
+  // ~CudaDeviceComm waits for its GPU before it lets go of the Clique.
   ~Clique() {
-    if (freeMirror) cudaFreeHost(const_cast<uint64_t*>(freeMirror));
     for (size_t r = 0; r < scratch.size(); ++r) {
       if (!scratch[r]) continue;
       DeviceGuard guard(devices[r]);
       cudaFree(scratch[r]);
     }
+    if (freeMirror) cudaFreeHost(freeMirror);
     cudaGetLastError();
   }
   std::mutex mutex;
@@ -99,8 +101,9 @@ struct Clique {
   // Host-mapped copies of the chunk slots' free counters, [pusher * kMaxRanks + owner]:
   // each owner's reduction writes them after the counter in the pusher's window, so a
   // pusher's host thread can leave out a wait for a slot already free (allocated with the
-  // scratch; null if that failed).
-  volatile uint64_t* freeMirror = nullptr;
+  // scratch; null if that failed). freeMirrorDevice: the same memory as the GPUs see it.
+  uint64_t* freeMirror = nullptr;
+  uint64_t* freeMirrorDevice = nullptr;
 };
 
 // One Clique per communicator (its token agreed at init), shared by its ranks here.
@@ -208,7 +211,8 @@ class CudaDeviceComm final : public DeviceComm {
   // The chunked all-reduce and reduce (collectives/device/chunk_plan.h). On our push stream,
   // each chunk of every peer's segment goes into that peer's scratch, and is counted in the
   // peer's window (a stream memory operation, or a kernel); a kernel waits for a slot to be
-  // free before it is written again. On the caller's stream, each chunk of our segment is
+  // free before it is written again, unless the host already sees it free (the Clique's
+  // freeMirror). On the caller's stream, each chunk of our segment is
   // reduced once every peer's copy has been counted; for all-reduce the push stream then
   // copies it into every peer's output. The counters carry over from call to call, so a
   // slot is never overwritten before its owner reduced it. Nothing here may be captured
@@ -280,7 +284,6 @@ class CudaDeviceComm final : public DeviceComm {
   // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
   static constexpr size_t chunkSlots_ = 2;  // slots per peer (reduce; the scratch's size)
   int arSlots_ = 2;                         // the all-reduce's: 4 where each holds 64 MiB
-  int lastChunkSlots_ = 0;                  // the previous chunked call's (0: none yet)
   bool memopOk_ = true;  // cuStreamWriteValue64 has not failed
   static constexpr int kChunkAllReduceBlocks = 48;
   static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;

@@ -154,12 +154,16 @@ std::vector<void*> CudaDeviceComm::chunkScratch() {
       }
     }
     void* mirror = nullptr;
+    void* mirrorDevice = nullptr;
     const size_t mirrorBytes = sizeof(uint64_t) * dev::kMaxRanks * dev::kMaxRanks;
     if (cudaHostAlloc(&mirror, mirrorBytes, cudaHostAllocPortable | cudaHostAllocMapped) ==
-        cudaSuccess) {
+            cudaSuccess &&
+        cudaHostGetDevicePointer(&mirrorDevice, mirror, 0) == cudaSuccess) {
       std::memset(mirror, 0, mirrorBytes);
-      clique_->freeMirror = static_cast<volatile uint64_t*>(mirror);
+      clique_->freeMirror = static_cast<uint64_t*>(mirror);
+      clique_->freeMirrorDevice = static_cast<uint64_t*>(mirrorDevice);
     } else {
+      if (mirror) cudaFreeHost(mirror);
       cudaGetLastError();  // the waits then always run on the GPU
     }
     LOOM_INFO(kColl, "chunked all-reduce and reduce: %zu bytes of scratch on each GPU", bytes);
@@ -190,9 +194,6 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   size_t chunkBytes = gather ? std::min(slotBytes, kChunkAllReduceBytes) : slotBytes;
   if (chunkSize_ > 0) chunkBytes = std::min(chunkSize_, slotBytes);
   const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
-  // A call after one with the other layout first waits until its earlier chunks are reduced.
-  const bool drain = lastChunkSlots_ != 0 && lastChunkSlots_ != slots;
-  lastChunkSlots_ = slots;
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,
               "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
@@ -218,8 +219,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
     return Status::ok();
   };
   using K = dev::ChunkStep::Kind;
-  for (const dev::ChunkStep& s :
-       dev::chunkProgram(plan, me, gather, slots, &chunkCounters_, drain)) {
+  for (const dev::ChunkStep& s : dev::chunkProgram(plan, me, gather, slots, &chunkCounters_)) {
     if (s.kind != K::kSignalReady) LOOM_TRY(flush());
     switch (s.kind) {
       case K::kFork:  // the pushes read our input: after our stream's earlier work
@@ -232,9 +232,10 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         // push stream a few microseconds (the counters only grow, so this cannot be wrong).
         bool needed = false;
         for (int p = 0; p < n; ++p) {
-          needed = needed ||
-                   (s.wait[p] > 0 && (!clique_->freeMirror ||
-                                      clique_->freeMirror[me * dev::kMaxRanks + p] < s.wait[p]));
+          if (s.wait[p] == 0) continue;
+          const uint64_t* mirror = clique_->freeMirror;
+          needed = needed || !mirror ||
+                   __atomic_load_n(mirror + me * dev::kMaxRanks + p, __ATOMIC_ACQUIRE) < s.wait[p];
         }
         if (!needed) break;
         dev::ChunkFlags wait;
@@ -287,7 +288,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         // with 64 blocks, 373 with 48, 369 with 32, 139 with 8: too slow to keep up). The
         // root of a reduce only receives: every block (379 GB/s; 272 with 32).
         if (gather) r.maxBlocks = kChunkAllReduceBlocks;
-        r.freeMirror = const_cast<uint64_t*>(clique_->freeMirror);
+        r.freeMirror = clique_->freeMirrorDevice;
         for (int q = 0; q < n; ++q) {
           if (q == me) {
             r.srcs[q] = in + s.begin * es;

@@ -50,7 +50,7 @@ size_t ChunkPlan::maxChunkBytes() const {
 }
 
 std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
-                                    ChunkCounters* counters, bool drain) {
+                                    ChunkCounters* counters) {
   using K = ChunkStep::Kind;
   const int n = plan.nranks();
   const uint64_t D = static_cast<uint64_t>(slots), B = std::max<uint64_t>(1, D / 2);
@@ -92,7 +92,8 @@ std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, 
       }
       // Another layout before: everything sent so far must be reduced (needFree never
       // asks for more than that).
-      if (drain && c == 0 && c < plan.chunks(p) && counters->sent[p] > 0) {
+      const bool relaid = counters->slots[p] != 0 && counters->slots[p] != slots;
+      if (relaid && c == 0 && c < plan.chunks(p) && counters->sent[p] > 0) {
         wait.wait[p] = counters->sent[p];
         waits = true;
       }
@@ -127,6 +128,7 @@ std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, 
     if (p == me) continue;
     counters->sent[p] += plan.chunks(p);
     counters->reduced[p] += plan.chunks(me);
+    if (plan.chunks(p) > 0) counters->slots[p] = slots;
   }
   add(K::kJoin);
   if (gather) add(K::kBarrier);

@@ -72,18 +72,20 @@ struct ChunkStep {
   uint64_t mOf[kMaxRanks] = {};   // kReduce: per peer, the number of its chunk reduced here
 };
 
-// Chunks pushed to each peer and reduced from each so far (they carry over between calls).
+// Chunks pushed to each peer and reduced from each so far (they carry over between calls),
+// and how many slots per peer the last call that pushed to each peer cut its scratch into.
 struct ChunkCounters {
   uint64_t sent[kMaxRanks] = {};
   uint64_t reduced[kMaxRanks] = {};
+  int slots[kMaxRanks] = {};  // 0: none yet
 };
 
 // Rank `me`'s program for one call (`gather`: all-reduce) with `slots` slots per peer,
-// counting on and updating `counters`. `drain`: the scratch was cut into another number of
-// slots by the previous call, so the first push to each peer waits until that peer has
-// reduced every chunk sent to it before.
+// counting on and updating `counters`. Where our last push to a peer cut its scratch into
+// another number of slots, the first push to it waits until it has reduced every chunk
+// sent to it before (the two layouts' slots overlap).
 std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
-                                    ChunkCounters* counters, bool drain = false);
+                                    ChunkCounters* counters);
 
 // Where in `owner`'s scratch the m-th chunk from rank `from` goes: a slot index (times the
 // slot size); each peer has `slots` slots.

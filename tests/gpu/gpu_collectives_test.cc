@@ -731,8 +731,6 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
   for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
 }
 
-// Copy-engine collectives mixed with kernel ones in one group, and captured (both ranks'
-// streams in one group) in CUDA graphs replayed with the outputs poisoned in between.
 // The chunked all-reduce cuts each peer's scratch into 4 slots (with the default 256 MiB)
 // and reduce into 2: calls that alternate must wait for the other layout's chunks first.
 // 64 KiB chunks, so each call goes round the slots several times.
@@ -754,6 +752,8 @@ TEST(GpuCollectives, ChunkedLayoutsAlternate) {
   }
 }
 
+// Copy-engine collectives mixed with kernel ones in one group, and captured (both ranks'
+// streams in one group) in CUDA graphs replayed with the outputs poisoned in between.
 TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
   REQUIRE_GPUS(2);
   Ranks R(2, {{"LOOM_P2P_CE_BYTES", "4096"}});
