@@ -119,8 +119,10 @@ if [ "$mode" = final ]; then
     grep -iE "avg bus bandwidth|busbw ratio" "$out/bench_${c}.log"
     pack
   done
-  run bench_mpi_all_reduce timeout 60 "${mpi[@]}" "$bin/all_reduce_perf" -b 8 -e 1G -f 4 -c 0 -w 10 -n 50 \
-    --compare nccl --json "$out/bench_mpi_all_reduce.json"
+  for c in all_reduce reduce_scatter reduce; do  # the goal rows that hold under mpirun too
+    run "bench_mpi_$c" timeout 60 "${mpi[@]}" "$bin/${c}_perf" -b 8 -e 1G -f 4 -c 0 -w 10 -n 50 \
+      --compare nccl --json "$out/bench_mpi_$c.json"
+  done
   python3 "$here/plot_perf.py" --out "$out/h200x2_busbw.png" --title "2 x H200 (NV18), loom vs NCCL 2.28.9" \
     "$out"/bench_{all_reduce,all_gather,broadcast,reduce_scatter,reduce,alltoall,sendrecv}.json > "$out/plot.log" 2>&1
   python3 "$here/plot_perf.py" --table "$out"/bench_*.json > "$out/tables.md" 2>&1
