@@ -46,12 +46,15 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_P2P_BLOCKS", "NCCL_MAX_NCHANNELS", Type::kInt, "0",
      "CUDA blocks (channels) of the GPU mesh kernels, each with its own slots per peer "
      "(0: 128 for 2 ranks, 64 above; measured on 2 x H200, docs/perf/h200x2.md)"},
-    {"LOOM_P2P_THREADS", "NCCL_NTHREADS", Type::kInt, "512", "threads per block of the GPU mesh kernels"},
+    {"LOOM_P2P_THREADS", "NCCL_NTHREADS", Type::kInt, "512",
+     "threads per block of the GPU mesh kernels"},
     {"LOOM_P2P_SLOTS", nullptr, Type::kInt, "4", "slots per peer and block in the GPU mesh window"},
     {"LOOM_P2P_SLOT_BYTES", nullptr, Type::kInt, "0",
-     "bytes per slot of the GPU mesh window (0: 256 KiB for 2 ranks, 128 KiB up to 4, 64 KiB above)"},
+     "bytes per slot of the GPU mesh window (0: 256 KiB for 2 ranks, 128 KiB up to 4, 64 KiB "
+     "above)"},
     {"LOOM_P2P_ONESHOT_BYTES", nullptr, Type::kInt, "-1",
-     "GPU all-reduce: one-shot up to this size, two-shot above (-1: 4 MiB for 2 ranks, 256 KiB above)"},
+     "GPU all-reduce: one-shot up to this size, two-shot above (-1: 4 MiB for 2 ranks, 256 KiB "
+     "above)"},
     {"LOOM_P2P_CE_BYTES", nullptr, Type::kInt, "-1",
      "GPU broadcast, all-gather and all-to-all with every rank in one process: copy engines "
      "from this many bytes per copy (-1: 16 MiB; 0: never)"},
@@ -62,6 +65,11 @@ const std::vector<Definition> kDefinitions = {
      "GPU reduce between ranks of one process whose calls meet in a group: from this size the "
      "copy engines move the data in chunks and kernels reduce each chunk locally (-1: 2 MiB "
      "on 2 ranks, never on more; 0: never)"},
+    {"LOOM_P2P_CE_REDUCE_WINDOW_BYTES", nullptr, Type::kInt, "0",
+     "GPU reduce on 2 ranks where the one-process forms do not apply (ranks in separate "
+     "processes): from this size the non-root's copy engine pushes its input in chunks into "
+     "the root's window, whose slots it borrows, and a kernel reduces each chunk as it lands "
+     "(0: never; not measured yet)"},
     {"LOOM_P2P_CE_ALLREDUCE_BYTES", nullptr, Type::kInt, "-1",
      "the same chunked form for all-reduce, from this size (-1: 256 MiB on 2 ranks, never on "
      "more; 0: never)"},
