@@ -295,7 +295,9 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
     const bool outMapped =
         ask &&
         (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff));
-    const bool captured = chunked && capturing(o.stream);
+    const bool captured =
+        (chunked || (o.type == collectives::CollType::kReduce && windowReduceSize(bytes))) &&
+        capturing(o.stream);
     mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, inMapped,
                     outMapped, captured});
   }
@@ -363,12 +365,17 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
     if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
   }
   // Reduce on 2 ranks where that was not taken (ranks in separate processes): the same
-  // through the root's window (LOOM_P2P_CE_REDUCE_WINDOW_BYTES, off by default). Every
-  // rank decides from the agreed settings and its own stream's capture state, so the
-  // ranks must capture alike (as NCCL asks).
+  // through the root's window (LOOM_P2P_CE_REDUCE_WINDOW_BYTES, off by default), never
+  // under graph capture. Ranks of one process see each other's capture state in the
+  // group's postings; between processes each rank sees only its own, so there the ranks
+  // must capture alike.
   if (op.type == collectives::CollType::kReduce && windowReduceSize(block) &&
-      op.ncclOp < ncclNumOps && !red.scalarDevice && !capturing(op.stream)) {
-    return failCliqueOn(launchChunked(op, call, {}, {}));
+      op.ncclOp < ncclNumOps && !red.scalarDevice) {
+    bool anyCaptured = true;
+    const bool uncaptured =
+        clique_ ? peerBuffers(op, index, &all, nullptr, nullptr, &anyCaptured) && !anyCaptured
+                : !capturing(op.stream);
+    if (uncaptured) return failCliqueOn(launchChunked(op, call, {}, {}));
   }
   // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
   // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on

@@ -219,6 +219,10 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
     }
     return static_cast<char*>(scratch[owner]) + dev::chunkOffset(owner, from, m, n, slots, region);
   };
+  // An input the copy engines may not read across GPUs (a stream-ordered pool, VMM; the
+  // one-process forms never get one) is pushed by the SMs instead: a local choice, so the
+  // ranks still agree on the form.
+  const bool smCopy = borrowed && !cuda::isPeerMappableDevicePointer(op.sendbuff);
   // Borrowed slots: the owner's earlier kernels must be done reading them first.
   if (borrowed) {
     LOOM_TRY(launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
@@ -235,8 +239,9 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
     return Status::ok();
   };
   using K = dev::ChunkStep::Kind;
-  for (const dev::ChunkStep& s :
-       dev::chunkProgram(plan, me, gather, slots, &chunkCounters_, borrowed)) {
+  // The counters advance only once the whole call is enqueued.
+  dev::ChunkCounters next = chunkCounters_;
+  for (const dev::ChunkStep& s : dev::chunkProgram(plan, me, gather, slots, &next, borrowed)) {
     if (s.kind != K::kSignalReady) LOOM_TRY(flush());
     switch (s.kind) {
       case K::kFork:  // the pushes read our input: after our stream's earlier work
@@ -261,6 +266,12 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         break;
       }
       case K::kPush:
+        if (smCopy) {
+          LOOM_TRY(launchStatus(dev::launchDeviceCopy(slot(s.peer, me, s.m), in + s.begin * es,
+                                                      s.count * es, pushStream_),
+                                "the chunk copy"));
+          break;
+        }
         LOOM_TRY(cuda(cudaMemcpyAsync(slot(s.peer, me, s.m), in + s.begin * es, s.count * es,
                                       cudaMemcpyDefault, pushStream_),
                       "cudaMemcpyAsync (chunk to its owner)"));
@@ -330,6 +341,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
     }
   }
   LOOM_TRY(flush());
+  chunkCounters_ = next;
   return recordDone(stream, false);
 }
 
