@@ -160,23 +160,34 @@ class CudaDeviceComm final : public DeviceComm {
   // The settings that pick the GPU forms (agreed by every rank), parsed once.
   void chooseForms(const MeshAgreement& s);
 
-  // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
-  // have to agree on the buffers, see run()): no LOOM_ALGO, above the LL forms, up to
-  // LOOM_P2P_PULL_BYTES.
-  bool pullSize(size_t bytes) const {
-    return !algoSet_ && bytes > std::max(llLimit_, ll128Limit_) && bytes <= pullMax_;
+  // The forms with the flags in the data, for a call that sends each peer `bytes`: LL up to
+  // the LL limit (unless LOOM_ALGO asks for two-shot), LL128 above it up to its own limit
+  // (unless LOOM_ALGO is set at all).
+  enum class FlagForm { kNone, kLL, kLL128 };
+  FlagForm flagForm(size_t bytes) const {
+    if (bytes <= llLimit_ && !forceTwo_) return FlagForm::kLL;
+    if (bytes <= ll128Limit_ && !algoSet_) return FlagForm::kLL128;
+    return FlagForm::kNone;
   }
+
+  // No LOOM_ALGO and above both flag forms' limits: where the pulled and chunked forms start.
+  bool pastFlagForms(size_t bytes) const {
+    return !algoSet_ && bytes > std::max(llLimit_, ll128Limit_);
+  }
+
+  // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
+  // have to agree on the buffers, see run()): up to LOOM_P2P_PULL_BYTES.
+  bool pullSize(size_t bytes) const { return pastFlagForms(bytes) && bytes <= pullMax_; }
 
   // Whether a reduce of `bytes` may take the chunked form through the root's window.
   bool windowReduceSize(size_t bytes) const {
-    return !algoSet_ && bytes > std::max(llLimit_, ll128Limit_) && bytes >= windowReduceMin_;
+    return pastFlagForms(bytes) && bytes >= windowReduceMin_;
   }
 
-  // Whether a call of `type` and `bytes` may take the chunked form (launchChunked): no
-  // LOOM_ALGO, a reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from
-  // LOOM_P2P_CE_ALLREDUCE_BYTES.
+  // Whether a call of `type` and `bytes` may take the chunked form (launchChunked): a
+  // reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from LOOM_P2P_CE_ALLREDUCE_BYTES.
   bool chunkedSize(collectives::CollType type, size_t bytes) const {
-    if (algoSet_ || bytes <= std::max(llLimit_, ll128Limit_)) return false;
+    if (!pastFlagForms(bytes)) return false;
     if (type == collectives::CollType::kReduce) return bytes >= chunkReduceMin_;
     return type == collectives::CollType::kAllReduce && bytes >= chunkAllReduceMin_;
   }

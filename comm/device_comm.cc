@@ -505,8 +505,7 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   arSlots_ = chunkSlots_ * chunkMax_ / 4 >= kChunkAllReduceBytes ? 4 : static_cast<int>(chunkSlots_);
   // The reduce through the root's window: 2 ranks, the slots one sender has in a window
   // cut in two, each at least 64 KiB.
-  const size_t perSender = size_t(ctx_.geo.maxBlocks) * size_t(ctx_.geo.slots) * ctx_.geo.slotBytes;
-  windowChunkMax_ = perSender / chunkSlots_ / (64 * 1024) * (64 * 1024);
+  windowChunkMax_ = ctx_.geo.senderSlotsBytes() / chunkSlots_ / (64 * 1024) * (64 * 1024);
   windowReduceMin_ = s.windowReduceBytes > 0 && nranks_ == 2 && windowChunkMax_ > 0
                          ? static_cast<size_t>(s.windowReduceBytes)
                          : SIZE_MAX;
@@ -514,13 +513,14 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
 
 dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** why) const {
   size_t bytes = op.count * dataTypeSize(op.dtype);
-  if (bytes <= llLimit_ && !forceTwo_) {
-    *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
-    return dev::MeshKind::kAllReduceLL;
-  }
-  if (bytes <= ll128Limit_ && !algoSet_) {
-    *why = "size <= LOOM_P2P_LL128_BYTES";
-    return dev::MeshKind::kAllReduceLL128;
+  switch (flagForm(bytes)) {
+    case FlagForm::kLL:
+      *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
+      return dev::MeshKind::kAllReduceLL;
+    case FlagForm::kLL128:
+      *why = "size <= LOOM_P2P_LL128_BYTES";
+      return dev::MeshKind::kAllReduceLL128;
+    case FlagForm::kNone: break;
   }
   if (forceOne_) {
     *why = "LOOM_ALGO=oneshot";
@@ -540,28 +540,29 @@ dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** wh
 
 dev::MeshKind CudaDeviceComm::reduceScatterKind(const Operation& op, const char** why) const {
   // The LL forms while each rank's part (what it sends each peer) fits their limits.
-  size_t part = op.count * dataTypeSize(op.dtype);
-  if (part <= llLimit_ && !forceTwo_) {
-    *why = protoLL_ ? "LOOM_PROTO=ll" : "part per rank <= LOOM_P2P_LL_BYTES";
-    return dev::MeshKind::kReduceScatterLL;
-  }
-  if (part <= ll128Limit_ && !algoSet_) {
-    *why = "part per rank <= LOOM_P2P_LL128_BYTES";
-    return dev::MeshKind::kReduceScatterLL128;
+  switch (flagForm(op.count * dataTypeSize(op.dtype))) {
+    case FlagForm::kLL:
+      *why = protoLL_ ? "LOOM_PROTO=ll" : "part per rank <= LOOM_P2P_LL_BYTES";
+      return dev::MeshKind::kReduceScatterLL;
+    case FlagForm::kLL128:
+      *why = "part per rank <= LOOM_P2P_LL128_BYTES";
+      return dev::MeshKind::kReduceScatterLL128;
+    case FlagForm::kNone: break;
   }
   return dev::MeshKind::kReduceScatter;
 }
 
 dev::MeshKind CudaDeviceComm::reduceKind(const Operation& op, const char** why) const {
   size_t bytes = op.count * dataTypeSize(op.dtype);
-  if (bytes <= llLimit_ && !forceTwo_) {
-    *why = protoLL_ ? "LOOM_PROTO=ll"
-                    : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
-    return dev::MeshKind::kReduceLL;
-  }
-  if (bytes <= ll128Limit_ && !algoSet_) {
-    *why = "size <= LOOM_P2P_LL128_BYTES (the LL128 all-reduce, only the root writes)";
-    return dev::MeshKind::kReduceLL128;
+  switch (flagForm(bytes)) {
+    case FlagForm::kLL:
+      *why = protoLL_ ? "LOOM_PROTO=ll"
+                      : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
+      return dev::MeshKind::kReduceLL;
+    case FlagForm::kLL128:
+      *why = "size <= LOOM_P2P_LL128_BYTES (the LL128 all-reduce, only the root writes)";
+      return dev::MeshKind::kReduceLL128;
+    case FlagForm::kNone: break;
   }
   if (forceDirect_) {
     *why = "LOOM_ALGO asks for one stage (direct to the root)";

@@ -212,9 +212,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
   auto slot = [&](int owner, int from, uint64_t m) -> char* {
     if (borrowed) {  // the owner's window slots for messages from `from` (mesh.h)
-      return ctx_.windows[owner] + ctx_.geo.slotsOffset() +
-             size_t(from) * size_t(ctx_.geo.maxBlocks) * size_t(ctx_.geo.slots) *
-                 ctx_.geo.slotBytes +
+      return ctx_.windows[owner] + ctx_.geo.senderSlotsOffset(from) +
              size_t(m % static_cast<uint64_t>(slots)) * slotBytes;
     }
     return static_cast<char*>(scratch[owner]) + dev::chunkOffset(owner, from, m, n, slots, region);
@@ -252,10 +250,10 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         // Slots whose owners already wrote them free (the mirror) need no wait on the GPU:
         // in steady state none do, and each waiting kernel between two copies costs the
         // push stream a few microseconds (the counters only grow, so this cannot be wrong).
+        const uint64_t* mirror = clique_ ? clique_->freeMirror : nullptr;
         bool needed = false;
         for (int p = 0; p < n; ++p) {
           if (s.wait[p] == 0) continue;
-          const uint64_t* mirror = clique_ ? clique_->freeMirror : nullptr;
           needed = needed || !mirror ||
                    __atomic_load_n(mirror + me * dev::kMaxRanks + p, __ATOMIC_ACQUIRE) < s.wait[p];
         }

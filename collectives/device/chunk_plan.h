@@ -89,20 +89,13 @@ struct ChunkCounters {
 std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
                                     ChunkCounters* counters, bool drainAfter = false);
 
-// Where in `owner`'s scratch the m-th chunk from rank `from` goes: a slot index (times the
-// slot size); each peer has `slots` slots.
-inline size_t chunkSlot(int owner, int from, uint64_t m, int nranks, int slots) {
-  const size_t peerIndex = static_cast<size_t>((from - owner - 1 + nranks) % nranks);
-  return peerIndex * static_cast<size_t>(slots) +
-         static_cast<size_t>(m % static_cast<uint64_t>(slots));
-}
-
-// The same as a byte offset, when each peer has `region` bytes of the owner's scratch, cut
-// into `slots` equal slots.
+// Where in `owner`'s scratch the m-th chunk from rank `from` goes, in bytes, when each peer
+// has `region` bytes of it (in the order of the peers after the owner), cut into `slots`
+// equal slots.
 inline size_t chunkOffset(int owner, int from, uint64_t m, int nranks, int slots, size_t region) {
-  const size_t slot = chunkSlot(owner, from, m, nranks, slots);
-  return slot / static_cast<size_t>(slots) * region +
-         slot % static_cast<size_t>(slots) * (region / static_cast<size_t>(slots));
+  const size_t peerIndex = static_cast<size_t>((from - owner - 1 + nranks) % nranks);
+  const size_t slot = static_cast<size_t>(m % static_cast<uint64_t>(slots));
+  return peerIndex * region + slot * (region / static_cast<size_t>(slots));
 }
 
 }  // namespace loom::collectives::device

@@ -69,9 +69,14 @@ struct Geometry {
   LOOM_HOST_DEVICE size_t chunkFlagOffset() const { return barrierOffset() + barrierBytes(); }
   LOOM_HOST_DEVICE size_t chunkFlagBytes() const { return 2 * size_t(kMaxRanks) * kFlagStride; }
   LOOM_HOST_DEVICE size_t slotsOffset() const { return chunkFlagOffset() + chunkFlagBytes(); }
-  LOOM_HOST_DEVICE size_t windowBytes() const {
-    return slotsOffset() + size_t(nranks) * size_t(maxBlocks) * size_t(slots) * slotBytes;
+  // The slots for messages from one sender (every block's), and where rank `from`'s begin.
+  LOOM_HOST_DEVICE size_t senderSlotsBytes() const {
+    return size_t(maxBlocks) * size_t(slots) * slotBytes;
   }
+  LOOM_HOST_DEVICE size_t senderSlotsOffset(int from) const {
+    return slotsOffset() + size_t(from) * senderSlotsBytes();
+  }
+  LOOM_HOST_DEVICE size_t windowBytes() const { return senderSlotsOffset(nranks); }
   // Per-rank private counters: sent and received per block and peer, then the LL call
   // count per LL block, then the barrier count.
   LOOM_HOST_DEVICE size_t llSeqIndex(int block) const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) + block; }

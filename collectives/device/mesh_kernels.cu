@@ -127,8 +127,8 @@ __device__ __forceinline__ uint64_t* ackFlag(char* window, int to, int block, in
 }
 __device__ __forceinline__ char* slotPtr(const Geometry& g, char* window, int from, int block,
                                          uint64_t seq) {
-  size_t index = (size_t(from) * g.maxBlocks + block) * g.slots + size_t(seq % g.slots);
-  return window + g.slotsOffset() + index * g.slotBytes;
+  size_t index = size_t(block) * g.slots + size_t(seq % g.slots);
+  return window + g.senderSlotsOffset(from) + index * g.slotBytes;
 }
 
 __device__ __forceinline__ void storeLL(char* p, uint64_t a, uint64_t b) {
