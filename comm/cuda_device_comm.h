@@ -123,7 +123,6 @@ struct MeshAgreement {
   int64_t pullBytes = 0;
   int64_t chunkBytes = 0;
   int64_t chunkAllReduceBytes = 0;
-  int64_t windowReduceBytes = 0;
   int64_t chunkSize = 0;
   int64_t scratchBytes = 0;
   uint64_t token = 0;
@@ -179,11 +178,6 @@ class CudaDeviceComm final : public DeviceComm {
   // have to agree on the buffers, see run()): up to LOOM_P2P_PULL_BYTES.
   bool pullSize(size_t bytes) const { return pastFlagForms(bytes) && bytes <= pullMax_; }
 
-  // Whether a reduce of `bytes` may take the chunked form through the root's window.
-  bool windowReduceSize(size_t bytes) const {
-    return pastFlagForms(bytes) && bytes >= windowReduceMin_;
-  }
-
   // Whether a call of `type` and `bytes` may take the chunked form (launchChunked): a
   // reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from LOOM_P2P_CE_ALLREDUCE_BYTES.
   bool chunkedSize(collectives::CollType type, size_t bytes) const {
@@ -233,10 +227,7 @@ class CudaDeviceComm final : public DeviceComm {
   // reduced once every peer's copy has been counted; for all-reduce the push stream then
   // copies it into every peer's output. The counters carry over from call to call, so a
   // slot is never overwritten before its owner reduced it. Nothing here may be captured
-  // (checked by the caller). With `scratch` empty (a reduce through the root's window), the
-  // scratch is the root's window slots for our messages, borrowed: a barrier comes first
-  // (the root's earlier kernels are done with them) and the push stream ends by waiting
-  // until the root has reduced every chunk (before our next kernels write there).
+  // (checked by the caller).
   Status launchChunked(const Operation& op, const dev::MeshCall& call,
                        const std::vector<dev::RankBuffers>& all, const std::vector<void*>& scratch);
 
@@ -311,8 +302,6 @@ class CudaDeviceComm final : public DeviceComm {
   size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
   size_t chunkSize_ = 0;                 // LOOM_P2P_CE_CHUNK_BYTES (0: by form)
   size_t chunkMax_ = 0;                  // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)
-  size_t windowReduceMin_ = SIZE_MAX;    // LOOM_P2P_CE_REDUCE_WINDOW_BYTES
-  size_t windowChunkMax_ = 0;            // half of one sender's slots in a window
   dev::ChunkCounters chunkCounters_;
   cudaStream_t pushStream_ =
       nullptr;  // our copies: input chunks to their owners, reduced chunks to the peers

@@ -134,7 +134,6 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
   mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
   mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
-  mine.windowReduceBytes = settings::getInt("LOOM_P2P_CE_REDUCE_WINDOW_BYTES");
   mine.chunkSize = settings::getInt("LOOM_P2P_CE_CHUNK_BYTES");
   mine.scratchBytes = settings::getInt("LOOM_P2P_CE_SCRATCH_BYTES");
   if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
@@ -151,11 +150,10 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
       break;
     }
     if (all[r].llBytes != mine.llBytes || all[r].ll128Bytes != mine.ll128Bytes ||
-        all[r].oneShotBytes != mine.oneShotBytes || all[r].ceBytes != mine.ceBytes ||
-        all[r].reduceDirectBytes != mine.reduceDirectBytes || all[r].pullBytes != mine.pullBytes ||
-        all[r].chunkBytes != mine.chunkBytes ||
-        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes ||
-        all[r].windowReduceBytes != mine.windowReduceBytes || all[r].chunkSize != mine.chunkSize ||
+        all[r].oneShotBytes != mine.oneShotBytes ||
+        all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
+        all[r].pullBytes != mine.pullBytes || all[r].chunkBytes != mine.chunkBytes ||
+        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes || all[r].chunkSize != mine.chunkSize ||
         all[r].scratchBytes != mine.scratchBytes || std::strcmp(all[r].algo, mine.algo) != 0 ||
         std::strcmp(all[r].proto, mine.proto) != 0) {
       return errorf(
@@ -164,8 +162,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or "
           "LOOM_P2P_LL128_BYTES, LOOM_P2P_REDUCE_DIRECT_BYTES, "
           "LOOM_P2P_PULL_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
-          "LOOM_P2P_CE_REDUCE_WINDOW_BYTES, LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) "
-          "(\"%s\"/\"%s\"/%lld/%lld/%lld "
+          "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
           "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
           r, rank, all[r].algo, all[r].proto, (long long)all[r].llBytes,
           (long long)all[r].oneShotBytes, (long long)all[r].ceBytes, mine.algo, mine.proto,
@@ -234,14 +231,12 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
       cudaStatus(cudaEventCreateWithFlags(&sideEvent_, cudaEventDisableTiming), "cudaEventCreate"));
   LOOM_TRY(
       cudaStatus(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate"));
-  if (oneProcess || windowReduceMin_ != SIZE_MAX) {  // the chunked forms' push stream
+  if (oneProcess) {
     LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&pushStream_, cudaStreamNonBlocking),
                         "cudaStreamCreate"));
     for (cudaEvent_t* e : {&chunkEvent_, &pushEvent_}) {
       LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate"));
     }
-  }
-  if (oneProcess) {
     clique_ = cliqueFor(all[0].token, nranks_);
     std::lock_guard<std::mutex> lock(clique_->mutex);
     clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
@@ -295,9 +290,7 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
     const bool outMapped =
         ask &&
         (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff));
-    const bool captured =
-        (chunked || (o.type == collectives::CollType::kReduce && windowReduceSize(bytes))) &&
-        capturing(o.stream);
+    const bool captured = chunked && capturing(o.stream);
     mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, inMapped,
                     outMapped, captured});
   }
@@ -363,19 +356,6 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
       (outMapped || op.type == collectives::CollType::kReduce)) {
     std::vector<void*> scratch = chunkScratch();
     if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
-  }
-  // Reduce on 2 ranks where that was not taken (ranks in separate processes): the same
-  // through the root's window (LOOM_P2P_CE_REDUCE_WINDOW_BYTES, off by default), never
-  // under graph capture. Ranks of one process see each other's capture state in the
-  // group's postings; between processes each rank sees only its own, so there the ranks
-  // must capture alike.
-  if (op.type == collectives::CollType::kReduce && windowReduceSize(block) &&
-      op.ncclOp < ncclNumOps && !red.scalarDevice) {
-    bool anyCaptured = true;
-    const bool uncaptured =
-        clique_ ? peerBuffers(op, index, &all, nullptr, nullptr, &anyCaptured) && !anyCaptured
-                : !capturing(op.stream);
-    if (uncaptured) return failCliqueOn(launchChunked(op, call, {}, {}));
   }
   // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
   // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
@@ -503,12 +483,6 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
       nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
   if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
   arSlots_ = chunkSlots_ * chunkMax_ / 4 >= kChunkAllReduceBytes ? 4 : static_cast<int>(chunkSlots_);
-  // The reduce through the root's window: 2 ranks, the slots one sender has in a window
-  // cut in two, each at least 64 KiB.
-  windowChunkMax_ = ctx_.geo.senderSlotsBytes() / chunkSlots_ / (64 * 1024) * (64 * 1024);
-  windowReduceMin_ = s.windowReduceBytes > 0 && nranks_ == 2 && windowChunkMax_ > 0
-                         ? static_cast<size_t>(s.windowReduceBytes)
-                         : SIZE_MAX;
 }
 
 dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** why) const {

@@ -188,43 +188,25 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   // waits for the reduction of the chunk four before it, not two, and a waiting kernel
   // comes every second chunk (8 GiB: 375.9-376.4 GB/s against 369.5-373.4,
   // docs/perf/h200x2.md, session 7).
-  // No scratch given: a reduce through the root's window, whose slots for us it borrows
-  // (LOOM_P2P_CE_REDUCE_WINDOW_BYTES; ranks in separate processes).
-  const bool borrowed = scratch.empty();
   const int slots = gather ? arSlots_ : static_cast<int>(chunkSlots_);
-  // Each peer's part of an owner's scratch.
-  const size_t region = borrowed ? chunkSlots_ * windowChunkMax_ : chunkSlots_ * chunkMax_;
+  const size_t region = chunkSlots_ * chunkMax_;  // each peer's part of an owner's scratch
   const size_t slotBytes = region / static_cast<size_t>(slots) / (64 * 1024) * (64 * 1024);
   size_t chunkBytes = gather ? std::min(slotBytes, kChunkAllReduceBytes) : slotBytes;
   if (chunkSize_ > 0) chunkBytes = std::min(chunkSize_, slotBytes);
   const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,
-              "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, %s, size >= %s)",
+              "GPU chunked %s: %zu x %s, %zu chunks of our segment (copy engines, ranks of one "
+              "process, size >= %s)",
               gather ? "all-reduce" : "reduce", op.count, dataTypeName(op.dtype), plan.chunks(me),
-              borrowed ? "into the root's window" : "ranks of one process",
-              gather     ? "LOOM_P2P_CE_ALLREDUCE_BYTES"
-              : borrowed ? "LOOM_P2P_CE_REDUCE_WINDOW_BYTES"
-                         : "LOOM_P2P_CE_REDUCE_BYTES");
+              gather ? "LOOM_P2P_CE_ALLREDUCE_BYTES" : "LOOM_P2P_CE_REDUCE_BYTES");
   }
   const auto* in = static_cast<const char*>(op.sendbuff);
   auto* out = static_cast<char*>(op.recvbuff);
   auto cuda = [](cudaError_t e, const char* what) { return cudaStatus(e, what); };
-  auto slot = [&](int owner, int from, uint64_t m) -> char* {
-    if (borrowed) {  // the owner's window slots for messages from `from` (mesh.h)
-      return ctx_.windows[owner] + ctx_.geo.senderSlotsOffset(from) +
-             size_t(m % static_cast<uint64_t>(slots)) * slotBytes;
-    }
+  auto slot = [&](int owner, int from, uint64_t m) {
     return static_cast<char*>(scratch[owner]) + dev::chunkOffset(owner, from, m, n, slots, region);
   };
-  // An input the copy engines may not read across GPUs (a stream-ordered pool, VMM; the
-  // one-process forms never get one) is pushed by the SMs instead: a local choice, so the
-  // ranks still agree on the form.
-  const bool smCopy = borrowed && !cuda::isPeerMappableDevicePointer(op.sendbuff);
-  // Borrowed slots: the owner's earlier kernels must be done reading them first.
-  if (borrowed) {
-    LOOM_TRY(launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"));
-  }
   // Counters the driver would not write by a stream memory operation, written by one
   // kernel after the copies (the owner only reads the counter, so each rank may choose).
   dev::ChunkFlags pending;
@@ -239,7 +221,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   using K = dev::ChunkStep::Kind;
   // The counters advance only once the whole call is enqueued.
   dev::ChunkCounters next = chunkCounters_;
-  for (const dev::ChunkStep& s : dev::chunkProgram(plan, me, gather, slots, &next, borrowed)) {
+  for (const dev::ChunkStep& s : dev::chunkProgram(plan, me, gather, slots, &next)) {
     if (s.kind != K::kSignalReady) LOOM_TRY(flush());
     switch (s.kind) {
       case K::kFork:  // the pushes read our input: after our stream's earlier work
@@ -250,7 +232,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         // Slots whose owners already wrote them free (the mirror) need no wait on the GPU:
         // in steady state none do, and each waiting kernel between two copies costs the
         // push stream a few microseconds (the counters only grow, so this cannot be wrong).
-        const uint64_t* mirror = clique_ ? clique_->freeMirror : nullptr;
+        const uint64_t* mirror = clique_->freeMirror;
         bool needed = false;
         for (int p = 0; p < n; ++p) {
           if (s.wait[p] == 0) continue;
@@ -264,12 +246,6 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         break;
       }
       case K::kPush:
-        if (smCopy) {
-          LOOM_TRY(launchStatus(dev::launchDeviceCopy(slot(s.peer, me, s.m), in + s.begin * es,
-                                                      s.count * es, pushStream_),
-                                "the chunk copy"));
-          break;
-        }
         LOOM_TRY(cuda(cudaMemcpyAsync(slot(s.peer, me, s.m), in + s.begin * es, s.count * es,
                                       cudaMemcpyDefault, pushStream_),
                       "cudaMemcpyAsync (chunk to its owner)"));
@@ -314,7 +290,7 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         // with 64 blocks, 373 with 48, 369 with 32, 139 with 8: too slow to keep up). The
         // root of a reduce only receives: every block (379 GB/s; 272 with 32).
         if (gather) r.maxBlocks = kChunkAllReduceBlocks;
-        r.freeMirror = clique_ ? clique_->freeMirrorDevice : nullptr;
+        r.freeMirror = clique_->freeMirrorDevice;
         for (int q = 0; q < n; ++q) {
           if (q == me) {
             r.srcs[q] = in + s.begin * es;

@@ -65,11 +65,6 @@ const std::vector<Definition> kDefinitions = {
      "GPU reduce between ranks of one process whose calls meet in a group: from this size the "
      "copy engines move the data in chunks and kernels reduce each chunk locally (-1: 2 MiB "
      "on 2 ranks, never on more; 0: never)"},
-    {"LOOM_P2P_CE_REDUCE_WINDOW_BYTES", nullptr, Type::kInt, "0",
-     "GPU reduce on 2 ranks where the one-process forms do not apply (ranks in separate "
-     "processes): from this size the non-root's copy engine pushes its input in chunks into "
-     "the root's window, whose slots it borrows, and a kernel reduces each chunk as it lands "
-     "(0: never; not measured yet)"},
     {"LOOM_P2P_CE_ALLREDUCE_BYTES", nullptr, Type::kInt, "-1",
      "the same chunked form for all-reduce, from this size (-1: 256 MiB on 2 ranks, never on "
      "more; 0: never)"},

@@ -50,7 +50,7 @@ size_t ChunkPlan::maxChunkBytes() const {
 }
 
 std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
-                                    ChunkCounters* counters, bool drainAfter) {
+                                    ChunkCounters* counters) {
   using K = ChunkStep::Kind;
   const int n = plan.nranks();
   const uint64_t D = static_cast<uint64_t>(slots), B = std::max<uint64_t>(1, D / 2);
@@ -129,17 +129,6 @@ std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, 
     counters->sent[p] += plan.chunks(p);
     counters->reduced[p] += plan.chunks(me);
     if (plan.chunks(p) > 0) counters->slots[p] = slots;
-  }
-  if (drainAfter) {
-    ChunkStep wait;
-    wait.kind = K::kWaitFree;
-    bool any = false;
-    for (int p = 0; p < n; ++p) {
-      if (p == me || plan.chunks(p) == 0) continue;
-      wait.wait[p] = counters->sent[p];
-      any = true;
-    }
-    if (any) out.push_back(wait);
   }
   add(K::kJoin);
   if (gather) add(K::kBarrier);

@@ -83,11 +83,9 @@ struct ChunkCounters {
 // Rank `me`'s program for one call (`gather`: all-reduce) with `slots` slots per peer,
 // counting on and updating `counters`. Where our last push to a peer cut its scratch into
 // another number of slots, the first push to it waits until it has reduced every chunk
-// sent to it before (the two layouts' slots overlap). `drainAfter`: the push stream ends
-// by waiting until every peer it pushed to has reduced all of it (the scratch is lent by
-// other forms, which may write there once the call is over).
+// sent to it before (the two layouts' slots overlap).
 std::vector<ChunkStep> chunkProgram(const ChunkPlan& plan, int me, bool gather, int slots,
-                                    ChunkCounters* counters, bool drainAfter = false);
+                                    ChunkCounters* counters);
 
 // Where in `owner`'s scratch the m-th chunk from rank `from` goes, in bytes, when each peer
 // has `region` bytes of it (in the order of the peers after the owner), cut into `slots`

@@ -235,11 +235,6 @@ struct ChunkReduce {
 };
 int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream);
 
-// Copies `bytes` from `src` (this GPU's memory, of any kind) to `dst` (memory this GPU
-// can write: its own or a peer's window) with the SMs, on `stream`: for sources the copy
-// engines cannot read across GPUs (stream-ordered pools, VMM). Returns a cudaError_t value.
-int launchDeviceCopy(void* dst, const void* src, size_t bytes, cudaStream_t stream);
-
 // Enqueues a barrier of every rank of the mesh on `stream`: one small kernel that tells
 // each peer this rank got here and waits until every peer did (counters in the windows,
 // system-scope release and acquire, so work before it on any rank's stream, copies

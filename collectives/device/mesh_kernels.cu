@@ -1233,29 +1233,6 @@ int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStre
   });
 }
 
-// Grid-stride copy, 16 bytes per thread and step when both ends are 16-byte aligned.
-__global__ void __launch_bounds__(512) deviceCopyKernel(char* dst, const char* src, size_t bytes) {
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
-    const size_t vecs = bytes / 16;
-    for (size_t v = i; v < vecs; v += stride) {
-      reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<const uint4*>(src)[v];
-    }
-    for (size_t b = vecs * 16 + i; b < bytes; b += stride) dst[b] = src[b];
-    return;
-  }
-  for (size_t b = i; b < bytes; b += stride) dst[b] = src[b];
-}
-
-int launchDeviceCopy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return 0;
-  const size_t blocks = std::clamp<size_t>(bytes / (64 * 1024), 1, 128);
-  deviceCopyKernel<<<static_cast<unsigned>(blocks), 512, 0, stream>>>(
-      static_cast<char*>(dst), static_cast<const char*>(src), bytes);
-  return static_cast<int>(cudaGetLastError());
-}
-
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {
   barrierKernel<<<1, 32, 0, stream>>>(ctx);
   return static_cast<int>(cudaGetLastError());

@@ -8,7 +8,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <random>
@@ -113,9 +112,7 @@ class Simulation {
   // `in` to buffer `out` (the same: in place); a reduce's non-root outputs are left alone.
   // `slots` (a divisor of the constructor's, 0: that): the slots per peer of this call;
   // where it differs from the layout of a rank's last push to a peer, the programs drain.
-  // `lent`: the scratch is lent by other forms (drainAfter): once a rank's caller stream
-  // is past the call, they overwrite what the rank pushed (the simulation forgets it).
-  void issue(int root, size_t count, int in, int out, int slots = 0, bool lent = false) {
+  void issue(int root, size_t count, int in, int out, int slots = 0) {
     const bool gather = root < 0;
     if (slots == 0) slots = slots_;
     const size_t slotElems = slotElems_ * slots_ / slots;
@@ -123,7 +120,6 @@ class Simulation {
     ASSERT_LE(plan.maxChunkBytes(), slotElems * sizeof(int64_t));
     Call call;
     call.slots = slots;
-    call.lent = lent;
     call.in.resize(n_);
     call.out.resize(n_);
     for (int r = 0; r < n_; ++r) {
@@ -141,7 +137,7 @@ class Simulation {
     const size_t index = calls_.size() - 1;
     for (int r = 0; r < n_; ++r) {
       Rank& rk = ranks_[r];
-      for (const ChunkStep& s : chunkProgram(plan, r, gather, slots, &rk.counters, lent)) {
+      for (const ChunkStep& s : chunkProgram(plan, r, gather, slots, &rk.counters)) {
         Op op{s, index, 0};
         const bool push = s.kind == K::kWaitFree || s.kind == K::kPush ||
                           s.kind == K::kSignalReady || s.kind == K::kWaitReduced ||
@@ -214,7 +210,6 @@ class Simulation {
   struct Call {
     std::vector<std::shared_ptr<std::vector<int64_t>>> in, out;  // per rank
     int slots = 0;
-    bool lent = false;
   };
   // A chunk in an owner's scratch: from which rank, its number, where (elements).
   struct Placement {
@@ -287,16 +282,6 @@ class Simulation {
         return true;
       case K::kJoin:
         if (push) ++rk.joinsDone;
-        if (!push && call.lent) {
-          // The lending forms write over everything this rank pushed to any owner.
-          for (int p = 0; p < n_; ++p) {
-            if (p == r) continue;
-            auto& live = ranks_[p].live;
-            live.erase(std::remove_if(live.begin(), live.end(),
-                                      [&](const Placement& x) { return x.from == r; }),
-                       live.end());
-          }
-        }
         return true;
       case K::kWaitFree:
       case K::kWaitReduced: return true;
@@ -430,25 +415,6 @@ TEST(ChunkProgram, LayoutChangeDrainsEachPeer) {
     sim.issue(2, 70001, 1, 0, 2);
     ASSERT_TRUE(sim.run());
     EXPECT_TRUE(sim.check());
-  }
-}
-
-// A reduce into lent scratch (the window's slots between processes): the pusher's stream
-// drains before the call ends, so the lending forms may write there after it; without
-// the drain the simulation's overwrite after each call makes a reduction miss its chunk.
-TEST(ChunkProgram, LentScratchIsDrainedBeforeTheCallEnds) {
-  for (int n : {2, 3}) {
-    for (uint64_t seed = 1; seed <= 20; ++seed) {
-      SCOPED_TRACE(testing::Message() << n << " ranks, seed " << seed);
-      Simulation sim(n, 2, 8192, seed, 2, 70001);
-      std::mt19937_64 rng(seed);
-      for (int call = 0; call < 6; ++call) {
-        const size_t count = std::vector<size_t>{1, 8193, 70001}[rng() % 3];
-        sim.issue(static_cast<int>(rng() % n), count, call % 2, 1 - call % 2, 2, true);
-      }
-      ASSERT_TRUE(sim.run());
-      EXPECT_TRUE(sim.check());
-    }
   }
 }
 

@@ -731,34 +731,6 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
   for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
 }
 
-// The chunked reduce through the root's window (LOOM_P2P_CE_REDUCE_WINDOW_BYTES, meant for
-// ranks in separate processes; here the one-process form is turned off): 64 KiB chunks in
-// the slots the slot kernels use too, so reduces alternate with all-reduces and
-// reduce-scatters of those kernels on the same window; every type and op, both roots, in
-// place and not, misaligned.
-TEST(GpuCollectives, ChunkedReduceThroughTheWindow) {
-  REQUIRE_GPUS(2);
-  Ranks R(2, {{"LOOM_P2P_CE_REDUCE_BYTES", "0"},
-              {"LOOM_P2P_CE_REDUCE_WINDOW_BYTES", "1"},
-              {"LOOM_P2P_PULL_BYTES", "0"},
-              {"LOOM_P2P_CE_CHUNK_BYTES", "65536"}});
-  for (DataType t : kAllTypes) {
-    const size_t es = loom::dataTypeSize(t);
-    for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
-      for (size_t count : {size_t{300001}, (size_t{3} << 20) + 5}) {
-        if (count > 300001 && t != DataType::kInt8 && t != DataType::kFloat32) continue;
-        const std::string what = std::string(loom::dataTypeName(t)) + " op " + std::to_string(op) +
-                                 " count " + std::to_string(count);
-        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, op, count, false, 0, false, 0), 0u) << what;
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << what;
-        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, op, count, true, 0, false, 1), 0u) << what;
-        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, op, count, false, es), 0u) << what;
-        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, op, count, false, es, false, 1), 0u) << what;
-      }
-    }
-  }
-}
-
 // The chunked all-reduce cuts each peer's scratch into 4 slots (with the default 256 MiB)
 // and reduce into 2: calls that alternate must wait for the other layout's chunks first.
 // 64 KiB chunks, so each call goes round the slots several times.
