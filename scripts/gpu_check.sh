@@ -31,7 +31,10 @@ export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
 bin=$prefix/bin
 ngpu=$(nvidia-smi -L | wc -l)
 colls="all_reduce all_gather broadcast reduce_scatter reduce alltoall sendrecv"
-mpi=(mpirun --allow-run-as-root --oversubscribe -np "$ngpu" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE)
+# --bind-to none: with fewer processes than cores Open MPI binds each to one core, and the
+# harness's fill and check threads (-c 1) then share it: 8 GiB rows took more than 80 s
+# each, 17-29 s unbound (2 x H200, 2026-11-30).
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ngpu" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE)
 status=0
 
 run() {  # name, command...: logs to OUTDIR/name.log, prints the last lines
