@@ -119,7 +119,7 @@ class PhaseRunner {
     LOOM_TRY(setUp(phase));
     Clock::time_point lastProgress = Clock::now();
     Clock::time_point lastCheck = lastProgress;
-    const int64_t spinLimit = args_.spinUs > 0 ? args_.spinUs : 50;
+    const int64_t spinLimit = args_.spinUs >= 0 ? args_.spinUs : 50;
     while (true) {
       bool progressed = false;
       bool allDone = true;
@@ -445,7 +445,7 @@ Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
   // Everything posted must have left this process before the call returns: nobody
   // drives these connections between operations.
   Deadline deadline = Deadline::afterMs(args.timeoutMs, args.abortFlag);
-  const int64_t spinUs = args.spinUs > 0 ? args.spinUs : 50;
+  const int64_t spinUs = args.spinUs >= 0 ? args.spinUs : 50;
   std::vector<pollfd>& fds = scratch.fds;
   for (int p : sendPeers) {
     transport::SendConnection* sc = conns.sendConnection(p);

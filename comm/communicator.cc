@@ -98,13 +98,16 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   }
   context_.abortFlag = &abortFlag_;
   // Busy-polling only pays when every rank of this host has a core of its own; with
-  // more ranks than cores it takes the core the peer needs, so yield almost at once.
+  // more ranks than cores it takes the core the peer needs, so yield at once. 4 ranks on
+  // 2 cores, shared memory, 10 interleaved runs (2026-11-30): 8-byte all-reduce median
+  // 4.77 us yielding at once against 6.28 spinning 1 us first (Open MPI 5.45); 2 MiB 655
+  // against 752 us (Open MPI 1158).
   int local = 0;
   for (const auto& p : peers_) local += p.hostHash == me.hostHash ? 1 : 0;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   spinUs_ = settings::getInt("LOOM_SPIN_US");
   launchThreads_ = settings::getBool("LOOM_LAUNCH_THREADS");
-  if (spinUs_ <= 0) spinUs_ = local <= cores ? 50 : 1;
+  if (spinUs_ < 0) spinUs_ = local <= cores ? 50 : 0;
   context_.commHash = fnv(std::to_string(id.secret[0]) + ":" + std::to_string(id.secret[1]));
 
   // Transports, in order of preference.

@@ -112,8 +112,9 @@ const std::vector<Definition> kDefinitions = {
      "own thread, all at once (0: one after another in the calling thread)"},
     {"LOOM_LAUNCH_SPIN_US", nullptr, Type::kInt, "500",
      "microseconds those launch threads poll for the next group before they sleep"},
-    {"LOOM_SPIN_US", nullptr, Type::kInt, "0",
-     "microseconds to busy-poll before yielding while waiting on a peer (0: automatic)"},
+    {"LOOM_SPIN_US", nullptr, Type::kInt, "-1",
+     "microseconds to busy-poll before yielding while waiting on a peer (0: yield at once; "
+     "-1: 50 when every rank of the host has a core of its own, 0 otherwise)"},
 };
 
 struct Cache {
