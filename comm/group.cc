@@ -40,16 +40,31 @@ std::set<const ncclComm*>& registry() {
   return *r;
 }
 
+// The calling thread's working lists, kept from call to call so that a call allocates
+// nothing once the thread has made one like it (runGroup is never re-entered in a thread).
+struct GroupScratch {
+  std::vector<ncclComm*> comms;
+  std::vector<std::vector<Operation>> calls;  // calls[k]: comms[k]'s; more may be kept
+  std::vector<std::pair<ncclComm*, Operation>> single;  // enqueue() outside a group
+};
+GroupScratch& groupScratch() {
+  thread_local GroupScratch scratch;
+  return scratch;
+}
+
 Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
   // Order of first appearance, keeping each communicator's calls in order (a group
   // holds a few communicators: a linear search is the cheapest map).
-  std::vector<ncclComm*> comms;
-  std::vector<std::vector<Operation>> calls;
+  GroupScratch& scratch = groupScratch();
+  std::vector<ncclComm*>& comms = scratch.comms;
+  std::vector<std::vector<Operation>>& calls = scratch.calls;
+  comms.clear();
   for (auto& [c, op] : ops) {
     size_t k = std::find(comms.begin(), comms.end(), c) - comms.begin();
     if (k == comms.size()) {
       comms.push_back(c);
-      calls.emplace_back();
+      if (calls.size() < comms.size()) calls.emplace_back();
+      calls[k].clear();
     }
     calls[k].push_back(op);
   }
@@ -186,7 +201,9 @@ ncclResult_t enqueue(ncclComm* comm, const Operation& op) {
     tlsGroup.ops.emplace_back(comm, op);
     return ncclSuccess;
   }
-  std::vector<std::pair<ncclComm*, Operation>> ops{{comm, op}};
+  std::vector<std::pair<ncclComm*, Operation>>& ops = groupScratch().single;
+  ops.clear();
+  ops.emplace_back(comm, op);
   Status st = runGroup(ops);
   return st ? ncclSuccess : fail(st);
 }
