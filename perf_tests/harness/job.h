@@ -69,8 +69,9 @@ struct Job {
   int proc = 0;
   int nranks = 1;
   std::string host;
-  // Watchdog heartbeat (steady-clock nanoseconds of the last progress).
-  std::atomic<int64_t> lastProgressNs{0};
+  // Watchdog heartbeat: bumped at every step of progress (a counter, not a clock read: the
+  // timed loop bumps it once per call).
+  std::atomic<uint64_t> progress{0};
 };
 
 // Records progress for the -T watchdog.

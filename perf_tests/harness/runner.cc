@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -57,9 +58,17 @@ class Watchdog {
 
  private:
   void loop() {
+    uint64_t seen = job_.progress.load(std::memory_order_relaxed);
+    int64_t changedNs = nowNs();
     while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (nowNs() - job_.lastProgressNs.load() <= timeoutNs_) continue;
+      const uint64_t now = job_.progress.load(std::memory_order_relaxed);
+      if (now != seen) {
+        seen = now;
+        changedNs = nowNs();
+        continue;
+      }
+      if (nowNs() - changedNs <= timeoutNs_) continue;
       std::printf("%s: Test timeout (%llds): no progress; aborting the communicators\n",
                   job_.host.c_str(), static_cast<long long>(timeoutNs_ / 1000000000));
       std::fflush(stdout);
@@ -292,12 +301,18 @@ std::unique_ptr<Memory> chooseMemory(const Options& o, std::string* error) {
 
 // ---- job-wide helpers declared in job.h ----
 
-void heartbeat(Job& job) { job.lastProgressNs.store(nowNs(), std::memory_order_relaxed); }
+void heartbeat(Job& job) { job.progress.fetch_add(1, std::memory_order_relaxed); }
 
 void fatal(const Job& job, const std::string& message) {
   std::printf("%s: Test failure: %s\n", job.host.c_str(), message.c_str());
   std::fflush(stdout);
   std::fflush(stderr);
+  // One thread ends the job. The watchdog's abort makes the timed thread fail too, and two
+  // threads in MPI_Abort at once crashed Open MPI 4.1 (its help-message parser).
+  static std::atomic<bool> ending{false};
+  if (ending.exchange(true)) {
+    for (;;) pause();
+  }
   if (gMpi != nullptr) gMpi->abort(1);
   std::_Exit(1);
 }
