@@ -40,12 +40,16 @@ std::set<const ncclComm*>& registry() {
   return *r;
 }
 
-// The calling thread's working lists, kept from call to call so that a call allocates
-// nothing once the thread has made one like it (runGroup is never re-entered in a thread).
+// The calling thread's working lists, kept from call to call so that a call on one
+// communicator, or a group of them issued in one thread, allocates nothing once the thread
+// has made one like it (groups that span threads or communicators that block still make
+// their jobs and promises). runGroup is never re-entered in a thread: nothing it runs
+// calls enqueue or groupEnd. The lists keep the largest group's capacity.
 struct GroupScratch {
   std::vector<ncclComm*> comms;
   std::vector<std::vector<Operation>> calls;  // calls[k]: comms[k]'s; more may be kept
-  std::vector<std::pair<ncclComm*, Operation>> single;  // enqueue() outside a group
+  std::vector<std::pair<ncclComm*, Operation>> single;   // enqueue() outside a group
+  std::vector<std::pair<ncclComm*, Operation>> grouped;  // groupEnd()'s, swapped with tlsGroup.ops
 };
 GroupScratch& groupScratch() {
   thread_local GroupScratch scratch;
@@ -180,8 +184,10 @@ ncclResult_t groupEnd() {
       delete p->handle;
     }
   }
-  auto ops = std::move(tlsGroup.ops);
-  tlsGroup.ops.clear();
+  // Swapped, not moved: the next group's list gets this one's capacity back.
+  std::vector<std::pair<ncclComm*, Operation>>& ops = groupScratch().grouped;
+  ops.clear();
+  ops.swap(tlsGroup.ops);
   Status pending = tlsGroup.error;
   tlsGroup.error = Status();
   if (!initError) return fail(initError);

@@ -309,9 +309,11 @@ void fatal(const Job& job, const std::string& message) {
   std::fflush(stderr);
   // One thread ends the job. The watchdog's abort makes the timed thread fail too, and two
   // threads in MPI_Abort at once crashed Open MPI 4.1 (its help-message parser).
+  // (Should that abort hang, the second thread still ends the process after a while.)
   static std::atomic<bool> ending{false};
   if (ending.exchange(true)) {
-    for (;;) pause();
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::_Exit(1);
   }
   if (gMpi != nullptr) gMpi->abort(1);
   std::_Exit(1);
