@@ -7,12 +7,15 @@
 #                   (ctest -j2; GPU tests skip themselves where no GPU is present).
 #   2. build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (leak checks on), no CUDA,
 #                   no benchmarks; the tests labelled cpu.
-# --quick skips the second pass. Ends with one summary line; exits non-zero if a build or
+# --quick skips the sanitizer passes. Ends with one summary line; exits non-zero if a build or
 # a test failed. .ci/run calls this script.
+#   3. build-tsan/  ThreadSanitizer (clang; GCC 12's runtime crashed at start on this
+#                   kernel), no CUDA, no benchmarks; the tests labelled cpu. Skipped, with
+#                   the reason, where clang++ is missing.
 #
 # Environment: LOOM_JOBS (build and ctest jobs, default 2), LOOM_TEST_TIMEOUT (seconds per
 # test, default 300; the sanitizer pass allows twice that), BUILD_DIR (default build),
-# ASAN_BUILD_DIR (default build-asan).
+# ASAN_BUILD_DIR (default build-asan), TSAN_BUILD_DIR (default build-tsan).
 set -euo pipefail
 # shellcheck source=scripts/lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -32,6 +35,7 @@ done
 
 BUILD_DIR="${BUILD_DIR:-build}"
 ASAN_BUILD_DIR="${ASAN_BUILD_DIR:-build-asan}"
+TSAN_BUILD_DIR="${TSAN_BUILD_DIR:-build-tsan}"
 TIMEOUT="${LOOM_TEST_TIMEOUT:-300}"
 
 loom_setup
@@ -107,6 +111,30 @@ if ((quick == 0)); then
   fi
 else
   summary+=("asan+ubsan: skipped (--quick)")
+fi
+
+# Pass 3: ThreadSanitizer on the cpu-labelled tests (threads as ranks, progress and launch
+# threads, the perf harness's watchdog).
+if ((quick == 0)); then
+  echo
+  echo "== pass 3: ThreadSanitizer build in $TSAN_BUILD_DIR, tests labelled cpu"
+  if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
+    export TSAN_OPTIONS="${TSAN_OPTIONS:-second_deadlock_stack=1}"
+    b0=$SECONDS
+    if loom_configure "$TSAN_BUILD_DIR" -DLOOM_SANITIZE=thread -DLOOM_WITH_CUDA=OFF \
+      -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ &&
+      loom_build "$TSAN_BUILD_DIR"; then
+      summary+=("tsan build $(loom_duration $((SECONDS - b0)))")
+      run_ctest "tsan cpu tests" "$TSAN_BUILD_DIR" $((TIMEOUT * 2)) -L cpu
+    else
+      summary+=("tsan: BUILD FAILED")
+      failed=1
+    fi
+  else
+    loom_log "clang++ not found: skipping the ThreadSanitizer pass (apt-get install clang)"
+    summary+=("tsan: skipped (no clang++)")
+  fi
 fi
 
 if [[ -s "$LOOM_FAILURES" ]]; then

@@ -12,12 +12,13 @@ LOOM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LOOM_JOBS="${LOOM_JOBS:-2}"
 
 # Debian/Ubuntu packages the scripts need. A tool counts as present when its command is on
-# PATH however it was installed (a pip cmake, say). ccache (faster rebuilds) and iproute2
-# (interfaces in the summary; network-namespace tests skip without it) are optional: when
-# they cannot be installed the scripts go on without them.
+# PATH however it was installed (a pip cmake, say). ccache (faster rebuilds), iproute2
+# (interfaces in the summary; network-namespace tests skip without it) and clang (the
+# ThreadSanitizer pass of scripts/test.sh) are optional: when they cannot be installed the
+# scripts go on without them.
 LOOM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev
-  libpugixml-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin iproute2)
-LOOM_OPTIONAL_PACKAGES=" ccache iproute2 "
+  libpugixml-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin iproute2 clang)
+LOOM_OPTIONAL_PACKAGES=" ccache iproute2 clang "
 
 loom_log() { printf '[loom] %s\n' "$*" >&2; }
 loom_die() { printf '[loom] error: %s\n' "$*" >&2; exit 1; }
@@ -34,6 +35,7 @@ loom_package_command() {
     ccache) echo ccache ;;
     openmpi-bin) echo mpirun ;;
     iproute2) echo ip ;;
+    clang) echo clang++ ;;
   esac
 }
 

@@ -64,10 +64,17 @@ TEST(NcclSearch, CandidatesFollowThePatternsWithoutRepeats) {
                 "/opt/b/.venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2"}));
 }
 
-// AddressSanitizer refuses libraries opened with RTLD_DEEPBIND, which --compare needs
-// (docs/perf_tests.md): the loading tests run in the normal build only.
-#if defined(__SANITIZE_ADDRESS__)
-#define SKIP_UNDER_ASAN() GTEST_SKIP() << "AddressSanitizer refuses RTLD_DEEPBIND (dlopen of a second NCCL)"
+// The sanitizers' runtimes refuse libraries opened with RTLD_DEEPBIND, which --compare
+// needs (docs/perf_tests.md): the loading tests run in the normal build only.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define LOOM_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define LOOM_TEST_SANITIZED 1
+#endif
+#endif
+#if defined(LOOM_TEST_SANITIZED)
+#define SKIP_UNDER_ASAN() GTEST_SKIP() << "the sanitizer refuses RTLD_DEEPBIND (dlopen of a second NCCL)"
 #else
 #define SKIP_UNDER_ASAN() \
   do {                    \
