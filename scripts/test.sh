@@ -14,7 +14,7 @@
 #                   the reason, where clang++ is missing.
 #
 # Environment: LOOM_JOBS (build and ctest jobs, default 2), LOOM_TEST_TIMEOUT (seconds per
-# test, default 300; the sanitizer pass allows twice that), BUILD_DIR (default build),
+# test, default 300; the sanitizer passes allow twice that), BUILD_DIR (default build),
 # ASAN_BUILD_DIR (default build-asan), TSAN_BUILD_DIR (default build-tsan).
 set -euo pipefail
 # shellcheck source=scripts/lib/common.sh
