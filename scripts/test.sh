@@ -2,16 +2,16 @@
 # scripts/test.sh [--quick]
 #
 # Builds loom and runs the whole test suite, from a fresh Debian/Ubuntu machine (installs
-# what is missing as root; says what to install otherwise). Two passes:
+# what is missing as root; says what to install otherwise). Three passes:
 #   1. build/       Release, CUDA where nvcc exists, tests and benchmarks on; every test
 #                   (ctest -j2; GPU tests skip themselves where no GPU is present).
 #   2. build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (leak checks on), no CUDA,
 #                   no benchmarks; the tests labelled cpu.
-# --quick skips the sanitizer passes. Ends with one summary line; exits non-zero if a build or
-# a test failed. .ci/run calls this script.
 #   3. build-tsan/  ThreadSanitizer (clang; GCC 12's runtime crashed at start on this
 #                   kernel), no CUDA, no benchmarks; the tests labelled cpu. Skipped, with
 #                   the reason, where clang++ is missing.
+# --quick skips the sanitizer passes. Ends with one summary line; exits non-zero if a build or
+# a test failed. .ci/run calls this script.
 #
 # Environment: LOOM_JOBS (build and ctest jobs, default 2), LOOM_TEST_TIMEOUT (seconds per
 # test, default 300; the sanitizer passes allow twice that), BUILD_DIR (default build),
