@@ -575,4 +575,18 @@ Result<TopologyView> buildTopologyView(Bootstrap& bootstrap,
   return view;
 }
 
+bool ranksHaveOwnCpus(const std::vector<transport::PeerInfo>& peers, int rank) {
+  constexpr int kWords = sizeof(transport::PeerInfo::cpuMask) / sizeof(uint64_t);
+  uint64_t all[kWords] = {};
+  int local = 0;
+  for (const transport::PeerInfo& p : peers) {
+    if (p.hostHash != peers[rank].hostHash) continue;
+    ++local;
+    for (int w = 0; w < kWords; ++w) all[w] |= p.cpuMask[w];
+  }
+  int cpus = 0;
+  for (uint64_t w : all) cpus += __builtin_popcountll(w);
+  return local <= cpus;
+}
+
 }  // namespace loom::comm

@@ -115,6 +115,11 @@ Result<TopologyView> buildTopologyView(Bootstrap& bootstrap,
                                        const std::vector<transport::PeerInfo>& peers, int rank,
                                        int cudaDev, const TopologyViewOptions& options = {});
 
+// Whether every rank on `rank`'s host can have a CPU of its own: those ranks are no more
+// than the CPUs any of them may run on (the union of their PeerInfo::cpuMask). Ranks bound
+// one to a core by mpirun pass; 4 ranks sharing 2 cores, bound or not, do not.
+bool ranksHaveOwnCpus(const std::vector<transport::PeerInfo>& peers, int rank);
+
 // A dump file name with %h (host name), %r (rank) and %p (process id) substituted; "%%"
 // is "%". Other characters are kept.
 std::string expandDumpPath(const std::string& pattern, const std::string& hostName, int rank,

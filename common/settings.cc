@@ -114,8 +114,8 @@ const std::vector<Definition> kDefinitions = {
      "microseconds those launch threads poll for the next group before they sleep"},
     {"LOOM_SPIN_US", nullptr, Type::kInt, "-1",
      "microseconds to busy-poll before yielding while waiting on a peer (0: yield at once; "
-     "negative: 50 when this host has a core for every rank of the communicator on it, 0 "
-     "otherwise)"},
+     "negative: 50 when the communicator's ranks on this host have a CPU each among those "
+     "their affinity allows, 0 otherwise)"},
 };
 
 struct Cache {

@@ -40,6 +40,9 @@ struct PeerInfo {
   uint64_t hostHash = 0;  // equal for ranks that share memory (same host id)
   uint64_t shmDevHash = 0;  // identifies /dev/shm's filesystem (containers differ)
   char hostName[64] = {0};
+  // The CPUs this rank may run on (sched_getaffinity at init), CPU i in bit i % 64 of
+  // word i / 64: with the other ranks' of its host, whether each has a core of its own.
+  uint64_t cpuMask[16] = {};
 };
 
 // Answer to "can these two ranks connect through you, and how well".

@@ -432,3 +432,45 @@ TEST(TopologyView, ExpandDumpPath) {
 
 }  // namespace
 }  // namespace loom::comm
+
+// ---- ranksHaveOwnCpus: whether the host's ranks may each spin on a core of their own ----
+
+namespace loom::comm {
+
+namespace {
+
+transport::PeerInfo peerOn(int rank, uint64_t host, std::initializer_list<int> cpus) {
+  transport::PeerInfo p;
+  p.rank = rank;
+  p.hostHash = host;
+  for (int c : cpus) p.cpuMask[c / 64] |= uint64_t{1} << (c % 64);
+  return p;
+}
+
+}  // namespace
+
+TEST(OwnCpus, CountsTheUnionOfTheHostsRanksAffinity) {
+  // 4 ranks free to run on 2 CPUs (this VM): they share.
+  std::vector<transport::PeerInfo> shared;
+  for (int r = 0; r < 4; ++r) shared.push_back(peerOn(r, 7, {0, 1}));
+  for (int r = 0; r < 4; ++r) EXPECT_FALSE(ranksHaveOwnCpus(shared, r));
+  // 4 ranks on a 32-CPU machine, unbound.
+  std::vector<transport::PeerInfo> roomy;
+  for (int r = 0; r < 4; ++r) roomy.push_back(peerOn(r, 7, {0, 1, 2, 3, 4, 5, 6, 31}));
+  EXPECT_TRUE(ranksHaveOwnCpus(roomy, 0));
+  // Bound one to a core (mpirun --bind-to core): each sees one CPU, but all differ.
+  std::vector<transport::PeerInfo> bound;
+  for (int r = 0; r < 4; ++r) bound.push_back(peerOn(r, 7, {r * 2}));
+  EXPECT_TRUE(ranksHaveOwnCpus(bound, 3));
+  // Bound, but two to one core (taskset on a shared CPU).
+  bound[3] = peerOn(3, 7, {0});
+  EXPECT_FALSE(ranksHaveOwnCpus(bound, 1));
+  // CPUs past 64 count; only the rank's own host counts.
+  std::vector<transport::PeerInfo> hosts = {peerOn(0, 1, {70}), peerOn(1, 1, {900}),
+                                            peerOn(2, 2, {5}), peerOn(3, 2, {5})};
+  EXPECT_TRUE(ranksHaveOwnCpus(hosts, 0));
+  EXPECT_TRUE(ranksHaveOwnCpus(hosts, 1));
+  EXPECT_FALSE(ranksHaveOwnCpus(hosts, 2));
+}
+
+}  // namespace loom::comm
