@@ -18,6 +18,7 @@
 #include "perf_tests/harness/cuda_api.h"
 #include "perf_tests/harness/format.h"
 #include "perf_tests/harness/job.h"
+#include "perf_tests/harness/values.h"
 
 namespace loom::perf {
 namespace {
@@ -408,6 +409,15 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   if (mainProc) {
     std::fputs(formatRunHeader(o, spec.program, libraryVersion).c_str(), stdout);
     for (const std::string& note : parsed.notes) std::printf("# %s\n", note.c_str());
+    // Filling and checking large buffers runs a thread per CPU this process may use: under
+    // mpirun, bound to one core by default, a GiB-sized check takes minutes.
+    const unsigned online = std::max(1u, std::thread::hardware_concurrency());
+    if (o.check > 0 && o.maxBytes >= (size_t{256} << 20) && usableCpus() == 1 && online > 1) {
+      std::printf("# Note: this process may run on 1 of %u CPUs, so -c fills and checks %s on "
+                  "one thread; mpirun binds each process to a core by default: "
+                  "--bind-to none is faster\n",
+                  online, "large buffers");
+    }
     if (compare.api) {
       std::printf("# Comparing with NCCL %d from %s\n", compareVersion, compare.api->path.c_str());
       for (const std::string& note : compare.notes) std::printf("# %s\n", note.c_str());

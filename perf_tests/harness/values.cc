@@ -1,14 +1,14 @@
 #include "perf_tests/harness/values.h"
 
-#include <algorithm>
-#include <atomic>
-#include <thread>
-#include <vector>
+#include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
+#include <vector>
 
 namespace loom::perf {
 namespace {
@@ -295,14 +295,24 @@ class InputGen {
 
 int64_t inputValue(const DataParams& p, int rank, size_t index) { return InputGen(p, rank)(index); }
 
+unsigned usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 namespace {
 
-// Runs fn(begin, end) over [0, count) on several threads when count is large (GiB-sized
+// Runs fn(begin, end) over [0, count) on several threads (one per CPU this process may run
+// on, at most 32) when count is large (GiB-sized
 // checks would otherwise take minutes per row); results do not depend on the split.
 template <typename Fn>
 void parallelFor(size_t count, Fn fn) {
   constexpr size_t kSerial = size_t{1} << 22;
-  unsigned n = std::min(32u, std::max(1u, std::thread::hardware_concurrency()));
+  unsigned n = std::min(32u, usableCpus());
   if (count < kSerial || n == 1) {
     fn(size_t{0}, count);
     return;

@@ -102,6 +102,10 @@ struct RankLayout {
 };
 using ExpectFn = Source (*)(const RankLayout& layout, size_t outputIndex);
 
+// The CPUs this process may run on (its affinity), at least 1: how many threads fill and
+// check GiB-sized buffers.
+unsigned usableCpus();
+
 // Counts the elements of `data` (count elements) that do not match expect(layout, j).
 int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn expect,
                    const void* data, size_t count);
