@@ -91,7 +91,23 @@ else
   failed=1
 fi
 
-# Pass 2: sanitizers on the cpu-labelled tests.
+# sanitizer_pass NAME DIR [CMAKE ARGS...]: builds DIR without CUDA or benchmarks and runs
+# the cpu-labelled tests there, with twice the timeout.
+sanitizer_pass() {
+  local name="$1" dir="$2" b0=$SECONDS
+  shift 2
+  if loom_configure "$dir" -DLOOM_WITH_CUDA=OFF -DLOOM_BUILD_TESTS=ON \
+    -DLOOM_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" &&
+    loom_build "$dir"; then
+    summary+=("$name build $(loom_duration $((SECONDS - b0)))")
+    run_ctest "$name cpu tests" "$dir" $((TIMEOUT * 2)) -L cpu
+  else
+    summary+=("$name: BUILD FAILED")
+    failed=1
+  fi
+}
+
+# Pass 2: AddressSanitizer and UndefinedBehaviorSanitizer on the cpu-labelled tests.
 if ((quick == 0)); then
   echo
   echo "== pass 2: AddressSanitizer + UndefinedBehaviorSanitizer build in $ASAN_BUILD_DIR, tests labelled cpu"
@@ -99,16 +115,7 @@ if ((quick == 0)); then
   export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$LOOM_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0}"
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-  b0=$SECONDS
-  if loom_configure "$ASAN_BUILD_DIR" -DLOOM_SANITIZE=address,undefined -DLOOM_WITH_CUDA=OFF \
-    -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-    loom_build "$ASAN_BUILD_DIR"; then
-    summary+=("asan+ubsan build $(loom_duration $((SECONDS - b0)))")
-    run_ctest "asan+ubsan cpu tests" "$ASAN_BUILD_DIR" $((TIMEOUT * 2)) -L cpu
-  else
-    summary+=("asan+ubsan: BUILD FAILED")
-    failed=1
-  fi
+  sanitizer_pass "asan+ubsan" "$ASAN_BUILD_DIR" -DLOOM_SANITIZE=address,undefined
 else
   summary+=("asan+ubsan: skipped (--quick)")
 fi
@@ -120,17 +127,8 @@ if ((quick == 0)); then
   echo "== pass 3: ThreadSanitizer build in $TSAN_BUILD_DIR, tests labelled cpu"
   if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
     export TSAN_OPTIONS="${TSAN_OPTIONS:-second_deadlock_stack=1}"
-    b0=$SECONDS
-    if loom_configure "$TSAN_BUILD_DIR" -DLOOM_SANITIZE=thread -DLOOM_WITH_CUDA=OFF \
-      -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ &&
-      loom_build "$TSAN_BUILD_DIR"; then
-      summary+=("tsan build $(loom_duration $((SECONDS - b0)))")
-      run_ctest "tsan cpu tests" "$TSAN_BUILD_DIR" $((TIMEOUT * 2)) -L cpu
-    else
-      summary+=("tsan: BUILD FAILED")
-      failed=1
-    fi
+    sanitizer_pass "tsan" "$TSAN_BUILD_DIR" -DLOOM_SANITIZE=thread \
+      -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
   else
     loom_log "clang++ not found: skipping the ThreadSanitizer pass (apt-get install clang)"
     summary+=("tsan: skipped (no clang++)")
