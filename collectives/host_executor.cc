@@ -123,7 +123,6 @@ class PhaseRunner {
     // costs about 25 ns in this VM, a tenth of an 8-byte call on one rank).
     bool idle = false;
     Clock::time_point lastProgress{}, lastCheck{};
-    const int64_t spinLimit = args_.spinUs >= 0 ? args_.spinUs : 50;
     while (true) {
       bool progressed = false;
       bool allDone = true;
@@ -162,7 +161,7 @@ class PhaseRunner {
         for (auto* sc : activeSends_) sc->addPollFds(&fds_);
         for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
       }
-      waitForPeers(idleUs, spinLimit, &fds_);
+      waitForPeers(idleUs, args_.spinUs, &fds_);
       if (now - lastCheck > std::chrono::milliseconds(100)) {
         lastCheck = now;
         LOOM_TRY(checkHealth(now, lastProgress));
@@ -454,7 +453,6 @@ Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
   // Everything posted must have left this process before the call returns: nobody
   // drives these connections between operations.
   // (The clocks are read only for a connection that is not flushed at once.)
-  const int64_t spinUs = args.spinUs >= 0 ? args.spinUs : 50;
   std::vector<pollfd>& fds = scratch.fds;
   std::optional<Deadline> deadline;
   for (int p : sendPeers) {
@@ -468,7 +466,7 @@ Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
       auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
       fds.clear();
       if (idleUs >= kYieldUs) sc->addPollFds(&fds);
-      waitForPeers(idleUs, spinUs, &fds);
+      waitForPeers(idleUs, args.spinUs, &fds);
       if (deadline->aborted() || deadline->expired()) {
         return errorf(Code::kRemoteError, "%s on rank %d: rank %d is not draining its connection",
                       describe(args).c_str(), args.rank, p);

@@ -38,7 +38,7 @@ struct ExecArgs {
   int rank = 0;
   size_t pieceBytes = 512 * 1024;
   int64_t timeoutMs = 300000;
-  int64_t spinUs = -1;  // microseconds of busy-polling before yielding (< 0: 50)
+  int64_t spinUs = 50;  // microseconds of busy-polling before yielding (0: yield at once)
   const std::atomic<bool>* abortFlag = nullptr;
   // Names the operation in messages: `what` when set (the p2p calls of a group), else
   // "AllReduce(ring, 1024 x float)" from the fields below, built only when a message

@@ -413,10 +413,10 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
     // mpirun, bound to one core by default, a GiB-sized check takes minutes.
     const unsigned online = std::max(1u, std::thread::hardware_concurrency());
     if (o.check > 0 && o.maxBytes >= (size_t{256} << 20) && usableCpus() == 1 && online > 1) {
-      std::printf("# Note: this process may run on 1 of %u CPUs, so -c fills and checks %s on "
-                  "one thread; mpirun binds each process to a core by default: "
+      std::printf("# Note: this process may run on 1 of %u CPUs, so -c fills and checks large "
+                  "buffers on one thread; mpirun binds each process to a core by default: "
                   "--bind-to none is faster\n",
-                  online, "large buffers");
+                  online);
     }
     if (compare.api) {
       std::printf("# Comparing with NCCL %d from %s\n", compareVersion, compare.api->path.c_str());

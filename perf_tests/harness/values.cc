@@ -307,13 +307,13 @@ unsigned usableCpus() {
 namespace {
 
 // Runs fn(begin, end) over [0, count) on several threads (one per CPU this process may run
-// on, at most 32) when count is large (GiB-sized
-// checks would otherwise take minutes per row); results do not depend on the split.
+// on, at most 32) when count is large (GiB-sized checks would otherwise take minutes per
+// row); results do not depend on the split.
 template <typename Fn>
 void parallelFor(size_t count, Fn fn) {
   constexpr size_t kSerial = size_t{1} << 22;
-  unsigned n = std::min(32u, usableCpus());
-  if (count < kSerial || n == 1) {
+  const unsigned n = count < kSerial ? 1 : std::min(32u, usableCpus());
+  if (n == 1) {
     fn(size_t{0}, count);
     return;
   }
