@@ -354,6 +354,16 @@ ncclResult_t Communicator::asyncError() const {
   return static_cast<ncclResult_t>(asyncError_.load());
 }
 
+Result<void*> Communicator::registerBuffer(void* buff, size_t bytes) {
+  if (device_) return device_->registerBuffer(buff, bytes);
+  // Host-memory collectives copy through FIFOs either way: accepted, without effect.
+  return buff;
+}
+
+Status Communicator::deregisterBuffer(void* handle) {
+  return device_ ? device_->deregisterBuffer(handle) : Status::ok();
+}
+
 bool Communicator::enqueuesOnly(const std::vector<Operation>& ops) const {
   if (!device_ || !device_->mesh()) return false;
   for (const Operation& op : ops) {

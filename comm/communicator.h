@@ -73,6 +73,9 @@ class Communicator : public collectives::ConnectionProvider {
   void postGroup(uint64_t group, const std::vector<Operation>& ops) {
     if (device_) device_->postGroup(group, ops);
   }
+  // ncclCommRegister / ncclCommDeregister (device communicators; host memory: no effect).
+  Result<void*> registerBuffer(void* buff, size_t bytes);
+  Status deregisterBuffer(void* handle);
   // True when running `ops` only enqueues GPU work (the mesh), never blocking on peers.
   bool enqueuesOnly(const std::vector<Operation>& ops) const;
   // Same, on this communicator's worker thread; `done` is called with the result.

@@ -21,6 +21,7 @@
 #include "comm/communicator.h"
 #include "comm/device_comm.h"
 #include "transports/p2p/p2p_window.h"
+#include "transports/p2p/post_board.h"
 
 namespace loom::comm::detail {
 
@@ -121,6 +122,7 @@ struct MeshAgreement {
   int64_t ceBytes = 0;
   int64_t reduceDirectBytes = 0;
   int64_t pullBytes = 0;
+  int64_t pullReduceBytes = 0;
   int64_t chunkBytes = 0;
   int64_t chunkAllReduceBytes = 0;
   int64_t chunkSize = 0;
@@ -155,7 +157,49 @@ class CudaDeviceComm final : public DeviceComm {
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
                 const std::function<Status(const std::vector<Operation>&)>& hostRun) override;
 
+  Result<void*> registerBuffer(void* buff, size_t bytes) override;
+  Status deregisterBuffer(void* handle) override;
+
  private:
+  // Registration (comm/device_registration.cc): what ncclCommRegister kept, the
+  // allocations exported for it, and the peers' allocations mapped here.
+  struct Registration {
+    uintptr_t begin = 0, end = 0;  // what the user registered
+    uint64_t bufferId = 0;         // the driver's id of its allocation (changes if freed)
+    int exportIndex = -1;          // in exports_, or -1 (not exported)
+  };
+  struct ExportRef {
+    uintptr_t base = 0;
+    size_t bytes = 0;
+    uint64_t bufferId = 0;
+    int entry = -1;  // in the board's export table
+    uint64_t generation = 0;
+    int refs = 0;  // registrations that use it
+  };
+  struct Import {
+    uint64_t generation = 0;
+    char* base = nullptr;
+    bool opened = false;  // cudaIpcOpenMemHandle (closed at the end), else the peer's own address
+  };
+
+  // Between processes of one host, a call that may read its peers' inputs where they lie (the pulled all-reduce, the pulled reduce)
+  // posts where its own input lies on the post board (transports/p2p/post_board.h) and
+  // reads every rank's post; when every rank whose input is read posted a registered one,
+  // `in` gets every rank's input as mapped here (IPC handles opened at first use, cached)
+  // and the call returns true. False: run the call as if nothing were registered (the
+  // same on every rank). `reader`: the rank that reads (reduce's root), or -1 for every
+  // rank (all-reduce, which also needs each rank's output apart from its input).
+  Result<bool> registeredInputs(const Operation& op, int reader, dev::PullInputs* in);
+  // A peer's registered allocation (`entry` at `generation` of rank r's export table),
+  // mapped here.
+  Result<char*> importedBase(int r, uint32_t entry, uint64_t generation);
+  // Closes the mappings of peers' allocations they have since deregistered (after this
+  // rank's earlier calls, which may read them, are done).
+  Status pruneImports();
+  // Unmaps one (after this rank's calls that may read it), and clears it.
+  Status closeImport(Import& im);
+  void closeImports();
+
   // The settings that pick the GPU forms (agreed by every rank), parsed once.
   void chooseForms(const MeshAgreement& s);
 
@@ -206,8 +250,10 @@ class CudaDeviceComm final : public DeviceComm {
   // every input while every output is written).
   static bool outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes);
 
-  Status launchPull(const dev::MeshCall& call, const std::vector<dev::RankBuffers>& all,
-                    cudaStream_t stream);
+  // The pulled all-reduce, or reduce (in.writer >= 0): `in` holds every rank's input as
+  // mapped here; `form` says why (LOOM_DEBUG=INFO).
+  Status launchPull(const dev::MeshCall& call, const dev::PullInputs& in, cudaStream_t stream,
+                    const char* form);
 
   // A barrier, the copies (into peers on the caller's stream, local ones beside them on
   // a second stream), and a barrier: the first says every peer's buffers are free to
@@ -314,6 +360,16 @@ class CudaDeviceComm final : public DeviceComm {
   bool lastCaptured_ = false;
   bool warnedCapture_ = false;
   std::vector<char> hostIn_, hostOut_;
+  // Registration between processes (null board: one process, or the board failed).
+  std::unique_ptr<transport::p2p::PostBoard> board_;
+  uint64_t boardSeq_ = 0;  // calls that exchanged posts so far (the same count on every rank)
+  size_t pullReduceMax_ = 0;  // LOOM_P2P_PULL_REDUCE_BYTES
+  std::mutex regMutex_;       // registrations may come from another thread than the calls
+  std::vector<std::unique_ptr<Registration>> registrations_;
+  std::vector<ExportRef> exports_;
+  std::map<std::pair<int, uint32_t>, Import> imports_;  // (rank, entry)
+  std::vector<char*> staleImports_;  // replaced while a graph may read them: closed at the end
+  std::vector<transport::p2p::Post> posts_;
 };
 
 }  // namespace loom::comm::detail

@@ -65,6 +65,8 @@ CudaDeviceComm::~CudaDeviceComm() {
   DeviceGuard guard(device_);
   // Kernels still queued write into the windows: let them finish first.
   if (window_) cudaDeviceSynchronize();
+  closeImports();
+  board_.reset();
   if (lastEvent_) cudaEventDestroy(lastEvent_);
   if (joinEvent_) cudaEventDestroy(joinEvent_);
   if (forkEvent_) cudaEventDestroy(forkEvent_);
@@ -132,6 +134,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
   mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
   mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
+  mine.pullReduceBytes = settings::getInt("LOOM_P2P_PULL_REDUCE_BYTES");
   mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
   mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
   mine.chunkSize = settings::getInt("LOOM_P2P_CE_CHUNK_BYTES");
@@ -152,7 +155,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     if (all[r].llBytes != mine.llBytes || all[r].ll128Bytes != mine.ll128Bytes ||
         all[r].oneShotBytes != mine.oneShotBytes ||
         all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
-        all[r].pullBytes != mine.pullBytes || all[r].chunkBytes != mine.chunkBytes ||
+        all[r].pullBytes != mine.pullBytes || all[r].pullReduceBytes != mine.pullReduceBytes ||
+        all[r].chunkBytes != mine.chunkBytes ||
         all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes || all[r].chunkSize != mine.chunkSize ||
         all[r].scratchBytes != mine.scratchBytes || std::strcmp(all[r].algo, mine.algo) != 0 ||
         std::strcmp(all[r].proto, mine.proto) != 0) {
@@ -161,7 +165,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
           "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or "
           "LOOM_P2P_LL128_BYTES, LOOM_P2P_REDUCE_DIRECT_BYTES, "
-          "LOOM_P2P_PULL_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
+          "LOOM_P2P_PULL_BYTES, LOOM_P2P_PULL_REDUCE_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
           "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
           "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
           r, rank, all[r].algo, all[r].proto, (long long)all[r].llBytes,
@@ -241,6 +245,18 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     std::lock_guard<std::mutex> lock(clique_->mutex);
     clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
     clique_->devices[rank_] = device_;
+  }
+  if (!oneProcess) {
+    // Registration between processes (comm/device_registration.cc). Every rank gets the
+    // same outcome: without the board, registration is kept without effect.
+    auto board = transport::p2p::PostBoard::createShared(
+        rank, nranks_, [&](void* data, size_t size) { return bootstrap.allGather(data, size); });
+    if (board) {
+      board_ = std::move(board).value();
+    } else {
+      LOOM_WARN(kInit, "rank %d: no registration post board (%s): ncclCommRegister will have no "
+                "effect", rank, board.status().message().c_str());
+    }
   }
   LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
   ctx_.rank = rank;
@@ -357,6 +373,25 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
     std::vector<void*> scratch = chunkScratch();
     if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
   }
+  // Ranks in several processes, memory registered: an all-reduce or reduce reads the
+  // peers' inputs where they lie when every rank whose input is read posted a registered
+  // one (registeredInputs; every rank exchanges posts for the same calls, so all decide
+  // alike). No pre-op in the pulled kernel: not for PreMulSum (ncclAvg on floats included).
+  const bool builtinOp =
+      red.op.kind != RedKind::kPreMulSum && !red.scalarDevice && op.ncclOp < ncclNumOps;
+  if (board_ && builtinOp &&
+      ((op.type == collectives::CollType::kAllReduce && pullSize(block)) ||
+       (op.type == collectives::CollType::kReduce && pastFlagForms(block) &&
+        block <= pullReduceMax_))) {
+    dev::PullInputs in;
+    in.writer = op.type == collectives::CollType::kReduce ? op.root : -1;
+    LOOM_ASSIGN_OR_RETURN(bool registered, registeredInputs(op, in.writer, &in));
+    if (registered) {
+      return launchPull(call, in, op.stream,
+                        in.writer < 0 ? "registered inputs, size <= LOOM_P2P_PULL_BYTES"
+                                      : "registered inputs, size <= LOOM_P2P_PULL_REDUCE_BYTES");
+    }
+  }
   // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
   // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
   // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
@@ -364,7 +399,10 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
   if (op.type == collectives::CollType::kAllReduce && pullSize(block) &&
       red.op.kind != RedKind::kPreMulSum && !red.scalarDevice && op.ncclOp < ncclNumOps &&
       peerBuffers(op, index, &all, &mapped) && mapped && outputsApart(all, block)) {
-    return failCliqueOn(launchPull(call, all, op.stream));
+    dev::PullInputs in;
+    for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
+    return failCliqueOn(launchPull(call, in, op.stream, "ranks of one process, out of place, "
+                                                        "size <= LOOM_P2P_PULL_BYTES"));
   }
   // Copies only, every rank's buffers known (ranks of this process): the copy engines,
   // each copy moving one rank's block of `block` bytes.
@@ -469,6 +507,7 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
                             : static_cast<size_t>(s.ceBytes);
   reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
   pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
+  pullReduceMax_ = s.pullReduceBytes < 0 ? SIZE_MAX : static_cast<size_t>(s.pullReduceBytes);
   // -1: the sizes measured on 2 ranks (docs/perf/h200x2.md), and never on more (unmeasured).
   auto threshold = [&](int64_t v, size_t twoRanks) -> size_t {
     if (v < 0) return nranks_ == 2 ? twoRanks : SIZE_MAX;

@@ -54,6 +54,12 @@ class DeviceComm {
   // (collectives/device/copy_plan.h). endGroup() after the group's calls ran.
   virtual void postGroup(uint64_t group, const std::vector<Operation>& ops) = 0;
   virtual void endGroup() = 0;
+  // ncclCommRegister: [buff, buff + bytes) may be read by peers in other processes where
+  // it lies (the registered forms, comm/device_registration.cc). Returns the handle for
+  // deregisterBuffer. Memory loom cannot export (not from cudaMalloc) is still accepted,
+  // without effect.
+  virtual Result<void*> registerBuffer(void* buff, size_t bytes) = 0;
+  virtual Status deregisterBuffer(void* handle) = 0;
   // A kernel's failure (timeout, abort), as a status; ok when none.
   virtual Status kernelError() const = 0;
   virtual void abort() = 0;

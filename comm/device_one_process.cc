@@ -76,19 +76,15 @@ bool CudaDeviceComm::outputsApart(const std::vector<dev::RankBuffers>& all, size
   return true;
 }
 
-Status CudaDeviceComm::launchPull(const dev::MeshCall& call,
-                                  const std::vector<dev::RankBuffers>& all, cudaStream_t stream) {
+Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInputs& in,
+                                  cudaStream_t stream, const char* form) {
   DeviceGuard guard(device_);
   const bool cap = capturing(stream);
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
-    LOOM_INFO(kColl,
-              "GPU pulled one-shot all-reduce: %zu x %s (ranks of one process, out of place, "
-              "size <= LOOM_P2P_PULL_BYTES)",
-              call.count, dataTypeName(call.type));
+    LOOM_INFO(kColl, "GPU pulled one-shot %s: %zu x %s (%s)",
+              in.writer < 0 ? "all-reduce" : "reduce", call.count, dataTypeName(call.type), form);
   }
-  dev::PullInputs in;
-  for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
   LOOM_TRY(launchStatus(dev::launchPullAllReduce(ctx_, call, in, stream), "the pulled all-reduce"));
   return recordDone(stream, cap);
 }

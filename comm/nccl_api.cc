@@ -434,16 +434,21 @@ LOOM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t
   Status st = checkComm("ncclCommRegister", comm);
   if (!st) return fail(st);
   if (!handle) return fail(errorf(Code::kInvalidArgument, "ncclCommRegister: handle is NULL"));
-  // Host-memory collectives copy through FIFOs either way: registration is accepted
-  // and has no effect yet.
-  *handle = buff;
+  if (!buff && size > 0) {
+    return fail(errorf(Code::kInvalidArgument, "ncclCommRegister: buff is NULL with size %zu", size));
+  }
+  auto h = comm->impl->registerBuffer(buff, size);
+  if (!h) return fail(h.status().withContext("ncclCommRegister"));
+  *handle = h.value();
   return ncclSuccess;
 }
 LOOM_API ncclResult_t pncclCommRegister(const ncclComm_t, void*, size_t, void**) LOOM_ALIAS(ncclCommRegister);
 
 LOOM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
   Status st = checkComm("ncclCommDeregister", comm);
-  return st ? ncclSuccess : fail(st);
+  if (!st) return fail(st);
+  st = comm->impl->deregisterBuffer(handle);
+  return st ? ncclSuccess : fail(st.withContext("ncclCommDeregister"));
 }
 LOOM_API ncclResult_t pncclCommDeregister(const ncclComm_t, void*) LOOM_ALIAS(ncclCommDeregister);
 

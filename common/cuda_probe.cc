@@ -12,8 +12,11 @@ namespace {
 
 // Values from the CUDA driver API (cuda.h); declared here so no CUDA header is needed.
 constexpr int kAttrMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kAttrBufferId = 7;    // CU_POINTER_ATTRIBUTE_BUFFER_ID
 constexpr int kAttrIsManaged = 8;   // CU_POINTER_ATTRIBUTE_IS_MANAGED
 constexpr int kAttrLegacyIpc = 10;  // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+constexpr int kAttrRangeStart = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+constexpr int kAttrRangeSize = 12;   // CU_POINTER_ATTRIBUTE_RANGE_SIZE
 constexpr unsigned kMemoryTypeDevice = 2;
 constexpr int kP2pPerformanceRank = 0x01;  // CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK
 constexpr int kP2pNativeAtomics = 0x03;    // CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED
@@ -107,6 +110,26 @@ bool isPeerMappableDevicePointer(const void* ptr) {
   int legacy = 0;
   if (d.getAttribute(&legacy, kAttrLegacyIpc, reinterpret_cast<uintptr_t>(ptr)) != 0) return false;
   return legacy != 0;
+}
+
+bool allocationOf(const void* ptr, Allocation* out) {
+  if (!isDevicePointer(ptr)) return false;
+  const Driver& d = driver();
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  unsigned long long id = 0;
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  int legacy = 0;
+  if (d.getAttribute(&base, kAttrRangeStart, p) != 0 || d.getAttribute(&bytes, kAttrRangeSize, p) != 0 ||
+      d.getAttribute(&id, kAttrBufferId, p) != 0) {
+    return false;
+  }
+  if (d.getAttribute(&legacy, kAttrLegacyIpc, p) != 0) legacy = 0;
+  out->base = base;
+  out->bytes = bytes;
+  out->bufferId = id;
+  out->legacyIpc = legacy != 0;
+  return true;
 }
 
 int streamWriteValue64(void* stream, void* addr, uint64_t value) {

@@ -21,6 +21,17 @@ bool isDevicePointer(const void* ptr);
 // without a driver.
 bool isPeerMappableDevicePointer(const void* ptr);
 
+// The allocation a device pointer lies in: where it starts, its size, and the driver's
+// process-wide id for it (a new allocation at the same address gets a new id).
+struct Allocation {
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  uint64_t bufferId = 0;
+  bool legacyIpc = false;  // cudaMalloc memory, which cudaIpcGetMemHandle exports
+};
+// False for host memory, managed memory and without a driver.
+bool allocationOf(const void* ptr, Allocation* out);
+
 // Enqueues on `stream` (a cudaStream_t) a write of `value` to the 8 bytes at `addr` (device
 // memory this process maps), after the stream's earlier work and with a memory fence
 // before it (cuStreamWriteValue64). Returns the driver's error code, -1 without a driver.

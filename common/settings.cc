@@ -59,8 +59,12 @@ const std::vector<Definition> kDefinitions = {
      "GPU broadcast, all-gather and all-to-all with every rank in one process: copy engines "
      "from this many bytes per copy (-1: 16 MiB; 0: never)"},
     {"LOOM_P2P_PULL_BYTES", nullptr, Type::kInt, "67108864",
-     "GPU all-reduce between ranks of one process whose calls meet in a group, out of place: "
-     "each rank reads every input directly, above the LL limit and up to this size (0: never)"},
+     "GPU all-reduce, out of place, between ranks of one process whose calls meet in a group "
+     "or between processes on registered memory (ncclCommRegister): each rank reads every "
+     "input directly, above the LL limit and up to this size (0: never)"},
+    {"LOOM_P2P_PULL_REDUCE_BYTES", nullptr, Type::kInt, "-1",
+     "GPU reduce between processes on registered memory (ncclCommRegister): the root reads "
+     "every input directly, above the LL limit and up to this size (-1: any size; 0: never)"},
     {"LOOM_P2P_CE_REDUCE_BYTES", nullptr, Type::kInt, "-1",
      "GPU reduce between ranks of one process whose calls meet in a group: from this size the "
      "copy engines move the data in chunks and kernels reduce each chunk locally (-1: 2 MiB "

@@ -184,14 +184,17 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call);
 int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream,
                const P2pList* p2p = nullptr);
 
-// One-shot all-reduce for ranks of one process, whose inputs every rank can read (peer
-// access): each rank reads every rank's input (`inputs`, in rank order) and writes the
+// One-shot all-reduce for ranks whose inputs every rank can read (peer access in one
+// process, registered memory between processes): each rank reads every rank's input (`inputs`, in rank order) and writes the
 // whole result to its own output; no slots, no per-tile handshakes. The kernel waits for
 // every peer to arrive first and, before it ends, for every peer to finish reading, so
 // inputs may change after it. Outputs must not overlap inputs. No pre-op is applied, so
 // not for PreMulSum (ncclAvg on floats included). Returns a cudaError_t value.
+// With `writer` >= 0 only that rank reads and writes its output (a reduce to that root);
+// the others only arrive and wait until it finished reading their inputs.
 struct PullInputs {
   const void* inputs[kMaxRanks] = {};
+  int writer = -1;
 };
 int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
 

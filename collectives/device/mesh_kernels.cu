@@ -1038,7 +1038,7 @@ __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant
   if (__syncthreads_or(bad)) return;  // the error flag says why; the call has failed
 
   Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
-  reduceBlockPart<E>(c, p.inputs, a.out, a.count, op, 0);
+  if (p.writer < 0 || p.writer == c.rank) reduceBlockPart<E>(c, p.inputs, a.out, a.count, op, 0);
   // The last block: the other blocks' reads (counted) come before our release.
   if (!lastBlockDone(done)) return;
   if (peerThread) {
@@ -1209,6 +1209,7 @@ int launchPullTyped(const MeshContext& ctx, const MeshCall& call, const PullInpu
   using S = typename E::Storage;
   // Parts of at least 32 KiB, so small calls use few blocks.
   size_t blocks = std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
+  if (in.writer >= 0 && in.writer != ctx.rank) blocks = 1;  // only arrives and waits
   pullAllReduceKernel<E><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, call, in);
   return static_cast<int>(cudaGetLastError());
 }

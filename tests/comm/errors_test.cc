@@ -225,6 +225,14 @@ TEST(Arguments, BadCallsReturnInvalidArgument) {
   EXPECT_EQ(ncclCommUserRank(c, &rank), ncclSuccess);
   EXPECT_EQ(rank, 0);
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  // Registration of host memory: accepted without effect; bad arguments rejected.
+  void* handle = nullptr;
+  EXPECT_EQ(ncclCommRegister(c, buf, sizeof(buf), &handle), ncclSuccess);
+  EXPECT_EQ(ncclCommDeregister(c, handle), ncclSuccess);
+  EXPECT_EQ(ncclCommRegister(c, buf, sizeof(buf), nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommRegister(c, nullptr, 16, &handle), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(c)).find("buff is NULL"), std::string::npos);
+  EXPECT_EQ(ncclCommRegister(nullptr, buf, sizeof(buf), &handle), ncclInvalidArgument);
   EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   // A destroyed communicator is recognised, not dereferenced.
   EXPECT_EQ(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, nullptr), ncclInvalidArgument);

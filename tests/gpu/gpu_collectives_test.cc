@@ -20,28 +20,12 @@
 #include <vector>
 
 #include "common/datatype.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace {
 
 using loom::DataType;
-
-int gpuCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-#define REQUIRE_GPUS(n)                                                                   \
-  do {                                                                                    \
-    int have = gpuCount();                                                                \
-    if (have < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << have; \
-  } while (0)
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(cudaGetLastError())
-#define NCCL_OK(x) ASSERT_EQ((x), ncclSuccess) << #x << ": " << ncclGetLastError(nullptr)
+using loom::test::gpuCount;
 
 struct DeviceBuffer {
   DeviceBuffer(int dev, size_t bytes) : dev(dev), bytes(bytes) {

@@ -1,0 +1,225 @@
+// Buffer registration (ncclCommRegister) on GPU communicators whose ranks live in several
+// processes of one host. A registered buffer's allocation is exported once (its CUDA IPC
+// handle on the post board, transports/p2p/post_board.h); each call that can read the
+// peers' inputs where they lie posts where its own input lies, and a peer maps the
+// allocation the first time a post names it. Registration stays local, as NCCL's: a rank
+// registers what it likes, and a call takes a registered form only when every rank whose
+// input is read posted one for it, which the post board lets every rank see alike.
+//
+// Ranks of one process already read each other's buffers through peer access (the
+// one-process forms), so there a registration is accepted and kept, without effect.
+#include "comm/device_comm.h"
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "comm/cuda_device_comm.h"
+#include "common/cuda_probe.h"
+#include "common/log.h"
+
+namespace loom::comm::detail {
+
+Result<void*> CudaDeviceComm::registerBuffer(void* buff, size_t bytes) {
+  auto reg = std::make_unique<Registration>();
+  reg->begin = reinterpret_cast<uintptr_t>(buff);
+  reg->end = reg->begin + bytes;
+  std::lock_guard<std::mutex> lock(regMutex_);
+  cuda::Allocation a;
+  const bool device = bytes > 0 && cuda::allocationOf(buff, &a);
+  if (board_ && device && a.legacyIpc && reg->end <= a.base + a.bytes) {
+    reg->bufferId = a.bufferId;
+    // One export per allocation, shared by the registrations inside it.
+    for (size_t i = 0; i < exports_.size(); ++i) {
+      ExportRef& x = exports_[i];
+      if (x.refs > 0 && x.base == a.base && x.bufferId == a.bufferId) {
+        ++x.refs;
+        reg->exportIndex = static_cast<int>(i);
+        break;
+      }
+    }
+    if (reg->exportIndex < 0) {
+      DeviceGuard guard(device_);
+      cudaIpcMemHandle_t handle;
+      cudaError_t e = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(a.base));
+      uint64_t generation = 0;
+      int entry = -1;
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        LOOM_INFO(kInit, "rank %d: ncclCommRegister(%p, %zu): cudaIpcGetMemHandle failed (%s); "
+                  "registered without effect", rank_, buff, bytes, cudaErrorText(e).c_str());
+      } else {
+        static_assert(sizeof(handle) == transport::p2p::kHandleBytes, "IPC handle size");
+        entry = board_->publish(a.base, a.bytes, reinterpret_cast<const unsigned char*>(&handle),
+                                &generation);
+        if (entry < 0) {
+          LOOM_WARN(kInit, "rank %d: ncclCommRegister(%p, %zu): %d allocations are registered "
+                    "already (the most loom shares with its peers at once); this one is kept "
+                    "without effect", rank_, buff, bytes, transport::p2p::kExportSlots);
+        }
+      }
+      if (entry >= 0) {
+        size_t slot = exports_.size();
+        for (size_t i = 0; i < exports_.size(); ++i) {
+          if (exports_[i].refs == 0) slot = i;
+        }
+        if (slot == exports_.size()) exports_.emplace_back();
+        exports_[slot] = ExportRef{a.base, a.bytes, a.bufferId, entry, generation, 1};
+        reg->exportIndex = static_cast<int>(slot);
+        board_->want();
+      }
+    }
+  } else {
+    LOOM_INFO(kInit, "rank %d: ncclCommRegister(%p, %zu): kept without effect (%s)", rank_, buff,
+              bytes,
+              !board_ ? "the ranks are not in several processes of one GPU mesh"
+              : !device ? "not device memory"
+              : !a.legacyIpc ? "not cudaMalloc memory, which CUDA IPC exports"
+                             : "the range runs past its allocation");
+  }
+  void* handle = reg.get();
+  registrations_.push_back(std::move(reg));
+  return handle;
+}
+
+Status CudaDeviceComm::deregisterBuffer(void* handle) {
+  std::lock_guard<std::mutex> lock(regMutex_);
+  for (size_t i = 0; i < registrations_.size(); ++i) {
+    if (registrations_[i].get() != handle) continue;
+    const int x = registrations_[i]->exportIndex;
+    if (x >= 0 && --exports_[x].refs == 0) board_->retire(exports_[x].entry);
+    registrations_.erase(registrations_.begin() + static_cast<long>(i));
+    return Status::ok();
+  }
+  return errorf(Code::kInvalidArgument,
+                "handle %p was not returned by ncclCommRegister on this communicator (or was "
+                "deregistered already)", handle);
+}
+
+Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t generation) {
+  Import& im = imports_[{r, entry}];
+  if (im.base && im.generation == generation) return im.base;
+  transport::p2p::Export x;
+  if (!board_->read(r, static_cast<int>(entry), generation, &x)) {
+    return errorf(Code::kInvalidUsage,
+                  "rank %d deregistered the buffer it posted for this call before the call ran "
+                  "here (deregister only after the calls that use a buffer completed)", r);
+  }
+  if (im.base) {
+    // The entry now holds another allocation: the old mapping goes first.
+    LOOM_TRY(closeImport(im));
+  }
+  if (board_->pidOf(r) == static_cast<int>(getpid())) {
+    // A rank of this process: its address is valid here (the window set up peer access).
+    im.base = reinterpret_cast<char*>(x.base);
+  } else {
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, x.handle, sizeof(handle));
+    void* p = nullptr;
+    cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return errorf(Code::kCudaError, "mapping rank %d's registered buffer of %llu bytes "
+                    "(cudaIpcOpenMemHandle) failed: %s", r, (unsigned long long)x.bytes,
+                    cudaErrorText(e).c_str());
+    }
+    im.base = static_cast<char*>(p);
+    im.opened = true;
+  }
+  im.generation = generation;
+  LOOM_INFO(kColl, "rank %d: mapped rank %d's registered allocation of %llu bytes", rank_, r,
+            (unsigned long long)x.bytes);
+  return im.base;
+}
+
+Status CudaDeviceComm::closeImport(Import& im) {
+  if (im.opened) {
+    if (haveLast_ && !lastCaptured_) {
+      // Our calls so far, which may read it, are done first.
+      LOOM_TRY(cudaStatus(cudaEventSynchronize(lastEvent_), "cudaEventSynchronize"));
+      cudaIpcCloseMemHandle(im.base);
+    } else if (haveLast_) {
+      // The last call went into a CUDA graph (no event to wait on): kept until the end.
+      staleImports_.push_back(im.base);
+    } else {
+      cudaIpcCloseMemHandle(im.base);
+    }
+  }
+  im = Import{};
+  return Status::ok();
+}
+
+Status CudaDeviceComm::pruneImports() {
+  for (auto it = imports_.begin(); it != imports_.end();) {
+    transport::p2p::Export x;
+    if (board_->read(it->first.first, static_cast<int>(it->first.second), it->second.generation,
+                     &x)) {
+      ++it;
+      continue;
+    }
+    LOOM_TRY(closeImport(it->second));
+    it = imports_.erase(it);
+  }
+  return Status::ok();
+}
+
+void CudaDeviceComm::closeImports() {
+  for (auto& [key, im] : imports_) {
+    if (im.opened && im.base) cudaIpcCloseMemHandle(im.base);
+  }
+  imports_.clear();
+  for (char* p : staleImports_) cudaIpcCloseMemHandle(p);
+  staleImports_.clear();
+  if (board_) {
+    for (const ExportRef& x : exports_) {
+      if (x.refs > 0) board_->retire(x.entry);
+    }
+  }
+  cudaGetLastError();
+}
+
+Result<bool> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
+                                              dev::PullInputs* in) {
+  const size_t bytes = op.count * dataTypeSize(op.dtype);
+  const auto begin = reinterpret_cast<uintptr_t>(op.sendbuff);
+  transport::p2p::Post mine;
+  {
+    std::lock_guard<std::mutex> lock(regMutex_);
+    for (const auto& reg : registrations_) {
+      if (reg->exportIndex < 0 || begin < reg->begin || begin + bytes > reg->end) continue;
+      const ExportRef& x = exports_[reg->exportIndex];
+      // Freed and allocated again at the same address since it was registered: not ours to share.
+      cuda::Allocation a;
+      if (!cuda::allocationOf(op.sendbuff, &a) || a.bufferId != x.bufferId) continue;
+      mine.readable = 1;
+      mine.entry = static_cast<uint32_t>(x.entry);
+      mine.generation = x.generation;
+      mine.offset = begin - x.base;
+      break;
+    }
+  }
+  // An all-reduce's peers read our input while we write our output: they must not overlap.
+  const auto out = reinterpret_cast<uintptr_t>(op.recvbuff);
+  if (reader < 0 && out < begin + bytes && begin < out + bytes) mine.readable = 0;
+  auto stop = [this] { return reinterpret_cast<volatile int*>(hostFlags_)[0] != 0; };
+  LOOM_ASSIGN_OR_RETURN(bool active, board_->exchange(boardSeq_++, mine, &posts_, timeoutMs_, stop));
+  if (!active) return false;
+  for (int r = 0; r < nranks_; ++r) {
+    if (r != reader && !posts_[r].readable) return false;
+  }
+  if (reader >= 0 && reader != rank_) return true;  // only the reader maps the inputs
+  LOOM_TRY(pruneImports());
+  in->inputs[rank_] = op.sendbuff;
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_) continue;
+    LOOM_ASSIGN_OR_RETURN(char* base, importedBase(r, posts_[r].entry, posts_[r].generation));
+    in->inputs[r] = base + posts_[r].offset;
+  }
+  return true;
+}
+
+}  // namespace loom::comm::detail
+
+#endif  // LOOM_HAVE_CUDA

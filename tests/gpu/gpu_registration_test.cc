@@ -1,0 +1,263 @@
+// Buffer registration between processes (ncclCommRegister on a GPU mesh whose ranks are
+// two processes): the registered all-reduce and reduce give exact results, and so do the
+// calls that cannot take the registered form (in place, one rank unregistered); a buffer
+// deregistered, freed and allocated again is mapped anew; a CUDA graph of a registered
+// call replays. The test starts two copies of this binary, one rank each, and checks from
+// their logs (LOOM_DEBUG=INFO) that the registered forms ran.
+//
+// Skips with a reason where fewer than two GPUs are present (CI has none).
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+
+extern char** environ;
+
+namespace {
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Small integers, so sums of two ranks are exact in float.
+float valueFor(int rank, size_t i, int salt) {
+  return static_cast<float>((i * 7 + rank * 3 + salt) % 13 + 1);
+}
+
+TEST(GpuRegistration, TwoProcesses) {
+  REQUIRE_GPUS(2);
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::string hex;
+  for (size_t i = 0; i < sizeof(id.internal); ++i) {
+    char b[3];
+    std::snprintf(b, sizeof(b), "%02x", static_cast<unsigned char>(id.internal[i]));
+    hex += b;
+  }
+  const std::string self = "/proc/self/exe";
+  char exe[4096] = {0};
+  ASSERT_GT(readlink(self.c_str(), exe, sizeof(exe) - 1), 0);
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int r = 0; r < 2; ++r) {
+    logs.push_back("/tmp/loom_registration_" + std::to_string(getpid()) + "_" + std::to_string(r) + ".log");
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.push_back(*e);
+    env.push_back("LOOM_TEST_REGISTRATION_RANK=" + std::to_string(r));
+    env.push_back("LOOM_TEST_REGISTRATION_ID=" + hex);
+    env.push_back("LOOM_DEBUG=INFO");
+    env.push_back("LOOM_DEBUG_SUBSYS=COLL");
+    env.push_back("LOOM_TIMEOUT_MS=30000");
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string filter = "--gtest_filter=GpuRegistration.OneRank";
+    char* argv[] = {exe, filter.data(), nullptr};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, logs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, exe, &fa, nullptr, argv, envp.data()), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    pids.push_back(pid);
+  }
+  // Both must end, within three minutes.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  std::vector<int> status(2, -1);
+  for (int left = 2; left > 0;) {
+    for (int r = 0; r < 2; ++r) {
+      if (status[r] != -1) continue;
+      int st = 0;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        status[r] = st;
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < 2; ++r) {
+        if (status[r] == -1) kill(pids[r], SIGKILL);
+      }
+      ADD_FAILURE() << "a rank did not finish within 3 minutes";
+      for (int r = 0; r < 2; ++r) {
+        if (status[r] == -1) waitpid(pids[r], &status[r], 0);
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = readFile(logs[r]);
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
+        << "rank " << r << " ended with status " << status[r] << "; its output:\n" << log;
+    EXPECT_NE(log.find("pulled one-shot all-reduce"), std::string::npos) << "rank " << r << ":\n" << log;
+    EXPECT_NE(log.find("pulled one-shot reduce"), std::string::npos) << "rank " << r << ":\n" << log;
+    EXPECT_NE(log.find("registered inputs"), std::string::npos) << "rank " << r;
+    EXPECT_NE(log.find("[  PASSED  ] 1 test"), std::string::npos) << "rank " << r << ":\n" << log;
+    std::remove(logs[r].c_str());
+  }
+}
+
+void upload(float* dst, int rank, size_t count, int salt) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = valueFor(rank, i, salt);
+  cudaMemcpy(dst, v.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+}
+
+// Sum of both ranks' inputs; `what` names the call in failures.
+void expectSum(const float* out, size_t count, int salt, const std::string& what) {
+  std::vector<float> got(count);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  size_t wrong = 0, first = count;
+  for (size_t i = 0; i < count; ++i) {
+    if (got[i] != valueFor(0, i, salt) + valueFor(1, i, salt)) {
+      if (first == count) first = i;
+      ++wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << what << ": first wrong element " << first << " = "
+                       << (first < count ? got[first] : 0.f);
+}
+
+// One rank of TwoProcesses (skips when run on its own).
+TEST(GpuRegistration, OneRank) {
+  const char* rankText = std::getenv("LOOM_TEST_REGISTRATION_RANK");
+  const char* idText = std::getenv("LOOM_TEST_REGISTRATION_ID");
+  if (!rankText || !idText) GTEST_SKIP() << "runs as one rank of GpuRegistration.TwoProcesses";
+  const int rank = std::atoi(rankText);
+  ncclUniqueId id;
+  for (size_t i = 0; i < sizeof(id.internal); ++i) {
+    unsigned b = 0;
+    std::sscanf(idText + 2 * i, "%2x", &b);
+    id.internal[i] = static_cast<char>(b);
+  }
+  CUDA_OK(cudaSetDevice(rank));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ncclComm_t comm;
+  NCCL_OK(ncclCommInitRank(&comm, 2, id, rank));
+  const size_t big = size_t(64) << 20;  // bytes
+  float *a = nullptr, *out = nullptr, *c = nullptr;
+  CUDA_OK(cudaMalloc(&a, big));
+  CUDA_OK(cudaMalloc(&out, big));
+  CUDA_OK(cudaMalloc(&c, big));
+  auto sync = [&] { ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess); };
+
+  // Nothing registered: the kernels.
+  size_t n = (8 << 20) / sizeof(float);
+  upload(a, rank, n, 1);
+  NCCL_OK(ncclAllReduce(a, out, n, ncclFloat32, ncclSum, comm, s));
+  sync();
+  expectSum(out, n, 1, "unregistered all-reduce");
+
+  // Both register `a` (one range inside the allocation, another covering it).
+  void *ha = nullptr, *ha2 = nullptr;
+  NCCL_OK(ncclCommRegister(comm, a, big, &ha));
+  NCCL_OK(ncclCommRegister(comm, a + 16, 4096, &ha2));
+  void* bogus = reinterpret_cast<void*>(0x1234);
+  EXPECT_EQ(ncclCommDeregister(comm, bogus), ncclInvalidArgument);
+  // The first call after registering still runs unregistered (the board activates there),
+  // then every size the pulled forms take, at an offset of one float.
+  for (size_t bytes : {size_t(2) << 20, size_t(8) << 20, size_t(64) << 20, size_t(8) << 20}) {
+    n = bytes / sizeof(float) - 1;
+    upload(a + 1, rank, n, int(bytes >> 20));
+    NCCL_OK(ncclAllReduce(a + 1, out, n, ncclFloat32, ncclSum, comm, s));
+    sync();
+    expectSum(out, n, int(bytes >> 20), "registered all-reduce of " + std::to_string(bytes));
+  }
+  // Reduce to each root; the other's output is not written.
+  for (int root : {0, 1}) {
+    for (size_t bytes : {size_t(2) << 20, size_t(16) << 20, size_t(64) << 20}) {
+      n = bytes / sizeof(float);
+      upload(a, rank, n, root + 3);
+      CUDA_OK(cudaMemset(out, 0, bytes));
+      NCCL_OK(ncclReduce(a, out, n, ncclFloat32, ncclSum, root, comm, s));
+      sync();
+      if (rank == root) {
+        expectSum(out, n, root + 3, "registered reduce to " + std::to_string(root));
+      } else {
+        std::vector<float> got(16);
+        cudaMemcpy(got.data(), out, sizeof(float) * got.size(), cudaMemcpyDeviceToHost);
+        for (float g : got) EXPECT_EQ(g, 0.f) << "reduce wrote a non-root's output";
+      }
+    }
+  }
+  // In place: the peers would read what we overwrite, so the kernels (on both ranks).
+  n = (8 << 20) / sizeof(float);
+  upload(a, rank, n, 5);
+  NCCL_OK(ncclAllReduce(a, a, n, ncclFloat32, ncclSum, comm, s));
+  sync();
+  expectSum(a, n, 5, "in-place all-reduce on registered memory");
+  // Only rank 1's input is registered: the kernels on both.
+  void* hc = nullptr;
+  if (rank == 1) {
+    NCCL_OK(ncclCommRegister(comm, c, big, &hc));
+  }
+  float* in = rank == 1 ? c : out;
+  float* res = rank == 1 ? out : c;
+  upload(in, rank, n, 6);
+  NCCL_OK(ncclAllReduce(in, res, n, ncclFloat32, ncclSum, comm, s));
+  sync();
+  expectSum(res, n, 6, "all-reduce with one rank's input unregistered");
+  // A CUDA graph of a registered all-reduce, replayed with new inputs.
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  NCCL_OK(ncclAllReduce(a, out, n, ncclFloat32, ncclSum, comm, s));
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int k = 0; k < 5; ++k) {
+    upload(a, rank, n, 20 + k);
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    sync();
+    expectSum(out, n, 20 + k, "graph replay " + std::to_string(k));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  // Rank 0 lets go of `a`, frees it and registers a new allocation: mapped anew.
+  if (rank == 0) {
+    NCCL_OK(ncclCommDeregister(comm, ha));
+    NCCL_OK(ncclCommDeregister(comm, ha2));
+    CUDA_OK(cudaFree(a));
+    CUDA_OK(cudaMalloc(&a, big));
+    NCCL_OK(ncclCommRegister(comm, a, big, &ha));
+  }
+  for (int k = 0; k < 2; ++k) {
+    upload(a, rank, n, 7 + k);
+    NCCL_OK(ncclAllReduce(a, out, n, ncclFloat32, ncclSum, comm, s));
+    NCCL_OK(ncclReduce(a, c, n, ncclFloat32, ncclSum, 0, comm, s));
+    sync();
+    expectSum(out, n, 7 + k, "all-reduce after re-registration");
+    if (rank == 0) expectSum(c, n, 7 + k, "reduce after re-registration");
+  }
+  NCCL_OK(ncclCommDeregister(comm, ha));
+  if (rank == 1) {
+    NCCL_OK(ncclCommDeregister(comm, ha2));
+    NCCL_OK(ncclCommDeregister(comm, hc));
+  }
+  NCCL_OK(ncclCommDestroy(comm));
+  cudaFree(a);
+  cudaFree(out);
+  cudaFree(c);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
