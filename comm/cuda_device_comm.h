@@ -179,7 +179,8 @@ class CudaDeviceComm final : public DeviceComm {
   struct Import {
     uint64_t generation = 0;
     char* base = nullptr;
-    bool opened = false;  // cudaIpcOpenMemHandle (closed at the end), else the peer's own address
+    uint64_t bytes = 0;
+    bool opened = false;  // cudaIpcOpenMemHandle (closed when replaced, or at the end)
   };
 
   // Between processes of one host, a call that may read its peers' inputs where they lie (the pulled all-reduce, the pulled reduce)
@@ -369,6 +370,7 @@ class CudaDeviceComm final : public DeviceComm {
   std::vector<ExportRef> exports_;
   std::map<std::pair<int, uint32_t>, Import> imports_;  // (rank, entry)
   std::vector<char*> staleImports_;  // replaced while a graph may read them: closed at the end
+  bool importsInGraph_ = false;      // a captured call read peers' allocations
   std::vector<transport::p2p::Post> posts_;
 };
 

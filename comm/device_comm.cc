@@ -246,9 +246,16 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
     clique_->devices[rank_] = device_;
   }
-  if (!oneProcess) {
-    // Registration between processes (comm/device_registration.cc). Every rank gets the
-    // same outcome: without the board, registration is kept without effect.
+  // Registration between processes (comm/device_registration.cc), when each rank is a
+  // process of its own: a registered call waits on the host for its peers' posts, and a
+  // thread that issued one rank's call before another's of the same process would wait
+  // for itself. Every rank gets the same outcome: without the board, registration is kept
+  // without effect.
+  bool ownProcesses = true;
+  for (int a = 0; a < nranks_; ++a) {
+    for (int b = a + 1; b < nranks_; ++b) ownProcesses = ownProcesses && gpus[a].pid != gpus[b].pid;
+  }
+  if (ownProcesses && nranks_ > 1) {
     auto board = transport::p2p::PostBoard::createShared(
         rank, nranks_, [&](void* data, size_t size) { return bootstrap.allGather(data, size); });
     if (board) {
@@ -387,6 +394,7 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
     in.writer = op.type == collectives::CollType::kReduce ? op.root : -1;
     LOOM_ASSIGN_OR_RETURN(bool registered, registeredInputs(op, in.writer, &in));
     if (registered) {
+      if (capturing(op.stream)) importsInGraph_ = true;  // its mappings stay until the end
       return launchPull(call, in, op.stream,
                         in.writer < 0 ? "registered inputs, size <= LOOM_P2P_PULL_BYTES"
                                       : "registered inputs, size <= LOOM_P2P_PULL_REDUCE_BYTES");

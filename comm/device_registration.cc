@@ -111,23 +111,20 @@ Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t gener
     // The entry now holds another allocation: the old mapping goes first.
     LOOM_TRY(closeImport(im));
   }
-  if (board_->pidOf(r) == static_cast<int>(getpid())) {
-    // A rank of this process: its address is valid here (the window set up peer access).
-    im.base = reinterpret_cast<char*>(x.base);
-  } else {
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, x.handle, sizeof(handle));
-    void* p = nullptr;
-    cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return errorf(Code::kCudaError, "mapping rank %d's registered buffer of %llu bytes "
-                    "(cudaIpcOpenMemHandle) failed: %s", r, (unsigned long long)x.bytes,
-                    cudaErrorText(e).c_str());
-    }
-    im.base = static_cast<char*>(p);
-    im.opened = true;
+  // Every rank is a process of its own (the board exists only then): CUDA IPC.
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, x.handle, sizeof(handle));
+  void* p = nullptr;
+  cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return errorf(Code::kCudaError, "mapping rank %d's registered buffer of %llu bytes "
+                  "(cudaIpcOpenMemHandle) failed: %s", r, (unsigned long long)x.bytes,
+                  cudaErrorText(e).c_str());
   }
+  im.base = static_cast<char*>(p);
+  im.opened = true;
+  im.bytes = x.bytes;
   im.generation = generation;
   LOOM_INFO(kColl, "rank %d: mapped rank %d's registered allocation of %llu bytes", rank_, r,
             (unsigned long long)x.bytes);
@@ -136,13 +133,14 @@ Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t gener
 
 Status CudaDeviceComm::closeImport(Import& im) {
   if (im.opened) {
-    if (haveLast_ && !lastCaptured_) {
+    if (importsInGraph_) {
+      // A CUDA graph captured a call that read peers' allocations and may be replayed
+      // (the last call may have been outside it): kept until the end.
+      staleImports_.push_back(im.base);
+    } else if (haveLast_ && !lastCaptured_) {
       // Our calls so far, which may read it, are done first.
       LOOM_TRY(cudaStatus(cudaEventSynchronize(lastEvent_), "cudaEventSynchronize"));
       cudaIpcCloseMemHandle(im.base);
-    } else if (haveLast_) {
-      // The last call went into a CUDA graph (no event to wait on): kept until the end.
-      staleImports_.push_back(im.base);
     } else {
       cudaIpcCloseMemHandle(im.base);
     }
@@ -182,9 +180,14 @@ void CudaDeviceComm::closeImports() {
 
 Result<bool> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
                                               dev::PullInputs* in) {
+  DeviceGuard guard(device_);  // the mappings go to our GPU, whatever the thread's current one
   const size_t bytes = op.count * dataTypeSize(op.dtype);
   const auto begin = reinterpret_cast<uintptr_t>(op.sendbuff);
   transport::p2p::Post mine;
+  // What the call is: a rank that numbered its calls otherwise fails here, not in a kernel.
+  mine.signature = (uint64_t(op.type) << 56) ^ (uint64_t(op.dtype) << 48) ^
+                   (uint64_t(uint32_t(op.root)) << 40) ^ (uint64_t(uint32_t(op.ncclOp)) << 32) ^
+                   op.count;
   {
     std::lock_guard<std::mutex> lock(regMutex_);
     for (const auto& reg : registrations_) {
@@ -207,15 +210,44 @@ Result<bool> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
   LOOM_ASSIGN_OR_RETURN(bool active, board_->exchange(boardSeq_++, mine, &posts_, timeoutMs_, stop));
   if (!active) return false;
   for (int r = 0; r < nranks_; ++r) {
+    if (posts_[r].signature != mine.signature) {
+      return errorf(Code::kInvalidUsage,
+                    "rank %d: rank %d's call %llu on this communicator is another collective "
+                    "(type, count, type of data, root or op differ): every rank must issue the "
+                    "same collectives in the same order", rank_, r,
+                    (unsigned long long)(boardSeq_ - 1));
+    }
+  }
+  for (int r = 0; r < nranks_; ++r) {
     if (r != reader && !posts_[r].readable) return false;
   }
   if (reader >= 0 && reader != rank_) return true;  // only the reader maps the inputs
-  LOOM_TRY(pruneImports());
+  // Every rank decided on the registered form, so the peers' kernels will wait for ours:
+  // if mapping fails here, a kernel that only takes part in the handshakes still runs.
+  Status st = pruneImports();
   in->inputs[rank_] = op.sendbuff;
-  for (int r = 0; r < nranks_; ++r) {
+  for (int r = 0; r < nranks_ && st; ++r) {
     if (r == rank_) continue;
-    LOOM_ASSIGN_OR_RETURN(char* base, importedBase(r, posts_[r].entry, posts_[r].generation));
-    in->inputs[r] = base + posts_[r].offset;
+    auto base = importedBase(r, posts_[r].entry, posts_[r].generation);
+    if (!base) {
+      st = base.status();
+    } else if (posts_[r].offset + bytes > imports_[{r, posts_[r].entry}].bytes) {
+      st = errorf(Code::kInvalidUsage,
+                  "rank %d posted an input of %zu bytes at offset %llu of a registered "
+                  "allocation of %llu bytes", r, bytes, (unsigned long long)posts_[r].offset,
+                  (unsigned long long)imports_[{r, posts_[r].entry}].bytes);
+    } else {
+      in->inputs[r] = base.value() + posts_[r].offset;
+    }
+  }
+  if (!st) {
+    dev::PullInputs none;
+    none.writer = dev::kMaxRanks;  // nobody reads or writes
+    dev::MeshCall call;
+    call.type = op.dtype;
+    call.count = op.count;
+    launchPull(call, none, op.stream, "taking part only: this rank failed").ignore();
+    return st;
   }
   return true;
 }

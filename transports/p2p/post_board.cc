@@ -19,6 +19,7 @@ constexpr uint64_t kMagic = 0x6c6f6f6d706f7374ull;  // "loompost"
 // pending, epoch); the posts themselves are published with release and read with acquire.
 struct Slot {
   std::atomic<uint64_t> seq;  // call number + 1 (0: never written)
+  uint64_t signature;
   uint32_t readable;
   uint32_t entry;
   uint64_t generation;
@@ -203,13 +204,14 @@ Result<bool> PostBoard::exchange(uint64_t seq, const Post& mine, std::vector<Pos
     }
   }
   Slot& s = self.slots[seq % kPostRing];
+  s.signature = mine.signature;
   s.readable = mine.readable;
   s.entry = mine.entry;
   s.generation = mine.generation;
   s.offset = mine.offset;
   s.seq.store(seq + 1, std::memory_order_release);
   self.posted.store(seq + 1);
-  if (want_ && !activated_) {
+  if (!activated_ && want_.load(std::memory_order_relaxed)) {
     activated_ = true;
     if (l.pending.exchange(1) == 0) {
       uint64_t first = 0;
@@ -233,6 +235,7 @@ Result<bool> PostBoard::exchange(uint64_t seq, const Post& mine, std::vector<Pos
     LOOM_TRY(wait([&] { return p.seq.load(std::memory_order_acquire) == seq + 1; }, timeoutMs, stop,
                   "rank " + std::to_string(r) + " to post call " + std::to_string(seq)));
     Post& out = (*all)[r];
+    out.signature = p.signature;
     out.readable = p.readable;
     out.entry = p.entry;
     out.generation = p.generation;
@@ -251,6 +254,7 @@ int PostBoard::publish(uint64_t base, uint64_t bytes, const unsigned char* handl
     // Never 0, never the same twice in this process: a peer's post names the one it read.
     static std::atomic<uint64_t> counter{1};
     const uint64_t g = counter.fetch_add(1);
+    std::atomic_thread_fence(std::memory_order_release);  // after a retire's store of 0
     e.base = base;
     e.bytes = bytes;
     std::memcpy(e.handle, handle, kHandleBytes);

@@ -37,6 +37,7 @@ inline constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 
 // What a rank says about one call.
 struct Post {
+  uint64_t signature = 0;   // what the call is (type, count, ...): every rank's must match
   uint32_t readable = 0;    // 1: the peers may read this call's input at entry + offset
   uint32_t entry = 0;       // index in the rank's export table
   uint64_t generation = 0;  // the entry's generation when posted
@@ -73,7 +74,8 @@ class PostBoard {
   int nranks() const { return nranks_; }
 
   // This rank has memory its peers should read: its next exchange activates the board.
-  void want() { want_ = true; }
+  // (Any thread; exchange() runs on the thread that issues the calls.)
+  void want() { want_.store(true, std::memory_order_relaxed); }
 
   // For call `seq` (0, 1, 2, ...: every rank calls this for the same calls, in order):
   // posts `mine`, then returns false when posts are not read for this call (the board is
@@ -105,7 +107,7 @@ class PostBoard {
   size_t mappedBytes_ = 0;  // non-zero when createShared mapped it (unmapped at the end)
   int rank_ = 0;
   int nranks_ = 0;
-  bool want_ = false;
+  std::atomic<bool> want_{false};
   bool activated_ = false;  // this rank ran the activation (or saw it done)
 };
 
