@@ -110,6 +110,29 @@ struct Clique {
 // One Clique per communicator (its token agreed at init), shared by its ranks here.
 std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks);
 
+// Host memory the staged path copies through: page-locked (cudaHostAlloc), so the copies
+// between the GPU and it run at the bus's speed; ordinary memory where page-locking fails.
+// Grows to the largest call and stays.
+class StagingBuffer {
+ public:
+  StagingBuffer() = default;
+  StagingBuffer(StagingBuffer&& o) noexcept
+      : pinned_(o.pinned_), capacity_(o.capacity_), fallback_(std::move(o.fallback_)) {
+    o.pinned_ = nullptr;
+    o.capacity_ = 0;
+  }
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  ~StagingBuffer() { release(); }
+  char* reserve(size_t bytes);  // at least `bytes` (and 1) bytes, valid until the next reserve
+
+ private:
+  void release();
+  char* pinned_ = nullptr;
+  size_t capacity_ = 0;
+  std::vector<char> fallback_;
+};
+
 struct MeshAgreement {
   int32_t reachable = 0;
   int32_t blocks = 0;
@@ -360,7 +383,9 @@ class CudaDeviceComm final : public DeviceComm {
   bool haveLast_ = false;
   bool lastCaptured_ = false;
   bool warnedCapture_ = false;
-  std::vector<char> hostIn_, hostOut_;
+  // The staged path's host memory (page-locked), kept from call to call.
+  StagingBuffer stageIn_, stageOut_;
+  std::vector<StagingBuffer> stageP2p_;
   // Registration between processes (null board: one process, or the board failed).
   std::unique_ptr<transport::p2p::PostBoard> board_;
   uint64_t boardSeq_ = 0;  // calls that exchanged posts so far (the same count on every rank)

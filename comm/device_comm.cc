@@ -664,6 +664,30 @@ Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t str
   return recordDone(stream, cap);
 }
 
+char* StagingBuffer::reserve(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  if (pinned_ && bytes <= capacity_) return pinned_;
+  if (!pinned_ && bytes <= fallback_.size()) return fallback_.data();
+  release();
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) {
+    pinned_ = static_cast<char*>(p);
+    capacity_ = bytes;
+    return pinned_;
+  }
+  cudaGetLastError();  // page-locked memory ran out: ordinary memory, slower copies
+  fallback_.resize(bytes);
+  return fallback_.data();
+}
+
+void StagingBuffer::release() {
+  if (pinned_) cudaFreeHost(pinned_);
+  pinned_ = nullptr;
+  capacity_ = 0;
+  fallback_.clear();
+  fallback_.shrink_to_fit();
+}
+
 Status CudaDeviceComm::staged(const Operation& op,
                               const std::function<Status(const Operation&)>& hostRun) {
   DeviceGuard guard(device_);
@@ -671,24 +695,21 @@ Status CudaDeviceComm::staged(const Operation& op,
   callBytes(op, nranks_, &inBytes, &outBytes);
   bool readsInput = !(op.type == collectives::CollType::kBroadcast && op.root != rank_);
   bool writesOutput = !(op.type == collectives::CollType::kReduce && op.root != rank_);
-  hostIn_.resize(std::max<size_t>(inBytes, 1));
-  hostOut_.resize(std::max<size_t>(outBytes, 1));
+  char* in = stageIn_.reserve(inBytes);
+  char* out = stageOut_.reserve(outBytes);
   if (readsInput && inBytes > 0) {
-    LOOM_TRY(cudaStatus(
-        cudaMemcpyAsync(hostIn_.data(), op.sendbuff, inBytes, cudaMemcpyDeviceToHost, op.stream),
-        "cudaMemcpyAsync (device to host)"));
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(in, op.sendbuff, inBytes, cudaMemcpyDeviceToHost, op.stream),
+                        "cudaMemcpyAsync (device to host)"));
     LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
   }
   Operation h = op;
-  h.sendbuff = hostIn_.data();
-  h.recvbuff = hostOut_.data();
+  h.sendbuff = in;
+  h.recvbuff = out;
   LOOM_TRY(hostRun(h));
   if (writesOutput && outBytes > 0) {
-    // On the caller's stream, waited for: a pageable copy on the legacy stream could
-    // still be landing when a non-blocking stream reads the output.
-    LOOM_TRY(cudaStatus(
-        cudaMemcpyAsync(op.recvbuff, hostOut_.data(), outBytes, cudaMemcpyHostToDevice, op.stream),
-        "cudaMemcpyAsync (host to device)"));
+    // On the caller's stream, and waited for: the staging memory is reused by the next call.
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(op.recvbuff, out, outBytes, cudaMemcpyHostToDevice, op.stream),
+                        "cudaMemcpyAsync (host to device)"));
     LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
   }
   return Status::ok();
@@ -699,27 +720,27 @@ Status CudaDeviceComm::stagedP2p(
     const std::function<Status(const std::vector<Operation>&)>& hostRun) {
   DeviceGuard guard(device_);
   std::vector<Operation> h(ops.begin() + begin, ops.begin() + end);
-  std::vector<std::vector<char>> bufs(h.size());
+  if (stageP2p_.size() < h.size()) stageP2p_.resize(h.size());
   for (size_t i = 0; i < h.size(); ++i) {
     size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
-    bufs[i].resize(std::max<size_t>(bytes, 1));
+    char* buf = stageP2p_[i].reserve(bytes);
     if (h[i].isSend) {
       if (bytes) {
-        LOOM_TRY(cudaStatus(cudaMemcpyAsync(bufs[i].data(), h[i].sendbuff, bytes,
-                                            cudaMemcpyDeviceToHost, h[i].stream),
+        LOOM_TRY(cudaStatus(cudaMemcpyAsync(buf, h[i].sendbuff, bytes, cudaMemcpyDeviceToHost,
+                                            h[i].stream),
                             "cudaMemcpyAsync (device to host)"));
         LOOM_TRY(cudaStatus(cudaStreamSynchronize(h[i].stream), "cudaStreamSynchronize"));
       }
-      h[i].sendbuff = bufs[i].data();
+      h[i].sendbuff = buf;
     } else {
-      h[i].recvbuff = bufs[i].data();
+      h[i].recvbuff = buf;
     }
   }
   LOOM_TRY(hostRun(h));
   for (size_t i = 0; i < h.size(); ++i) {
     size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
     if (!h[i].isSend && bytes) {
-      LOOM_TRY(cudaStatus(cudaMemcpyAsync(ops[begin + i].recvbuff, bufs[i].data(), bytes,
+      LOOM_TRY(cudaStatus(cudaMemcpyAsync(ops[begin + i].recvbuff, h[i].recvbuff, bytes,
                                           cudaMemcpyHostToDevice, ops[begin + i].stream),
                           "cudaMemcpyAsync (host to device)"));
       LOOM_TRY(cudaStatus(cudaStreamSynchronize(ops[begin + i].stream), "cudaStreamSynchronize"));

@@ -6,10 +6,12 @@
 #   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all|tune|final|large] [TARBALL_DIR]
 #
 # PREFIX is an install tree (`cmake --install build --prefix PREFIX`) with the GPU test
-# binary copied into PREFIX/bin. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# binaries (build/tests/gpu/gpu_collectives_test, gpu_registration_test) copied into
+# PREFIX/bin. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 #   quick  the GPU test suite, and one all_reduce sweep with the comparison
 #   check  every perf binary with -c 1 from 8 B to 8 GiB (float sum), all types and ops
-#          at a few sizes, one process with all GPUs (-g N) and one process per GPU (mpirun)
+#          at a few sizes, one process with all GPUs (-g N) and one process per GPU (mpirun);
+#          under mpirun with registered buffers (-R 1), and both ways with P2P off (staged)
 #   bench  every perf binary, 8 B to 8 GiB, timed beside NCCL, JSON in OUTDIR
 #   tune   all_reduce, all_gather and broadcast over LOOM_P2P_BLOCKS / SLOT_BYTES / LOOM_ALGO
 #   final  what docs/perf/h200x2.md records, in the order that matters if time runs out:
@@ -55,6 +57,10 @@ run() {  # name, command...: logs to OUTDIR/name.log, prints the last lines
 if [ "$mode" = quick ] || [ "$mode" = check ] || [ "$mode" = all ]; then
   run gpu_test "$bin/gpu_collectives_test"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/gpu_test.log"
+  if [ -x "$bin/gpu_registration_test" ]; then
+    run gpu_registration_test "$bin/gpu_registration_test"
+    grep -E "^\[  (PASSED|FAILED) " "$out/gpu_registration_test.log"
+  fi
 fi
 if [ "$mode" = quick ]; then
   run quick_all_reduce "$bin/all_reduce_perf" -g "$ngpu" -b 8 -e 1G -f 4 -c 1 -w 5 -n 20 --compare nccl
@@ -67,6 +73,11 @@ if [ "$mode" = check ] || [ "$mode" = all ]; then
     run "check_${c}_g" "$bin/${c}_perf" -g "$ngpu" -b 8 -e 8G -f 4 -c 1 -w 1 -n 1
     run "check_${c}_mpi" "${mpi[@]}" "$bin/${c}_perf" -b 8 -e 8G -f 4 -c 1 -w 1 -n 1
     run "check_${c}_types" "$bin/${c}_perf" -g "$ngpu" -b 1K -e 4M -f 64 -c 1 -w 1 -n 1 -d all -o all
+    # Registered buffers between processes (the pulled all-reduce and reduce read them in place).
+    run "check_${c}_mpi_registered" "${mpi[@]}" "$bin/${c}_perf" -R 1 -b 8 -e 1G -f 64 -c 1 -w 1 -n 1
+    # P2P off: device buffers staged through page-locked host memory.
+    run "check_${c}_g_staged" env NCCL_P2P_DISABLE=1 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 64M -f 64 -c 1 -w 1 -n 1
+    run "check_${c}_mpi_staged" "${mpi[@]}" -x NCCL_P2P_DISABLE=1 "$bin/${c}_perf" -b 8 -e 64M -f 64 -c 1 -w 1 -n 1
   done
   grep -H "Out of bounds values" "$out"/check_*.log
 fi
@@ -115,6 +126,9 @@ fi
 if [ "$mode" = final ]; then
   run gpu_test timeout 120 "$bin/gpu_collectives_test"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/gpu_test.log"
+  if [ -x "$bin/gpu_registration_test" ]; then
+    run gpu_registration_test timeout 200 "$bin/gpu_registration_test"
+  fi
   pack
   for c in $colls; do
     run "bench_${c}" timeout 90 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 8G -f 2 -c 0 -w 5 -n 20 \

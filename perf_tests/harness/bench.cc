@@ -217,6 +217,9 @@ void Bench::prepareData(const TestCase& test, bool inPlace, uint64_t seed, bool 
     const size_t sendOffset = inPlace ? counts_.sendInplaceOffset * rank * typeSize_ : 0;
     const size_t recvOffset = inPlace ? counts_.recvInplaceOffset * rank * typeSize_ : 0;
     const size_t sendBytes = counts_.sendCount * typeSize_;
+    // cudaMemset needs the buffer's device current (or peer access, which a run with
+    // NCCL_P2P_DISABLE=1 does not have).
+    if (mem.isDevice() && r.device >= 0) LOOM_PERF_CHECK(job_, mem.setDevice(r.device));
     if (poison) {
       const size_t span = std::max({recvOffset + counts_.recvCount * typeSize_,
                                     inPlace ? sendOffset + sendBytes : 0, totalBytes_});
