@@ -452,15 +452,33 @@ LOOM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
 }
 LOOM_API ncclResult_t pncclCommDeregister(const ncclComm_t, void*) LOOM_ALIAS(ncclCommDeregister);
 
-LOOM_API ncclResult_t ncclCommWindowRegister(ncclComm_t, void*, size_t, ncclWindow_t* win, int) {
-  if (win) *win = nullptr;
-  return fail(errorf(Code::kInvalidUsage, "ncclCommWindowRegister is not implemented in loom yet"));
+// NCCL's windows are collective and symmetric; loom's registration is local and serves
+// windows as well: the window is a registration handle.
+LOOM_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                             ncclWindow_t* win, int winFlags) {
+  Status st = checkComm("ncclCommWindowRegister", comm);
+  if (!st) return fail(st);
+  if (!win) return fail(errorf(Code::kInvalidArgument, "ncclCommWindowRegister: win is NULL"));
+  *win = nullptr;
+  if (!buff && size > 0) {
+    return fail(errorf(Code::kInvalidArgument, "ncclCommWindowRegister: buff is NULL with size %zu", size));
+  }
+  if (winFlags & ~NCCL_WIN_COLL_SYMMETRIC) {
+    return fail(errorf(Code::kInvalidArgument, "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags));
+  }
+  auto h = comm->impl->registerBuffer(buff, size);
+  if (!h) return fail(h.status().withContext("ncclCommWindowRegister"));
+  *win = static_cast<ncclWindow_t>(h.value());
+  return ncclSuccess;
 }
 LOOM_API ncclResult_t pncclCommWindowRegister(ncclComm_t, void*, size_t, ncclWindow_t*, int)
     LOOM_ALIAS(ncclCommWindowRegister);
 
-LOOM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t, ncclWindow_t) {
-  return fail(errorf(Code::kInvalidUsage, "ncclCommWindowDeregister is not implemented in loom yet"));
+LOOM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  Status st = checkComm("ncclCommWindowDeregister", comm);
+  if (!st) return fail(st);
+  st = comm->impl->deregisterBuffer(win);
+  return st ? ncclSuccess : fail(st.withContext("ncclCommWindowDeregister"));
 }
 LOOM_API ncclResult_t pncclCommWindowDeregister(ncclComm_t, ncclWindow_t) LOOM_ALIAS(ncclCommWindowDeregister);
 

@@ -49,7 +49,7 @@ extern "C" {
 
 /* An opaque communicator handle. */
 typedef struct ncclComm* ncclComm_t;
-/* An opaque registered window handle (not supported yet: registration returns ncclInvalidUsage). */
+/* An opaque registered window handle (loom: a registration as ncclCommRegister's). */
 typedef struct ncclWindow_vidmem* ncclWindow_t;
 
 #define NCCL_COMM_NULL NULL
@@ -251,8 +251,10 @@ ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
 ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank);
 
-/* Buffer registration. loom accepts registrations (returning a handle) but does not
- * use them to save copies yet. */
+/* Buffer registration. Between GPU ranks that are processes of one host, peers read a
+ * registered input where it lies (the all-reduce up to 64 MiB, out of place, and the
+ * reduce); elsewhere a registration is kept without effect. A window (ncclCommWindowRegister)
+ * is the same local registration in loom; winFlags are accepted and not needed. */
 ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle);
 ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle);
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle);

@@ -233,6 +233,12 @@ TEST(Arguments, BadCallsReturnInvalidArgument) {
   EXPECT_EQ(ncclCommRegister(c, nullptr, 16, &handle), ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(c)).find("buff is NULL"), std::string::npos);
   EXPECT_EQ(ncclCommRegister(nullptr, buf, sizeof(buf), &handle), ncclInvalidArgument);
+  ncclWindow_t win = nullptr;
+  EXPECT_EQ(ncclCommWindowRegister(c, buf, sizeof(buf), &win, NCCL_WIN_COLL_SYMMETRIC), ncclSuccess);
+  EXPECT_EQ(ncclCommWindowDeregister(c, win), ncclSuccess);
+  EXPECT_EQ(ncclCommWindowRegister(c, buf, sizeof(buf), nullptr, 0), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommWindowRegister(c, buf, sizeof(buf), &win, 0x40), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(c)).find("winFlags"), std::string::npos);
   EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
   // A destroyed communicator is recognised, not dereferenced.
   EXPECT_EQ(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, nullptr), ncclInvalidArgument);

@@ -183,9 +183,15 @@ TEST(GpuRegistration, OneRank) {
   sync();
   expectSum(out, n, 1, "unregistered all-reduce");
 
-  // Both register `a` (one range inside the allocation, another covering it).
+  // Both register `a` (one range inside the allocation, another covering it); rank 1
+  // registers the whole of it as a window, which loom takes as the same registration.
   void *ha = nullptr, *ha2 = nullptr;
-  NCCL_OK(ncclCommRegister(comm, a, big, &ha));
+  ncclWindow_t window = nullptr;
+  if (rank == 0) {
+    NCCL_OK(ncclCommRegister(comm, a, big, &ha));
+  } else {
+    NCCL_OK(ncclCommWindowRegister(comm, a, big, &window, NCCL_WIN_COLL_SYMMETRIC));
+  }
   NCCL_OK(ncclCommRegister(comm, a + 16, 4096, &ha2));
   void* bogus = reinterpret_cast<void*>(0x1234);
   EXPECT_EQ(ncclCommDeregister(comm, bogus), ncclInvalidArgument);
@@ -264,8 +270,10 @@ TEST(GpuRegistration, OneRank) {
     expectSum(out, n, 7 + k, "all-reduce after re-registration");
     if (rank == 0) expectSum(c, n, 7 + k, "reduce after re-registration");
   }
-  NCCL_OK(ncclCommDeregister(comm, ha));
-  if (rank == 1) {
+  if (rank == 0) {
+    NCCL_OK(ncclCommDeregister(comm, ha));
+  } else {
+    NCCL_OK(ncclCommWindowDeregister(comm, window));
     NCCL_OK(ncclCommDeregister(comm, ha2));
     NCCL_OK(ncclCommDeregister(comm, hc));
   }
