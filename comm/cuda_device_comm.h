@@ -396,6 +396,7 @@ class CudaDeviceComm final : public DeviceComm {
   std::map<std::pair<int, uint32_t>, Import> imports_;  // (rank, entry)
   std::vector<char*> staleImports_;  // replaced while a graph may read them: closed at the end
   bool importsInGraph_ = false;      // a captured call read peers' allocations
+  bool warnedExportsFull_ = false;
   std::vector<transport::p2p::Post> posts_;
 };
 

@@ -54,10 +54,12 @@ Result<void*> CudaDeviceComm::registerBuffer(void* buff, size_t bytes) {
         static_assert(sizeof(handle) == transport::p2p::kHandleBytes, "IPC handle size");
         entry = board_->publish(a.base, a.bytes, reinterpret_cast<const unsigned char*>(&handle),
                                 &generation);
-        if (entry < 0) {
+        if (entry < 0 && !warnedExportsFull_) {
+          warnedExportsFull_ = true;  // once: an allocator hook may register many more
           LOOM_WARN(kInit, "rank %d: ncclCommRegister(%p, %zu): %d allocations are registered "
-                    "already (the most loom shares with its peers at once); this one is kept "
-                    "without effect", rank_, buff, bytes, transport::p2p::kExportSlots);
+                    "already (the most loom shares with its peers at once); this one and any "
+                    "further ones are kept without effect until some are deregistered", rank_,
+                    buff, bytes, transport::p2p::kExportSlots);
         }
       }
       if (entry >= 0) {

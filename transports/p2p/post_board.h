@@ -32,7 +32,9 @@
 namespace loom::transport::p2p {
 
 inline constexpr int kPostRing = 256;     // posts per rank kept in the ring
-inline constexpr int kExportSlots = 64;   // allocations a rank can export at once
+// Allocations a rank can export at once (PyTorch's allocator hook registers every segment
+// of its cache; 22 KiB of the board per rank).
+inline constexpr int kExportSlots = 256;
 inline constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 
 // What a rank says about one call.
