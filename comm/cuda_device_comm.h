@@ -210,10 +210,11 @@ class CudaDeviceComm final : public DeviceComm {
   // posts where its own input lies on the post board (transports/p2p/post_board.h) and
   // reads every rank's post; when every rank whose input is read posted a registered one,
   // `in` gets every rank's input as mapped here (IPC handles opened at first use, cached)
-  // and the call returns true. False: run the call as if nothing were registered (the
-  // same on every rank). `reader`: the rank that reads (reduce's root), or -1 for every
-  // rank (all-reduce, which also needs each rank's output apart from its input).
-  Result<bool> registeredInputs(const Operation& op, int reader, dev::PullInputs* in);
+  // and the call returns the form: 1 the pulled one-shot all-reduce or reduce, 2 the
+  // pulled two-shot all-reduce in place (every rank's output its input). 0: run the call
+  // as if nothing were registered (the same on every rank). `reader`: the rank that reads
+  // (reduce's root), or -1 for every rank (all-reduce).
+  Result<int> registeredInputs(const Operation& op, int reader, dev::PullInputs* in);
   // A peer's registered allocation (`entry` at `generation` of rank r's export table),
   // mapped here.
   Result<char*> importedBase(int r, uint32_t entry, uint64_t generation);
@@ -274,10 +275,13 @@ class CudaDeviceComm final : public DeviceComm {
   // every input while every output is written).
   static bool outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes);
 
-  // The pulled all-reduce, or reduce (in.writer >= 0): `in` holds every rank's input as
-  // mapped here; `form` says why (LOOM_DEBUG=INFO).
+  // The pulled all-reduce, or reduce (in.writer >= 0), or with `twoShot` the two-shot
+  // all-reduce in place: `in` holds every rank's input as mapped here; `form` says why
+  // (LOOM_DEBUG=INFO).
   Status launchPull(const dev::MeshCall& call, const dev::PullInputs& in, cudaStream_t stream,
-                    const char* form);
+                    const char* form, bool twoShot = false);
+  // True when every rank's output is its input (in place), for the two-shot pulled form.
+  static bool allInPlace(const std::vector<dev::RankBuffers>& all);
 
   // A barrier, the copies (into peers on the caller's stream, local ones beside them on
   // a second stream), and a barrier: the first says every peer's buffers are free to

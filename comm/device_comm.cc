@@ -392,9 +392,13 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
         block <= pullReduceMax_))) {
     dev::PullInputs in;
     in.writer = op.type == collectives::CollType::kReduce ? op.root : -1;
-    LOOM_ASSIGN_OR_RETURN(bool registered, registeredInputs(op, in.writer, &in));
-    if (registered) {
+    LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, in.writer, &in));
+    if (form != 0) {
       if (capturing(op.stream)) importsInGraph_ = true;  // its mappings stay until the end
+      if (form == 2) {
+        return launchPull(call, in, op.stream,
+                          "registered buffers, in place, size <= LOOM_P2P_PULL_BYTES", true);
+      }
       return launchPull(call, in, op.stream,
                         in.writer < 0 ? "registered inputs, size <= LOOM_P2P_PULL_BYTES"
                                       : "registered inputs, size <= LOOM_P2P_PULL_REDUCE_BYTES");
@@ -403,14 +407,22 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
   // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
   // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
   // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
+  // In place on every rank, the two-shot form of it (each rank writes a part of its own
+  // buffer only once the peer that reads it there is done).
   bool mapped = false;
-  if (op.type == collectives::CollType::kAllReduce && pullSize(block) &&
-      red.op.kind != RedKind::kPreMulSum && !red.scalarDevice && op.ncclOp < ncclNumOps &&
-      peerBuffers(op, index, &all, &mapped) && mapped && outputsApart(all, block)) {
+  if (op.type == collectives::CollType::kAllReduce && pullSize(block) && builtinOp &&
+      peerBuffers(op, index, &all, &mapped) && mapped) {
     dev::PullInputs in;
     for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
-    return failCliqueOn(launchPull(call, in, op.stream, "ranks of one process, out of place, "
-                                                        "size <= LOOM_P2P_PULL_BYTES"));
+    if (outputsApart(all, block)) {
+      return failCliqueOn(launchPull(call, in, op.stream, "ranks of one process, out of place, "
+                                                          "size <= LOOM_P2P_PULL_BYTES"));
+    }
+    if (allInPlace(all)) {
+      return failCliqueOn(launchPull(call, in, op.stream,
+                                     "ranks of one process, in place, size <= LOOM_P2P_PULL_BYTES",
+                                     true));
+    }
   }
   // Copies only, every rank's buffers known (ranks of this process): the copy engines,
   // each copy moving one rank's block of `block` bytes.

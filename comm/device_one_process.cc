@@ -76,16 +76,26 @@ bool CudaDeviceComm::outputsApart(const std::vector<dev::RankBuffers>& all, size
   return true;
 }
 
+bool CudaDeviceComm::allInPlace(const std::vector<dev::RankBuffers>& all) {
+  for (const auto& b : all) {
+    if (b.in != b.out) return false;
+  }
+  return true;
+}
+
 Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInputs& in,
-                                  cudaStream_t stream, const char* form) {
+                                  cudaStream_t stream, const char* form, bool twoShot) {
   DeviceGuard guard(device_);
   const bool cap = capturing(stream);
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
-    LOOM_INFO(kColl, "GPU pulled one-shot %s: %zu x %s (%s)",
-              in.writer < 0 ? "all-reduce" : "reduce", call.count, dataTypeName(call.type), form);
+    LOOM_INFO(kColl, "GPU pulled %s %s: %zu x %s (%s)", twoShot ? "two-shot" : "one-shot",
+              twoShot ? "all-reduce in place" : in.writer < 0 ? "all-reduce" : "reduce",
+              call.count, dataTypeName(call.type), form);
   }
-  LOOM_TRY(launchStatus(dev::launchPullAllReduce(ctx_, call, in, stream), "the pulled all-reduce"));
+  const int e = twoShot ? dev::launchPullTwoShot(ctx_, call, in, stream)
+                        : dev::launchPullAllReduce(ctx_, call, in, stream);
+  LOOM_TRY(launchStatus(e, "the pulled all-reduce"));
   return recordDone(stream, cap);
 }
 

@@ -180,8 +180,8 @@ void CudaDeviceComm::closeImports() {
   cudaGetLastError();
 }
 
-Result<bool> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
-                                              dev::PullInputs* in) {
+Result<int> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
+                                             dev::PullInputs* in) {
   DeviceGuard guard(device_);  // the mappings go to our GPU, whatever the thread's current one
   const size_t bytes = op.count * dataTypeSize(op.dtype);
   const auto begin = reinterpret_cast<uintptr_t>(op.sendbuff);
@@ -205,12 +205,16 @@ Result<bool> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
       break;
     }
   }
-  // An all-reduce's peers read our input while we write our output: they must not overlap.
+  // An all-reduce's peers read our input while we write our output: apart (the one-shot
+  // form, readable 1), or the very same buffer (the two-shot form, which writes each part
+  // only once its reader is done with it: readable 2); a partial overlap takes neither.
   const auto out = reinterpret_cast<uintptr_t>(op.recvbuff);
-  if (reader < 0 && out < begin + bytes && begin < out + bytes) mine.readable = 0;
+  if (reader < 0 && mine.readable && out < begin + bytes && begin < out + bytes) {
+    mine.readable = out == begin ? 2 : 0;
+  }
   auto stop = [this] { return reinterpret_cast<volatile int*>(hostFlags_)[0] != 0; };
   LOOM_ASSIGN_OR_RETURN(bool active, board_->exchange(boardSeq_++, mine, &posts_, timeoutMs_, stop));
-  if (!active) return false;
+  if (!active) return 0;
   for (int r = 0; r < nranks_; ++r) {
     if (posts_[r].signature != mine.signature) {
       return errorf(Code::kInvalidUsage,
@@ -220,12 +224,19 @@ Result<bool> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
                     (unsigned long long)(boardSeq_ - 1));
     }
   }
+  // The form: a reduce's root reads every other rank's input (1); an all-reduce takes the
+  // one-shot form when every rank's output is apart from its input (1), the two-shot form
+  // when every rank's is its input (2), the kernels otherwise.
+  int form = 0;
   for (int r = 0; r < nranks_; ++r) {
-    if (r != reader && !posts_[r].readable) return false;
+    if (r == reader) continue;
+    const int k = reader >= 0 ? (posts_[r].readable ? 1 : 0) : static_cast<int>(posts_[r].readable);
+    if (k == 0 || (form != 0 && k != form)) return 0;
+    form = k;
   }
-  if (reader >= 0 && reader != rank_) return true;  // only the reader maps the inputs
-  // Every rank decided on the registered form, so the peers' kernels will wait for ours:
-  // if mapping fails here, a kernel that only takes part in the handshakes still runs.
+  if (form == 0) return 0;
+  if (reader >= 0 && reader != rank_) return form;  // only the reader maps the inputs
+  // Every rank decided on the registered form, so the peers' kernels will wait for ours.
   Status st = pruneImports();
   in->inputs[rank_] = op.sendbuff;
   for (int r = 0; r < nranks_ && st; ++r) {
@@ -248,10 +259,14 @@ Result<bool> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
     dev::MeshCall call;
     call.type = op.dtype;
     call.count = op.count;
-    launchPull(call, none, op.stream, "taking part only: this rank failed").ignore();
+    // One-shot forms: a kernel that takes part in the handshakes lets the peers finish
+    // right (they read our input, which is valid). The two-shot form's peers would read a
+    // part of ours that we cannot reduce: nothing is launched, and they fail after
+    // LOOM_TIMEOUT_MS instead of returning wrong values.
+    if (form == 1) launchPull(call, none, op.stream, "taking part only: this rank failed").ignore();
     return st;
   }
-  return true;
+  return form;
 }
 
 }  // namespace loom::comm::detail

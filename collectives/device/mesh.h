@@ -68,7 +68,11 @@ struct Geometry {
   // (`free`, so its scratch slot may be written again).
   LOOM_HOST_DEVICE size_t chunkFlagOffset() const { return barrierOffset() + barrierBytes(); }
   LOOM_HOST_DEVICE size_t chunkFlagBytes() const { return 2 * size_t(kMaxRanks) * kFlagStride; }
-  LOOM_HOST_DEVICE size_t slotsOffset() const { return chunkFlagOffset() + chunkFlagBytes(); }
+  // The pulled two-shot all-reduce's per-block counters: rank `from` finished its block's
+  // piece of its own part (launchPullTwoShot).
+  LOOM_HOST_DEVICE size_t partFlagOffset() const { return chunkFlagOffset() + chunkFlagBytes(); }
+  LOOM_HOST_DEVICE size_t partFlagBytes() const { return size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride; }
+  LOOM_HOST_DEVICE size_t slotsOffset() const { return partFlagOffset() + partFlagBytes(); }
   // The slots for messages from one sender (every block's), and where rank `from`'s begin.
   LOOM_HOST_DEVICE size_t senderSlotsBytes() const {
     return size_t(maxBlocks) * size_t(slots) * slotBytes;
@@ -197,6 +201,16 @@ struct PullInputs {
   int writer = -1;
 };
 int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
+
+// Two-shot all-reduce in place, for ranks that can all read and write each other's buffer
+// (`in.inputs`, in rank order, each rank's input and output at once): rank r reduces part r
+// of every rank's buffer into its own (part r of n), then copies every other part q from
+// rank q's buffer once rank q has reduced it (a counter per block). A rank writes part q of
+// its buffer only after rank q has read it, and the kernel ends once every peer has read
+// its part, so the buffers may change after it. The same bytes cross each link as with the
+// one-shot form, and it works in place. No pre-op (not for PreMulSum). Returns a
+// cudaError_t value.
+int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
 
 // Where the chunk counter `kind` (kChunkReady, kChunkFree) that rank `from` writes lives in
 // `owner`'s window.

@@ -1052,6 +1052,94 @@ __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant
   }
 }
 
+__device__ __forceinline__ uint64_t* partFlag(const MeshContext& c, int owner, int from, int block) {
+  return reinterpret_cast<uint64_t*>(c.windows[owner] + c.geo.partFlagOffset() +
+                                     (size_t(from) * c.geo.maxBlocks + block) * kFlagStride);
+}
+
+// Elements [begin, begin + size) of part `q` of `count` split into `n` parts of whole
+// 16-byte vectors, and of that part the piece of block `b` of `blocks`.
+template <typename S>
+__device__ void partPiece(size_t count, int n, int q, int b, int blocks, size_t* begin, size_t* size) {
+  constexpr size_t vec = 16 / sizeof(S);
+  const size_t part = ((count + n - 1) / n + vec - 1) / vec * vec;
+  const size_t p0 = min(count, size_t(q) * part), p1 = min(count, p0 + part);
+  const size_t piece = ((p1 - p0 + blocks - 1) / blocks + vec - 1) / vec * vec;
+  const size_t b0 = min(p1, p0 + size_t(b) * piece);
+  *begin = b0;
+  *size = min(p1, b0 + piece) - b0;
+}
+
+// launchPullTwoShot. Every block: arrive as in the one-shot form; reduce its piece of our
+// part from every rank's buffer into ours and tell each peer (a counter per block in the
+// peer's window); then, for each peer q, wait for q's counter of this block and copy q's
+// reduced piece of part q into ours. The last block tells the peers we are done reading
+// theirs and waits until they are done with ours.
+template <typename E>
+__global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__ MeshContext c,
+                                                        const __grid_constant__ MeshCall a,
+                                                        const __grid_constant__ PullInputs p) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  uint64_t* seqSlot = c.state + c.geo.barrierSeqIndex();
+  auto* done = reinterpret_cast<unsigned int*>(c.state + c.geo.pullDoneIndex());
+  const uint64_t arrive = *seqSlot + 1, leave = *seqSlot + 2;
+  const int t = threadIdx.x;
+  const bool peerThread = t < c.nranks && t != c.rank;
+  if (peerThread) {
+    __threadfence_system();
+    storeRelease(barrierFlag(c, t, c.rank), arrive);
+  }
+  int bad = 0;
+  if (peerThread) bad = !waitAtLeast(c, barrierFlag(c, c.rank, t), arrive);
+  if (__syncthreads_or(bad)) return;
+
+  Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
+  size_t begin = 0, size = 0;
+  partPiece<S>(a.count, c.nranks, c.rank, blockIdx.x, gridDim.x, &begin, &size);
+  if (size > 0) {
+    Io io;
+    for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(p.inputs[r]) + begin * sizeof(S);
+    io.nsrc = c.nranks;
+    io.preMask = 0;
+    io.post = true;
+    io.dsts[0] = static_cast<char*>(const_cast<void*>(p.inputs[c.rank])) + begin * sizeof(S);
+    io.ndst = 1;
+    reduceCopy<E>(io, op, size);
+  }
+  // Our piece is reduced (and every rank's input piece of our part read): tell each peer.
+  __syncthreads();
+  if (peerThread) {
+    __threadfence_system();
+    storeRelease(partFlag(c, t, c.rank, blockIdx.x), arrive);
+  }
+  for (int q = 0; q < c.nranks; ++q) {
+    if (q == c.rank) continue;
+    if (t == 0) bad = !waitAtLeast(c, partFlag(c, c.rank, q, blockIdx.x), arrive);
+    if (__syncthreads_or(bad)) return;
+    partPiece<S>(a.count, c.nranks, q, blockIdx.x, gridDim.x, &begin, &size);
+    if (size == 0) continue;
+    Io io;
+    io.srcs[0] = static_cast<const char*>(p.inputs[q]) + begin * sizeof(S);
+    io.nsrc = 1;
+    io.preMask = 0;
+    io.post = false;
+    io.dsts[0] = static_cast<char*>(const_cast<void*>(p.inputs[c.rank])) + begin * sizeof(S);
+    io.ndst = 1;
+    reduceCopy<E>(io, op, size);
+  }
+  if (!lastBlockDone(done)) return;
+  if (peerThread) {
+    storeRelease(barrierFlag(c, t, c.rank), leave);
+    waitAtLeast(c, barrierFlag(c, c.rank, t), leave);
+  }
+  __syncthreads();
+  if (t == 0) {
+    *done = 0;
+    *seqSlot = leave;
+  }
+}
+
 // One block of 32 threads; thread p signals and waits for rank p.
 __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ MeshContext c) {
   uint64_t* count = c.state + c.geo.barrierSeqIndex();
@@ -1216,6 +1304,21 @@ int launchPullTyped(const MeshContext& ctx, const MeshCall& call, const PullInpu
 
 int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
   return withElement(call.type, [&](auto e) { return launchPullTyped<decltype(e)>(ctx, call, in, stream); });
+}
+
+template <typename E>
+int launchPullTwoShotTyped(const MeshContext& ctx, const MeshCall& call, const PullInputs& in,
+                           cudaStream_t stream) {
+  using S = typename E::Storage;
+  // The same grid on every rank (the per-block counters pair block b with block b): parts
+  // of at least 32 KiB per block.
+  size_t blocks = std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
+  pullTwoShotKernel<E><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, call, in);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
+  return withElement(call.type, [&](auto e) { return launchPullTwoShotTyped<decltype(e)>(ctx, call, in, stream); });
 }
 
 int launchChunkFlags(const MeshContext& ctx, const ChunkFlags& flags, cudaStream_t stream) {

@@ -520,6 +520,7 @@ TEST(GpuCollectives, CopyEngineCollectives) {
 // The pulled one-shot all-reduce (ranks of one process, out of place, above the LL limit
 // and up to LOOM_P2P_PULL_BYTES): every type and op, aligned and not; in place (the
 // kernels) in between, so the two forms' counters interleave.
+// The pulled all-reduce of ranks of one process: out of place one-shot, in place two-shot.
 TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
   REQUIRE_GPUS(2);
   Ranks R(2);
@@ -531,6 +532,8 @@ TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << loom::dataTypeName(t);
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, 0), 0u) << loom::dataTypeName(t);
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, es), 0u) << loom::dataTypeName(t);
+        // In place (the two-shot pulled form), at an offset of one element too.
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, es), 0u) << loom::dataTypeName(t);
       }
     }
   }

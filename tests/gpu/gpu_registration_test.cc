@@ -1,6 +1,7 @@
 // Buffer registration between processes (ncclCommRegister on a GPU mesh whose ranks are
-// two processes): the registered all-reduce and reduce give exact results, and so do the
-// calls that cannot take the registered form (in place, one rank unregistered); a buffer
+// two processes): the registered all-reduce (one-shot out of place, two-shot in place) and
+// reduce give exact results, and so does a call that cannot take a registered form (one
+// rank's input unregistered); a buffer
 // deregistered, freed and allocated again is mapped anew; a CUDA graph of a registered
 // call replays. The test starts two copies of this binary, one rank each, and checks from
 // their logs (LOOM_DEBUG=INFO) that the registered forms ran.
@@ -116,9 +117,10 @@ TEST(GpuRegistration, TwoProcesses) {
         << "rank " << r << " ended with status " << status[r] << "; its output:\n" << log;
     // The registered forms ran exactly where OneRank expects them: from the second call
     // after registering (the first activates the post board) 3 all-reduces, 6 reduces,
-    // not the in-place call nor the one with rank 0's input unregistered, the captured
-    // all-reduce, then 2 of each after rank 0 registered a new allocation.
+    // the in-place call (two-shot), not the one with rank 0's input unregistered, the
+    // captured all-reduce, then 2 of each after rank 0 registered a new allocation.
     EXPECT_EQ(count(log, "pulled one-shot all-reduce"), 6u) << "rank " << r << ":\n" << log;
+    EXPECT_EQ(count(log, "pulled two-shot all-reduce in place"), 1u) << "rank " << r << ":\n" << log;
     EXPECT_EQ(count(log, "pulled one-shot reduce"), 8u) << "rank " << r << ":\n" << log;
     // Rank 0 maps rank 1's first allocation; rank 1 maps both of rank 0's in turn.
     EXPECT_EQ(count(log, "mapped rank " + std::to_string(1 - r) + "'s registered allocation"),
@@ -222,7 +224,7 @@ TEST(GpuRegistration, OneRank) {
       }
     }
   }
-  // In place: the peers would read what we overwrite, so the kernels (on both ranks).
+  // In place: the two-shot form, which overwrites each part only once its reader is done.
   n = (8 << 20) / sizeof(float);
   upload(a, rank, n, 5);
   NCCL_OK(ncclAllReduce(a, a, n, ncclFloat32, ncclSum, comm, s));
