@@ -59,9 +59,10 @@ const std::vector<Definition> kDefinitions = {
      "GPU broadcast, all-gather and all-to-all with every rank in one process: copy engines "
      "from this many bytes per copy (-1: 16 MiB; 0: never)"},
     {"LOOM_P2P_PULL_BYTES", nullptr, Type::kInt, "67108864",
-     "GPU all-reduce, out of place, between ranks of one process whose calls meet in a group "
-     "or between processes on registered memory (ncclCommRegister): each rank reads every "
-     "input directly, above the LL limit and up to this size (0: never)"},
+     "GPU all-reduce between ranks of one process whose calls meet in a group or between "
+     "processes on registered memory (ncclCommRegister): each rank reads every input directly "
+     "(one-shot out of place, two-shot in place), above the LL limit and up to this size "
+     "(0: never)"},
     {"LOOM_P2P_PULL_REDUCE_BYTES", nullptr, Type::kInt, "-1",
      "GPU reduce between processes on registered memory (ncclCommRegister): the root reads "
      "every input directly, above the LL limit and up to this size (-1: any size; 0: never)"},
