@@ -107,6 +107,9 @@ struct Clique {
   uint64_t* freeMirrorDevice = nullptr;
 };
 
+// Bytes of input and output of one call on one rank.
+void callBytes(const Operation& op, int nranks, size_t* in, size_t* out);
+
 // One Clique per communicator (its token agreed at init), shared by its ranks here.
 std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks);
 
@@ -146,6 +149,7 @@ struct MeshAgreement {
   int64_t reduceDirectBytes = 0;
   int64_t pullBytes = 0;
   int64_t pullReduceBytes = 0;
+  int64_t cePullBytes = 0;
   int64_t chunkBytes = 0;
   int64_t chunkAllReduceBytes = 0;
   int64_t chunkSize = 0;
@@ -214,7 +218,13 @@ class CudaDeviceComm final : public DeviceComm {
   // pulled two-shot all-reduce in place (every rank's output its input). 0: run the call
   // as if nothing were registered (the same on every rank). `reader`: the rank that reads
   // (reduce's root), or -1 for every rank (all-reduce).
-  Result<int> registeredInputs(const Operation& op, int reader, dev::PullInputs* in);
+  struct PullRequest {
+    int reader = -1;  // the one rank that reads (reduce's root), or -1: every rank
+    int source = -1;  // the one rank whose input is read (broadcast's root), or -1: every rank's
+    int layout = -1;  // the copies: 1 when peers may read our input while we write our
+                      // output, 0 when not; -1: the all-reduce's rule (see above)
+  };
+  Result<int> registeredInputs(const Operation& op, const PullRequest& req, dev::PullInputs* in);
   // A peer's registered allocation (`entry` at `generation` of rank r's export table),
   // mapped here.
   Result<char*> importedBase(int r, uint32_t entry, uint64_t generation);
@@ -241,6 +251,20 @@ class CudaDeviceComm final : public DeviceComm {
   // No LOOM_ALGO and above both flag forms' limits: where the pulled and chunked forms start.
   bool pastFlagForms(size_t bytes) const {
     return !algoSet_ && bytes > std::max(llLimit_, ll128Limit_);
+  }
+
+  // Whether a copy collective between processes (registered inputs) pulls its blocks of
+  // `block` bytes with the copy engines: from LOOM_P2P_CE_PULL_BYTES, and where measured
+  // faster than the kernels (2 x H200, session 9, one run each, busbw GB/s, pulls / kernels):
+  // all-gather up to 256 MiB a block (128 MiB 337 / 314; 512 MiB 346-350 / 352-353, 4 GiB
+  // 350 / 364), broadcast up to 1 GiB (1 GiB 379 / 368; not measured above), all-to-all
+  // at any size (a 1 GiB block 351 / 337, 4 GiB 351 / 351). Pulls top out near 350 GB/s
+  // where the copy engines' pushes reach 390.
+  bool pullCopyWins(dev::MeshKind kind, size_t block) const {
+    if (block < cePullMin_) return false;
+    if (kind == dev::MeshKind::kAllGather) return block <= (size_t(256) << 20);
+    if (kind == dev::MeshKind::kBroadcast) return block <= (size_t(1) << 30);
+    return kind == dev::MeshKind::kAllToAll;
   }
 
   // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
@@ -287,7 +311,8 @@ class CudaDeviceComm final : public DeviceComm {
   // a second stream), and a barrier: the first says every peer's buffers are free to
   // write, the second that everything written into ours has landed.
   Status launchCopies(const dev::MeshCall& call, const std::vector<dev::CopyStep>& steps,
-                      cudaStream_t stream);
+                      cudaStream_t stream,
+                      const char* form = "every rank's buffers known in this group");
 
   // Every rank's scratch for the chunked forms, allocated for all of them at the first
   // call that needs it; empty when that failed (the kernels then, on every rank alike).
@@ -394,6 +419,7 @@ class CudaDeviceComm final : public DeviceComm {
   std::unique_ptr<transport::p2p::PostBoard> board_;
   uint64_t boardSeq_ = 0;  // calls that exchanged posts so far (the same count on every rank)
   size_t pullReduceMax_ = 0;  // LOOM_P2P_PULL_REDUCE_BYTES
+  size_t cePullMin_ = SIZE_MAX;  // LOOM_P2P_CE_PULL_BYTES
   std::mutex regMutex_;       // registrations may come from another thread than the calls
   std::vector<std::unique_ptr<Registration>> registrations_;
   std::vector<ExportRef> exports_;

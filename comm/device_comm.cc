@@ -135,6 +135,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
   mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
   mine.pullReduceBytes = settings::getInt("LOOM_P2P_PULL_REDUCE_BYTES");
+  mine.cePullBytes = settings::getInt("LOOM_P2P_CE_PULL_BYTES");
   mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
   mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
   mine.chunkSize = settings::getInt("LOOM_P2P_CE_CHUNK_BYTES");
@@ -156,6 +157,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
         all[r].oneShotBytes != mine.oneShotBytes ||
         all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
         all[r].pullBytes != mine.pullBytes || all[r].pullReduceBytes != mine.pullReduceBytes ||
+        all[r].cePullBytes != mine.cePullBytes ||
         all[r].chunkBytes != mine.chunkBytes ||
         all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes || all[r].chunkSize != mine.chunkSize ||
         all[r].scratchBytes != mine.scratchBytes || std::strcmp(all[r].algo, mine.algo) != 0 ||
@@ -165,7 +167,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
           "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or "
           "LOOM_P2P_LL128_BYTES, LOOM_P2P_REDUCE_DIRECT_BYTES, "
-          "LOOM_P2P_PULL_BYTES, LOOM_P2P_PULL_REDUCE_BYTES, LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
+          "LOOM_P2P_PULL_BYTES, LOOM_P2P_PULL_REDUCE_BYTES, LOOM_P2P_CE_PULL_BYTES, "
+          "LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
           "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
           "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
           r, rank, all[r].algo, all[r].proto, (long long)all[r].llBytes,
@@ -392,7 +395,9 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
         block <= pullReduceMax_))) {
     dev::PullInputs in;
     in.writer = op.type == collectives::CollType::kReduce ? op.root : -1;
-    LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, in.writer, &in));
+    PullRequest req;
+    req.reader = in.writer;
+    LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
     if (form != 0) {
       if (capturing(op.stream)) importsInGraph_ = true;  // its mappings stay until the end
       if (form == 2) {
@@ -422,6 +427,23 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
       return failCliqueOn(launchPull(call, in, op.stream,
                                      "ranks of one process, in place, size <= LOOM_P2P_PULL_BYTES",
                                      true));
+    }
+  }
+  // Copies only, ranks in several processes, inputs registered: each rank's copy engine
+  // pulls its own output together from the inputs where they lie, between two barriers.
+  if (board_ && dev::copyOnly(call.kind) && pullCopyWins(call.kind, block)) {
+    PullRequest req;
+    if (call.kind == dev::MeshKind::kBroadcast) req.source = op.root;
+    req.layout =
+        dev::pullSafe(call.kind, rank_, nranks_, op.root, block, op.sendbuff, op.recvbuff) ? 1 : 0;
+    dev::PullInputs in;
+    LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
+    if (form != 0) {
+      if (capturing(op.stream)) importsInGraph_ = true;
+      return launchCopies(call,
+                          dev::planPulls(call.kind, rank_, nranks_, op.root, block, in.inputs,
+                                         op.recvbuff),
+                          op.stream, "registered inputs pulled between processes");
     }
   }
   // Copies only, every rank's buffers known (ranks of this process): the copy engines,
@@ -528,6 +550,7 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
   pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
   pullReduceMax_ = s.pullReduceBytes < 0 ? SIZE_MAX : static_cast<size_t>(s.pullReduceBytes);
+  cePullMin_ = s.cePullBytes <= 0 ? SIZE_MAX : static_cast<size_t>(s.cePullBytes);
   // -1: the sizes measured on 2 ranks (docs/perf/h200x2.md), and never on more (unmeasured).
   auto threshold = [&](int64_t v, size_t twoRanks) -> size_t {
     if (v < 0) return nranks_ == 2 ? twoRanks : SIZE_MAX;

@@ -100,15 +100,15 @@ Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInpu
 }
 
 Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
-                                    const std::vector<dev::CopyStep>& steps, cudaStream_t stream) {
+                                    const std::vector<dev::CopyStep>& steps, cudaStream_t stream,
+                                    const char* form) {
   DeviceGuard guard(device_);
   const bool cap = capturing(stream);
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,
-              "GPU copy-engine %s: %zu x %s, %zu copies (every rank's buffers known in this "
-              "group, size >= LOOM_P2P_CE_BYTES)",
-              dev::meshKindName(call.kind), call.count, dataTypeName(call.type), steps.size());
+              "GPU copy-engine %s: %zu x %s, %zu copies (%s, size >= LOOM_P2P_CE_BYTES)",
+              dev::meshKindName(call.kind), call.count, dataTypeName(call.type), steps.size(), form);
   }
   auto barrier = [&]() { return launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"); };
   LOOM_TRY(barrier());

@@ -180,10 +180,12 @@ void CudaDeviceComm::closeImports() {
   cudaGetLastError();
 }
 
-Result<int> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
+Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequest& req,
                                              dev::PullInputs* in) {
   DeviceGuard guard(device_);  // the mappings go to our GPU, whatever the thread's current one
-  const size_t bytes = op.count * dataTypeSize(op.dtype);
+  size_t bytes = 0, outBytes = 0;
+  callBytes(op, nranks_, &bytes, &outBytes);
+  const int reader = req.reader;
   const auto begin = reinterpret_cast<uintptr_t>(op.sendbuff);
   transport::p2p::Post mine;
   // What the call is: a rank that numbered its calls otherwise fails here, not in a kernel.
@@ -205,11 +207,15 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
       break;
     }
   }
-  // An all-reduce's peers read our input while we write our output: apart (the one-shot
-  // form, readable 1), or the very same buffer (the two-shot form, which writes each part
-  // only once its reader is done with it: readable 2); a partial overlap takes neither.
   const auto out = reinterpret_cast<uintptr_t>(op.recvbuff);
-  if (reader < 0 && mine.readable && out < begin + bytes && begin < out + bytes) {
+  if (req.layout >= 0) {
+    // The caller checked that peers may read our input while we write our output.
+    if (req.layout == 0) mine.readable = 0;
+  } else if (reader < 0 && mine.readable && out < begin + bytes && begin < out + bytes) {
+    // An all-reduce's peers read our input while we write our output: apart (the one-shot
+    // form, readable 1), or the very same buffer (the two-shot form, which writes each
+    // part only once its reader is done with it: readable 2); a partial overlap takes
+    // neither.
     mine.readable = out == begin ? 2 : 0;
   }
   auto stop = [this] { return reinterpret_cast<volatile int*>(hostFlags_)[0] != 0; };
@@ -224,23 +230,26 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, int reader,
                     (unsigned long long)(boardSeq_ - 1));
     }
   }
-  // The form: a reduce's root reads every other rank's input (1); an all-reduce takes the
-  // one-shot form when every rank's output is apart from its input (1), the two-shot form
-  // when every rank's is its input (2), the kernels otherwise.
+  // The form: a reduce's root reads every other rank's input, a broadcast every rank its
+  // root's, the copies every rank every input (1); an all-reduce takes the one-shot form
+  // when every rank's output is apart from its input (1), the two-shot form when every
+  // rank's is its input (2), the kernels otherwise.
+  const bool allReduce = reader < 0 && req.source < 0 && req.layout < 0;
   int form = 0;
   for (int r = 0; r < nranks_; ++r) {
-    if (r == reader) continue;
-    const int k = reader >= 0 ? (posts_[r].readable ? 1 : 0) : static_cast<int>(posts_[r].readable);
+    if (r == reader || (req.source >= 0 && r != req.source)) continue;
+    const int k = allReduce ? static_cast<int>(posts_[r].readable) : (posts_[r].readable ? 1 : 0);
     if (k == 0 || (form != 0 && k != form)) return 0;
     form = k;
   }
   if (form == 0) return 0;
+  in->inputs[rank_] = op.sendbuff;
   if (reader >= 0 && reader != rank_) return form;  // only the reader maps the inputs
+  if (req.source == rank_) return form;             // nobody's input is read but ours
   // Every rank decided on the registered form, so the peers' kernels will wait for ours.
   Status st = pruneImports();
-  in->inputs[rank_] = op.sendbuff;
   for (int r = 0; r < nranks_ && st; ++r) {
-    if (r == rank_) continue;
+    if (r == rank_ || (req.source >= 0 && r != req.source)) continue;
     auto base = importedBase(r, posts_[r].entry, posts_[r].generation);
     if (!base) {
       st = base.status();

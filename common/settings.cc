@@ -63,6 +63,10 @@ const std::vector<Definition> kDefinitions = {
      "processes on registered memory (ncclCommRegister): each rank reads every input directly "
      "(one-shot out of place, two-shot in place), above the LL limit and up to this size "
      "(0: never)"},
+    {"LOOM_P2P_CE_PULL_BYTES", nullptr, Type::kInt, "33554432",
+     "GPU all-gather, broadcast and all-to-all between processes on registered memory: each "
+     "rank's copy engine pulls the peers' blocks from this many bytes per block, within the "
+     "sizes where that measured faster (0: never)"},
     {"LOOM_P2P_PULL_REDUCE_BYTES", nullptr, Type::kInt, "-1",
      "GPU reduce between processes on registered memory (ncclCommRegister): the root reads "
      "every input directly, above the LL limit and up to this size (-1: any size; 0: never)"},

@@ -58,4 +58,49 @@ std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, 
   return steps;
 }
 
+std::vector<CopyStep> planPulls(MeshKind kind, int rank, int nranks, int root, size_t blockBytes,
+                                const void* const* inputs, void* out) {
+  std::vector<CopyStep> steps;
+  if (blockBytes == 0 || !copyOnly(kind)) return steps;
+  auto at = [](const void* base, size_t off) { return static_cast<const char*>(base) + off; };
+  auto atw = [](void* base, size_t off) { return static_cast<char*>(base) + off; };
+  auto add = [&](void* dst, const void* src, int peer) {
+    if (dst != src) steps.push_back(CopyStep{dst, src, blockBytes, peer});
+  };
+  const size_t mine = size_t(rank) * blockBytes;
+  for (int i = 1; i < nranks; ++i) {
+    int p = (rank + i) % nranks;
+    switch (kind) {
+      case MeshKind::kBroadcast:
+        if (p == root) add(out, inputs[root], p);
+        break;
+      case MeshKind::kAllGather: add(atw(out, size_t(p) * blockBytes), inputs[p], p); break;
+      case MeshKind::kAllToAll: add(atw(out, size_t(p) * blockBytes), at(inputs[p], mine), p); break;
+      default: break;
+    }
+  }
+  switch (kind) {
+    case MeshKind::kBroadcast:
+      if (rank == root) add(out, inputs[rank], rank);
+      break;
+    case MeshKind::kAllGather: add(atw(out, mine), inputs[rank], rank); break;
+    case MeshKind::kAllToAll: add(atw(out, mine), at(inputs[rank], mine), rank); break;
+    default: break;
+  }
+  return steps;
+}
+
+bool pullSafe(MeshKind kind, int rank, int nranks, int root, size_t blockBytes, const void* in,
+              const void* out) {
+  if (!copyOnly(kind)) return false;
+  if (kind == MeshKind::kBroadcast && rank != root) return true;
+  auto i = reinterpret_cast<uintptr_t>(in);
+  auto o = reinterpret_cast<uintptr_t>(out);
+  size_t inBytes = kind == MeshKind::kAllToAll ? blockBytes * nranks : blockBytes;
+  size_t outBytes = kind == MeshKind::kBroadcast ? blockBytes : blockBytes * nranks;
+  if (!(i < o + outBytes && o < i + inBytes)) return true;
+  if (kind == MeshKind::kBroadcast) return i == o;
+  return kind == MeshKind::kAllGather && i == o + size_t(rank) * blockBytes;
+}
+
 }  // namespace loom::collectives::device

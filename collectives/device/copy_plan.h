@@ -48,4 +48,19 @@ std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, 
 // blockBytes). The result depends only on `all`, so every rank decides alike.
 bool copyPlanSafe(MeshKind kind, int nranks, int root, size_t blockBytes, const RankBuffers* all);
 
+// Between processes, where a rank can read its peers' registered inputs but not write
+// their outputs: the copies `rank` issues to pull its own output `out` together from every
+// rank's input (`inputs`, in rank order, as mapped in this process, its own among them;
+// only the root's is used for broadcast). Copies from peers first (in ring order from
+// rank + 1), the local one last; a copy whose source and destination are the same is
+// left out.
+std::vector<CopyStep> planPulls(MeshKind kind, int rank, int nranks, int root, size_t blockBytes,
+                                const void* const* inputs, void* out);
+
+// Whether peers may pull from `rank`'s input `in` while it writes its own output `out`
+// (planPulls): apart, or the in-place layouts of broadcast (in == out, the root) and
+// all-gather (in == out + rank x blockBytes). A broadcast's non-root is never read from.
+bool pullSafe(MeshKind kind, int rank, int nranks, int root, size_t blockBytes, const void* in,
+              const void* out);
+
 }  // namespace loom::collectives::device

@@ -20,6 +20,7 @@ struct Case {
   int root;
   size_t block;
   bool inPlace;
+  bool pull = false;  // planPulls (between processes) instead of planCopies
 };
 
 // Runs the plans of every rank; returns the number of wrong output bytes.
@@ -40,7 +41,20 @@ size_t runPlans(const Case& c) {
   EXPECT_TRUE(copyPlanSafe(c.kind, n, c.root, c.block, all.data()));
   // Every rank's plan is made before any copy runs, as on the GPUs (pointers only).
   std::vector<std::vector<CopyStep>> plans;
-  for (int r = 0; r < n; ++r) plans.push_back(planCopies(c.kind, r, n, c.root, c.block, all.data()));
+  std::vector<const void*> inputs(n);
+  for (int r = 0; r < n; ++r) inputs[r] = all[r].in;
+  for (int r = 0; r < n; ++r) {
+    if (c.pull) {
+      EXPECT_TRUE(pullSafe(c.kind, r, n, c.root, c.block, all[r].in, all[r].out));
+      plans.push_back(planPulls(c.kind, r, n, c.root, c.block, inputs.data(), all[r].out));
+      for (const CopyStep& s : plans.back()) {  // a rank writes only its own output
+        auto d = static_cast<const uint8_t*>(s.dst);
+        EXPECT_TRUE(d >= out[r].data() && d + s.bytes <= out[r].data() + outBytes);
+      }
+    } else {
+      plans.push_back(planCopies(c.kind, r, n, c.root, c.block, all.data()));
+    }
+  }
   for (int r = 0; r < n; ++r) {
     for (const CopyStep& s : plans[r]) {
       EXPECT_EQ(s.bytes, c.block);
@@ -62,6 +76,28 @@ size_t runPlans(const Case& c) {
     }
   }
   return wrong;
+}
+
+TEST(CopyPlan, PullsBetweenProcesses) {
+  for (int n = 1; n <= 8; ++n) {
+    for (size_t block : {size_t{1}, size_t{7}, size_t{4096}}) {
+      for (bool inPlace : {false, true}) {
+        for (int root = 0; root < n; ++root) {
+          EXPECT_EQ(runPlans({MeshKind::kBroadcast, n, root, block, inPlace, true}), 0u) << n << " " << block;
+        }
+        EXPECT_EQ(runPlans({MeshKind::kAllGather, n, 0, block, inPlace, true}), 0u) << n << " " << block;
+      }
+      EXPECT_EQ(runPlans({MeshKind::kAllToAll, n, 0, block, false, true}), 0u) << n << " " << block;
+    }
+  }
+  // Layouts a pull could break: an all-to-all in place, an all-gather whose input is not
+  // its own block of the output.
+  std::vector<uint8_t> buf(64);
+  EXPECT_FALSE(pullSafe(MeshKind::kAllToAll, 0, 2, 0, 16, buf.data(), buf.data()));
+  EXPECT_FALSE(pullSafe(MeshKind::kAllGather, 1, 2, 0, 16, buf.data(), buf.data()));
+  EXPECT_TRUE(pullSafe(MeshKind::kAllGather, 1, 2, 0, 16, buf.data() + 16, buf.data()));
+  EXPECT_TRUE(pullSafe(MeshKind::kBroadcast, 1, 2, 0, 16, buf.data() + 8, buf.data()));  // not the root
+  EXPECT_FALSE(pullSafe(MeshKind::kBroadcast, 0, 2, 0, 16, buf.data() + 8, buf.data()));
 }
 
 TEST(CopyPlan, EveryRankCountLayoutAndRoot) {

@@ -1,7 +1,8 @@
 // Buffer registration between processes (ncclCommRegister on a GPU mesh whose ranks are
-// two processes): the registered all-reduce (one-shot out of place, two-shot in place) and
-// reduce give exact results, and so does a call that cannot take a registered form (one
-// rank's input unregistered); a buffer
+// two processes): the registered all-reduce (one-shot out of place, two-shot in place),
+// reduce, and the copies (all-gather, broadcast, all-to-all through the copy engines) give
+// exact results, and so does a call that cannot take a registered form (one rank's input
+// unregistered); a buffer
 // deregistered, freed and allocated again is mapped anew; a CUDA graph of a registered
 // call replays. The test starts two copies of this binary, one rank each, and checks from
 // their logs (LOOM_DEBUG=INFO) that the registered forms ran.
@@ -73,6 +74,7 @@ TEST(GpuRegistration, TwoProcesses) {
     env.push_back("LOOM_DEBUG=INFO");
     env.push_back("LOOM_DEBUG_SUBSYS=COLL");
     env.push_back("LOOM_TIMEOUT_MS=30000");
+    env.push_back("LOOM_P2P_CE_PULL_BYTES=16777216");  // the copies below use 16 MiB blocks
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -121,6 +123,8 @@ TEST(GpuRegistration, TwoProcesses) {
     // captured all-reduce, then 2 of each after rank 0 registered a new allocation.
     EXPECT_EQ(count(log, "pulled one-shot all-reduce"), 6u) << "rank " << r << ":\n" << log;
     EXPECT_EQ(count(log, "pulled two-shot all-reduce in place"), 1u) << "rank " << r << ":\n" << log;
+    // 2 all-gathers, an all-to-all and 2 broadcasts through the copy engines.
+    EXPECT_EQ(count(log, "registered inputs pulled between processes"), 5u) << "rank " << r << ":\n" << log;
     EXPECT_EQ(count(log, "pulled one-shot reduce"), 8u) << "rank " << r << ":\n" << log;
     // Rank 0 maps rank 1's first allocation; rank 1 maps both of rank 0's in turn.
     EXPECT_EQ(count(log, "mapped rank " + std::to_string(1 - r) + "'s registered allocation"),
@@ -222,6 +226,48 @@ TEST(GpuRegistration, OneRank) {
         cudaMemcpy(got.data(), out, sizeof(float) * got.size(), cudaMemcpyDeviceToHost);
         for (float g : got) EXPECT_EQ(g, 0.f) << "reduce wrote a non-root's output";
       }
+    }
+  }
+  // The copies pull from the registered inputs with the copy engines (16 MiB blocks):
+  // all-gather out of place and in place, broadcast from each root, all-to-all.
+  {
+    const size_t blk = (16 << 20) / sizeof(float);
+    auto expectBlocks = [&](const float* buf, int salt, bool toAll, const std::string& what) {
+      std::vector<float> got(2 * blk);
+      ASSERT_EQ(cudaMemcpy(got.data(), buf, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      size_t wrong = 0;
+      for (int p = 0; p < 2; ++p) {
+        for (size_t i = 0; i < blk; ++i) {
+          // all-gather: block p is rank p's input; all-to-all: rank p's block `rank`.
+          const float want = valueFor(p, (toAll ? rank * blk : 0) + i, salt);
+          wrong += got[p * blk + i] != want;
+        }
+      }
+      EXPECT_EQ(wrong, 0u) << what;
+    };
+    upload(a, rank, blk, 30);
+    NCCL_OK(ncclAllGather(a, out, blk, ncclFloat32, comm, s));
+    sync();
+    expectBlocks(out, 30, false, "registered all-gather");
+    upload(a + rank * blk, rank, blk, 31);  // in place: our block of the (registered) output
+    NCCL_OK(ncclAllGather(a + rank * blk, a, blk, ncclFloat32, comm, s));
+    sync();
+    expectBlocks(a, 31, false, "registered all-gather in place");
+    upload(a, rank, 2 * blk, 32);
+    NCCL_OK(ncclAlltoAll(a, out, blk, ncclFloat32, comm, s));
+    sync();
+    expectBlocks(out, 32, true, "registered all-to-all");
+    for (int root : {0, 1}) {
+      upload(a, rank, blk, 33 + root);
+      CUDA_OK(cudaMemset(out, 0, blk * sizeof(float)));
+      CUDA_OK(cudaDeviceSynchronize());
+      NCCL_OK(ncclBroadcast(a, out, blk, ncclFloat32, root, comm, s));
+      sync();
+      std::vector<float> got(blk);
+      ASSERT_EQ(cudaMemcpy(got.data(), out, blk * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      size_t wrong = 0;
+      for (size_t i = 0; i < blk; ++i) wrong += got[i] != valueFor(root, i, 33 + root);
+      EXPECT_EQ(wrong, 0u) << "registered broadcast from " << root;
     }
   }
   // In place: the two-shot form, which overwrites each part only once its reader is done.
