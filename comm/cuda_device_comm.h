@@ -254,11 +254,12 @@ class CudaDeviceComm final : public DeviceComm {
   }
 
   // Whether a copy collective between processes (registered inputs) pulls its blocks of
-  // `block` bytes with the copy engines: from LOOM_P2P_CE_PULL_BYTES, and where measured
-  // faster than the kernels (2 x H200, session 9, one run each, busbw GB/s, pulls / kernels):
-  // all-gather up to 256 MiB a block (128 MiB 337 / 314; 512 MiB 346-350 / 352-353, 4 GiB
-  // 350 / 364), broadcast up to 1 GiB (1 GiB 379 / 368; not measured above), all-to-all
-  // at any size (a 1 GiB block 351 / 337, 4 GiB 351 / 351). Pulls top out near 350 GB/s
+  // `block` bytes with the copy engines: from LOOM_P2P_CE_PULL_BYTES (16 MiB), and where
+  // measured faster than the kernels (2 x H200, session 9, one or two runs, busbw GB/s,
+  // pulls / kernels): all-gather up to 256 MiB a block (16 MiB 259 / 248, 128 MiB 337 /
+  // 314; 256 MiB not measured; 512 MiB 346-350 / 352-353, 4 GiB 350 / 364), broadcast up
+  // to 1 GiB (16 MiB 260 / 251, 1 GiB 379 / 368; not measured above), all-to-all at any
+  // size (16 MiB 255 / 226, 1 GiB 351 / 337, 4 GiB 351 / 351). Pulls top out near 350 GB/s
   // where the copy engines' pushes reach 390.
   bool pullCopyWins(dev::MeshKind kind, size_t block) const {
     if (block < cePullMin_) return false;
