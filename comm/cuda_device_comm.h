@@ -261,8 +261,10 @@ class CudaDeviceComm final : public DeviceComm {
   // to 1 GiB (16 MiB 260 / 251, 1 GiB 379 / 368; not measured above), all-to-all at any
   // size (16 MiB 255 / 226, 1 GiB 351 / 337, 4 GiB 351 / 351). Pulls top out near 350 GB/s
   // where the copy engines' pushes reach 390.
+  // Measured on 2 ranks only: with more, each rank's pulls would queue on one stream, so
+  // they stay off there (as the other forms measured on 2 ranks only).
   bool pullCopyWins(dev::MeshKind kind, size_t block) const {
-    if (block < cePullMin_) return false;
+    if (nranks_ != 2 || block < cePullMin_) return false;
     if (kind == dev::MeshKind::kAllGather) return block <= (size_t(256) << 20);
     if (kind == dev::MeshKind::kBroadcast) return block <= (size_t(1) << 30);
     return kind == dev::MeshKind::kAllToAll;
@@ -313,7 +315,8 @@ class CudaDeviceComm final : public DeviceComm {
   // write, the second that everything written into ours has landed.
   Status launchCopies(const dev::MeshCall& call, const std::vector<dev::CopyStep>& steps,
                       cudaStream_t stream,
-                      const char* form = "every rank's buffers known in this group");
+                      const char* form = "every rank's buffers known in this group, size >= "
+                                         "LOOM_P2P_CE_BYTES");
 
   // Every rank's scratch for the chunked forms, allocated for all of them at the first
   // call that needs it; empty when that failed (the kernels then, on every rank alike).

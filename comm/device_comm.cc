@@ -443,7 +443,9 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
       return launchCopies(call,
                           dev::planPulls(call.kind, rank_, nranks_, op.root, block, in.inputs,
                                          op.recvbuff),
-                          op.stream, "registered inputs pulled between processes");
+                          op.stream,
+                          "registered inputs pulled between processes, size >= "
+                          "LOOM_P2P_CE_PULL_BYTES");
     }
   }
   // Copies only, every rank's buffers known (ranks of this process): the copy engines,

@@ -107,7 +107,7 @@ Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,
-              "GPU copy-engine %s: %zu x %s, %zu copies (%s, size >= LOOM_P2P_CE_BYTES)",
+              "GPU copy-engine %s: %zu x %s, %zu copies (%s)",
               dev::meshKindName(call.kind), call.count, dataTypeName(call.type), steps.size(), form);
   }
   auto barrier = [&]() { return launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"); };

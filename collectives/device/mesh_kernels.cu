@@ -1113,8 +1113,10 @@ __global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__
     __threadfence_system();
     storeRelease(partFlag(c, t, c.rank, blockIdx.x), arrive);
   }
-  for (int q = 0; q < c.nranks; ++q) {
-    if (q == c.rank) continue;
+  // Peers in ring order from ours, so that with more than 2 ranks they are not all read
+  // from the same owner at once.
+  for (int i = 1; i < c.nranks; ++i) {
+    const int q = (c.rank + i) % c.nranks;
     if (t == 0) bad = !waitAtLeast(c, partFlag(c, c.rank, q, blockIdx.x), arrive);
     if (__syncthreads_or(bad)) return;
     partPiece<S>(a.count, c.nranks, q, blockIdx.x, gridDim.x, &begin, &size);
@@ -1310,8 +1312,8 @@ template <typename E>
 int launchPullTwoShotTyped(const MeshContext& ctx, const MeshCall& call, const PullInputs& in,
                            cudaStream_t stream) {
   using S = typename E::Storage;
-  // The same grid on every rank (the per-block counters pair block b with block b): parts
-  // of at least 32 KiB per block.
+  // The same grid on every rank (the per-block counters pair block b with block b): a
+  // block per 32 KiB of the whole buffer, so each block's piece of one part is 32 KiB / n.
   size_t blocks = std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
   pullTwoShotKernel<E><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, call, in);
   return static_cast<int>(cudaGetLastError());

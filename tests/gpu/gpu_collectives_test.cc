@@ -517,10 +517,9 @@ TEST(GpuCollectives, CopyEngineCollectives) {
   }
 }
 
-// The pulled one-shot all-reduce (ranks of one process, out of place, above the LL limit
-// and up to LOOM_P2P_PULL_BYTES): every type and op, aligned and not; in place (the
-// kernels) in between, so the two forms' counters interleave.
-// The pulled all-reduce of ranks of one process: out of place one-shot, in place two-shot.
+// The pulled all-reduce of ranks of one process (above the LL limit and up to
+// LOOM_P2P_PULL_BYTES): out of place one-shot, in place two-shot, every type and op,
+// aligned and not, the two forms interleaved (they share the barrier counters).
 TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
   REQUIRE_GPUS(2);
   Ranks R(2);
