@@ -64,7 +64,7 @@ const std::vector<Definition> kDefinitions = {
      "(one-shot out of place, two-shot in place), above the LL limit and up to this size "
      "(0: never)"},
     {"LOOM_P2P_CE_PULL_BYTES", nullptr, Type::kInt, "16777216",
-     "GPU all-gather, broadcast and all-to-all between processes on registered memory: each "
+     "GPU all-gather, broadcast and all-to-all between 2 processes on registered memory: each "
      "rank's copy engine pulls the peers' blocks from this many bytes per block, within the "
      "sizes where that measured faster (0: never)"},
     {"LOOM_P2P_PULL_REDUCE_BYTES", nullptr, Type::kInt, "-1",
