@@ -8,7 +8,8 @@
 # PREFIX is an install tree (`cmake --install build --prefix PREFIX`) with the GPU test
 # binaries (build/tests/gpu/gpu_collectives_test, gpu_registration_test) copied into
 # PREFIX/bin. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
-#   quick  the GPU test suite, and one all_reduce sweep with the comparison
+#   quick  the GPU test suites (and PyTorch on loom where PyTorch is installed), and one
+#          all_reduce sweep with the comparison
 #   check  every perf binary with -c 1 from 8 B to 8 GiB (float sum), all types and ops
 #          at a few sizes, one process with all GPUs (-g N) and one process per GPU (mpirun);
 #          under mpirun with registered buffers (-R 1), and both ways with P2P off (staged)
@@ -61,6 +62,9 @@ if [ "$mode" = quick ] || [ "$mode" = check ] || [ "$mode" = all ]; then
     run gpu_registration_test "$bin/gpu_registration_test"
     grep -E "^\[  (PASSED|FAILED) " "$out/gpu_registration_test.log"
   fi
+  # PyTorch's NCCL backend on loom (skips without PyTorch).
+  run torch_smoke bash "$here/../tests/gpu/torch_smoke.sh" "$prefix/lib/libnccl.so.2" --bench
+  grep -E "bench|PASS|FAIL|SKIP" "$out/torch_smoke.log"
 fi
 if [ "$mode" = quick ]; then
   run quick_all_reduce "$bin/all_reduce_perf" -g "$ngpu" -b 8 -e 1G -f 4 -c 1 -w 5 -n 20 --compare nccl
@@ -129,6 +133,7 @@ if [ "$mode" = final ]; then
   if [ -x "$bin/gpu_registration_test" ]; then
     run gpu_registration_test timeout 200 "$bin/gpu_registration_test"
   fi
+  run torch_smoke timeout 200 bash "$here/../tests/gpu/torch_smoke.sh" "$prefix/lib/libnccl.so.2" --bench
   pack
   for c in $colls; do
     run "bench_${c}" timeout 90 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 8G -f 2 -c 0 -w 5 -n 20 \
