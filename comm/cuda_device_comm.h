@@ -192,14 +192,13 @@ class CudaDeviceComm final : public DeviceComm {
   // allocations exported for it, and the peers' allocations mapped here.
   struct Registration {
     uintptr_t begin = 0, end = 0;  // what the user registered
-    uint64_t bufferId = 0;         // the driver's id of its allocation (changes if freed)
     int exportIndex = -1;          // in exports_, or -1 (not exported)
   };
   struct ExportRef {
     uintptr_t base = 0;
     size_t bytes = 0;
-    uint64_t bufferId = 0;
-    int entry = -1;  // in the board's export table
+    uint64_t bufferId = 0;  // the driver's id of the allocation (a new one if freed and reused)
+    int entry = -1;         // in the board's export table
     uint64_t generation = 0;
     int refs = 0;  // registrations that use it
   };

@@ -30,7 +30,6 @@ Result<void*> CudaDeviceComm::registerBuffer(void* buff, size_t bytes) {
   cuda::Allocation a;
   const bool device = bytes > 0 && cuda::allocationOf(buff, &a);
   if (board_ && device && a.legacyIpc && reg->end <= a.base + a.bytes) {
-    reg->bufferId = a.bufferId;
     // One export per allocation, shared by the registrations inside it.
     for (size_t i = 0; i < exports_.size(); ++i) {
       ExportRef& x = exports_[i];
@@ -198,8 +197,7 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
       if (reg->exportIndex < 0 || begin < reg->begin || begin + bytes > reg->end) continue;
       const ExportRef& x = exports_[reg->exportIndex];
       // Freed and allocated again at the same address since it was registered: not ours to share.
-      cuda::Allocation a;
-      if (!cuda::allocationOf(op.sendbuff, &a) || a.bufferId != x.bufferId) continue;
+      if (cuda::bufferIdOf(op.sendbuff) != x.bufferId) continue;
       mine.readable = 1;
       mine.entry = static_cast<uint32_t>(x.entry);
       mine.generation = x.generation;

@@ -132,6 +132,15 @@ bool allocationOf(const void* ptr, Allocation* out) {
   return true;
 }
 
+uint64_t bufferIdOf(const void* ptr) {
+  const Driver& d = driver();
+  unsigned long long id = 0;
+  if (!ptr || !d.getAttribute || d.getAttribute(&id, kAttrBufferId, reinterpret_cast<uintptr_t>(ptr)) != 0) {
+    return 0;
+  }
+  return id;
+}
+
 int streamWriteValue64(void* stream, void* addr, uint64_t value) {
   const Driver& d = driver();
   if (!d.writeValue64) return -1;

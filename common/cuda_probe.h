@@ -31,6 +31,9 @@ struct Allocation {
 };
 // False for host memory, managed memory and without a driver.
 bool allocationOf(const void* ptr, Allocation* out);
+// Allocation::bufferId alone (one driver call, for every call that checks it): 0 for
+// host memory and without a driver.
+uint64_t bufferIdOf(const void* ptr);
 
 // Enqueues on `stream` (a cudaStream_t) a write of `value` to the 8 bytes at `addr` (device
 // memory this process maps), after the stream's earlier work and with a memory fence

@@ -1,8 +1,25 @@
 #include "collectives/device/copy_plan.h"
 
 #include <cstdint>
+#include <utility>
 
 namespace loom::collectives::device {
+
+namespace {
+
+const char* at(const void* base, size_t off) { return static_cast<const char*>(base) + off; }
+char* atw(void* base, size_t off) { return static_cast<char*>(base) + off; }
+
+// The copies of one plan, each of one block; a copy onto itself is left out.
+struct Steps {
+  size_t blockBytes;
+  std::vector<CopyStep> steps;
+  void add(void* dst, const void* src, int peer) {
+    if (dst != src) steps.push_back(CopyStep{dst, src, blockBytes, peer});
+  }
+};
+
+}  // namespace
 
 bool copyOnly(MeshKind kind) {
   return kind == MeshKind::kBroadcast || kind == MeshKind::kAllGather || kind == MeshKind::kAllToAll;
@@ -27,13 +44,10 @@ bool copyPlanSafe(MeshKind kind, int nranks, int root, size_t blockBytes, const 
 
 std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, size_t blockBytes,
                                  const RankBuffers* all) {
-  std::vector<CopyStep> steps;
+  Steps plan{blockBytes, {}};
+  std::vector<CopyStep>& steps = plan.steps;
   if (blockBytes == 0 || !copyOnly(kind)) return steps;
-  auto at = [](const void* base, size_t off) { return static_cast<const char*>(base) + off; };
-  auto atw = [](void* base, size_t off) { return static_cast<char*>(base) + off; };
-  auto add = [&](void* dst, const void* src, int peer) {
-    if (dst != src) steps.push_back(CopyStep{dst, src, blockBytes, peer});
-  };
+  auto add = [&](void* dst, const void* src, int peer) { plan.add(dst, src, peer); };
   const RankBuffers& me = all[rank];
   const size_t mine = size_t(rank) * blockBytes;
   for (int i = 1; i < nranks; ++i) {
@@ -55,18 +69,15 @@ std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, 
     case MeshKind::kAllToAll: add(atw(me.out, mine), at(me.in, mine), rank); break;
     default: break;
   }
-  return steps;
+  return std::move(steps);  // (a reference into plan)
 }
 
 std::vector<CopyStep> planPulls(MeshKind kind, int rank, int nranks, int root, size_t blockBytes,
                                 const void* const* inputs, void* out) {
-  std::vector<CopyStep> steps;
+  Steps plan{blockBytes, {}};
+  std::vector<CopyStep>& steps = plan.steps;
   if (blockBytes == 0 || !copyOnly(kind)) return steps;
-  auto at = [](const void* base, size_t off) { return static_cast<const char*>(base) + off; };
-  auto atw = [](void* base, size_t off) { return static_cast<char*>(base) + off; };
-  auto add = [&](void* dst, const void* src, int peer) {
-    if (dst != src) steps.push_back(CopyStep{dst, src, blockBytes, peer});
-  };
+  auto add = [&](void* dst, const void* src, int peer) { plan.add(dst, src, peer); };
   const size_t mine = size_t(rank) * blockBytes;
   for (int i = 1; i < nranks; ++i) {
     int p = (rank + i) % nranks;
@@ -87,7 +98,7 @@ std::vector<CopyStep> planPulls(MeshKind kind, int rank, int nranks, int root, s
     case MeshKind::kAllToAll: add(atw(out, mine), at(inputs[rank], mine), rank); break;
     default: break;
   }
-  return steps;
+  return std::move(steps);  // (a reference into plan)
 }
 
 bool pullSafe(MeshKind kind, int rank, int nranks, int root, size_t blockBytes, const void* in,

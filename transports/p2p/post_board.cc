@@ -19,11 +19,7 @@ constexpr uint64_t kMagic = 0x6c6f6f6d706f7374ull;  // "loompost"
 // pending, epoch); the posts themselves are published with release and read with acquire.
 struct Slot {
   std::atomic<uint64_t> seq;  // call number + 1 (0: never written)
-  uint64_t signature;
-  uint32_t readable;
-  uint32_t entry;
-  uint64_t generation;
-  uint64_t offset;
+  Post post;
 };
 
 struct Entry {
@@ -204,11 +200,7 @@ Result<bool> PostBoard::exchange(uint64_t seq, const Post& mine, std::vector<Pos
     }
   }
   Slot& s = self.slots[seq % kPostRing];
-  s.signature = mine.signature;
-  s.readable = mine.readable;
-  s.entry = mine.entry;
-  s.generation = mine.generation;
-  s.offset = mine.offset;
+  s.post = mine;
   s.seq.store(seq + 1, std::memory_order_release);
   self.posted.store(seq + 1);
   if (!activated_ && want_.load(std::memory_order_relaxed)) {
@@ -234,12 +226,7 @@ Result<bool> PostBoard::exchange(uint64_t seq, const Post& mine, std::vector<Pos
     Slot& p = l.area(r)->slots[seq % kPostRing];
     LOOM_TRY(wait([&] { return p.seq.load(std::memory_order_acquire) == seq + 1; }, timeoutMs, stop,
                   "rank " + std::to_string(r) + " to post call " + std::to_string(seq)));
-    Post& out = (*all)[r];
-    out.signature = p.signature;
-    out.readable = p.readable;
-    out.entry = p.entry;
-    out.generation = p.generation;
-    out.offset = p.offset;
+    (*all)[r] = p.post;
   }
   self.consumed.store(seq + 1, std::memory_order_release);
   return true;
