@@ -116,14 +116,7 @@ std::string apply(char flag, std::string_view value, ParseResult* result) {
     case 'C': return setBool(value, &o.reportCputime) ? "" : bad("-C (report_cputime)");
     case 'S': return setBool(value, &o.reportTimestamps) ? "" : bad("-S (report_timestamps)");
     case 'T': return setInt(value, 0, &o.timeoutSec) ? "" : bad("-T (timeout, seconds)");
-    case 'G':
-      if (!setInt(value, 0, &o.graphLaunches)) return bad("-G (cudagraph)");
-      if (o.graphLaunches > 0) {
-        result->notes.push_back(
-            "CUDA graph launches (-G) are not supported by the loom perf tests yet; running "
-            "without graphs");
-      }
-      return "";
+    case 'G': return setInt(value, 0, &o.graphLaunches) ? "" : bad("-G (cudagraph)");
     case 'a': {
       int v = 0;
       if (!setInt(value, 0, &v) || v > 3) return bad("-a (average: 0 rank0, 1 avg, 2 min, 3 max)");
@@ -265,6 +258,9 @@ ParseResult parseArgs(int argc, const char* const* argv) {
   if (o.minBytes > o.maxBytes) {
     result.error = "invalid sizes for 'minbytes' and 'maxbytes': " + std::to_string(o.minBytes) +
                    " > " + std::to_string(o.maxBytes);
+  } else if (o.graphLaunches > 0 && o.blocking) {
+    // A blocking call waits for its stream, which a stream being captured cannot do.
+    result.error = "-G (cudagraph) cannot be combined with -z 1 (blocking)";
   }
   return result;
 }
@@ -314,7 +310,7 @@ std::string usage(std::string_view program) {
       "[-z,--blocking <0/1>]",
       "[-y,--stream_null <0/1>]",
       "[-T,--timeout <time in seconds>]",
-      "[-G,--cudagraph <num graph launches>] (accepted; not supported yet)",
+      "[-G,--cudagraph <num graph launches>]",
       "[-C,--report_cputime <0/1>]",
       "[-S,--report_timestamps <0/1> report timestamps (default 0)]",
       "[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>]",

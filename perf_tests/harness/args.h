@@ -33,7 +33,7 @@ struct Options {
   int root = 0;                      // -r (-1: every root)
   int average = 1;                   // -a: 0 rank 0, 1 average, 2 min, 3 max
   bool blocking = false;             // -z
-  int graphLaunches = 0;             // -G (not supported yet; accepted)
+  int graphLaunches = 0;             // -G: capture the timed calls, launch them this often
   bool parallelInit = false;         // -p
   int registration = 0;              // -R: 0 none, 1 ncclCommRegister, 2 window (symmetric)
   bool reportCputime = false;        // -C

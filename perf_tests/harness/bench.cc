@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <vector>
 
 #include "perf_tests/harness/format.h"
 #include "perf_tests/harness/job.h"
@@ -277,16 +278,42 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   completeColl(lib);
   team.barrier(thread);
 
-  const auto start = std::chrono::steady_clock::now();
+  // -G: the timed calls are captured into one graph per rank and the clock starts when
+  // the graphs are launched, -G times each.
+  const bool graphs = o_.graphLaunches > 0;
+  Memory& mem = *job_.memory;
+  if (graphs) {
+    for (RankState& r : state_.ranks) {
+      LOOM_PERF_CHECK(job_, mem.setDevice(r.device));
+      LOOM_PERF_CHECK(job_, mem.beginCapture(r.stream));
+    }
+  }
+  auto start = std::chrono::steady_clock::now();
   for (int iter = 0; iter < o_.iters; ++iter) {
     if (o_.aggIters > 1) LOOM_PERF_NCCL(job_, api, api.groupStart());
     for (int a = 0; a < o_.aggIters; ++a) startColl(test, lib, inPlace, iter * o_.aggIters + a);
     if (o_.aggIters > 1) LOOM_PERF_NCCL(job_, api, api.groupEnd());
   }
-  const double calls = static_cast<double>(o_.iters) * o_.aggIters;
+  std::vector<void*> execs;
+  if (graphs) {
+    for (RankState& r : state_.ranks) {
+      LOOM_PERF_CHECK(job_, mem.setDevice(r.device));
+      execs.push_back(nullptr);
+      LOOM_PERF_CHECK(job_, mem.endCapture(r.stream, &execs.back()));
+    }
+    team.barrier(thread);
+    start = std::chrono::steady_clock::now();
+    for (int l = 0; l < o_.graphLaunches; ++l) {
+      for (size_t i = 0; i < state_.ranks.size(); ++i) {
+        LOOM_PERF_CHECK(job_, mem.launchGraph(execs[i], state_.ranks[i].stream));
+      }
+    }
+  }
+  const double calls = static_cast<double>(o_.iters) * o_.aggIters * (graphs ? o_.graphLaunches : 1);
   const double cpuSec = secondsSince(start) / calls;
   completeColl(lib);
   double sec = secondsSince(start) / calls;
+  for (void* exec : execs) mem.destroyGraph(exec);
   sec = team.combine(thread, sec, combineForAverage(o_.average));
   const double reportedSec = o_.reportCputime ? team.combine(thread, cpuSec, combineForAverage(o_.average)) : sec;
 

@@ -31,7 +31,12 @@ CudaApi* load() {
             bind(lib, "cudaStreamQuery", &api.streamQuery) &&
             bind(lib, "cudaDeviceSynchronize", &api.deviceSynchronize) &&
             bind(lib, "cudaGetErrorString", &api.getErrorString) &&
-            bind(lib, "cudaDeviceGetPCIBusId", &api.deviceGetPCIBusId);
+            bind(lib, "cudaDeviceGetPCIBusId", &api.deviceGetPCIBusId) &&
+            bind(lib, "cudaStreamBeginCapture", &api.streamBeginCapture) &&
+            bind(lib, "cudaStreamEndCapture", &api.streamEndCapture) &&
+            bind(lib, "cudaGraphInstantiateWithFlags", &api.graphInstantiateWithFlags) &&
+            bind(lib, "cudaGraphLaunch", &api.graphLaunch) && bind(lib, "cudaGraphDestroy", &api.graphDestroy) &&
+            bind(lib, "cudaGraphExecDestroy", &api.graphExecDestroy);
   // CUDA 12+ exports the current layout as _v2.
   if (ok && !bind(lib, "cudaGetDeviceProperties_v2", &api.getDeviceProperties)) {
     ok = bind(lib, "cudaGetDeviceProperties", &api.getDeviceProperties);

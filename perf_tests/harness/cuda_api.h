@@ -24,10 +24,18 @@ struct CudaApi {
   const char* (*getErrorString)(int error);
   int (*deviceGetPCIBusId)(char* busId, int len, int device);
   int (*getDeviceProperties)(void* prop, int device);  // only the leading name[256] is read
+  // CUDA graphs (-G); graphs and executable graphs are opaque pointers.
+  int (*streamBeginCapture)(cudaStream_t stream, int mode);
+  int (*streamEndCapture)(cudaStream_t stream, void** graph);
+  int (*graphInstantiateWithFlags)(void** exec, void* graph, unsigned long long flags);
+  int (*graphLaunch)(void* exec, cudaStream_t stream);
+  int (*graphDestroy)(void* graph);
+  int (*graphExecDestroy)(void* exec);
 
   static constexpr int kMemcpyDefault = 4;
   static constexpr int kErrorNotReady = 600;
   static constexpr unsigned int kStreamNonBlocking = 1;
+  static constexpr int kCaptureModeThreadLocal = 1;
 };
 
 // The CUDA runtime, or nullptr when libcudart cannot be loaded. Loaded once; thread-safe.

@@ -40,6 +40,10 @@ class HostMemory final : public Memory {
     *done = true;
     return "";
   }
+  std::string beginCapture(cudaStream_t) override { return "CUDA graphs need device memory"; }
+  std::string endCapture(cudaStream_t, void**) override { return "CUDA graphs need device memory"; }
+  std::string launchGraph(void*, cudaStream_t) override { return "CUDA graphs need device memory"; }
+  void destroyGraph(void*) override {}
 };
 
 class DeviceMemory final : public Memory {
@@ -73,6 +77,26 @@ class DeviceMemory final : public Memory {
     const int e = api_->streamQuery(stream);
     *done = e == 0;
     return e == 0 || e == CudaApi::kErrorNotReady ? "" : check(e, "cudaStreamQuery");
+  }
+  std::string beginCapture(cudaStream_t stream) override {
+    // Thread-local: other threads (of -t, or the library's own) may make calls that a
+    // global capture would forbid.
+    return check(api_->streamBeginCapture(stream, CudaApi::kCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  }
+  std::string endCapture(cudaStream_t stream, void** graph) override {
+    void* captured = nullptr;
+    *graph = nullptr;
+    std::string error = check(api_->streamEndCapture(stream, &captured), "cudaStreamEndCapture");
+    if (!error.empty()) return error;
+    error = check(api_->graphInstantiateWithFlags(graph, captured, 0), "cudaGraphInstantiateWithFlags");
+    api_->graphDestroy(captured);
+    return error;
+  }
+  std::string launchGraph(void* graph, cudaStream_t stream) override {
+    return check(api_->graphLaunch(graph, stream), "cudaGraphLaunch");
+  }
+  void destroyGraph(void* graph) override {
+    if (graph != nullptr) api_->graphExecDestroy(graph);
   }
 
  private:

@@ -335,7 +335,7 @@ void ncclFatal(const Job& job, const NcclApi& nccl, ncclResult_t result, const c
 
 int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   setlinebuf(stdout);
-  const ParseResult parsed = parseArgs(argc, argv);
+  ParseResult parsed = parseArgs(argc, argv);
   if (parsed.help) {
     std::fputs(usage(spec.program).c_str(), stdout);
     return 0;
@@ -352,7 +352,6 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   Job job;
   job.spec = &spec;
   job.options = parsed.options;
-  job.options.graphLaunches = 0;  // accepted, not run (see the note printed in the header)
   const Options& o = job.options;
   job.mpi = &mpi;
   job.nprocs = mpi.size();
@@ -365,6 +364,11 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   std::unique_ptr<Memory> memory = chooseMemory(o, &error);
   if (!memory) fatal(job, error);
   job.memory = memory.get();
+  if (o.graphLaunches > 0 && !memory->isDevice()) {
+    // Host collectives complete before they return: there is nothing to capture.
+    parsed.notes.push_back("-G (cudagraph) is ignored on host memory");
+    job.options.graphLaunches = 0;
+  }
   if (spec.hasRoot && o.root >= job.nranks) {
     fatal(job, "root " + std::to_string(o.root) + " is out of range for " +
                    std::to_string(job.nranks) + " ranks");
