@@ -302,11 +302,11 @@ class CudaDeviceComm final : public DeviceComm {
   static bool outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes);
 
   // The pulled all-reduce, or reduce (in.writer >= 0), or with `twoShot` the two-shot
-  // all-reduce in place: `in` holds every rank's input as mapped here; `form` says why
-  // (LOOM_DEBUG=INFO).
+  // all-reduce: `in` holds every rank's input (and for the two-shot form output) as mapped
+  // here; `form` says why (LOOM_DEBUG=INFO).
   Status launchPull(const dev::MeshCall& call, const dev::PullInputs& in, cudaStream_t stream,
                     const char* form, bool twoShot = false);
-  // True when every rank's output is its input (in place), for the two-shot pulled form.
+  // True when every rank's output is its input (in place).
   static bool allInPlace(const std::vector<dev::RankBuffers>& all);
 
   // A barrier, the copies (into peers on the caller's stream, local ones beside them on

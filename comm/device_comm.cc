@@ -401,6 +401,7 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
     if (form != 0) {
       if (capturing(op.stream)) importsInGraph_ = true;  // its mappings stay until the end
       if (form == 2) {
+        for (int r = 0; r < nranks_; ++r) in.outputs[r] = const_cast<void*>(in.inputs[r]);
         return launchPull(call, in, op.stream,
                           "registered buffers, in place, size <= LOOM_P2P_PULL_BYTES", true);
       }
@@ -409,24 +410,29 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
                                       : "registered inputs, size <= LOOM_P2P_PULL_REDUCE_BYTES");
     }
   }
-  // Mid-size all-reduce, every rank's input known: each rank reads them all directly.
-  // The kernel applies no pre-op, so not for PreMulSum (a user's, or ncclAvg on
-  // floating-point types, which is PreMulSum by 1/n): those keep the kernels.
-  // In place on every rank, the two-shot form of it (each rank writes a part of its own
-  // buffer only once the peer that reads it there is done).
-  bool mapped = false;
+  // Mid-size all-reduce, every rank's buffers known: each rank reduces its part from every
+  // input and stores it into every output (two-shot), or, where the outputs cannot be
+  // written from here (a stream-ordered pool's), reads every input and writes only its own
+  // output (one-shot, out of place only). The kernels apply no pre-op, so not for
+  // PreMulSum (a user's, or ncclAvg on floating-point types, which is PreMulSum by 1/n):
+  // those keep the slot kernels.
   if (op.type == collectives::CollType::kAllReduce && pullSize(block) && builtinOp &&
-      peerBuffers(op, index, &all, &mapped) && mapped) {
+      peerBuffers(op, index, &all, &inMapped, &outMapped) && inMapped) {
     dev::PullInputs in;
-    for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
-    if (outputsApart(all, block)) {
-      return failCliqueOn(launchPull(call, in, op.stream, "ranks of one process, out of place, "
-                                                          "size <= LOOM_P2P_PULL_BYTES"));
+    for (int r = 0; r < nranks_; ++r) {
+      in.inputs[r] = all[r].in;
+      in.outputs[r] = all[r].out;
     }
-    if (allInPlace(all)) {
+    const bool apart = outputsApart(all, block), inPlace = allInPlace(all);
+    if (outMapped && (apart || inPlace)) {
       return failCliqueOn(launchPull(call, in, op.stream,
-                                     "ranks of one process, in place, size <= LOOM_P2P_PULL_BYTES",
+                                     inPlace ? "ranks of one process, in place, size <= LOOM_P2P_PULL_BYTES"
+                                             : "ranks of one process, out of place, size <= LOOM_P2P_PULL_BYTES",
                                      true));
+    }
+    if (apart) {
+      return failCliqueOn(launchPull(call, in, op.stream, "ranks of one process, out of place, output "
+                                                          "not mapped, size <= LOOM_P2P_PULL_BYTES"));
     }
   }
   // Copies only, ranks in several processes, inputs registered: each rank's copy engine

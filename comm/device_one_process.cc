@@ -89,8 +89,9 @@ Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInpu
   const bool cap = capturing(stream);
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
+    const bool inPlace = twoShot && in.outputs[rank_] == in.inputs[rank_];
     LOOM_INFO(kColl, "GPU pulled %s %s: %zu x %s (%s)", twoShot ? "two-shot" : "one-shot",
-              twoShot ? "all-reduce in place" : in.writer < 0 ? "all-reduce" : "reduce",
+              inPlace ? "all-reduce in place" : in.writer < 0 ? "all-reduce" : "reduce",
               call.count, dataTypeName(call.type), form);
   }
   const int e = twoShot ? dev::launchPullTwoShot(ctx_, call, in, stream)

@@ -68,11 +68,7 @@ struct Geometry {
   // (`free`, so its scratch slot may be written again).
   LOOM_HOST_DEVICE size_t chunkFlagOffset() const { return barrierOffset() + barrierBytes(); }
   LOOM_HOST_DEVICE size_t chunkFlagBytes() const { return 2 * size_t(kMaxRanks) * kFlagStride; }
-  // The pulled two-shot all-reduce's per-block counters: rank `from` finished its block's
-  // piece of its own part (launchPullTwoShot).
-  LOOM_HOST_DEVICE size_t partFlagOffset() const { return chunkFlagOffset() + chunkFlagBytes(); }
-  LOOM_HOST_DEVICE size_t partFlagBytes() const { return size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride; }
-  LOOM_HOST_DEVICE size_t slotsOffset() const { return partFlagOffset() + partFlagBytes(); }
+  LOOM_HOST_DEVICE size_t slotsOffset() const { return chunkFlagOffset() + chunkFlagBytes(); }
   // The slots for messages from one sender (every block's), and where rank `from`'s begin.
   LOOM_HOST_DEVICE size_t senderSlotsBytes() const {
     return size_t(maxBlocks) * size_t(slots) * slotBytes;
@@ -199,17 +195,19 @@ int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream
 struct PullInputs {
   const void* inputs[kMaxRanks] = {};
   int writer = -1;
+  void* outputs[kMaxRanks] = {};  // the two-shot form only: every rank's output
 };
 int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
 
-// Two-shot all-reduce in place, for ranks that can all read and write each other's buffer
-// (`in.inputs`, in rank order, each rank's input and output at once): rank r reduces part r
-// of every rank's buffer into its own (part r of n), then copies every other part q from
-// rank q's buffer once rank q has reduced it (a counter per block). A rank writes part q of
-// its buffer only after rank q has read it, and the kernel ends once every peer has read
-// its part, so the buffers may change after it. The same bytes cross each link as with the
-// one-shot form, and it works in place. No pre-op (not for PreMulSum). Returns a
-// cudaError_t value.
+// Two-shot all-reduce for ranks that can all read each other's input and write each
+// other's output (`in.inputs`, `in.outputs`, in rank order): rank r reads part r of every
+// rank's input (part r of n), reduces it and stores the result into part r of every rank's
+// output, so each element is read and written by one thread only: it works in place
+// (outputs equal to inputs) as well as out of place, with no counter between the two
+// halves. The same bytes cross each link as with the one-shot form, half of them as
+// stores. Arrive and leave as the one-shot form; the leave also publishes the stores into
+// the peers' outputs. Each rank's output must not overlap any input but its own, and then
+// only as the same buffer. No pre-op (not for PreMulSum). Returns a cudaError_t value.
 int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
 
 // Where the chunk counter `kind` (kChunkReady, kChunkFree) that rank `from` writes lives in

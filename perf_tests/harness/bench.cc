@@ -296,10 +296,17 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   }
   std::vector<void*> execs;
   if (graphs) {
-    for (RankState& r : state_.ranks) {
-      LOOM_PERF_CHECK(job_, mem.setDevice(r.device));
+    // Every capture of this thread ends before the first graph is instantiated (CUDA
+    // refuses that while one of the thread's streams is capturing: -g 2).
+    std::vector<void*> captured(state_.ranks.size(), nullptr);
+    for (size_t i = 0; i < state_.ranks.size(); ++i) {
+      LOOM_PERF_CHECK(job_, mem.setDevice(state_.ranks[i].device));
+      LOOM_PERF_CHECK(job_, mem.endCapture(state_.ranks[i].stream, &captured[i]));
+    }
+    for (size_t i = 0; i < state_.ranks.size(); ++i) {
+      LOOM_PERF_CHECK(job_, mem.setDevice(state_.ranks[i].device));
       execs.push_back(nullptr);
-      LOOM_PERF_CHECK(job_, mem.endCapture(r.stream, &execs.back()));
+      LOOM_PERF_CHECK(job_, mem.instantiate(captured[i], &execs.back()));
     }
     team.barrier(thread);
     start = std::chrono::steady_clock::now();

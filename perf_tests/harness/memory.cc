@@ -42,6 +42,7 @@ class HostMemory final : public Memory {
   }
   std::string beginCapture(cudaStream_t) override { return "CUDA graphs need device memory"; }
   std::string endCapture(cudaStream_t, void**) override { return "CUDA graphs need device memory"; }
+  std::string instantiate(void*, void**) override { return "CUDA graphs need device memory"; }
   std::string launchGraph(void*, cudaStream_t) override { return "CUDA graphs need device memory"; }
   void destroyGraph(void*) override {}
 };
@@ -84,19 +85,20 @@ class DeviceMemory final : public Memory {
     return check(api_->streamBeginCapture(stream, CudaApi::kCaptureModeThreadLocal), "cudaStreamBeginCapture");
   }
   std::string endCapture(cudaStream_t stream, void** graph) override {
-    void* captured = nullptr;
     *graph = nullptr;
-    std::string error = check(api_->streamEndCapture(stream, &captured), "cudaStreamEndCapture");
-    if (!error.empty()) return error;
-    error = check(api_->graphInstantiateWithFlags(graph, captured, 0), "cudaGraphInstantiateWithFlags");
-    api_->graphDestroy(captured);
+    return check(api_->streamEndCapture(stream, graph), "cudaStreamEndCapture");
+  }
+  std::string instantiate(void* graph, void** exec) override {
+    *exec = nullptr;
+    const std::string error = check(api_->graphInstantiateWithFlags(exec, graph, 0), "cudaGraphInstantiateWithFlags");
+    api_->graphDestroy(graph);
     return error;
   }
-  std::string launchGraph(void* graph, cudaStream_t stream) override {
-    return check(api_->graphLaunch(graph, stream), "cudaGraphLaunch");
+  std::string launchGraph(void* exec, cudaStream_t stream) override {
+    return check(api_->graphLaunch(exec, stream), "cudaGraphLaunch");
   }
-  void destroyGraph(void* graph) override {
-    if (graph != nullptr) api_->graphExecDestroy(graph);
+  void destroyGraph(void* exec) override {
+    if (exec != nullptr) api_->graphExecDestroy(exec);
   }
 
  private:

@@ -31,12 +31,14 @@ class Memory {
   // Sets *done when all work on the stream has finished.
   virtual std::string query(cudaStream_t stream, bool* done) = 0;
   // CUDA graphs (-G), device memory only: capture what the calling thread enqueues on
-  // `stream` until endCapture, which makes it an executable graph (*graph); launch it on
-  // the stream; destroy it.
+  // `stream` until endCapture (*graph: the captured graph); make an executable graph of it
+  // (*exec; the captured graph is released), once no stream of this thread is capturing;
+  // launch it on a stream; destroy it.
   virtual std::string beginCapture(cudaStream_t stream) = 0;
   virtual std::string endCapture(cudaStream_t stream, void** graph) = 0;
-  virtual std::string launchGraph(void* graph, cudaStream_t stream) = 0;
-  virtual void destroyGraph(void* graph) = 0;
+  virtual std::string instantiate(void* graph, void** exec) = 0;
+  virtual std::string launchGraph(void* exec, cudaStream_t stream) = 0;
+  virtual void destroyGraph(void* exec) = 0;
 };
 
 std::unique_ptr<Memory> makeHostMemory();

@@ -518,8 +518,8 @@ TEST(GpuCollectives, CopyEngineCollectives) {
 }
 
 // The pulled all-reduce of ranks of one process (above the LL limit and up to
-// LOOM_P2P_PULL_BYTES): out of place one-shot, in place two-shot, every type and op,
-// aligned and not, the two forms interleaved (they share the barrier counters).
+// LOOM_P2P_PULL_BYTES; the two-shot form, in place and not): every type and op, aligned
+// and not, in place and not interleaved. (The one-shot form: PoolBuffersInOneProcess.)
 TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
   REQUIRE_GPUS(2);
   Ranks R(2);
@@ -531,7 +531,7 @@ TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << loom::dataTypeName(t);
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, 0), 0u) << loom::dataTypeName(t);
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, es), 0u) << loom::dataTypeName(t);
-        // In place (the two-shot pulled form), at an offset of one element too.
+        // In place, at an offset of one element too.
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, es), 0u) << loom::dataTypeName(t);
       }
     }
@@ -571,20 +571,25 @@ TEST(GpuCollectives, ReduceWithoutNonRootOutput) {
 
 // Buffers from a stream-ordered pool (cudaMallocAsync) are not mapped by peer access (a
 // copy between GPUs into or out of one fails): the pulled all-reduce and the copy engines
-// must leave them to the kernels.
+// must leave them to the kernels. A cudaMalloc input with a pool output takes the pulled
+// one-shot form (each rank writes only its own output).
 TEST(GpuCollectives, PoolBuffersInOneProcess) {
   REQUIRE_GPUS(2);
   Ranks R(2);
   const int n = R.n();
   const size_t count = (size_t{1} << 20) + 3;  // 4 MiB of floats: the pulled range
-  std::vector<void*> in(n), out(n), ag(n);
+  std::vector<void*> in(n), out(n), ag(n), out1(n);
+  std::vector<std::unique_ptr<DeviceBuffer>> plain;
   for (int r = 0; r < n; ++r) {
     cudaSetDevice(r);
     CUDA_OK(cudaMallocAsync(&in[r], count * 4, R.streams[r]));
     CUDA_OK(cudaMallocAsync(&out[r], count * 4, R.streams[r]));
     CUDA_OK(cudaMallocAsync(&ag[r], count * 4 * n, R.streams[r]));
+    CUDA_OK(cudaMallocAsync(&out1[r], count * 4, R.streams[r]));
     CUDA_OK(cudaStreamSynchronize(R.streams[r]));
     upload(r, in[r], makeInput(DataType::kFloat32, r, count, ncclSum));
+    plain.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
+    upload(r, plain[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
   }
   Ranks C(2, {{"LOOM_P2P_CE_BYTES", "4096"}});  // (read at init: the next communicators)
   for (Ranks* rk : {&R, &C}) {
@@ -592,16 +597,19 @@ TEST(GpuCollectives, PoolBuffersInOneProcess) {
     for (int r = 0; r < n; ++r) {
       NCCL_OK(ncclAllReduce(in[r], out[r], count, ncclFloat32, ncclSum, rk->comms[r], R.streams[r]));
       NCCL_OK(ncclAllGather(in[r], ag[r], count, ncclFloat32, rk->comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(plain[r]->ptr, out1[r], count, ncclFloat32, ncclSum, rk->comms[r], R.streams[r]));
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     R.sync();
     for (int r = 0; r < n; ++r) {
-      std::vector<char> got = download(r, out[r], count * 4);
-      size_t bad = 0;
-      for (size_t i = 0; i < count; ++i) {
-        bad += loom::loadAsDouble(DataType::kFloat32, got.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+      for (void* o : {out[r], out1[r]}) {
+        std::vector<char> got = download(r, o, count * 4);
+        size_t bad = 0;
+        for (size_t i = 0; i < count; ++i) {
+          bad += loom::loadAsDouble(DataType::kFloat32, got.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+        }
+        EXPECT_EQ(bad, 0u) << "rank " << r << (o == out1[r] ? " (one-shot)" : "");
       }
-      EXPECT_EQ(bad, 0u) << "rank " << r;
       std::vector<char> all = download(r, ag[r], count * 4 * n);
       for (int p = 0; p < n; ++p) {
         EXPECT_EQ(std::memcmp(all.data() + p * count * 4, makeInput(DataType::kFloat32, p, count, ncclSum).data(),
@@ -614,6 +622,7 @@ TEST(GpuCollectives, PoolBuffersInOneProcess) {
     cudaFreeAsync(in[r], R.streams[r]);
     cudaFreeAsync(out[r], R.streams[r]);
     cudaFreeAsync(ag[r], R.streams[r]);
+    cudaFreeAsync(out1[r], R.streams[r]);
     cudaStreamSynchronize(R.streams[r]);
   }
 }

@@ -270,7 +270,7 @@ TEST(GpuRegistration, OneRank) {
       EXPECT_EQ(wrong, 0u) << "registered broadcast from " << root;
     }
   }
-  // In place: the two-shot form, which overwrites each part only once its reader is done.
+  // In place: the two-shot form (each rank reduces its part and stores it into both buffers).
   n = (8 << 20) / sizeof(float);
   upload(a, rank, n, 5);
   NCCL_OK(ncclAllReduce(a, a, n, ncclFloat32, ncclSum, comm, s));

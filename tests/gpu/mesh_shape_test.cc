@@ -131,8 +131,7 @@ TEST(MeshGeometry, WindowLayoutDoesNotOverlap) {
   EXPECT_GE(g.ll128Capacity(), size_t{8} << 20);
   EXPECT_EQ(g.barrierOffset(), g.ll128Offset() + g.ll128Bytes());
   EXPECT_EQ(g.chunkFlagOffset(), g.barrierOffset() + kMaxRanks * kFlagStride);
-  EXPECT_EQ(g.partFlagOffset(), g.chunkFlagOffset() + 2 * kMaxRanks * kFlagStride);
-  EXPECT_EQ(g.slotsOffset(), g.partFlagOffset() + kMaxRanks * size_t{128} * kFlagStride);
+  EXPECT_EQ(g.slotsOffset(), g.chunkFlagOffset() + 2 * kMaxRanks * kFlagStride);
   EXPECT_EQ(g.windowBytes(), g.slotsOffset() + size_t{2} * 128 * 4 * 256 * 1024);
   EXPECT_EQ(g.flagBytes() % 128, 0u);
   EXPECT_EQ(g.llBytes() % 16, 0u);
