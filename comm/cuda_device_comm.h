@@ -214,7 +214,8 @@ class CudaDeviceComm final : public DeviceComm {
   // reads every rank's post; when every rank whose input is read posted a registered one,
   // `in` gets every rank's input as mapped here (IPC handles opened at first use, cached)
   // and the call returns the form: 1 the pulled one-shot all-reduce or reduce, 2 the
-  // pulled two-shot all-reduce in place (every rank's output its input). 0: run the call
+  // pulled two-shot all-reduce in place (every rank's output its input), 3 the same out of
+  // place (every rank's output registered too: `in` gets the outputs). 0: run the call
   // as if nothing were registered (the same on every rank). `reader`: the rank that reads
   // (reduce's root), or -1 for every rank (all-reduce).
   struct PullRequest {

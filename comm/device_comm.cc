@@ -405,6 +405,10 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
         return launchPull(call, in, op.stream,
                           "registered buffers, in place, size <= LOOM_P2P_PULL_BYTES", true);
       }
+      if (form == 3) {
+        return launchPull(call, in, op.stream,
+                          "registered inputs and outputs, size <= LOOM_P2P_PULL_BYTES", true);
+      }
       return launchPull(call, in, op.stream,
                         in.writer < 0 ? "registered inputs, size <= LOOM_P2P_PULL_BYTES"
                                       : "registered inputs, size <= LOOM_P2P_PULL_REDUCE_BYTES");

@@ -191,30 +191,40 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
   mine.signature = (uint64_t(op.type) << 56) ^ (uint64_t(op.dtype) << 48) ^
                    (uint64_t(uint32_t(op.root)) << 40) ^ (uint64_t(uint32_t(op.ncclOp)) << 32) ^
                    op.count;
-  {
+  // The registered allocation that holds [ptr, ptr + n): its export entry, generation and
+  // the offset of ptr in it. False when none does.
+  auto find = [&](const void* ptr, size_t n, uint32_t* entry, uint64_t* generation, uint64_t* offset) {
+    const auto at = reinterpret_cast<uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(regMutex_);
     for (const auto& reg : registrations_) {
-      if (reg->exportIndex < 0 || begin < reg->begin || begin + bytes > reg->end) continue;
+      if (reg->exportIndex < 0 || at < reg->begin || at + n > reg->end) continue;
       const ExportRef& x = exports_[reg->exportIndex];
       // Freed and allocated again at the same address since it was registered: not ours to share.
-      if (cuda::bufferIdOf(op.sendbuff) != x.bufferId) continue;
-      mine.readable = 1;
-      mine.entry = static_cast<uint32_t>(x.entry);
-      mine.generation = x.generation;
-      mine.offset = begin - x.base;
-      break;
+      if (cuda::bufferIdOf(ptr) != x.bufferId) continue;
+      *entry = static_cast<uint32_t>(x.entry);
+      *generation = x.generation;
+      *offset = at - x.base;
+      return true;
     }
-  }
+    return false;
+  };
+  mine.readable = find(op.sendbuff, bytes, &mine.entry, &mine.generation, &mine.offset) ? 1 : 0;
   const auto out = reinterpret_cast<uintptr_t>(op.recvbuff);
+  const bool allReduce = reader < 0 && req.source < 0 && req.layout < 0;
   if (req.layout >= 0) {
     // The caller checked that peers may read our input while we write our output.
     if (req.layout == 0) mine.readable = 0;
-  } else if (reader < 0 && mine.readable && out < begin + bytes && begin < out + bytes) {
-    // An all-reduce's peers read our input while we write our output: apart (the one-shot
-    // form, readable 1), or the very same buffer (the two-shot form, which writes each
-    // part only once its reader is done with it: readable 2); a partial overlap takes
-    // neither.
+  } else if (allReduce && mine.readable && out < begin + bytes && begin < out + bytes) {
+    // An all-reduce's peers read our input while we write our output: apart (readable 1),
+    // or the very same buffer (the two-shot form in place, which writes each element only
+    // after reading it: readable 2); a partial overlap takes neither.
     mine.readable = out == begin ? 2 : 0;
+  }
+  // An all-reduce whose output lies apart in registered memory too: the peers may write
+  // their parts of it (the two-shot form out of place).
+  if (allReduce && mine.readable == 1 &&
+      find(op.recvbuff, outBytes, &mine.outEntry, &mine.outGeneration, &mine.outOffset)) {
+    mine.writable = 1;
   }
   auto stop = [this] { return reinterpret_cast<volatile int*>(hostFlags_)[0] != 0; };
   LOOM_ASSIGN_OR_RETURN(bool active, board_->exchange(boardSeq_++, mine, &posts_, timeoutMs_, stop));
@@ -229,19 +239,23 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
     }
   }
   // The form: a reduce's root reads every other rank's input, a broadcast every rank its
-  // root's, the copies every rank every input (1); an all-reduce takes the one-shot form
-  // when every rank's output is apart from its input (1), the two-shot form when every
-  // rank's is its input (2), the kernels otherwise.
-  const bool allReduce = reader < 0 && req.source < 0 && req.layout < 0;
+  // root's, the copies every rank every input (1); an all-reduce takes the two-shot form
+  // when every rank's output is its input (2) or when every rank's output is apart and
+  // registered (3), the one-shot form when every rank's output is apart (1), the kernels
+  // otherwise.
   int form = 0;
+  bool writable = allReduce;
   for (int r = 0; r < nranks_; ++r) {
     if (r == reader || (req.source >= 0 && r != req.source)) continue;
     const int k = allReduce ? static_cast<int>(posts_[r].readable) : (posts_[r].readable ? 1 : 0);
     if (k == 0 || (form != 0 && k != form)) return 0;
     form = k;
+    writable = writable && posts_[r].writable;
   }
   if (form == 0) return 0;
+  if (form == 1 && writable) form = 3;
   in->inputs[rank_] = op.sendbuff;
+  in->outputs[rank_] = op.recvbuff;
   if (reader >= 0 && reader != rank_) return form;  // only the reader maps the inputs
   if (req.source == rank_) return form;             // nobody's input is read but ours
   // Every rank decided on the registered form, so the peers' kernels will wait for ours.
@@ -259,6 +273,18 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
     } else {
       in->inputs[r] = base.value() + posts_[r].offset;
     }
+    if (!st || form != 3) continue;
+    auto outBase = importedBase(r, posts_[r].outEntry, posts_[r].outGeneration);
+    if (!outBase) {
+      st = outBase.status();
+    } else if (posts_[r].outOffset + outBytes > imports_[{r, posts_[r].outEntry}].bytes) {
+      st = errorf(Code::kInvalidUsage,
+                  "rank %d posted an output of %zu bytes at offset %llu of a registered "
+                  "allocation of %llu bytes", r, outBytes, (unsigned long long)posts_[r].outOffset,
+                  (unsigned long long)imports_[{r, posts_[r].outEntry}].bytes);
+    } else {
+      in->outputs[r] = outBase.value() + posts_[r].outOffset;
+    }
   }
   if (!st) {
     dev::PullInputs none;
@@ -267,8 +293,8 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
     call.type = op.dtype;
     call.count = op.count;
     // One-shot forms: a kernel that takes part in the handshakes lets the peers finish
-    // right (they read our input, which is valid). The two-shot form's peers would read a
-    // part of ours that we cannot reduce: nothing is launched, and they fail after
+    // right (they read our input, which is valid). The two-shot forms' peers would wait
+    // for a part that we cannot reduce: nothing is launched, and they fail after
     // LOOM_TIMEOUT_MS instead of returning wrong values.
     if (form == 1) launchPull(call, none, op.stream, "taking part only: this rank failed").ignore();
     return st;

@@ -118,17 +118,20 @@ TEST(GpuRegistration, TwoProcesses) {
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
         << "rank " << r << " ended with status " << status[r] << "; its output:\n" << log;
     // The registered forms ran exactly where OneRank expects them: from the second call
-    // after registering (the first activates the post board) 3 all-reduces, 6 reduces,
-    // the in-place call (two-shot), not the one with rank 0's input unregistered, the
-    // captured all-reduce, then 2 of each after rank 0 registered a new allocation.
-    EXPECT_EQ(count(log, "pulled one-shot all-reduce"), 6u) << "rank " << r << ":\n" << log;
+    // after registering (the first activates the post board) 3 all-reduces, one into an
+    // output registered by rank 0 only, 2 into outputs both registered (two-shot), 6
+    // reduces, the in-place call (two-shot), not the one with rank 0's input unregistered,
+    // the captured all-reduce, then 2 of each after rank 0 registered a new allocation.
+    EXPECT_EQ(count(log, "pulled one-shot all-reduce"), 7u) << "rank " << r << ":\n" << log;
+    EXPECT_EQ(count(log, "pulled two-shot all-reduce:"), 2u) << "rank " << r << ":\n" << log;
     EXPECT_EQ(count(log, "pulled two-shot all-reduce in place"), 1u) << "rank " << r << ":\n" << log;
     // 2 all-gathers, an all-to-all and 2 broadcasts through the copy engines.
     EXPECT_EQ(count(log, "registered inputs pulled between processes"), 5u) << "rank " << r << ":\n" << log;
     EXPECT_EQ(count(log, "pulled one-shot reduce"), 8u) << "rank " << r << ":\n" << log;
-    // Rank 0 maps rank 1's first allocation; rank 1 maps both of rank 0's in turn.
+    // Rank 0 maps rank 1's first allocation and its registered output; rank 1 maps both of
+    // rank 0's inputs in turn and its output.
     EXPECT_EQ(count(log, "mapped rank " + std::to_string(1 - r) + "'s registered allocation"),
-              r == 0 ? 1u : 2u) << "rank " << r << ":\n" << log;
+              r == 0 ? 2u : 3u) << "rank " << r << ":\n" << log;
     EXPECT_NE(log.find("[  PASSED  ] 1 test"), std::string::npos) << "rank " << r << ":\n" << log;
     std::remove(logs[r].c_str());
   }
@@ -176,10 +179,11 @@ TEST(GpuRegistration, OneRank) {
   ncclComm_t comm;
   NCCL_OK(ncclCommInitRank(&comm, 2, id, rank));
   const size_t big = size_t(64) << 20;  // bytes
-  float *a = nullptr, *out = nullptr, *c = nullptr;
+  float *a = nullptr, *out = nullptr, *c = nullptr, *d = nullptr;
   CUDA_OK(cudaMalloc(&a, big));
   CUDA_OK(cudaMalloc(&out, big));
   CUDA_OK(cudaMalloc(&c, big));
+  CUDA_OK(cudaMalloc(&d, big));
   auto sync = [&] { ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess); };
 
   // Nothing registered: the kernels.
@@ -209,6 +213,20 @@ TEST(GpuRegistration, OneRank) {
     NCCL_OK(ncclAllReduce(a + 1, out, n, ncclFloat32, ncclSum, comm, s));
     sync();
     expectSum(out, n, int(bytes >> 20), "registered all-reduce of " + std::to_string(bytes));
+  }
+  // Outputs in registered memory too: the two-shot form out of place, once both ranks
+  // registered theirs (before that, the one-shot form).
+  void* hd = nullptr;
+  for (int both : {0, 1}) {
+    if (rank == both) NCCL_OK(ncclCommRegister(comm, d, big, &hd));
+    for (size_t bytes : {size_t(8) << 20, size_t(2) << 20}) {
+      n = bytes / sizeof(float) - 1;
+      upload(a + 1, rank, n, 40 + both);
+      NCCL_OK(ncclAllReduce(a + 1, d + 1, n, ncclFloat32, ncclSum, comm, s));
+      sync();
+      expectSum(d + 1, n, 40 + both, "all-reduce into registered output, " + std::to_string(bytes));
+      if (!both) break;
+    }
   }
   // Reduce to each root; the other's output is not written.
   for (int root : {0, 1}) {
@@ -318,6 +336,7 @@ TEST(GpuRegistration, OneRank) {
     expectSum(out, n, 7 + k, "all-reduce after re-registration");
     if (rank == 0) expectSum(c, n, 7 + k, "reduce after re-registration");
   }
+  NCCL_OK(ncclCommDeregister(comm, hd));
   if (rank == 0) {
     NCCL_OK(ncclCommDeregister(comm, ha));
   } else {
@@ -329,6 +348,7 @@ TEST(GpuRegistration, OneRank) {
   cudaFree(a);
   cudaFree(out);
   cudaFree(c);
+  cudaFree(d);
   cudaStreamDestroy(s);
 }
 

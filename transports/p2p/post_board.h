@@ -40,10 +40,15 @@ inline constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 // What a rank says about one call.
 struct Post {
   uint64_t signature = 0;   // what the call is (type, count, ...): every rank's must match
-  uint32_t readable = 0;    // 1: the peers may read this call's input at entry + offset
+  uint32_t readable = 0;    // nonzero: the peers may read this call's input at entry + offset
+                            // (the caller says how, e.g. 2: the input is the output)
   uint32_t entry = 0;       // index in the rank's export table
   uint64_t generation = 0;  // the entry's generation when posted
   uint64_t offset = 0;      // bytes from the exported allocation's base to the input
+  uint32_t writable = 0;    // 1: the peers may write this call's output at outEntry + outOffset
+  uint32_t outEntry = 0;    // the same three for the output
+  uint64_t outGeneration = 0;
+  uint64_t outOffset = 0;
 };
 
 // One allocation a rank exported: its IPC handle, base address (in the exporter) and size.
