@@ -60,9 +60,10 @@ const std::vector<Definition> kDefinitions = {
      "from this many bytes per copy (-1: 16 MiB; 0: never)"},
     {"LOOM_P2P_PULL_BYTES", nullptr, Type::kInt, "67108864",
      "GPU all-reduce between ranks of one process whose calls meet in a group or between "
-     "processes on registered memory (ncclCommRegister): each rank reads every input directly "
-     "(one-shot out of place, two-shot in place), above the LL limit and up to this size "
-     "(0: never)"},
+     "processes on registered memory (ncclCommRegister): each rank reads its part of every "
+     "input directly and stores the result into every output (two-shot; one-shot, each rank "
+     "reading every input, where a peer's output cannot be written), above the LL limit and "
+     "up to this size (0: never)"},
     {"LOOM_P2P_CE_PULL_BYTES", nullptr, Type::kInt, "16777216",
      "GPU all-gather, broadcast and all-to-all between 2 processes on registered memory: each "
      "rank's copy engine pulls the peers' blocks from this many bytes per block, within the "

@@ -1,5 +1,6 @@
 // Buffer registration between processes (ncclCommRegister on a GPU mesh whose ranks are
-// two processes): the registered all-reduce (one-shot out of place, two-shot in place),
+// two processes): the registered all-reduce (two-shot in place or into a registered
+// output, one-shot otherwise),
 // reduce, and the copies (all-gather, broadcast, all-to-all through the copy engines) give
 // exact results, and so does a call that cannot take a registered form (one rank's input
 // unregistered); a buffer

@@ -123,6 +123,8 @@ TEST(ParseArgs, GraphLaunches) {
   // A blocking call would wait on a stream under capture.
   EXPECT_NE(parse({"-G", "10", "-z", "1"}).error.find("-z"), std::string::npos);
   EXPECT_TRUE(parse({"-G", "0", "-z", "1"}).error.empty());
+  // Nor can the legacy default stream be captured.
+  EXPECT_NE(parse({"-G", "10", "-y", "1"}).error.find("-y"), std::string::npos);
 }
 
 TEST(ParseArgs, Errors) {
