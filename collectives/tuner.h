@@ -47,6 +47,6 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo);
 // one block at a time, each step one hop, so a message takes as many blocks as it needs
 // and no more: one block while nranks pieces fit a slot each. Broadcast and reduce
 // stream through their hops, so they get several pieces per rank.
-size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes);
+size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes, bool network = false);
 
 }  // namespace loom::collectives

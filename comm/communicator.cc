@@ -504,7 +504,7 @@ Status Communicator::runCollective(const Operation& op) {
   req.rank = rank_;
   req.root = op.root;
   const size_t pieceBytes = collectives::hostPieceBytes(op.type, op.count * req.elemSize, nranks_,
-                                                        context_.fifo.slotBytes);
+                                                        context_.fifo.slotBytes, networkPeers_);
   req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);
   req.ring = &topo_.ring;  // rank order where the topology gave no valid ring
   req.network = networkPeers_;

@@ -405,6 +405,11 @@ TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {
   EXPECT_EQ(hostPieceBytes(CollType::kBroadcast, 1 << 20, 4, slot), 64u * 1024);
   // Never more than a slot, always a multiple of 64 bytes.
   EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 3 << 20, 3, 4096), 4096u);
+  // Over sockets the ring collectives take pieces of at most 128 KiB; broadcast keeps its own.
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 64 << 20, 4, slot, true), std::min<size_t>(slot, 128u * 1024));
+  EXPECT_EQ(hostPieceBytes(CollType::kAllGather, 8 << 20, 4, slot, true), std::min<size_t>(slot, 128u * 1024));
+  EXPECT_EQ(hostPieceBytes(CollType::kBroadcast, 64 << 20, 4, slot, true), slot);
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 1000, 4, slot, true), 16u * 1024);
   EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 100001 * 3, 3, slot) % 64, 0u);
 }
 
