@@ -180,9 +180,9 @@ size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes,
   // several pieces in flight instead.
   const bool streams = type == CollType::kBroadcast || type == CollType::kReduce;
   size_t want = total / (static_cast<size_t>(std::max(nranks, 1)) * (streams ? 4 : 1));
-  // Over sockets the ring collectives pipeline better in pieces of at most 128 KiB: the
-  // kernel copies a piece into and out of the socket while the next is reduced. 4 ranks
-  // over loopback TCP on the 2-core VM (2026-11-30, interleaved runs): all-reduce 8 MiB
+  // Over sockets all-reduce, all-gather and reduce-scatter pipeline better in pieces of at
+  // most 128 KiB: the kernel copies a piece into and out of the sockets while the next is
+  // reduced. 4 ranks over loopback TCP on the 2-core VM (2026-11-30, interleaved runs): all-reduce 8 MiB
   // 8.0-9.1 ms against 9.5-11.2 with the 256 KiB slots (6 runs), 2-32 MiB 10-37 % faster
   // (3 runs); all-gather 2-32 MiB faster in every run; reduce-scatter faster in 2 of 3. Over
   // shared memory the same pieces were slower (512 KiB - 8 MiB, 5-46 % in 2 runs of 3), and
