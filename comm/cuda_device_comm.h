@@ -228,6 +228,10 @@ class CudaDeviceComm final : public DeviceComm {
   // A peer's registered allocation (`entry` at `generation` of rank r's export table),
   // mapped here.
   Result<char*> importedBase(int r, uint32_t entry, uint64_t generation);
+  // The address `offset` bytes into that allocation, mapped here, where `bytes` bytes (of
+  // an "input" or "output", for the error) fit in it.
+  Result<char*> postedAt(int r, uint32_t entry, uint64_t generation, uint64_t offset, size_t bytes,
+                         const char* what);
   // Closes the mappings of peers' allocations they have since deregistered (after this
   // rank's earlier calls, which may read them, are done).
   Status pruneImports();

@@ -132,6 +132,19 @@ Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t gener
   return im.base;
 }
 
+Result<char*> CudaDeviceComm::postedAt(int r, uint32_t entry, uint64_t generation, uint64_t offset,
+                                       size_t bytes, const char* what) {
+  LOOM_ASSIGN_OR_RETURN(char* base, importedBase(r, entry, generation));
+  const uint64_t size = imports_[{r, entry}].bytes;
+  if (offset + bytes > size) {
+    return errorf(Code::kInvalidUsage,
+                  "rank %d posted an %s of %zu bytes at offset %llu of a registered "
+                  "allocation of %llu bytes", r, what, bytes, (unsigned long long)offset,
+                  (unsigned long long)size);
+  }
+  return base + offset;
+}
+
 Status CudaDeviceComm::closeImport(Import& im) {
   if (im.opened) {
     if (importsInGraph_) {
@@ -262,29 +275,20 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
   Status st = pruneImports();
   for (int r = 0; r < nranks_ && st; ++r) {
     if (r == rank_ || (req.source >= 0 && r != req.source)) continue;
-    auto base = importedBase(r, posts_[r].entry, posts_[r].generation);
-    if (!base) {
-      st = base.status();
-    } else if (posts_[r].offset + bytes > imports_[{r, posts_[r].entry}].bytes) {
-      st = errorf(Code::kInvalidUsage,
-                  "rank %d posted an input of %zu bytes at offset %llu of a registered "
-                  "allocation of %llu bytes", r, bytes, (unsigned long long)posts_[r].offset,
-                  (unsigned long long)imports_[{r, posts_[r].entry}].bytes);
-    } else {
-      in->inputs[r] = base.value() + posts_[r].offset;
+    const transport::p2p::Post& post = posts_[r];
+    auto input = postedAt(r, post.entry, post.generation, post.offset, bytes, "input");
+    if (!input) {
+      st = input.status();
+      continue;
     }
-    if (!st || form != 3) continue;
-    auto outBase = importedBase(r, posts_[r].outEntry, posts_[r].outGeneration);
-    if (!outBase) {
-      st = outBase.status();
-    } else if (posts_[r].outOffset + outBytes > imports_[{r, posts_[r].outEntry}].bytes) {
-      st = errorf(Code::kInvalidUsage,
-                  "rank %d posted an output of %zu bytes at offset %llu of a registered "
-                  "allocation of %llu bytes", r, outBytes, (unsigned long long)posts_[r].outOffset,
-                  (unsigned long long)imports_[{r, posts_[r].outEntry}].bytes);
-    } else {
-      in->outputs[r] = outBase.value() + posts_[r].outOffset;
+    in->inputs[r] = input.value();
+    if (form != 3) continue;
+    auto output = postedAt(r, post.outEntry, post.outGeneration, post.outOffset, outBytes, "output");
+    if (!output) {
+      st = output.status();
+      continue;
     }
+    in->outputs[r] = output.value();
   }
   if (!st) {
     dev::PullInputs none;

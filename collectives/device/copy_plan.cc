@@ -44,61 +44,57 @@ bool copyPlanSafe(MeshKind kind, int nranks, int root, size_t blockBytes, const 
 
 std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, size_t blockBytes,
                                  const RankBuffers* all) {
+  if (blockBytes == 0 || !copyOnly(kind)) return {};
   Steps plan{blockBytes, {}};
-  std::vector<CopyStep>& steps = plan.steps;
-  if (blockBytes == 0 || !copyOnly(kind)) return steps;
-  auto add = [&](void* dst, const void* src, int peer) { plan.add(dst, src, peer); };
   const RankBuffers& me = all[rank];
   const size_t mine = size_t(rank) * blockBytes;
   for (int i = 1; i < nranks; ++i) {
     int p = (rank + i) % nranks;
     switch (kind) {
       case MeshKind::kBroadcast:
-        if (rank == root) add(all[p].out, me.in, p);
+        if (rank == root) plan.add(all[p].out, me.in, p);
         break;
-      case MeshKind::kAllGather: add(atw(all[p].out, mine), me.in, p); break;
-      case MeshKind::kAllToAll: add(atw(all[p].out, mine), at(me.in, size_t(p) * blockBytes), p); break;
+      case MeshKind::kAllGather: plan.add(atw(all[p].out, mine), me.in, p); break;
+      case MeshKind::kAllToAll: plan.add(atw(all[p].out, mine), at(me.in, size_t(p) * blockBytes), p); break;
       default: break;
     }
   }
   switch (kind) {
     case MeshKind::kBroadcast:
-      if (rank == root) add(me.out, me.in, rank);
+      if (rank == root) plan.add(me.out, me.in, rank);
       break;
-    case MeshKind::kAllGather: add(atw(me.out, mine), me.in, rank); break;
-    case MeshKind::kAllToAll: add(atw(me.out, mine), at(me.in, mine), rank); break;
+    case MeshKind::kAllGather: plan.add(atw(me.out, mine), me.in, rank); break;
+    case MeshKind::kAllToAll: plan.add(atw(me.out, mine), at(me.in, mine), rank); break;
     default: break;
   }
-  return std::move(steps);  // (a reference into plan)
+  return std::move(plan.steps);
 }
 
 std::vector<CopyStep> planPulls(MeshKind kind, int rank, int nranks, int root, size_t blockBytes,
                                 const void* const* inputs, void* out) {
+  if (blockBytes == 0 || !copyOnly(kind)) return {};
   Steps plan{blockBytes, {}};
-  std::vector<CopyStep>& steps = plan.steps;
-  if (blockBytes == 0 || !copyOnly(kind)) return steps;
-  auto add = [&](void* dst, const void* src, int peer) { plan.add(dst, src, peer); };
   const size_t mine = size_t(rank) * blockBytes;
   for (int i = 1; i < nranks; ++i) {
     int p = (rank + i) % nranks;
     switch (kind) {
       case MeshKind::kBroadcast:
-        if (p == root) add(out, inputs[root], p);
+        if (p == root) plan.add(out, inputs[root], p);
         break;
-      case MeshKind::kAllGather: add(atw(out, size_t(p) * blockBytes), inputs[p], p); break;
-      case MeshKind::kAllToAll: add(atw(out, size_t(p) * blockBytes), at(inputs[p], mine), p); break;
+      case MeshKind::kAllGather: plan.add(atw(out, size_t(p) * blockBytes), inputs[p], p); break;
+      case MeshKind::kAllToAll: plan.add(atw(out, size_t(p) * blockBytes), at(inputs[p], mine), p); break;
       default: break;
     }
   }
   switch (kind) {
     case MeshKind::kBroadcast:
-      if (rank == root) add(out, inputs[rank], rank);
+      if (rank == root) plan.add(out, inputs[rank], rank);
       break;
-    case MeshKind::kAllGather: add(atw(out, mine), inputs[rank], rank); break;
-    case MeshKind::kAllToAll: add(atw(out, mine), at(inputs[rank], mine), rank); break;
+    case MeshKind::kAllGather: plan.add(atw(out, mine), inputs[rank], rank); break;
+    case MeshKind::kAllToAll: plan.add(atw(out, mine), at(inputs[rank], mine), rank); break;
     default: break;
   }
-  return std::move(steps);  // (a reference into plan)
+  return std::move(plan.steps);
 }
 
 bool pullSafe(MeshKind kind, int rank, int nranks, int root, size_t blockBytes, const void* in,
