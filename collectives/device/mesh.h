@@ -128,6 +128,7 @@ struct MeshContext {
   int* errorFlag = nullptr;                 // device view of a host-mapped error code
   uint64_t timeoutNs = 0;
   int threads = 512;
+  bool pdl = false;  // host side: launch with programmatic stream serialization (mesh_kernels.cu)
 };
 
 // Codes a kernel leaves in errorFlag.

@@ -10,12 +10,29 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "collectives/device/mesh.h"
 
 namespace loom::collectives::device {
 
 namespace {
+
+// ---- Programmatic dependent launch (sm_90+; MeshContext::pdl). ----
+// With `pdl` every kernel is launched so that it may be scheduled before the kernel ahead
+// of it on the stream has finished. So each kernel's first act is to wait until that
+// kernel has completed and its memory is visible (PTX griddepcontrol.wait; it returns at
+// once when nothing is pending, as without `pdl`), and its next is to let the kernel
+// behind it be scheduled (griddepcontrol.launch_dependents). That one is scheduled onto
+// the SMs ours leave idle and sits in its own wait; what it saves is the launch latency
+// between two calls on one stream. A kernel of the caller's launched the same way behind
+// ours is under the same rule: nothing of ours is visible to it before its own wait.
+__device__ __forceinline__ void awaitStreamPredecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // ---- Element traits: storage type S, arithmetic type C. ----
 
@@ -1059,12 +1076,14 @@ __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a
 template <typename E>
 __global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshContext c,
                                                  const __grid_constant__ MeshCall a, size_t tile) {
+  awaitStreamPredecessor();
   meshBody<E>(c, a, tile, nullptr);
 }
 
 __global__ void __launch_bounds__(512) p2pKernel(const __grid_constant__ MeshContext c,
                                                  const __grid_constant__ MeshCall a, size_t tile,
                                                  const __grid_constant__ P2pList p2p) {
+  awaitStreamPredecessor();
   meshBody<Plain<uint8_t, uint32_t>>(c, a, tile, &p2p);
 }
 
@@ -1169,6 +1188,7 @@ template <typename E>
 __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant__ MeshContext c,
                                                           const __grid_constant__ MeshCall a,
                                                           const __grid_constant__ PullInputs p) {
+  awaitStreamPredecessor();
   using C = typename E::Compute;
   const PullCall call(c);
   if (!call.arriveAll(c)) return;
@@ -1196,6 +1216,7 @@ template <typename E>
 __global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__ MeshContext c,
                                                         const __grid_constant__ MeshCall a,
                                                         const __grid_constant__ PullInputs p) {
+  awaitStreamPredecessor();
   using S = typename E::Storage;
   using C = typename E::Compute;
   const PullCall call(c);
@@ -1221,6 +1242,7 @@ __global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__
 
 // One block of 32 threads; thread p signals and waits for rank p.
 __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ MeshContext c) {
+  awaitStreamPredecessor();
   uint64_t* count = c.state + c.geo.barrierSeqIndex();
   const uint64_t seq = *count + 1;
   const int p = threadIdx.x;
@@ -1238,6 +1260,7 @@ __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ Mesh
 // One warp; lane p signals and waits for rank p.
 __global__ void __launch_bounds__(32) chunkFlagsKernel(const __grid_constant__ MeshContext c,
                                                        const __grid_constant__ ChunkFlags f) {
+  awaitStreamPredecessor();
   const int p = threadIdx.x;
   if (p >= c.nranks || p == c.rank) return;
   if (f.signal[p]) {
@@ -1253,6 +1276,7 @@ __global__ void __launch_bounds__(32) chunkFlagsKernel(const __grid_constant__ M
 template <typename E>
 __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__ MeshContext c,
                                                         const __grid_constant__ ChunkReduce a) {
+  awaitStreamPredecessor();
   using C = typename E::Compute;
   auto* done = reinterpret_cast<unsigned int*>(c.state + c.geo.chunkDoneIndex());
   const int t = threadIdx.x;
@@ -1273,11 +1297,33 @@ __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__
   if (t == 0) *done = 0;
 }
 
+// Launches `kernel` on `stream`, with programmatic stream serialization when `pdl` (see
+// awaitStreamPredecessor); a cudaError_t value back.
+template <typename... Params, typename... Args>
+int launchKernel(void (*kernel)(Params...), unsigned blocks, unsigned threads, cudaStream_t stream,
+                 bool pdl, Args&&... args) {
+  if (!pdl) {
+    kernel<<<blocks, threads, 0, stream>>>(std::forward<Args>(args)...);
+    return static_cast<int>(cudaGetLastError());
+  }
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return static_cast<int>(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 template <typename E>
 int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape& shape,
                 cudaStream_t stream) {
-  meshKernel<E><<<shape.blocks, ctx.threads, 0, stream>>>(ctx, call, shape.tileElems);
-  return static_cast<int>(cudaGetLastError());
+  return launchKernel(meshKernel<E>, static_cast<unsigned>(shape.blocks),
+                      static_cast<unsigned>(ctx.threads), stream, ctx.pdl, ctx, call,
+                      shape.tileElems);
 }
 
 // Calls f with a value of the element traits for `type` (a cudaError_t value back).
@@ -1327,7 +1373,8 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   if (isLL(call.kind)) {
     LaunchShape s;
     size_t bytes = call.count * dataTypeSize(call.type);
-    s.blocks = static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
+    s.blocks =
+        static_cast<int>(std::clamp<size_t>((bytes + kLLPayload - 1) / kLLPayload, 1, kLLBlocks));
     s.tileElems = kLLPayload / dataTypeSize(call.type);
     return s;
   }
@@ -1360,7 +1407,8 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
   // Spread mid sizes over all blocks, but never below minTile nor above one slot. The
   // direct reduce has one stage only: up to 4 tiles per block, so the root reduces one
   // tile while the next arrives.
-  const size_t perBlock = call.kind == MeshKind::kReduceDirect ? size_t(ctx.geo.maxBlocks) * 4 : ctx.geo.maxBlocks;
+  const size_t perBlock =
+      call.kind == MeshKind::kReduceDirect ? size_t(ctx.geo.maxBlocks) * 4 : ctx.geo.maxBlocks;
   size_t tileBytes = (bytes + perBlock - 1) / perBlock;
   tileBytes = std::clamp(tileBytes, minTile, slot);
   tileBytes = tileBytes / 16 * 16;
@@ -1372,17 +1420,21 @@ LaunchShape meshShape(const MeshContext& ctx, const MeshCall& call) {
 }
 
 template <typename E>
-int launchPullTyped(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
+int launchPullTyped(const MeshContext& ctx, const MeshCall& call, const PullInputs& in,
+                    cudaStream_t stream) {
   using S = typename E::Storage;
   // Parts of at least 32 KiB, so small calls use few blocks.
-  size_t blocks = std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
+  size_t blocks =
+      std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
   if (in.writer >= 0 && in.writer != ctx.rank) blocks = 1;  // only arrives and waits
-  pullAllReduceKernel<E><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, call, in);
-  return static_cast<int>(cudaGetLastError());
+  return launchKernel(pullAllReduceKernel<E>, static_cast<unsigned>(blocks),
+                      static_cast<unsigned>(ctx.threads), stream, ctx.pdl, ctx, call, in);
 }
 
-int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
-  return withElement(call.type, [&](auto e) { return launchPullTyped<decltype(e)>(ctx, call, in, stream); });
+int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in,
+                        cudaStream_t stream) {
+  return withElement(call.type,
+                     [&](auto e) { return launchPullTyped<decltype(e)>(ctx, call, in, stream); });
 }
 
 template <typename E>
@@ -1390,44 +1442,50 @@ int launchPullTwoShotTyped(const MeshContext& ctx, const MeshCall& call, const P
                            cudaStream_t stream) {
   using S = typename E::Storage;
   // A block per 32 KiB of the whole buffer, so each block's piece of one part is 32 KiB / n.
-  size_t blocks = std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
-  pullTwoShotKernel<E><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, call, in);
-  return static_cast<int>(cudaGetLastError());
+  size_t blocks =
+      std::clamp<size_t>(call.count * sizeof(S) / (32 * 1024), 1, size_t(ctx.geo.maxBlocks));
+  return launchKernel(pullTwoShotKernel<E>, static_cast<unsigned>(blocks),
+                      static_cast<unsigned>(ctx.threads), stream, ctx.pdl, ctx, call, in);
 }
 
-int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream) {
-  return withElement(call.type, [&](auto e) { return launchPullTwoShotTyped<decltype(e)>(ctx, call, in, stream); });
+int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in,
+                      cudaStream_t stream) {
+  return withElement(call.type, [&](auto e) {
+    return launchPullTwoShotTyped<decltype(e)>(ctx, call, in, stream);
+  });
 }
 
 int launchChunkFlags(const MeshContext& ctx, const ChunkFlags& flags, cudaStream_t stream) {
-  chunkFlagsKernel<<<1, 32, 0, stream>>>(ctx, flags);
-  return static_cast<int>(cudaGetLastError());
+  return launchKernel(chunkFlagsKernel, 1, 32, stream, ctx.pdl, ctx, flags);
 }
 
 int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream) {
   return withElement(chunk.type, [&](auto e) {
     using S = typename decltype(e)::Storage;
     // Parts of at least 64 KiB, up to the mesh's block count (the chunk is in local memory).
-    const size_t most = chunk.maxBlocks > 0 ? std::min(chunk.maxBlocks, ctx.geo.maxBlocks) : ctx.geo.maxBlocks;
+    const size_t most =
+        chunk.maxBlocks > 0 ? std::min(chunk.maxBlocks, ctx.geo.maxBlocks) : ctx.geo.maxBlocks;
     size_t blocks = std::clamp<size_t>(chunk.count * sizeof(S) / (64 * 1024), 1, most);
-    chunkReduceKernel<decltype(e)><<<static_cast<unsigned>(blocks), ctx.threads, 0, stream>>>(ctx, chunk);
-    return static_cast<int>(cudaGetLastError());
+    return launchKernel(chunkReduceKernel<decltype(e)>, static_cast<unsigned>(blocks),
+                        static_cast<unsigned>(ctx.threads), stream, ctx.pdl, ctx, chunk);
   });
 }
 
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {
-  barrierKernel<<<1, 32, 0, stream>>>(ctx);
-  return static_cast<int>(cudaGetLastError());
+  return launchKernel(barrierKernel, 1, 32, stream, ctx.pdl, ctx);
 }
 
-int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream, const P2pList* p2p) {
+int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream,
+               const P2pList* p2p) {
   LaunchShape shape = meshShape(ctx, call);
   if (call.kind == MeshKind::kSendRecv) {
     if (!p2p) return static_cast<int>(cudaErrorInvalidValue);
-    p2pKernel<<<shape.blocks, ctx.threads, 0, stream>>>(ctx, call, shape.tileElems, *p2p);
-    return static_cast<int>(cudaGetLastError());
+    return launchKernel(p2pKernel, static_cast<unsigned>(shape.blocks),
+                        static_cast<unsigned>(ctx.threads), stream, ctx.pdl, ctx, call,
+                        shape.tileElems, *p2p);
   }
-  return withElement(call.type, [&](auto e) { return launchTyped<decltype(e)>(ctx, call, shape, stream); });
+  return withElement(call.type,
+                     [&](auto e) { return launchTyped<decltype(e)>(ctx, call, shape, stream); });
 }
 
 }  // namespace loom::collectives::device
