@@ -1298,7 +1298,10 @@ __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__
 }
 
 // Launches `kernel` on `stream`, with programmatic stream serialization when `pdl` (see
-// awaitStreamPredecessor); a cudaError_t value back.
+// awaitStreamPredecessor); a cudaError_t value back. The kernels of the copy-engine forms
+// (the barrier, the chunk counters and reductions) sit between copies, where there is no
+// launch gap to hide, and measured slower with it (all_reduce 1-2 GiB with `-g 2`, 2 x H200,
+// 2026-12-01: 370.4-374.5 GB/s against 373.1-375.8), so they launch plainly.
 template <typename... Params, typename... Args>
 int launchKernel(void (*kernel)(Params...), unsigned blocks, unsigned threads, cudaStream_t stream,
                  bool pdl, Args&&... args) {
@@ -1456,7 +1459,7 @@ int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullIn
 }
 
 int launchChunkFlags(const MeshContext& ctx, const ChunkFlags& flags, cudaStream_t stream) {
-  return launchKernel(chunkFlagsKernel, 1, 32, stream, ctx.pdl, ctx, flags);
+  return launchKernel(chunkFlagsKernel, 1, 32, stream, false, ctx, flags);
 }
 
 int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream) {
@@ -1467,12 +1470,12 @@ int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStre
         chunk.maxBlocks > 0 ? std::min(chunk.maxBlocks, ctx.geo.maxBlocks) : ctx.geo.maxBlocks;
     size_t blocks = std::clamp<size_t>(chunk.count * sizeof(S) / (64 * 1024), 1, most);
     return launchKernel(chunkReduceKernel<decltype(e)>, static_cast<unsigned>(blocks),
-                        static_cast<unsigned>(ctx.threads), stream, ctx.pdl, ctx, chunk);
+                        static_cast<unsigned>(ctx.threads), stream, false, ctx, chunk);
   });
 }
 
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {
-  return launchKernel(barrierKernel, 1, 32, stream, ctx.pdl, ctx);
+  return launchKernel(barrierKernel, 1, 32, stream, false, ctx);
 }
 
 int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream,
