@@ -282,7 +282,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     cudaGetLastError();
     major = 0;
   }
-  ctx_.pdl = major >= 9 && settings::getBool("LOOM_PDL");
+  const bool pdlBuilt = major >= 9 && dev::kernelsWaitForPredecessor();
+  ctx_.pdl = pdlBuilt && settings::getBool("LOOM_PDL");
   // Every rank's window must be mapped before anyone writes into it.
   LOOM_TRY(bootstrap.barrier());
   LOOM_INFO(kInit,
@@ -290,7 +291,10 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
             "bytes per peer and block (%.1f MiB window); programmatic dependent launch %s",
             device_, self.busId, nranks_, geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes,
             geo.windowBytes() / 1048576.0,
-            ctx_.pdl ? "on" : major >= 9 ? "off (LOOM_PDL=0)" : "off (compute capability below 9.0)");
+            ctx_.pdl     ? "on"
+            : pdlBuilt   ? "off (LOOM_PDL=0)"
+            : major >= 9 ? "off (kernels built for compute capability below 9.0)"
+                         : "off (compute capability below 9.0)");
   if (clique_) {
     LOOM_INFO(kInit,
               "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "

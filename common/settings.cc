@@ -49,8 +49,9 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_P2P_THREADS", "NCCL_NTHREADS", Type::kInt, "512",
      "threads per block of the GPU mesh kernels"},
     {"LOOM_PDL", nullptr, Type::kBool, "1",
-     "launch the GPU kernels with programmatic dependent launch (compute capability 9.0 and "
-     "up): a call's kernel is scheduled while the one ahead of it on the stream finishes"},
+     "launch the GPU mesh kernels with programmatic dependent launch where device and build are "
+     "compute capability 9.0+: the next call's kernel is scheduled near the end of the current "
+     "one and waits for it on the GPU"},
     {"LOOM_P2P_SLOTS", nullptr, Type::kInt, "4", "slots per peer and block in the GPU mesh window"},
     {"LOOM_P2P_SLOT_BYTES", nullptr, Type::kInt, "0",
      "bytes per slot of the GPU mesh window (0: 256 KiB for 2 ranks, 128 KiB up to 4, 64 KiB "

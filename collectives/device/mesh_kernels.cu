@@ -19,17 +19,24 @@ namespace loom::collectives::device {
 namespace {
 
 // ---- Programmatic dependent launch (sm_90+; MeshContext::pdl). ----
-// With `pdl` every kernel is launched so that it may be scheduled before the kernel ahead
-// of it on the stream has finished. So each kernel's first act is to wait until that
-// kernel has completed and its memory is visible (PTX griddepcontrol.wait; it returns at
-// once when nothing is pending, as without `pdl`), and its next is to let the kernel
-// behind it be scheduled (griddepcontrol.launch_dependents). That one is scheduled onto
-// the SMs ours leave idle and sits in its own wait; what it saves is the launch latency
-// between two calls on one stream. A kernel of the caller's launched the same way behind
-// ours is under the same rule: nothing of ours is visible to it before its own wait.
+// With `pdl` a kernel is launched so that it may be scheduled before the kernel ahead of
+// it on the stream has finished: as soon as every block of that one has let it
+// (releaseStreamSuccessor) or exited. So every kernel's first act is to wait until the
+// kernel ahead of it has completed and its memory is visible (PTX griddepcontrol.wait; it
+// returns at once when nothing is pending, as without `pdl`). While it waits, the early
+// grid holds its blocks' SM slots, which work on other streams could use: so a long kernel
+// lets its successor in only near its end (the pulled all-reduce after its data, before
+// the leave handshake), and only short ones at their start (LL, the barrier, the chunk
+// counters). What it saves is the launch latency between two calls on one stream. A
+// caller's kernel launched the same way behind ours is under the same rule: nothing of
+// ours is visible to it before its own wait.
 __device__ __forceinline__ void awaitStreamPredecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void releaseStreamSuccessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
@@ -1014,6 +1021,7 @@ template <typename E>
 __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a, size_t tile,
                                          const P2pList* p2p) {
   __shared__ Block B;
+  if (isLL(a.kind)) releaseStreamSuccessor();  // short calls
   if (isLL(a.kind) || isLL128(a.kind)) {
     // No counters and no drain: the LL words and LL128 lines carry their own flags.
     Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
@@ -1151,10 +1159,10 @@ struct PullCall {
   // arrived. Every block announces (the same value), so no block waits on one not yet
   // running. No fence before it (measured: a system fence here cost 0.6-1.3 µs a call):
   // what the peers read (our input) and write (our output) was last touched by work
-  // ordered before this kernel, complete when it starts, and the peers reach it through
-  // our own memory; what peers stored into our buffers in an earlier call was published
-  // by their leave, which our earlier kernel acquired. The release store is cumulative
-  // over all of that.
+  // ordered before this kernel, complete once its griddepcontrol.wait returns (at once
+  // without PDL), and the peers reach it through our own memory; what peers stored into
+  // our buffers in an earlier call was published by their leave, which our earlier kernel
+  // acquired. The release store is cumulative over all of that.
   // False (every thread alike) when a wait failed: the error flag says why.
   __device__ bool arriveAll(const MeshContext& c) const {
     const int t = threadIdx.x;
@@ -1194,6 +1202,7 @@ __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant
   if (!call.arriveAll(c)) return;
   Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
   if (p.writer < 0 || p.writer == c.rank) reduceBlockPart<E>(c, p.inputs, a.out, a.count, op, 0, true);
+  releaseStreamSuccessor();
   call.leaveAll(c, false);
 }
 
@@ -1237,12 +1246,14 @@ __global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__
     }
     pulledReduceCopy<E>(io, op, size);
   }
+  releaseStreamSuccessor();
   call.leaveAll(c, true);
 }
 
 // One block of 32 threads; thread p signals and waits for rank p.
 __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ MeshContext c) {
   awaitStreamPredecessor();
+  releaseStreamSuccessor();  // one warp, a few microseconds
   uint64_t* count = c.state + c.geo.barrierSeqIndex();
   const uint64_t seq = *count + 1;
   const int p = threadIdx.x;
@@ -1261,6 +1272,7 @@ __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ Mesh
 __global__ void __launch_bounds__(32) chunkFlagsKernel(const __grid_constant__ MeshContext c,
                                                        const __grid_constant__ ChunkFlags f) {
   awaitStreamPredecessor();
+  releaseStreamSuccessor();  // one warp
   const int p = threadIdx.x;
   if (p >= c.nranks || p == c.rank) return;
   if (f.signal[p]) {
@@ -1318,7 +1330,9 @@ int launchKernel(void (*kernel)(Params...), unsigned blocks, unsigned threads, c
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = 1;
-  return static_cast<int>(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) cudaGetLastError();  // reported here, not by the next launch
+  return static_cast<int>(e);
 }
 
 template <typename E>
@@ -1472,6 +1486,17 @@ int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStre
     return launchKernel(chunkReduceKernel<decltype(e)>, static_cast<unsigned>(blocks),
                         static_cast<unsigned>(ctx.threads), stream, false, ctx, chunk);
   });
+}
+
+bool kernelsWaitForPredecessor() {
+  // The kernels this device runs carry griddepcontrol.wait only when compiled for
+  // compute_90 or later (a build for older GPUs runs on newer ones through its PTX).
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, barrierKernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return fa.ptxVersion >= 90;
 }
 
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {
