@@ -198,8 +198,11 @@ table() {  # MODE
 cpu="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
 ompi_version="$(mpirun --version 2>/dev/null | head -n1)"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-# (its own output, the table, does not count as a change to what was measured)
-git diff --quiet HEAD -- . ":(exclude)$out" 2>/dev/null || commit+=" (with uncommitted changes)"
+# (its own output, the table, does not count as a change to what was measured; git refuses
+# an exclusion outside the repository, so there is none when --out points elsewhere)
+exclude=()
+case "$(realpath -m "$out")" in "$(realpath "$LOOM_ROOT")"/*) exclude=(":(exclude)$out") ;; esac
+git diff --quiet HEAD -- . "${exclude[@]}" 2>/dev/null || commit+=" (with uncommitted changes)"
 rest_text="${SIZES[*]:1}"
 
 mkdir -p "$(dirname "$out")"
