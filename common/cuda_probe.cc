@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 namespace loom::cuda {
@@ -48,35 +47,39 @@ void sym(void* lib, Fn& fn, const char* name) {
   fn = reinterpret_cast<Fn>(dlsym(lib, name));
 }
 
+Driver load() {
+  Driver d;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* err = dlerror();
+    d.error = std::string("cannot load libcuda.so.1 (") + (err ? err : "not found") + ")";
+    return d;
+  }
+  auto init = reinterpret_cast<CuInit>(dlsym(lib, "cuInit"));
+  auto get = reinterpret_cast<CuPointerGetAttribute>(dlsym(lib, "cuPointerGetAttribute"));
+  if (!init || !get) {
+    d.error = "libcuda.so.1 lacks cuInit or cuPointerGetAttribute";
+    return d;
+  }
+  if (int rc = init(0); rc != 0) {
+    d.error = "cuInit failed (CUDA error " + std::to_string(rc) + ")";
+    return d;
+  }
+  d.getAttribute = get;
+  sym(lib, d.getAttributes, "cuPointerGetAttributes");
+  sym(lib, d.deviceGet, "cuDeviceGet");
+  sym(lib, d.busId, "cuDeviceGetPCIBusId");
+  sym(lib, d.deviceCount, "cuDeviceGetCount");
+  sym(lib, d.canAccessPeer, "cuDeviceCanAccessPeer");
+  sym(lib, d.p2pAttribute, "cuDeviceGetP2PAttribute");
+  sym(lib, d.writeValue64, "cuStreamWriteValue64_v2");
+  return d;
+}
+
+// Asked on every collective (isDevicePointer): a function-local static costs one load once
+// initialised, where std::call_once costs a thread-local write and a pthread_once call.
 const Driver& driver() {
-  static Driver d;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* err = dlerror();
-      d.error = std::string("cannot load libcuda.so.1 (") + (err ? err : "not found") + ")";
-      return;
-    }
-    auto init = reinterpret_cast<CuInit>(dlsym(lib, "cuInit"));
-    auto get = reinterpret_cast<CuPointerGetAttribute>(dlsym(lib, "cuPointerGetAttribute"));
-    if (!init || !get) {
-      d.error = "libcuda.so.1 lacks cuInit or cuPointerGetAttribute";
-      return;
-    }
-    if (int rc = init(0); rc != 0) {
-      d.error = "cuInit failed (CUDA error " + std::to_string(rc) + ")";
-      return;
-    }
-    d.getAttribute = get;
-    sym(lib, d.getAttributes, "cuPointerGetAttributes");
-    sym(lib, d.deviceGet, "cuDeviceGet");
-    sym(lib, d.busId, "cuDeviceGetPCIBusId");
-    sym(lib, d.deviceCount, "cuDeviceGetCount");
-    sym(lib, d.canAccessPeer, "cuDeviceCanAccessPeer");
-    sym(lib, d.p2pAttribute, "cuDeviceGetP2PAttribute");
-    sym(lib, d.writeValue64, "cuStreamWriteValue64_v2");
-  });
+  static const Driver d = load();
   return d;
 }
 

@@ -20,6 +20,7 @@ thread_local int tlsRank = -1;
 
 struct State {
   std::once_flag once;
+  std::atomic<bool> ready{false};  // set once init has run: the hot path skips call_once
   std::atomic<int> level{kWarn};
   std::atomic<uint32_t> subsys{static_cast<uint32_t>(kInit) | static_cast<uint32_t>(kEnv)};
   std::mutex mutex;
@@ -97,6 +98,7 @@ void init() {
       s.out = f;
     }
   }
+  s.ready.store(true, std::memory_order_release);
 }
 
 const char* levelName(Level level) {
@@ -113,7 +115,9 @@ const char* levelName(Level level) {
 
 bool enabled(Level level, uint32_t subsys) {
   State& s = state();
-  std::call_once(s.once, init);
+  // Asked on every collective: after the first time, one load (std::call_once costs a
+  // thread-local write and a pthread_once call each time).
+  if (!s.ready.load(std::memory_order_acquire)) std::call_once(s.once, init);
   if (level > s.level.load(std::memory_order_relaxed)) return false;
   // Warnings are shown whatever the subsystem mask says.
   return level <= kWarn || (s.subsys.load(std::memory_order_relaxed) & subsys) != 0;
