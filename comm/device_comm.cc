@@ -277,12 +277,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   ctx_.errorFlag = devFlags + 1;
   ctx_.timeoutNs = timeoutMs_ > 0 ? static_cast<uint64_t>(timeoutMs_) * 1000000ull : 0;
   ctx_.threads = mine.threads;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_) != cudaSuccess) {
-    cudaGetLastError();
-    major = 0;
-  }
-  const bool pdlBuilt = major >= 9 && dev::kernelsWaitForPredecessor();
+  const bool pdlBuilt = dev::kernelsWaitForPredecessor();
   ctx_.pdl = pdlBuilt && settings::getBool("LOOM_PDL");
   // Every rank's window must be mapped before anyone writes into it.
   LOOM_TRY(bootstrap.barrier());
@@ -291,10 +286,9 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
             "bytes per peer and block (%.1f MiB window); programmatic dependent launch %s",
             device_, self.busId, nranks_, geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes,
             geo.windowBytes() / 1048576.0,
-            ctx_.pdl     ? "on"
-            : pdlBuilt   ? "off (LOOM_PDL=0)"
-            : major >= 9 ? "off (kernels built for compute capability below 9.0)"
-                         : "off (compute capability below 9.0)");
+            ctx_.pdl   ? "on"
+            : pdlBuilt ? "off (LOOM_PDL=0)"
+                       : "off (it needs compute capability 9.0, in the GPU and in the build)");
   if (clique_) {
     LOOM_INFO(kInit,
               "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "

@@ -251,13 +251,15 @@ struct ChunkReduce {
 };
 int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStream_t stream);
 
+// Whether the kernels loaded for the current device wait for their stream predecessor
+// (compiled for compute_90 or later, which also means the device is): only then may they
+// be launched with `pdl`.
+bool kernelsWaitForPredecessor();
+
 // Enqueues a barrier of every rank of the mesh on `stream`: one small kernel that tells
 // each peer this rank got here and waits until every peer did (counters in the windows,
 // system-scope release and acquire, so work before it on any rank's stream, copies
 // included, is visible to work after it on every rank's). Returns a cudaError_t value.
-// Whether the kernels loaded for the current device wait for their stream predecessor
-// (compiled for compute_90 or later): only then may they be launched with `pdl`.
-bool kernelsWaitForPredecessor();
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream);
 
 }  // namespace loom::collectives::device
