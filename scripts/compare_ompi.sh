@@ -5,7 +5,11 @@
 #   Open MPI  MPI_Allreduce (float, sum) from scripts/bench/ompi_allreduce.cc, mpirun -np 4,
 #             once with its defaults (shared memory) and once with --mca btl tcp,self;
 #   loom      all_reduce_perf under mpirun -np 4 (one rank per process, host memory), once
-#             with its default transports (shared memory) and once with LOOM_TRANSPORTS=tcp.
+#             with its default transports (shared memory) and once with LOOM_TRANSPORTS=tcp;
+#   sockets   scripts/bench/tcp_ring_probe.cc, 4 processes pushing bytes around a loopback
+#             TCP ring with no reduction work, right before and after each TCP round: what
+#             the kernel alone carries at that moment, as an all-reduce busbw (a reference,
+#             not a hard ceiling: its waits and timing differ from both libraries').
 # Sizes 8 B, 512 KiB, 2 MiB, 8 MiB, 64 MiB, 128 MiB; each run does WARMUP untimed and ITERS
 # timed calls per size, except 8 B (the latency), which does LATENCY_ITERS timed calls
 # (default 2000) after as many warm-ups: 20 calls of a few microseconds are mostly the
@@ -63,6 +67,18 @@ if [[ ! -x "$ompi" || "$src" -nt "$ompi" ]]; then
   mpicxx -O2 -std=c++17 -DOMPI_SKIP_MPICXX=1 "$src" -o "$ompi"
 fi
 
+# The bare-socket reference (plain C++, no MPI).
+probe="$BUILD_DIR/tcp_ring_probe"
+probe_src=scripts/bench/tcp_ring_probe.cc
+if [[ ! -x "$probe" || "$probe_src" -nt "$probe" ]]; then
+  loom_log "compiling $probe"
+  c++ -O2 -std=c++17 "$probe_src" -o "$probe"
+fi
+# 12 MiB per process and round is what each rank sends in an 8 MiB all-reduce over 4 ranks;
+# a ring with sends of 1 MiB carried the most in trials (2026-12-01: 128 KiB sends, loom's
+# piece, 10-25 % less; every process sending to every other, 0-10 % less).
+probe_cmd=("$probe" -n "$NP" -b 12M -p 1M -w 3 -i 20)
+
 mpirun_base=(mpirun --allow-run-as-root --oversubscribe -np "$NP")
 ompi_cmd_shm=("${mpirun_base[@]}" "$ompi")
 # shellcheck disable=SC2054 # "tcp,self" is one argument
@@ -106,14 +122,22 @@ run_loom() {  # MODE
   done
 }
 
+run_probe() {
+  local text
+  text="$("${probe_cmd[@]}")" || loom_die "the loopback probe failed: ${probe_cmd[*]}"
+  sed -n 's/.*busbw ceiling \([0-9.]*\) GB\/s.*/probe tcp sockets 0 \1 0/p' <<<"$text" >>"$results"
+}
+
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 start=$SECONDS
 for ((r = 1; r <= repeat; ++r)); do
   for mode in shm tcp; do
+    [[ "$mode" == tcp ]] && run_probe
     loom_log "round $r/$repeat, $mode: Open MPI"
     run_ompi "$mode"
     loom_log "round $r/$repeat, $mode: loom"
     run_loom "$mode"
+    [[ "$mode" == tcp ]] && run_probe
   done
 done
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -171,10 +195,25 @@ target() {  # MODE SIZE -> minimum ratio, or "-"
   fi
 }
 
+# The probe's readings: "median (lowest–highest)" GB/s.
+reference_text() {
+  awk '$1 == "probe" { print $5 }' "$results" | sort -g | awk '{ v[NR] = $1 } END {
+      if (NR == 0) { print "n/a"; exit }
+      m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+      printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
+}
+reference_median() { reference_text | awk '{ print $1 }'; }
+
 table() {  # MODE
-  local mode="$1" size ot lt ob lb ratio tgt verdict
-  echo "| size | Open MPI time (µs) | loom time (µs) | Open MPI busbw (GB/s) | loom busbw (GB/s) | loom / Open MPI | each round | target |"
-  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  local mode="$1" size ot lt ob lb ratio tgt verdict share
+  local reference="" head="" rule=""
+  if [[ "$mode" == tcp ]]; then
+    reference="$(reference_median)"
+    head=" Open MPI / loom busbw, % of bare sockets |"
+    rule=" ---: |"
+  fi
+  echo "| size | Open MPI time (µs) | loom time (µs) | Open MPI busbw (GB/s) | loom busbw (GB/s) | loom / Open MPI | each round | target |$head"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |$rule"
   for size in "${SIZES[@]}"; do
     ot="$(median ompi "$mode" "$size" 4)"
     lt="$(median loom "$mode" "$size" 4)"
@@ -190,8 +229,12 @@ table() {  # MODE
     else
       verdict="≥ $tgt: **missed**"
     fi
-    printf '| %s | %.1f | %.1f | %.3f | %.3f | %s | %s | %s |\n' "$(human "$size")" "$ot" "$lt" "$ob" \
-      "$lb" "$ratio" "$(ratio_range "$mode" "$size")" "$verdict"
+    share=""
+    if [[ -n "$reference" && "$reference" != n/a ]]; then
+      share="$(awk -v a="$ob" -v b="$lb" -v c="$reference" 'BEGIN { printf " %.0f / %.0f |", 100 * a / c, 100 * b / c }')"
+    fi
+    printf '| %s | %.1f | %.1f | %.3f | %.3f | %s | %s | %s |%s\n' "$(human "$size")" "$ot" "$lt" "$ob" \
+      "$lb" "$ratio" "$(ratio_range "$mode" "$size")" "$verdict" "$share"
   done
 }
 
@@ -226,6 +269,8 @@ mkdir -p "$(dirname "$out")"
   echo
   echo "## TCP only (Open MPI \`--mca btl tcp,self\`, loom \`LOOM_TRANSPORTS=tcp\`)"
   echo
+  echo "Bare sockets: \`$probe_src\` ($NP processes in a TCP ring over loopback, each sending 12 MiB a round in 1 MiB sends while receiving as much, cache-resident buffers, no reduction) ran before and after every TCP round and carried the equivalent of $(reference_text) GB/s of all-reduce busbw (its total rate divided by $NP: an all-reduce of S bytes over $NP ranks moves at least 2($NP−1)·S through the sockets). It is a reference for what the kernel alone carries at that moment, not a hard ceiling (its waits and timing differ from both libraries'); a library near 100 % of it is limited by the kernel's socket work, and where Open MPI reaches two thirds of it, 1.5 × Open MPI asks for more than bare sockets carry."
+  echo
   table tcp
   echo
   echo "## Commands"
@@ -237,7 +282,9 @@ mkdir -p "$(dirname "$out")"
   echo "${ompi_cmd_shm[*]} $(counts_for 0) $rest_text"
   echo "${loom_cmd_shm[*]} -b $LATENCY_SIZE -e $LATENCY_SIZE $(counts_for "$LATENCY_SIZE") ${loom_args[*]}"
   echo "for s in $rest_text; do ${loom_cmd_shm[*]} -b \$s -e \$s $(counts_for 0) ${loom_args[*]}; done"
-  echo "# TCP only"
+  echo "# TCP only (and, before and after each round, bare sockets)"
+  echo "c++ -O2 -std=c++17 $probe_src -o $probe"
+  echo "${probe_cmd[*]}"
   echo "${ompi_cmd_tcp[*]} $(counts_for "$LATENCY_SIZE") $LATENCY_SIZE"
   echo "${ompi_cmd_tcp[*]} $(counts_for 0) $rest_text"
   echo "${loom_cmd_tcp[*]} -b $LATENCY_SIZE -e $LATENCY_SIZE $(counts_for "$LATENCY_SIZE") ${loom_args[*]}"
