@@ -8,6 +8,7 @@
 #if LOOM_HAVE_CUDA
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -96,7 +97,12 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   std::vector<transport::p2p::GpuIdentity> gpus(nranks_);
   gpus[rank] = self;
   LOOM_TRY(bootstrap.allGather(gpus.data(), sizeof(gpus[0])));
-  transport::p2p::checkReachable(&gpus[rank], gpus);
+  // LOOM_P2P_SHARE_GPU: ranks of this process may share a GPU (to run the mesh's kernels
+  // for more ranks than there are GPUs; slow, for testing). Their kernels must all be
+  // resident at once, since each waits for its peers: fewer blocks, no early launches.
+  const bool shareGpu = settings::getBool("LOOM_P2P_SHARE_GPU");
+  transport::p2p::checkReachable(&gpus[rank], gpus, shareGpu);
+  const int sharing = shareGpu ? transport::p2p::ranksPerGpu(gpus) : 1;
 
   MeshAgreement mine;
   mine.reachable = gpus[rank].reachable;
@@ -117,6 +123,33 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   geo.nranks = nranks_;
   int64_t blocks = settings::getInt("LOOM_P2P_BLOCKS");
   if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
+  if (sharing > 1) {
+    // One block per SM is what a 512-thread block of 128 registers leaves room for; one
+    // rank's worth of SMs stays free for copies and launches that are not the mesh's.
+    int sms = 0;
+    LOOM_TRY(cudaStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
+                        "cudaDeviceGetAttribute(multiprocessor count)"));
+    const int64_t cap = std::max(1, sms / (sharing + 1));
+    if (blocks > cap) {
+      LOOM_INFO(kInit, "GPU %d: %d ranks share it (LOOM_P2P_SHARE_GPU): %lld blocks per kernel "
+                "instead of %lld, so that every rank's kernel fits on its %d SMs at once",
+                device_, sharing, (long long)cap, (long long)blocks, sms);
+      blocks = cap;
+    }
+  }
+  if (sharing > 1 && rank == 0) {
+    // CUDA maps a process's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8
+    // unless set), and each rank here uses up to three: past that, one rank's kernel can
+    // queue behind a peer's that waits for it.
+    const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const int connections = env && std::atoi(env) > 0 ? std::atoi(env) : 8;
+    if (3 * sharing > connections) {
+      LOOM_WARN(kInit, "%d ranks share a GPU (LOOM_P2P_SHARE_GPU) with %d hardware queues "
+                "(CUDA_DEVICE_MAX_CONNECTIONS): their kernels may queue behind each other and "
+                "wait until LOOM_TIMEOUT_MS; set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts",
+                sharing, connections);
+    }
+  }
   geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
   geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
   int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
@@ -205,6 +238,12 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   }
   ctx_.geo = geo;  // chooseForms reads the LL128 capacity
   chooseForms(mine);
+  if (sharing > 1) {
+    // The LL forms launch a block per 8 KiB (LL) or 16 KiB (LL128) sent to each peer,
+    // regardless of LOOM_P2P_BLOCKS: keep them within the blocks that fit.
+    llLimit_ = std::min(llLimit_, size_t(geo.maxBlocks) * dev::kLLPayload);
+    ll128Limit_ = std::min(ll128Limit_, size_t(geo.maxBlocks) * 16 * 1024);
+  }
   timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
   bool oneProcess = true;
   for (const auto& g : gpus)
@@ -278,7 +317,9 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   ctx_.timeoutNs = timeoutMs_ > 0 ? static_cast<uint64_t>(timeoutMs_) * 1000000ull : 0;
   ctx_.threads = mine.threads;
   const bool pdlBuilt = dev::kernelsWaitForPredecessor();
-  ctx_.pdl = pdlBuilt && settings::getBool("LOOM_PDL");
+  // A kernel launched early holds SM slots while it waits: with ranks sharing a GPU those
+  // may be the slots a peer's kernel needs to finish.
+  ctx_.pdl = pdlBuilt && settings::getBool("LOOM_PDL") && sharing == 1;
   // Every rank's window must be mapped before anyone writes into it.
   LOOM_TRY(bootstrap.barrier());
   LOOM_INFO(kInit,
@@ -286,9 +327,10 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
             "bytes per peer and block (%.1f MiB window); programmatic dependent launch %s",
             device_, self.busId, nranks_, geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes,
             geo.windowBytes() / 1048576.0,
-            ctx_.pdl   ? "on"
-            : pdlBuilt ? "off (LOOM_PDL=0)"
-                       : "off (it needs compute capability 9.0, in the GPU and in the build)");
+            ctx_.pdl       ? "on"
+            : sharing > 1  ? "off (ranks share a GPU)"
+            : pdlBuilt     ? "off (LOOM_PDL=0)"
+                           : "off (it needs compute capability 9.0, in the GPU and in the build)");
   if (clique_) {
     LOOM_INFO(kInit,
               "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "

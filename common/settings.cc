@@ -46,6 +46,10 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_P2P_BLOCKS", "NCCL_MAX_NCHANNELS", Type::kInt, "0",
      "CUDA blocks (channels) of the GPU mesh kernels, each with its own slots per peer "
      "(0: 128 for 2 ranks, 64 above; measured on 2 x H200, docs/perf/h200x2.md)"},
+    {"LOOM_P2P_SHARE_GPU", nullptr, Type::kBool, "0",
+     "let ranks of one process share a GPU in the peer-to-peer mesh (to test the kernels for "
+     "more ranks than there are GPUs; slow): blocks are capped so that every rank's kernel fits "
+     "on the GPU at once, and programmatic dependent launch is off"},
     {"LOOM_P2P_THREADS", "NCCL_NTHREADS", Type::kInt, "512",
      "threads per block of the GPU mesh kernels"},
     {"LOOM_PDL", nullptr, Type::kBool, "1",

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/log.h"
@@ -40,13 +41,18 @@ Result<GpuIdentity> describeGpu(int rank, int device, uint64_t hostHash) {
   return g;
 }
 
-void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all) {
+void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all, bool shareGpu) {
   self->nativeLinks = 1;
   for (const GpuIdentity& o : all) {
     if (o.rank == self->rank) continue;
     if (o.hostHash != self->hostHash) return setWhy(self, "rank " + std::to_string(o.rank) + " is on another host");
     if (std::strcmp(o.busId, self->busId) == 0) {
-      return setWhy(self, "rank " + std::to_string(o.rank) + " uses the same GPU " + o.busId);
+      // Kernels of one process run side by side on a GPU; those of two processes take
+      // turns (without MPS), and a kernel waiting for another that cannot run would
+      // wait until the timeout.
+      if (shareGpu && o.pid == self->pid) continue;
+      return setWhy(self, "rank " + std::to_string(o.rank) + " uses the same GPU " + o.busId +
+                              (shareGpu ? " from another process" : ""));
     }
     int dev = -1;
     if (cudaDeviceGetByPCIBusId(&dev, o.busId) != cudaSuccess) {
@@ -67,6 +73,18 @@ void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all) {
     }
     if (!atomics) self->nativeLinks = 0;
   }
+}
+
+int ranksPerGpu(const std::vector<GpuIdentity>& all) {
+  int most = 1;
+  for (const GpuIdentity& a : all) {
+    int n = 0;
+    for (const GpuIdentity& b : all) {
+      n += a.hostHash == b.hostHash && std::strcmp(a.busId, b.busId) == 0 ? 1 : 0;
+    }
+    most = std::max(most, n);
+  }
+  return most;
 }
 
 Result<std::unique_ptr<Window>> Window::create(int rank, int nranks, int device, size_t bytes,
@@ -106,10 +124,11 @@ Result<std::unique_ptr<Window>> Window::create(int rank, int nranks, int device,
   for (int r = 0; r < nranks; ++r) {
     if (r == rank) continue;
     if (all[r].pid == all[rank].pid) {
-      // Same process: the address is valid here once peer access is on.
+      // Same process: the address is valid here once peer access is on (or at once, for a
+      // rank on this same GPU: LOOM_P2P_SHARE_GPU).
       int dev = -1;
       LOOM_TRY(cudaStatus(cudaDeviceGetByPCIBusId(&dev, gpus[r].busId), "cudaDeviceGetByPCIBusId"));
-      e = cudaDeviceEnablePeerAccess(dev, 0);
+      e = dev == device ? cudaSuccess : cudaDeviceEnablePeerAccess(dev, 0);
       if (e == cudaErrorPeerAccessAlreadyEnabled) {
         cudaGetLastError();
       } else if (e != cudaSuccess) {

@@ -33,8 +33,12 @@ Result<GpuIdentity> describeGpu(int rank, int device, uint64_t hostHash);
 
 // Decides from every rank's identity whether this rank can map all the others' GPUs
 // (same host, distinct GPUs, CUDA peer access between each pair). Sets reachable/why,
-// and nativeLinks (whether CUDA reports native peer atomics for every pair).
-void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all);
+// and nativeLinks (whether CUDA reports native peer atomics for every pair). With
+// `shareGpu` (LOOM_P2P_SHARE_GPU), ranks of this process may also share a GPU.
+void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all, bool shareGpu = false);
+
+// The most ranks that share one GPU (1 when every rank has its own).
+int ranksPerGpu(const std::vector<GpuIdentity>& all);
 
 // Exchanges `size` bytes per rank: data holds nranks blocks, this rank's filled in.
 using AllGatherFn = std::function<Status(void* data, size_t size)>;
