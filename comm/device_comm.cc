@@ -87,6 +87,33 @@ CudaDeviceComm::~CudaDeviceComm() {
   cudaGetLastError();
 }
 
+// Ranks sharing a GPU (LOOM_P2P_SHARE_GPU): every rank's kernel must be resident at once,
+// since each waits for its peers. Caps the blocks (the same on every rank: from every
+// rank's GPU), and warns where CUDA's hardware queues may be too few.
+Status CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus,
+                                       int rank, int64_t* blocks) {
+  const int sharing = transport::p2p::ranksPerGpu(gpus);
+  const int64_t cap = transport::p2p::sharedGpuBlockCap(gpus);
+  if (cap > 0 && *blocks > cap) {
+    LOOM_INFO(kInit, "GPU %d: %d ranks share it (LOOM_P2P_SHARE_GPU): %lld blocks per kernel "
+              "instead of %lld, so that every rank's kernel fits on the GPU at once",
+              device_, sharing, (long long)cap, (long long)*blocks);
+    *blocks = cap;
+  }
+  // CUDA maps a process's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8
+  // unless set), and each rank here uses up to three: past that, one rank's kernel can
+  // queue behind a peer's that waits for it.
+  const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const int connections = env && std::atoi(env) > 0 ? std::atoi(env) : 8;
+  if (rank == 0 && 3 * sharing > connections) {
+    LOOM_WARN(kInit, "%d ranks share a GPU (LOOM_P2P_SHARE_GPU) with %d hardware queues "
+              "(CUDA_DEVICE_MAX_CONNECTIONS): their kernels may queue behind each other and "
+              "wait until LOOM_TIMEOUT_MS; set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts",
+              sharing, connections);
+  }
+  return Status::ok();
+}
+
 Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers,
                             int rank, int device) {
   rank_ = rank;
@@ -123,38 +150,13 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   geo.nranks = nranks_;
   int64_t blocks = settings::getInt("LOOM_P2P_BLOCKS");
   if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
-  if (sharing > 1) {
-    // One block per SM is what a 512-thread block of 128 registers leaves room for; one
-    // rank's worth of SMs stays free for copies and launches that are not the mesh's.
-    int sms = 0;
-    LOOM_TRY(cudaStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
-                        "cudaDeviceGetAttribute(multiprocessor count)"));
-    const int64_t cap = std::max(1, sms / (sharing + 1));
-    if (blocks > cap) {
-      LOOM_INFO(kInit, "GPU %d: %d ranks share it (LOOM_P2P_SHARE_GPU): %lld blocks per kernel "
-                "instead of %lld, so that every rank's kernel fits on its %d SMs at once",
-                device_, sharing, (long long)cap, (long long)blocks, sms);
-      blocks = cap;
-    }
-  }
-  if (sharing > 1 && rank == 0) {
-    // CUDA maps a process's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8
-    // unless set), and each rank here uses up to three: past that, one rank's kernel can
-    // queue behind a peer's that waits for it.
-    const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-    const int connections = env && std::atoi(env) > 0 ? std::atoi(env) : 8;
-    if (3 * sharing > connections) {
-      LOOM_WARN(kInit, "%d ranks share a GPU (LOOM_P2P_SHARE_GPU) with %d hardware queues "
-                "(CUDA_DEVICE_MAX_CONNECTIONS): their kernels may queue behind each other and "
-                "wait until LOOM_TIMEOUT_MS; set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts",
-                sharing, connections);
-    }
-  }
+  if (sharing > 1) LOOM_TRY(capForSharedGpu(gpus, rank, &blocks));
   geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
   geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
   int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
   if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
   geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
+  mine.shareGpu = shareGpu ? 1 : 0;
   mine.blocks = geo.maxBlocks;
   mine.slots = geo.slots;
   mine.slotBytes = geo.slotBytes;
@@ -207,6 +209,11 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           r, rank, all[r].algo, all[r].proto, (long long)all[r].llBytes,
           (long long)all[r].oneShotBytes, (long long)all[r].ceBytes, mine.algo, mine.proto,
           (long long)mine.llBytes, (long long)mine.oneShotBytes, (long long)mine.ceBytes);
+    }
+    if (all[r].shareGpu != mine.shareGpu) {
+      return errorf(Code::kInvalidUsage,
+                    "rank %d has LOOM_P2P_SHARE_GPU=%d and rank %d %d: set it alike on every rank",
+                    r, all[r].shareGpu, rank, mine.shareGpu);
     }
     if (all[r].blocks != mine.blocks || all[r].slots != mine.slots ||
         all[r].slotBytes != mine.slotBytes || all[r].threads != mine.threads) {

@@ -78,6 +78,8 @@ fi
 # a ring with sends of 1 MiB carried the most in trials (2026-12-01: 128 KiB sends, loom's
 # piece, 10-25 % less; every process sending to every other, 0-10 % less).
 probe_cmd=("$probe" -n "$NP" -b 12M -p 1M -w 3 -i 20)
+probe_bytes="12 MiB"  # for the table's text: what -b and -p above say
+probe_send="1 MiB"
 
 mpirun_base=(mpirun --allow-run-as-root --oversubscribe -np "$NP")
 ompi_cmd_shm=("${mpirun_base[@]}" "$ompi")
@@ -124,8 +126,8 @@ run_loom() {  # MODE
 
 run_probe() {
   local text
-  text="$("${probe_cmd[@]}")" || loom_die "the loopback probe failed: ${probe_cmd[*]}"
-  sed -n 's/.*busbw ceiling \([0-9.]*\) GB\/s.*/probe tcp sockets 0 \1 0/p' <<<"$text" >>"$results"
+  text="$(timeout 120 "${probe_cmd[@]}")" || loom_die "the loopback probe failed: ${probe_cmd[*]}"
+  sed -n 's/.*busbw equivalent \([0-9.]*\) GB\/s.*/probe tcp sockets 0 \1 0/p' <<<"$text" >>"$results"
 }
 
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -269,7 +271,7 @@ mkdir -p "$(dirname "$out")"
   echo
   echo "## TCP only (Open MPI \`--mca btl tcp,self\`, loom \`LOOM_TRANSPORTS=tcp\`)"
   echo
-  echo "Bare sockets: \`$probe_src\` ($NP processes in a TCP ring over loopback, each sending 12 MiB a round in 1 MiB sends while receiving as much, cache-resident buffers, no reduction) ran before and after every TCP round and carried the equivalent of $(reference_text) GB/s of all-reduce busbw (its total rate divided by $NP: an all-reduce of S bytes over $NP ranks moves at least 2($NP−1)·S through the sockets). It is a reference for what the kernel alone carries at that moment, not a hard ceiling (its waits and timing differ from both libraries'); a library near 100 % of it is limited by the kernel's socket work, and where Open MPI reaches two thirds of it, 1.5 × Open MPI asks for more than bare sockets carry."
+  echo "Bare sockets: \`$probe_src\` ($NP processes in a TCP ring over loopback, each sending $probe_bytes a round in $probe_send sends while receiving as much, cache-resident buffers, no reduction) ran before and after every TCP round and carried the equivalent of $(reference_text) GB/s of all-reduce busbw (its total rate divided by $NP: an all-reduce of S bytes over $NP ranks moves at least 2($NP−1)·S through the sockets). It is a reference for what the kernel alone carries at that moment, not a hard ceiling (its waits and timing differ from both libraries'); a library near 100 % of it is limited by the kernel's socket work, and where Open MPI reaches two thirds of it, 1.5 × Open MPI asks for more than bare sockets carry."
   echo
   table tcp
   echo

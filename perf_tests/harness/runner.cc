@@ -398,8 +398,10 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
     const int available = cudaDeviceCount();
     // LOOM_P2P_SHARE_GPU=1 lets ranks of one process share GPUs (loom's test setting):
     // then the ranks go round the GPUs there are.
-    const char* share = std::getenv("LOOM_P2P_SHARE_GPU");
-    const bool wrap = share != nullptr && std::atoi(share) != 0 && available > 0;
+    // (loom reads 1, true, TRUE and yes as on.)
+    const std::string share = std::getenv("LOOM_P2P_SHARE_GPU") ? std::getenv("LOOM_P2P_SHARE_GPU") : "";
+    const bool wrap = (share == "1" || share == "true" || share == "TRUE" || share == "yes") &&
+                      available > 0 && !o.compareNccl;
     for (int i = 0; i < perProc; ++i) devices[i] = wrap ? (first + i) % available : first + i;
     if (wrap && first + perProc > available) {
       parsed.notes.push_back("LOOM_P2P_SHARE_GPU=1: " + std::to_string(perProc) + " ranks share " +
@@ -407,7 +409,11 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
                              " GPU(s); the times say nothing of a machine with a GPU per rank");
     } else if (first + perProc > available) {
       fatal(job, "Invalid number of GPUs: " + std::to_string(first + perProc) +
-                     " requested but only " + std::to_string(available) + " were found");
+                     " requested but only " + std::to_string(available) + " were found" +
+                     (o.compareNccl && !share.empty() && share != "0"
+                          ? " (LOOM_P2P_SHARE_GPU does not apply with --compare: NCCL refuses "
+                            "two ranks on one GPU)"
+                          : ""));
     }
   }
 

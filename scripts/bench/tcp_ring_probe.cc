@@ -12,7 +12,10 @@
 //
 // Defaults: 4 processes, 12 MiB a round (what each rank sends in an 8 MiB all-reduce over
 // 4 ranks), 128 KiB per send (loom's piece over sockets), 3 warm-up and 20 timed rounds.
-// Prints one line: the total rate over all processes and that busbw ("ceiling").
+// Prints one line: the total rate over all processes and that busbw ("busbw equivalent").
+// Each process ends itself after 60 s (stuck in accept, say, or behind a peer that died),
+// which fails the run, as any failing process does; the others are then stopped. The
+// defaults take a second or two.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,6 +28,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +55,10 @@ struct Options {
 size_t parseSize(const char* s) {
   char* end = nullptr;
   double v = std::strtod(s, &end);
+  if (end == s || v < 0 || v > 1e15) {
+    std::fprintf(stderr, "tcp_ring_probe: '%s' is not a size\n", s);
+    std::exit(2);
+  }
   switch (*end) {
     case 'K': case 'k': v *= 1024; break;
     case 'M': case 'm': v *= 1024 * 1024; break;
@@ -83,8 +91,9 @@ Options parse(int argc, char** argv) {
       std::exit(2);
     }
   }
-  if (o.procs < 2 || o.bytes == 0 || o.piece == 0 || o.iters < 1 || o.warmup < 0) {
-    std::fprintf(stderr, "tcp_ring_probe: need -n >= 2, -b > 0, -p > 0, -i >= 1, -w >= 0\n");
+  if (o.procs < 2 || o.procs > 64 || o.bytes < size_t(o.procs) || o.piece == 0 || o.iters < 1 ||
+      o.warmup < 0) {
+    std::fprintf(stderr, "tcp_ring_probe: need 2 <= -n <= 64, -b >= -n, -p > 0, -i >= 1, -w >= 0\n");
     std::exit(2);
   }
   return o;
@@ -183,7 +192,9 @@ void exchange(const std::vector<int>& outs, const std::vector<int>& ins, size_t 
   }
 }
 
-// One rank: returns the seconds its timed rounds took.
+// One rank: returns the seconds its timed rounds took. Each process sends o.bytes a round
+// (a ring: all to the next; direct: o.bytes / (n - 1) to each other, rounded down, which
+// bytesPerRound() counts).
 double runRank(int rank, const Options& o, const std::vector<int>& listeners,
                const std::vector<uint16_t>& ports) {
   // Ring: connect to the next rank and accept the previous one. Direct: connect to every
@@ -212,6 +223,11 @@ double runRank(int rank, const Options& o, const std::vector<int>& listeners,
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
+// What one process sends a round.
+size_t bytesPerRound(const Options& o) {
+  return o.direct ? o.bytes / size_t(o.procs - 1) * size_t(o.procs - 1) : o.bytes;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -224,8 +240,12 @@ int main(int argc, char** argv) {
   std::vector<pid_t> kids;
   for (int r = 0; r < o.procs; ++r) {
     pid_t pid = fork();
-    if (pid < 0) die("fork");
+    if (pid < 0) {
+      for (pid_t k : kids) kill(k, SIGKILL);
+      die("fork");
+    }
     if (pid == 0) {
+      alarm(60);  // SIGALRM ends a process that is stuck (in accept, say)
       close(pipefd[0]);
       for (int q = 0; q < o.procs; ++q) {
         if (q != r) close(listeners[q]);
@@ -238,6 +258,22 @@ int main(int argc, char** argv) {
   }
   close(pipefd[1]);
   for (int fd : listeners) close(fd);
+  // Wait for every process; the first that fails stops the others (their peers would
+  // otherwise wait for it until their alarms).
+  int failed = 0;
+  for (size_t left = kids.size(); left > 0; --left) {
+    int st = 0;
+    pid_t k = waitpid(-1, &st, 0);
+    if (k < 0) break;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      if (failed++ == 0) {
+        for (pid_t other : kids) {
+          if (other != k) kill(other, SIGKILL);
+        }
+      }
+    }
+  }
+  // Every report is in the pipe by now (8 bytes each, far below its capacity).
   double slowest = 0;
   int reports = 0;
   double secs;
@@ -245,20 +281,15 @@ int main(int argc, char** argv) {
     slowest = std::max(slowest, secs);
     ++reports;
   }
-  int failed = 0;
-  for (pid_t k : kids) {
-    int st = 0;
-    waitpid(k, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failed;
-  }
   if (failed || reports != o.procs) {
-    std::fprintf(stderr, "tcp_ring_probe: %d of %d processes failed\n", failed, o.procs);
+    std::fprintf(stderr, "tcp_ring_probe: %d of %d processes failed\n", std::max(failed, o.procs - reports),
+                 o.procs);
     return 1;
   }
-  const double total = double(o.bytes) * o.iters * o.procs;
+  const double total = double(bytesPerRound(o)) * o.iters * o.procs;
   const double gbs = total / slowest / 1e9;
   std::printf("tcp_ring_probe: %d processes, %s, %zu bytes each per round in sends of %zu, %d rounds: "
-              "%.3f GB/s in all; all-reduce busbw ceiling %.3f GB/s\n",
+              "%.3f GB/s in all; all-reduce busbw equivalent %.3f GB/s\n",
               o.procs, o.direct ? "each to every other" : "a ring", o.bytes, o.piece, o.iters, gbs,
               gbs / o.procs);
   return 0;

@@ -37,6 +37,8 @@ Result<GpuIdentity> describeGpu(int rank, int device, uint64_t hostHash) {
   g.hostHash = hostHash;
   cudaError_t e = cudaDeviceGetPCIBusId(g.busId, sizeof(g.busId), device);
   if (e != cudaSuccess) return cudaStatus(e, "cudaDeviceGetPCIBusId");
+  e = cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return cudaStatus(e, "cudaDeviceGetAttribute(multiprocessor count)");
   g.reachable = 1;
   return g;
 }
@@ -85,6 +87,14 @@ int ranksPerGpu(const std::vector<GpuIdentity>& all) {
     most = std::max(most, n);
   }
   return most;
+}
+
+int sharedGpuBlockCap(const std::vector<GpuIdentity>& all) {
+  const int sharing = ranksPerGpu(all);
+  if (sharing <= 1) return 0;
+  int sms = 0;
+  for (const GpuIdentity& g : all) sms = sms == 0 ? g.sms : std::min(sms, g.sms);
+  return std::max(1, sms / (sharing + 1));
 }
 
 Result<std::unique_ptr<Window>> Window::create(int rank, int nranks, int device, size_t bytes,

@@ -22,6 +22,7 @@ struct GpuIdentity {
   int32_t pid = 0;
   int32_t reachable = 0;   // 1: this rank can map every other rank's GPU
   int32_t nativeLinks = 0; // 1: every such pair reports native atomics (NVLink, not PCIe)
+  int32_t sms = 0;         // the GPU's multiprocessors
   uint64_t hostHash = 0;
   char busId[32] = {0};    // "0000:19:00.0"
   char why[96] = {0};      // when reachable is 0: the first reason
@@ -39,6 +40,12 @@ void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all, bool
 
 // The most ranks that share one GPU (1 when every rank has its own).
 int ranksPerGpu(const std::vector<GpuIdentity>& all);
+
+// With ranks sharing GPUs, the most blocks a mesh kernel may have so that every rank's
+// kernel is resident at once (each waits for its peers): a 512-thread block of 128
+// registers fills an SM, and one rank's share of the smallest GPU stays free for copies
+// and other launches. 0 when no GPU is shared (no cap).
+int sharedGpuBlockCap(const std::vector<GpuIdentity>& all);
 
 // Exchanges `size` bytes per rank: data holds nranks blocks, this rank's filled in.
 using AllGatherFn = std::function<Status(void* data, size_t size)>;
