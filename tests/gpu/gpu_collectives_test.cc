@@ -944,6 +944,88 @@ TEST_P(MoreRanksThanGpusShareThem, EveryCollectiveAndForm) {
   }
 }
 
+// Send/Recv groups (every rank to every rank, itself included, several messages to one
+// peer) and a CUDA graph of two all-reduces replayed 200 times, with 3, 4 and 8 ranks on
+// however many GPUs there are.
+TEST_P(MoreRanksThanGpusShareThem, SendRecvAndGraphs) {
+  REQUIRE_GPUS(1);
+  const int have = gpuCount();
+  const int n = GetParam();
+  std::vector<int> devices;
+  for (int r = 0; r < n; ++r) devices.push_back(r % have);
+  Ranks R(n, {{"LOOM_P2P_SHARE_GPU", "1"}, {"LOOM_TIMEOUT_MS", "60000"}}, devices);
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{300007}}) {
+    // in[r]: rank r's message; out[r][p]: what rank r received from rank p.
+    std::vector<std::unique_ptr<DeviceBuffer>> in;
+    std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> out(n);
+    for (int r = 0; r < n; ++r) {
+      in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+      upload(R.dev(r), in[r]->ptr, makeInput(DataType::kInt32, r, count, ncclSum));
+      for (int p = 0; p < n; ++p) out[r].push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    }
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < n; ++k) {
+        const int to = (r + k) % n, from = (r + n - k) % n;
+        NCCL_OK(ncclSend(in[r]->ptr, count, ncclInt32, to, R.comms[r], R.streams[r]));
+        NCCL_OK(ncclRecv(out[r][from]->ptr, count, ncclInt32, from, R.comms[r], R.streams[r]));
+      }
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    R.sync();
+    for (int r = 0; r < n; ++r) {
+      for (int p = 0; p < n; ++p) {
+        EXPECT_EQ(download(R.dev(r), out[r][p]->ptr, count * 4), makeInput(DataType::kInt32, p, count, ncclSum))
+            << n << " ranks, count " << count << ": rank " << r << " from rank " << p;
+      }
+    }
+  }
+  // The graph: a small all-reduce (LL) and a larger one (slots), each rank's stream
+  // captured on its own.
+  const size_t count = 300001, small = 1001;
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out, out2;
+  std::vector<cudaGraphExec_t> execs(n);
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    out.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    out2.push_back(std::make_unique<DeviceBuffer>(R.dev(r), small * 4));
+    upload(R.dev(r), in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+  }
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(R.dev(r));
+    cudaGraph_t g;
+    CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out2[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
+    CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
+    cudaGraphDestroy(g);
+  }
+  std::vector<char> want(count * 4);
+  for (size_t i = 0; i < count; ++i) {
+    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
+  }
+  const std::vector<char> head(want.begin(), want.begin() + small * 4);
+  size_t bad = 0;
+  for (int it = 0; it < 200; ++it) {
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(R.dev(r));
+      cudaMemsetAsync(out[r]->ptr, 0xFF, count * 4, R.streams[r]);  // poison between replays
+      cudaMemsetAsync(out2[r]->ptr, 0xFF, small * 4, R.streams[r]);
+      CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
+    }
+    R.sync();
+    if (it % 25 == 0 || it == 199) {
+      for (int r = 0; r < n; ++r) {
+        bad += download(R.dev(r), out[r]->ptr, count * 4) != want;
+        bad += download(R.dev(r), out2[r]->ptr, small * 4) != head;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << n << " ranks";
+  for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
+}
+
 INSTANTIATE_TEST_SUITE_P(GpuCollectives, MoreRanksThanGpusShareThem, ::testing::Values(3, 4, 8),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::to_string(info.param) + "ranks";
