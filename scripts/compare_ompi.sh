@@ -94,7 +94,8 @@ loom_cmd_tcp=("${mpirun_base[@]}" -x LOOM_TRANSPORTS=tcp "$perf")
 
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
-# Each result line: impl mode size time_us busbw wrong
+# Each result line: impl mode size time_us busbw wrong round (the probe: "probe tcp sockets 0
+# busbw 0 round", twice a round)
 
 run_ompi() {  # MODE
   local mode="$1" cmd
@@ -105,7 +106,7 @@ run_ompi() {  # MODE
   text="$("${cmd[@]}" $(counts_for "$LATENCY_SIZE") "$LATENCY_SIZE")" || loom_die "Open MPI run failed: ${cmd[*]}"
   # shellcheck disable=SC2046
   text+=$'\n'"$("${cmd[@]}" $(counts_for "${rest[0]}") "${rest[@]}")" || loom_die "Open MPI run failed: ${cmd[*]}"
-  awk -v mode="$mode" '!/^#/ && NF >= 6 { print "ompi", mode, $1, $3, $5, $6 }' <<<"$text" >>"$results"
+  awk -v mode="$mode" -v round="$round" '!/^#/ && NF >= 6 { print "ompi", mode, $1, $3, $5, $6, round }' <<<"$text" >>"$results"
 }
 
 run_loom() {  # MODE
@@ -118,8 +119,8 @@ run_loom() {  # MODE
       loom_die "loom run failed: ${cmd[*]} -b $size -e $size ${loom_args[*]}"
     }
     # nccl-tests columns: size count type redop root | time algbw busbw #wrong (out-of-place)
-    awk -v mode="$mode" -v size="$size" \
-      '!/^#/ && $1 == size && NF >= 9 { print "loom", mode, $1, $6, $8, $9; exit }' \
+    awk -v mode="$mode" -v size="$size" -v round="$round" \
+      '!/^#/ && $1 == size && NF >= 9 { print "loom", mode, $1, $6, $8, $9, round; exit }' \
       <<<"$text" >>"$results"
   done
 }
@@ -127,12 +128,13 @@ run_loom() {  # MODE
 run_probe() {
   local text
   text="$(timeout 120 "${probe_cmd[@]}")" || loom_die "the loopback probe failed: ${probe_cmd[*]}"
-  sed -n 's/.*busbw equivalent \([0-9.]*\) GB\/s.*/probe tcp sockets 0 \1 0/p' <<<"$text" >>"$results"
+  sed -n "s/.*busbw equivalent \\([0-9.]*\\) GB\\/s.*/probe tcp sockets 0 \\1 0 $round/p" <<<"$text" >>"$results"
 }
 
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 start=$SECONDS
-for ((r = 1; r <= repeat; ++r)); do
+for ((round = 1; round <= repeat; ++round)); do
+  r=$round
   for mode in shm tcp; do
     [[ "$mode" == tcp ]] && run_probe
     loom_log "round $r/$repeat, $mode: Open MPI"
@@ -205,13 +207,27 @@ reference_text() {
       printf "%.2f (%.2f–%.2f)", m, v[1], v[NR] }'
 }
 reference_median() { reference_text | awk '{ print $1 }'; }
+# share_range IMPL SIZE: IMPL's TCP busbw in each round as a share of that round's two
+# probe readings (their mean): "median (lowest–highest)" in %.
+share_range() {
+  awk -v i="$1" -v s="$2" -v n="$NP" '
+    $1 == "probe" { p[$7] += $5; np[$7]++ }
+    $1 == i && $2 == "tcp" && $3 == s && $4 > 0 { b[$7] = s / ($4 * 1e3) * 2 * (n - 1) / n }
+    END {
+      k = 0
+      for (r in b) if (np[r] > 0) v[++k] = 100 * b[r] / (p[r] / np[r])
+      if (k == 0) { print "n/a"; exit }
+      for (x = 1; x <= k; ++x) for (y = x + 1; y <= k; ++y) if (v[y] < v[x]) { t = v[x]; v[x] = v[y]; v[y] = t }
+      m = k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
+      printf "%.0f (%.0f–%.0f)", m, v[1], v[k] }' "$results"
+}
 
 table() {  # MODE
   local mode="$1" size ot lt ob lb ratio tgt verdict share
   local reference="" head="" rule=""
   if [[ "$mode" == tcp ]]; then
     reference="$(reference_median)"
-    head=" Open MPI / loom busbw, % of bare sockets |"
+    head=" Open MPI / loom busbw, % of bare sockets (median of rounds, lowest–highest) |"
     rule=" ---: |"
   fi
   echo "| size | Open MPI time (µs) | loom time (µs) | Open MPI busbw (GB/s) | loom busbw (GB/s) | loom / Open MPI | each round | target |$head"
@@ -233,7 +249,7 @@ table() {  # MODE
     fi
     share=""
     if [[ -n "$reference" && "$reference" != n/a ]]; then
-      share="$(awk -v a="$ob" -v b="$lb" -v c="$reference" 'BEGIN { printf " %.0f / %.0f |", 100 * a / c, 100 * b / c }')"
+      share=" $(share_range ompi "$size") / $(share_range loom "$size") |"
     fi
     printf '| %s | %.1f | %.1f | %.3f | %.3f | %s | %s | %s |%s\n' "$(human "$size")" "$ot" "$lt" "$ob" \
       "$lb" "$ratio" "$(ratio_range "$mode" "$size")" "$verdict" "$share"
@@ -271,7 +287,7 @@ mkdir -p "$(dirname "$out")"
   echo
   echo "## TCP only (Open MPI \`--mca btl tcp,self\`, loom \`LOOM_TRANSPORTS=tcp\`)"
   echo
-  echo "Bare sockets: \`$probe_src\` ($NP processes in a TCP ring over loopback, each sending $probe_bytes a round in $probe_send sends while receiving as much, cache-resident buffers, no reduction) ran before and after every TCP round and carried the equivalent of $(reference_text) GB/s of all-reduce busbw (its total rate divided by $NP: an all-reduce of S bytes over $NP ranks moves at least 2($NP−1)·S through the sockets). It is a reference for what the kernel alone carries at that moment, not a hard ceiling (its waits and timing differ from both libraries'); a library near 100 % of it is limited by the kernel's socket work, and where Open MPI reaches two thirds of it, 1.5 × Open MPI asks for more than bare sockets carry."
+  echo "Bare sockets: \`$probe_src\` ($NP processes in a TCP ring over loopback, each sending $probe_bytes a round in $probe_send sends while receiving as much, cache-resident buffers, no reduction) ran before and after every TCP round and carried the equivalent of $(reference_text) GB/s of all-reduce busbw (its total rate divided by $NP: an all-reduce of S bytes over $NP ranks moves at least 2($NP−1)·S through the sockets). It is a reference for what the kernel alone carries at that moment, not a hard ceiling (its waits and timing differ from both libraries'); the last column sets each round's busbw against the mean of that round's two readings. A library near 100 % of it is limited by the kernel's socket work, and where Open MPI reaches two thirds of it, 1.5 × Open MPI asks for more than bare sockets carry."
   echo
   table tcp
   echo
