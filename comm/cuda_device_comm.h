@@ -243,8 +243,8 @@ class CudaDeviceComm final : public DeviceComm {
   // The settings that pick the GPU forms (agreed by every rank), parsed once.
   void chooseForms(const MeshAgreement& s);
   // LOOM_P2P_SHARE_GPU: caps `blocks` so that every rank's kernel fits on a shared GPU.
-  Status capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus, int rank,
-                         int64_t* blocks);
+  void capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus, int rank, int sharing,
+                       int64_t* blocks);
 
   // The forms with the flags in the data, for a call that sends each peer `bytes`: LL up to
   // the LL limit (unless LOOM_ALGO asks for two-shot), LL128 above it up to its own limit

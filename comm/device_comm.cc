@@ -87,12 +87,12 @@ CudaDeviceComm::~CudaDeviceComm() {
   cudaGetLastError();
 }
 
-// Ranks sharing a GPU (LOOM_P2P_SHARE_GPU): every rank's kernel must be resident at once,
-// since each waits for its peers. Caps the blocks (the same on every rank: from every
-// rank's GPU), and warns where CUDA's hardware queues may be too few.
-Status CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus,
-                                       int rank, int64_t* blocks) {
-  const int sharing = transport::p2p::ranksPerGpu(gpus);
+// Ranks sharing a GPU (LOOM_P2P_SHARE_GPU; `sharing` of them at most on one): every rank's
+// kernel must be resident at once, since each waits for its peers. Caps the blocks (the
+// same on every rank: from every rank's GPU), and warns where CUDA's hardware queues may
+// be too few.
+void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus,
+                                     int rank, int sharing, int64_t* blocks) {
   const int64_t cap = transport::p2p::sharedGpuBlockCap(gpus);
   if (cap > 0 && *blocks > cap) {
     LOOM_INFO(kInit, "GPU %d: %d ranks share it (LOOM_P2P_SHARE_GPU): %lld blocks per kernel "
@@ -111,7 +111,6 @@ Status CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIden
               "wait until LOOM_TIMEOUT_MS; set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts",
               sharing, connections);
   }
-  return Status::ok();
 }
 
 Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers,
@@ -150,7 +149,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   geo.nranks = nranks_;
   int64_t blocks = settings::getInt("LOOM_P2P_BLOCKS");
   if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
-  if (sharing > 1) LOOM_TRY(capForSharedGpu(gpus, rank, &blocks));
+  if (sharing > 1) capForSharedGpu(gpus, rank, sharing, &blocks);
   geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
   geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
   int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");

@@ -396,12 +396,12 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
     const char* env = std::getenv("NCCL_TESTS_DEVICE");
     const int first = env != nullptr ? std::atoi(env) : localRank * perProc;
     const int available = cudaDeviceCount();
-    // LOOM_P2P_SHARE_GPU=1 lets ranks of one process share GPUs (loom's test setting):
-    // then the ranks go round the GPUs there are.
-    // (loom reads 1, true, TRUE and yes as on.)
-    const std::string share = std::getenv("LOOM_P2P_SHARE_GPU") ? std::getenv("LOOM_P2P_SHARE_GPU") : "";
-    const bool wrap = (share == "1" || share == "true" || share == "TRUE" || share == "yes") &&
-                      available > 0 && !o.compareNccl;
+    // LOOM_P2P_SHARE_GPU on (1, true, TRUE or yes, as loom reads it) lets ranks of one
+    // process share GPUs (loom's test setting): then the ranks go round the GPUs there are.
+    const char* shareEnv = std::getenv("LOOM_P2P_SHARE_GPU");
+    const std::string share = shareEnv ? shareEnv : "";
+    const bool shareAsked = share == "1" || share == "true" || share == "TRUE" || share == "yes";
+    const bool wrap = shareAsked && available > 0 && !o.compareNccl;
     for (int i = 0; i < perProc; ++i) devices[i] = wrap ? (first + i) % available : first + i;
     if (wrap && first + perProc > available) {
       parsed.notes.push_back("LOOM_P2P_SHARE_GPU=1: " + std::to_string(perProc) + " ranks share " +
@@ -410,7 +410,7 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
     } else if (first + perProc > available) {
       fatal(job, "Invalid number of GPUs: " + std::to_string(first + perProc) +
                      " requested but only " + std::to_string(available) + " were found" +
-                     (o.compareNccl && !share.empty() && share != "0"
+                     (o.compareNccl && shareAsked
                           ? " (LOOM_P2P_SHARE_GPU does not apply with --compare: NCCL refuses "
                             "two ranks on one GPU)"
                           : ""));

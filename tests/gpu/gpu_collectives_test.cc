@@ -423,25 +423,24 @@ TEST(GpuCollectives, ManySendsToOnePeerAndMixedGroups) {
   }
 }
 
-TEST(GpuCollectives, GraphReplayedThousandTimes) {
-  REQUIRE_GPUS(2);
-  Ranks R(2);
+// Captures, on each rank's stream on its own (one thread, so without a group), a graph of
+// a small all-reduce (the LL path) and a larger one (counters and slots), replays it
+// `replays` times with the outputs poisoned in between, and checks both outputs every
+// `checkEvery` replays and after the last. `bad` counts the outputs found wrong.
+void replayAllReduceGraph(Ranks& R, int replays, int checkEvery, size_t* bad) {
   const int n = R.n();
   const size_t count = 300001;  // several blocks, odd
-  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  const size_t small = 1001;
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out, out2;
   std::vector<cudaGraphExec_t> execs(n);
   for (int r = 0; r < n; ++r) {
-    in.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
-    out.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
-    upload(r, in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+    in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    out.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    out2.push_back(std::make_unique<DeviceBuffer>(R.dev(r), small * 4));
+    upload(R.dev(r), in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
   }
-  // Each rank's stream is captured on its own (one thread, so without a group). The
-  // graph holds a small all-reduce (the LL path) and a larger one (counters and slots).
-  const size_t small = 1001;
-  std::vector<std::unique_ptr<DeviceBuffer>> out2;
-  for (int r = 0; r < n; ++r) out2.push_back(std::make_unique<DeviceBuffer>(r, small * 4));
   for (int r = 0; r < n; ++r) {
-    cudaSetDevice(r);
+    cudaSetDevice(R.dev(r));
     cudaGraph_t g;
     CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
     NCCL_OK(ncclAllReduce(in[r]->ptr, out2[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
@@ -451,26 +450,34 @@ TEST(GpuCollectives, GraphReplayedThousandTimes) {
     cudaGraphDestroy(g);
   }
   std::vector<char> want(count * 4);
-  for (size_t i = 0; i < count; ++i) loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
-  size_t bad = 0;
-  for (int it = 0; it < 1000; ++it) {
+  for (size_t i = 0; i < count; ++i) {
+    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
+  }
+  const std::vector<char> head(want.begin(), want.begin() + small * 4);
+  for (int it = 0; it < replays; ++it) {
     for (int r = 0; r < n; ++r) {
-      cudaSetDevice(r);
+      cudaSetDevice(R.dev(r));
       cudaMemsetAsync(out[r]->ptr, 0xFF, count * 4, R.streams[r]);  // poison between replays
       cudaMemsetAsync(out2[r]->ptr, 0xFF, small * 4, R.streams[r]);
       CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
     }
     R.sync();
-    if (it % 50 == 0 || it == 999) {
+    if (it % checkEvery == 0 || it == replays - 1) {
       for (int r = 0; r < n; ++r) {
-        bad += download(r, out[r]->ptr, count * 4) != want;
-        std::vector<char> head(want.begin(), want.begin() + small * 4);
-        bad += download(r, out2[r]->ptr, small * 4) != head;
+        *bad += download(R.dev(r), out[r]->ptr, count * 4) != want;
+        *bad += download(R.dev(r), out2[r]->ptr, small * 4) != head;
       }
     }
   }
-  EXPECT_EQ(bad, 0u);
   for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
+}
+
+TEST(GpuCollectives, GraphReplayedThousandTimes) {
+  REQUIRE_GPUS(2);
+  Ranks R(2);
+  size_t bad = 0;
+  replayAllReduceGraph(R, 1000, 50, &bad);
+  EXPECT_EQ(bad, 0u);
 }
 
 // Each all-reduce, reduce and reduce-scatter form forced over sizes it would not get by default.
@@ -909,17 +916,23 @@ TEST(GpuCollectives, MoreThanTwoGpus) {
 // round-robin over them; one GPU is enough). Every collective and form by size: LL,
 // LL128 (forced), the slot kernels, and the copy-engine forms of ranks of one process.
 // Correctness only: ranks that share a GPU share its SMs.
-class MoreRanksThanGpusShareThem : public ::testing::TestWithParam<int> {};
+class MoreRanksThanGpusShareThem : public ::testing::TestWithParam<int> {
+ protected:
+  // Rank r's GPU, for GetParam() ranks: round-robin over the GPUs there are.
+  static std::vector<int> devices() {
+    std::vector<int> d;
+    for (int r = 0; r < GetParam(); ++r) d.push_back(r % gpuCount());
+    return d;
+  }
+};
 
 TEST_P(MoreRanksThanGpusShareThem, EveryCollectiveAndForm) {
   REQUIRE_GPUS(1);
   const int have = gpuCount();
   const int n = GetParam();
-  std::vector<int> devices;
-  for (int r = 0; r < n; ++r) devices.push_back(r % have);
   for (const char* proto : {"", "ll128"}) {
     Ranks R(n, {{"LOOM_P2P_SHARE_GPU", "1"}, {"LOOM_PROTO", proto}, {"LOOM_TIMEOUT_MS", "60000"}},
-            devices);
+            devices());
     for (Coll c : {Coll::kAllReduce, Coll::kReduce, Coll::kReduceScatter, Coll::kAllGather,
                    Coll::kBroadcast, Coll::kAllToAll}) {
       const bool reduces = c == Coll::kAllReduce || c == Coll::kReduce || c == Coll::kReduceScatter;
@@ -949,11 +962,8 @@ TEST_P(MoreRanksThanGpusShareThem, EveryCollectiveAndForm) {
 // however many GPUs there are.
 TEST_P(MoreRanksThanGpusShareThem, SendRecvAndGraphs) {
   REQUIRE_GPUS(1);
-  const int have = gpuCount();
   const int n = GetParam();
-  std::vector<int> devices;
-  for (int r = 0; r < n; ++r) devices.push_back(r % have);
-  Ranks R(n, {{"LOOM_P2P_SHARE_GPU", "1"}, {"LOOM_TIMEOUT_MS", "60000"}}, devices);
+  Ranks R(n, {{"LOOM_P2P_SHARE_GPU", "1"}, {"LOOM_TIMEOUT_MS", "60000"}}, devices());
   for (size_t count : {size_t{1}, size_t{1000}, size_t{300007}}) {
     // in[r]: rank r's message; out[r][p]: what rank r received from rank p.
     std::vector<std::unique_ptr<DeviceBuffer>> in;
@@ -980,50 +990,9 @@ TEST_P(MoreRanksThanGpusShareThem, SendRecvAndGraphs) {
       }
     }
   }
-  // The graph: a small all-reduce (LL) and a larger one (slots), each rank's stream
-  // captured on its own.
-  const size_t count = 300001, small = 1001;
-  std::vector<std::unique_ptr<DeviceBuffer>> in, out, out2;
-  std::vector<cudaGraphExec_t> execs(n);
-  for (int r = 0; r < n; ++r) {
-    in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
-    out.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
-    out2.push_back(std::make_unique<DeviceBuffer>(R.dev(r), small * 4));
-    upload(R.dev(r), in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
-  }
-  for (int r = 0; r < n; ++r) {
-    cudaSetDevice(R.dev(r));
-    cudaGraph_t g;
-    CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, out2[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
-    CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
-    CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
-    cudaGraphDestroy(g);
-  }
-  std::vector<char> want(count * 4);
-  for (size_t i = 0; i < count; ++i) {
-    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
-  }
-  const std::vector<char> head(want.begin(), want.begin() + small * 4);
   size_t bad = 0;
-  for (int it = 0; it < 200; ++it) {
-    for (int r = 0; r < n; ++r) {
-      cudaSetDevice(R.dev(r));
-      cudaMemsetAsync(out[r]->ptr, 0xFF, count * 4, R.streams[r]);  // poison between replays
-      cudaMemsetAsync(out2[r]->ptr, 0xFF, small * 4, R.streams[r]);
-      CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
-    }
-    R.sync();
-    if (it % 25 == 0 || it == 199) {
-      for (int r = 0; r < n; ++r) {
-        bad += download(R.dev(r), out[r]->ptr, count * 4) != want;
-        bad += download(R.dev(r), out2[r]->ptr, small * 4) != head;
-      }
-    }
-  }
+  replayAllReduceGraph(R, 200, 25, &bad);
   EXPECT_EQ(bad, 0u) << n << " ranks";
-  for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuCollectives, MoreRanksThanGpusShareThem, ::testing::Values(3, 4, 8),
