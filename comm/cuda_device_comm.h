@@ -70,7 +70,8 @@ struct Clique {
     const void* in;
     void* out;
     bool inMapped;   // `in` is cudaMalloc memory, which peer access maps into the peers
-    bool outMapped;  // and `out` (stream-ordered pools and VMM memory are not mapped)
+    bool outMapped;  // and `out` (stream-ordered pools and VMM memory are not mapped;
+                     // a reduce's non-root: true, its output is never read nor written)
     bool captured;   // its stream is capturing a CUDA graph (asked where it matters)
   };
   explicit Clique(int nranks)
@@ -150,6 +151,7 @@ struct MeshAgreement {
   int64_t reduceDirectBytes = 0;
   int64_t pullBytes = 0;
   int64_t pullReduceBytes = 0;
+  int64_t twoShotReduceBytes = 0;
   int64_t cePullBytes = 0;
   int64_t chunkBytes = 0;
   int64_t chunkAllReduceBytes = 0;
@@ -282,6 +284,12 @@ class CudaDeviceComm final : public DeviceComm {
   // have to agree on the buffers, see run()): up to LOOM_P2P_PULL_BYTES.
   bool pullSize(size_t bytes) const { return pastFlagForms(bytes) && bytes <= pullMax_; }
 
+  // Whether a reduce of `bytes` may take the two-shot pulled form (ranks of one process,
+  // as the all-reduce): up to LOOM_P2P_TWOSHOT_REDUCE_BYTES.
+  bool twoShotReduceSize(size_t bytes) const {
+    return pastFlagForms(bytes) && bytes <= twoShotReduceMax_;
+  }
+
   // Whether a call of `type` and `bytes` may take the chunked form (launchChunked): a
   // reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from LOOM_P2P_CE_ALLREDUCE_BYTES.
   bool chunkedSize(collectives::CollType type, size_t bytes) const {
@@ -311,10 +319,14 @@ class CudaDeviceComm final : public DeviceComm {
   static bool outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes);
 
   // The pulled all-reduce, or reduce (in.writer >= 0), or with `twoShot` the two-shot
-  // all-reduce: `in` holds every rank's input (and for the two-shot form output) as mapped
-  // here; `form` says why (LOOM_DEBUG=INFO).
+  // all-reduce (or reduce: in.writer >= 0, only the root's output given): `in` holds every
+  // rank's input (and for the two-shot form output) as mapped here; `form` says why
+  // (LOOM_DEBUG=INFO).
   Status launchPull(const dev::MeshCall& call, const dev::PullInputs& in, cudaStream_t stream,
                     const char* form, bool twoShot = false);
+  // True when the root's output overlaps no rank's input, or only the root's own as the
+  // same buffer (the two-shot reduce).
+  static bool rootOutputApart(const std::vector<dev::RankBuffers>& all, int root, size_t bytes);
   // True when every rank's output is its input (in place).
   static bool allInPlace(const std::vector<dev::RankBuffers>& all);
 
@@ -402,6 +414,7 @@ class CudaDeviceComm final : public DeviceComm {
   size_t ceMin_ = 0;                 // LOOM_P2P_CE_BYTES
   size_t reduceDirectMax_ = 0;       // LOOM_P2P_REDUCE_DIRECT_BYTES
   size_t pullMax_ = 0;               // LOOM_P2P_PULL_BYTES
+  size_t twoShotReduceMax_ = 0;      // LOOM_P2P_TWOSHOT_REDUCE_BYTES
   // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
   // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
   static constexpr size_t chunkSlots_ = 2;  // slots per peer (reduce; the scratch's size)

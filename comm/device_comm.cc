@@ -169,6 +169,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
   mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
   mine.pullReduceBytes = settings::getInt("LOOM_P2P_PULL_REDUCE_BYTES");
+  mine.twoShotReduceBytes = settings::getInt("LOOM_P2P_TWOSHOT_REDUCE_BYTES");
   mine.cePullBytes = settings::getInt("LOOM_P2P_CE_PULL_BYTES");
   mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
   mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
@@ -191,6 +192,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
         all[r].oneShotBytes != mine.oneShotBytes ||
         all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
         all[r].pullBytes != mine.pullBytes || all[r].pullReduceBytes != mine.pullReduceBytes ||
+        all[r].twoShotReduceBytes != mine.twoShotReduceBytes ||
         all[r].cePullBytes != mine.cePullBytes ||
         all[r].chunkBytes != mine.chunkBytes ||
         all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes || all[r].chunkSize != mine.chunkSize ||
@@ -201,7 +203,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
           "LOOM_P2P_LL_BYTES/LOOM_P2P_ONESHOT_BYTES/LOOM_P2P_CE_BYTES (or "
           "LOOM_P2P_LL128_BYTES, LOOM_P2P_REDUCE_DIRECT_BYTES, "
-          "LOOM_P2P_PULL_BYTES, LOOM_P2P_PULL_REDUCE_BYTES, LOOM_P2P_CE_PULL_BYTES, "
+          "LOOM_P2P_PULL_BYTES, LOOM_P2P_PULL_REDUCE_BYTES, LOOM_P2P_TWOSHOT_REDUCE_BYTES, "
+          "LOOM_P2P_CE_PULL_BYTES, "
           "LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
           "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
           "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
@@ -363,12 +366,13 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
     // (cudaMallocAsync) or VMM memory fails. Ask the driver where such a form may run.
     const size_t bytes = o.count * dataTypeSize(o.dtype);
     const bool chunked = chunkedSize(o.type, bytes);
+    const bool reduce = o.type == collectives::CollType::kReduce;
     const bool ask = (o.type == collectives::CollType::kAllReduce && pullSize(bytes)) ||
-                     bytes >= ceMin_ || chunked;
+                     (reduce && twoShotReduceSize(bytes)) || bytes >= ceMin_ || chunked;
     const bool inMapped = ask && cuda::isPeerMappableDevicePointer(o.sendbuff);
     const bool outMapped =
-        ask &&
-        (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff));
+        ask && ((reduce && o.root != rank_) ||
+                (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff)));
     const bool captured = chunked && capturing(o.stream);
     mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, inMapped,
                     outMapped, captured});
@@ -425,6 +429,25 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
   const size_t block = op.count * dataTypeSize(op.dtype);
   std::vector<dev::RankBuffers> all;
   bool inMapped = false, outMapped = false, captured = true;
+  // Mid-size reduce, every rank's buffers known (ranks of this process): rank r reduces
+  // part r of every input and stores it into the root's output, so every rank's SMs and
+  // both directions of its links carry a share (the two-shot all-reduce, less the stores
+  // into the other outputs). No pre-op, as the pulled all-reduce. The root's output must
+  // not overlap any input but its own, and that only as the same buffer (each element is
+  // then read and written by one thread).
+  const bool builtinOp =
+      red.op.kind != RedKind::kPreMulSum && !red.scalarDevice && op.ncclOp < ncclNumOps;
+  if (op.type == collectives::CollType::kReduce && twoShotReduceSize(block) && builtinOp &&
+      peerBuffers(op, index, &all, &inMapped, &outMapped) && inMapped && outMapped &&
+      rootOutputApart(all, op.root, block)) {
+    dev::PullInputs in;
+    in.writer = op.root;
+    for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
+    in.outputs[op.root] = all[op.root].out;
+    return failCliqueOn(launchPull(call, in, op.stream,
+                                   "ranks of one process, size <= LOOM_P2P_TWOSHOT_REDUCE_BYTES",
+                                   true));
+  }
   // Large all-reduce and reduce, every rank's buffers known and none in a graph capture:
   // the copy engines move the data in chunks, kernels reduce them locally. A user's
   // PreMulSum scalar may differ between ranks, so only ncclAvg's (1/n) is applied here.
@@ -440,8 +463,6 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
   // peers' inputs where they lie when every rank whose input is read posted a registered
   // one (registeredInputs; every rank exchanges posts for the same calls, so all decide
   // alike). No pre-op in the pulled kernel: not for PreMulSum (ncclAvg on floats included).
-  const bool builtinOp =
-      red.op.kind != RedKind::kPreMulSum && !red.scalarDevice && op.ncclOp < ncclNumOps;
   if (board_ && builtinOp &&
       ((op.type == collectives::CollType::kAllReduce && pullSize(block)) ||
        (op.type == collectives::CollType::kReduce && pastFlagForms(block) &&
@@ -615,6 +636,7 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
   pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
   pullReduceMax_ = s.pullReduceBytes < 0 ? SIZE_MAX : static_cast<size_t>(s.pullReduceBytes);
+  twoShotReduceMax_ = static_cast<size_t>(std::max<int64_t>(0, s.twoShotReduceBytes));
   cePullMin_ = s.cePullBytes <= 0 ? SIZE_MAX : static_cast<size_t>(s.cePullBytes);
   // -1: the sizes measured on 2 ranks (docs/perf/h200x2.md), and never on more (unmeasured).
   auto threshold = [&](int64_t v, size_t twoRanks) -> size_t {

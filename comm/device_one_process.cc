@@ -76,6 +76,17 @@ bool CudaDeviceComm::outputsApart(const std::vector<dev::RankBuffers>& all, size
   return true;
 }
 
+bool CudaDeviceComm::rootOutputApart(const std::vector<dev::RankBuffers>& all, int root,
+                                     size_t bytes) {
+  auto out = reinterpret_cast<uintptr_t>(all[root].out);
+  for (size_t r = 0; r < all.size(); ++r) {
+    auto in = reinterpret_cast<uintptr_t>(all[r].in);
+    if (static_cast<int>(r) == root && in == out) continue;
+    if (in < out + bytes && out < in + bytes) return false;
+  }
+  return true;
+}
+
 bool CudaDeviceComm::allInPlace(const std::vector<dev::RankBuffers>& all) {
   for (const auto& b : all) {
     if (b.in != b.out) return false;
@@ -89,10 +100,11 @@ Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInpu
   const bool cap = capturing(stream);
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
-    const bool inPlace = twoShot && in.outputs[rank_] == in.inputs[rank_];
-    LOOM_INFO(kColl, "GPU pulled %s %s: %zu x %s (%s)", twoShot ? "two-shot" : "one-shot",
-              inPlace ? "all-reduce in place" : in.writer < 0 ? "all-reduce" : "reduce",
-              call.count, dataTypeName(call.type), form);
+    const int at = in.writer >= 0 ? in.writer : rank_;
+    const bool inPlace = twoShot && in.outputs[at] == in.inputs[at];
+    LOOM_INFO(kColl, "GPU pulled %s %s%s: %zu x %s (%s)", twoShot ? "two-shot" : "one-shot",
+              in.writer < 0 ? "all-reduce" : "reduce", inPlace ? " in place" : "", call.count,
+              dataTypeName(call.type), form);
   }
   const int e = twoShot ? dev::launchPullTwoShot(ctx_, call, in, stream)
                         : dev::launchPullAllReduce(ctx_, call, in, stream);

@@ -209,6 +209,8 @@ int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const Pull
 // stores. Arrive and leave as the one-shot form; the leave also publishes the stores into
 // the peers' outputs. Each rank's output must not overlap any input but its own, and then
 // only as the same buffer. No pre-op (not for PreMulSum). Returns a cudaError_t value.
+// A null output is left out: with only the root's given, this is a reduce whose ranks
+// each store their part into the root's output.
 int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
 
 // Where the chunk counter `kind` (kChunkReady, kChunkFree) that rank `from` writes lives in

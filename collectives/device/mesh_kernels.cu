@@ -1220,7 +1220,7 @@ __device__ void partPiece(size_t count, int n, int q, int b, int blocks, size_t*
 }
 
 // launchPullTwoShot. Every block: arrive; reduce its piece of our part from every rank's
-// input and store the result into every rank's output (ours first); leave.
+// input and store the result into every rank's output given (ours first); leave.
 template <typename E>
 __global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__ MeshContext c,
                                                         const __grid_constant__ MeshCall a,
@@ -1239,12 +1239,12 @@ __global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__
     io.nsrc = c.nranks;
     io.preMask = 0;
     io.post = true;
-    io.dsts[0] = static_cast<char*>(p.outputs[c.rank]) + begin * sizeof(S);
-    io.ndst = 1;
-    for (int r = 0; r < c.nranks; ++r) {
-      if (r != c.rank) io.dsts[io.ndst++] = static_cast<char*>(p.outputs[r]) + begin * sizeof(S);
+    io.ndst = 0;
+    for (int k = 0; k < c.nranks; ++k) {
+      const int r = (c.rank + k) % c.nranks;
+      if (p.outputs[r]) io.dsts[io.ndst++] = static_cast<char*>(p.outputs[r]) + begin * sizeof(S);
     }
-    pulledReduceCopy<E>(io, op, size);
+    if (io.ndst > 0) pulledReduceCopy<E>(io, op, size);
   }
   releaseStreamSuccessor();
   call.leaveAll(c, true);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/datatype.h"
+#include "common/log.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -141,13 +142,20 @@ double tolerance(DataType t, ncclRedOp_t op, int n, double want) {
   return n * eps * std::fabs(want);
 }
 
-// Reduction of element i over n ranks, as the op defines it (premul scalar 2 per rank).
+// Reduction of element i over n ranks, as the op defines it (premul scalar 2 per rank),
+// in rank order and rounded to the type after each operation, as the kernels do. That
+// only matters from 3 ranks on fp8 e5m2, whose values near 8 are 8, 10 and 12: 4 + 1 + 4
+// is 8 there (the kernels that combine in another order are not checked on fp8 with more
+// than 2 ranks).
 double reduced(DataType t, ncclRedOp_t op, int n, size_t i, bool premul, size_t salt = 0) {
   double acc = 0;
+  char cell[8];  // one element of any type
   for (int r = 0; r < n; ++r) {
     double x = valueFor(r, i + salt, op);
     if (premul) x *= 2;
     acc = r == 0 ? x : combine(op, acc, x);
+    loom::storeFromDouble(t, cell, 0, acc);
+    acc = loom::loadAsDouble(t, cell, 0);
   }
   if (op == ncclAvg) acc = loom::isFloatType(t) ? acc / n : std::floor(acc / n);
   return acc;
@@ -608,6 +616,113 @@ TEST(GpuCollectives, ReduceWithoutNonRootOutput) {
     }
   }
 }
+
+// What the library logs (LOOM_DEBUG=INFO, subsystem COLL) while one of these lives: how a
+// test sees which form a call took.
+class FormLog {
+ public:
+  FormLog() {
+    setenv("LOOM_DEBUG", "INFO", 1);
+    setenv("LOOM_DEBUG_SUBSYS", "COLL", 1);
+    loom::log::reload();
+    ::testing::internal::CaptureStderr();
+  }
+  ~FormLog() { text(); }
+  // Lines that contain `what` (the capture ends at the first call).
+  size_t lines(const std::string& what) {
+    const std::string& t = text();
+    size_t n = 0;
+    for (size_t at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  }
+
+ private:
+  const std::string& text() {
+    if (!done_) {
+      text_ = ::testing::internal::GetCapturedStderr();
+      unsetenv("LOOM_DEBUG");
+      unsetenv("LOOM_DEBUG_SUBSYS");
+      loom::log::reload();
+      done_ = true;
+    }
+    return text_;
+  }
+  std::string text_;
+  bool done_ = false;
+};
+
+// The two-shot reduce of ranks of one process (LOOM_P2P_TWOSHOT_REDUCE_BYTES): rank r
+// reduces part r of every input and stores it into the root's output. 2 ranks on two GPUs
+// where there are two, and on GPUs shared (LOOM_P2P_SHARE_GPU) where there are fewer than
+// ranks. Every type and op (ncclAvg on floats is a PreMulSum, which keeps the other
+// forms), every root, in place and not, aligned and not, and non-roots without an output.
+class TwoShotReduce : public ::testing::TestWithParam<int> {};
+
+TEST_P(TwoShotReduce, EveryTypeOpAndRoot) {
+  REQUIRE_GPUS(1);
+  const int n = GetParam(), have = gpuCount();
+  std::vector<int> devs;
+  for (int r = 0; r < n; ++r) devs.push_back(r % have);
+  Ranks R(n,
+          {{"LOOM_P2P_TWOSHOT_REDUCE_BYTES", "67108864"},
+           {"LOOM_P2P_SHARE_GPU", n > have ? "1" : "0"},
+           {"LOOM_TIMEOUT_MS", "60000"}},
+          devs);
+  FormLog log;
+  size_t calls = 0;
+  for (DataType t : kAllTypes) {
+    const size_t es = loom::dataTypeSize(t);
+    for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+      // Past the LL limit (1 MiB a peer on 2 ranks) at every element size, odd counts.
+      for (size_t count : {size_t{1300001} / es | 1, (size_t{3} << 20) + 5}) {
+        if (count > 1300001 && t != DataType::kInt8 && t != DataType::kFloat32) continue;
+        for (int k = 0; k < 4; ++k) {
+          const bool inPlace = k & 1;
+          const size_t misalign = k & 2 ? es : 0;
+          const int root = (k + static_cast<int>(count)) % n;
+          EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, op, count, inPlace, misalign, false, root), 0u)
+              << n << " ranks on " << have << " GPU(s), " << loom::dataTypeName(t) << " op " << op
+              << " count " << count << (inPlace ? " in place" : "") << " misalign " << misalign
+              << " root " << root;
+          ++calls;
+        }
+      }
+    }
+  }
+  // Non-roots without an output (NCCL allows it).
+  const size_t count = (size_t{2} << 20) + 1;
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    out.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    upload(R.dev(r), in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+  }
+  for (int root = 0; root < n; ++root) {
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      NCCL_OK(ncclReduce(in[r]->ptr, r == root ? out[r]->ptr : nullptr, count, ncclFloat32,
+                         ncclSum, root, R.comms[r], R.streams[r]));
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    R.sync();
+    std::vector<char> got = download(R.dev(root), out[root]->ptr, count * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) {
+      bad += loom::loadAsDouble(DataType::kFloat32, got.data(), i) !=
+             reduced(DataType::kFloat32, ncclSum, n, i, false);
+    }
+    EXPECT_EQ(bad, 0u) << "root " << root;
+  }
+  // Every rank logs each call that took the form: all but the float averages, and the
+  // calls without outputs.
+  const size_t floatAvg = 6 /* float types */ * 4 /* one count each */ + 4 /* float's second */;
+  EXPECT_EQ(log.lines("two-shot reduce"), size_t(n) * (calls - floatAvg + n));
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuCollectives, TwoShotReduce, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "ranks";
+                         });
 
 // Buffers from a stream-ordered pool (cudaMallocAsync) are not mapped by peer access (a
 // copy between GPUs into or out of one fails): the pulled all-reduce and the copy engines
