@@ -21,6 +21,10 @@
 #          OUTDIR is packed into TARBALL_DIR/results.tgz after every phase.
 #   large  the largest checks: every perf binary with -c 1 at 8 GiB (-g N; 26-41 s each on the
 #          H200 pair, most of it host-side filling and checking) and at 1 GiB under mpirun
+#   reduce the two-shot reduce of ranks of one process (LOOM_P2P_TWOSHOT_REDUCE_BYTES) against
+#          the default forms and NCCL: reduce_perf -g N from 1 to 64 MiB, three interleaved
+#          rounds of each, a table of out-of-place times and busbw ratios (reduce_table.md),
+#          then its -c 1 checks (all types and ops, and 8 B - 1 GiB)
 set -u
 prefix=$(cd "$1" && pwd)
 out=$2
@@ -127,6 +131,40 @@ if [ "$mode" = large ]; then
     pack
   done
   grep -H "Out of bounds values" "$out"/large_*.log
+fi
+if [ "$mode" = reduce ]; then
+  for i in 1 2 3; do
+    for v in 0 67108864; do
+      run "reduce_twoshot_${v}_$i" timeout 60 env LOOM_P2P_TWOSHOT_REDUCE_BYTES=$v "$bin/reduce_perf" \
+        -g "$ngpu" -b 1M -e 64M -f 2 -c 0 -w 10 -n 50 --compare nccl --json "$out/reduce_twoshot_${v}_$i.json"
+    done
+    pack
+  done
+  python3 - "$out" > "$out/reduce_table.md" <<'PY'
+import glob, json, os, sys
+rows = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "reduce_twoshot_*.json"))):
+    v = os.path.basename(f).split("_")[2]
+    for r in json.load(open(f))["results"]:
+        cell = rows.setdefault(r["size"], {}).setdefault(v, [])
+        cell.append((r["out_of_place"]["time"], r["nccl_out_of_place"]["time"],
+                     r["bus_bw_ratio"]["out_of_place"]))
+span = lambda xs: "%.2f-%.2f" % (min(xs), max(xs)) if xs else "-"
+print("| size | default forms, us | two-shot reduce, us | NCCL, us | ratio, default | ratio, two-shot |")
+print("| ---: | --- | --- | --- | --- | --- |")
+for size in sorted(rows):
+    d, t = rows[size].get("0", []), rows[size].get("67108864", [])
+    print("| %d | %s | %s | %s | %s | %s |" % (size, span([x[0] for x in d]), span([x[0] for x in t]),
+          span([x[1] for x in d + t]), span([x[2] for x in d]), span([x[2] for x in t])))
+PY
+  cat "$out/reduce_table.md"
+  export LOOM_P2P_TWOSHOT_REDUCE_BYTES=67108864
+  run check_reduce_twoshot_types timeout 60 "$bin/reduce_perf" -g "$ngpu" -b 1M -e 64M -f 8 -c 1 -w 1 -n 1 -d all -o all
+  run check_reduce_twoshot_g timeout 100 "$bin/reduce_perf" -g "$ngpu" -b 8 -e 1G -f 8 -c 1 -w 1 -n 1
+  run gpu_test_twoshot timeout 120 "$bin/gpu_collectives_test" --gtest_filter='*TwoShotReduce*'
+  unset LOOM_P2P_TWOSHOT_REDUCE_BYTES
+  grep -H "Out of bounds values" "$out"/check_reduce_twoshot_*.log
+  pack
 fi
 if [ "$mode" = final ]; then
   run gpu_test timeout 120 "$bin/gpu_collectives_test"
