@@ -655,7 +655,8 @@ class FormLog {
 // reduces part r of every input and stores it into the root's output. 2 ranks on two GPUs
 // where there are two, and on GPUs shared (LOOM_P2P_SHARE_GPU) where there are fewer than
 // ranks. Every type and op (ncclAvg on floats is a PreMulSum, which keeps the other
-// forms), every root, in place and not, aligned and not, and non-roots without an output.
+// forms), every root, in place and not, aligned and not, non-roots without an output, and
+// a CUDA graph of one replayed 50 times.
 class TwoShotReduce : public ::testing::TestWithParam<int> {};
 
 TEST_P(TwoShotReduce, EveryTypeOpAndRoot) {
@@ -713,10 +714,47 @@ TEST_P(TwoShotReduce, EveryTypeOpAndRoot) {
     }
     EXPECT_EQ(bad, 0u) << "root " << root;
   }
-  // Every rank logs each call that took the form: all but the float averages, and the
-  // calls without outputs.
+  // In a CUDA graph per rank (the calls in one group, so that the form applies), replayed
+  // with the root's output poisoned in between.
+  const int root = n - 1;
+  std::vector<cudaGraphExec_t> execs(n);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(R.dev(r));
+    CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
+  }
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    NCCL_OK(ncclReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, root, R.comms[r], R.streams[r]));
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(R.dev(r));
+    cudaGraph_t g;
+    CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
+    CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
+    cudaGraphDestroy(g);
+  }
+  std::vector<char> want(count * 4);
+  for (size_t i = 0; i < count; ++i) {
+    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
+  }
+  size_t badReplays = 0;
+  for (int it = 0; it < 50; ++it) {
+    cudaSetDevice(R.dev(root));
+    cudaMemsetAsync(out[root]->ptr, 0xFF, count * 4, R.streams[root]);
+    for (int r = 0; r < n; ++r) {
+      cudaSetDevice(R.dev(r));
+      CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
+    }
+    R.sync();
+    if (it % 10 == 9) badReplays += download(R.dev(root), out[root]->ptr, count * 4) != want;
+  }
+  for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
+  EXPECT_EQ(badReplays, 0u) << "replays of a captured reduce";
+  // Every rank logs each call that took the form: all but the float averages, the calls
+  // without outputs, and the captured one.
   const size_t floatAvg = 6 /* float types */ * 4 /* one count each */ + 4 /* float's second */;
-  EXPECT_EQ(log.lines("two-shot reduce"), size_t(n) * (calls - floatAvg + n));
+  EXPECT_EQ(log.lines("two-shot reduce"), size_t(n) * (calls - floatAvg + n + 1));
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuCollectives, TwoShotReduce, ::testing::Values(2, 3, 4),
