@@ -21,6 +21,10 @@
 #          OUTDIR is packed into TARBALL_DIR/results.tgz after every phase.
 #   large  the largest checks: every perf binary with -c 1 at 8 GiB (-g N; 26-41 s each on the
 #          H200 pair, most of it host-side filling and checking) and at 1 GiB under mpirun
+#   sanitize compute-sanitizer's memcheck, initcheck, synccheck and racecheck over every perf
+#          binary with -c 1 (8 B - 64 MiB, 2 and 3 ranks; the types and ops, the two-shot
+#          reduce and the chunked all-reduce under memcheck) and two GPU tests; runs on one GPU
+#          too, its ranks sharing it (LOOM_P2P_SHARE_GPU); sanitize.md sums it up
 #   reduce the two-shot reduce of ranks of one process (LOOM_P2P_TWOSHOT_REDUCE_BYTES) against
 #          the default forms and NCCL: reduce_perf -g N from 1 to 64 MiB, three interleaved
 #          rounds of each, a table of out-of-place times and busbw ratios (reduce_table.md),
@@ -131,6 +135,39 @@ if [ "$mode" = large ]; then
     pack
   done
   grep -H "Out of bounds values" "$out"/large_*.log
+fi
+if [ "$mode" = sanitize ]; then
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  # Ranks past the GPUs there are share them: the kernels for 3 ranks run on 2 GPUs or 1.
+  export LOOM_P2P_SHARE_GPU=1 CUDA_DEVICE_MAX_CONNECTIONS=32 LOOM_TIMEOUT_MS=60000
+  sanitize() {  # name, tool, command...: one line of sanitize.md per run
+    local name=$1 tool=$2; shift 2
+    run "san_${name}_$tool" timeout 120 "$cs" --tool "$tool" --error-exitcode 3 "$@"
+    local f="$out/san_${name}_$tool.log"
+    printf '| %s | %s | %s | %s | %s |\n' "$name" "$tool" \
+      "$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$f")" \
+      "$(awk '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ { w += $9 + $13 } END { print w + 0 }' "$f")" \
+      "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$f" | sed 's/=* *//' | sort | uniq -c | tr -s ' ' | tr '\n' ';')" \
+      >> "$out/sanitize.md"
+  }
+  { echo "| run | tool | rows | wrong | summaries |"; echo "| --- | --- | ---: | ---: | --- |"; } > "$out/sanitize.md"
+  for tool in memcheck initcheck synccheck racecheck; do
+    for c in $colls; do
+      sanitize "g2_$c" $tool "$bin/${c}_perf" -g 2 -b 8 -e 64M -f 8 -c 1 -w 0 -n 1
+    done
+    LOOM_P2P_TWOSHOT_REDUCE_BYTES=67108864 sanitize g2_reduce_twoshot $tool "$bin/reduce_perf" -g 2 -b 1M -e 64M -f 4 -c 1 -w 0 -n 1
+    for c in all_reduce reduce_scatter reduce; do
+      sanitize "g3_$c" $tool "$bin/${c}_perf" -g 3 -b 8 -e 16M -f 8 -c 1 -w 0 -n 1
+    done
+    pack
+  done
+  sanitize g2_all_reduce_chunked memcheck "$bin/all_reduce_perf" -g 2 -b 256M -e 256M -c 1 -w 0 -n 1
+  sanitize g2_all_reduce_types memcheck "$bin/all_reduce_perf" -g 2 -b 8 -e 16M -f 16 -c 1 -w 0 -n 1 -d all -o all
+  LOOM_P2P_TWOSHOT_REDUCE_BYTES=67108864 sanitize g2_reduce_types memcheck "$bin/reduce_perf" -g 2 -b 8 -e 16M -f 16 -c 1 -w 0 -n 1 -d all -o all
+  sanitize gpu_tests memcheck "$bin/gpu_collectives_test" --gtest_filter='*TwoShotReduce*/2ranks:*MoreRanksThanGpusShareThem.*/3ranks'
+  unset LOOM_P2P_SHARE_GPU CUDA_DEVICE_MAX_CONNECTIONS LOOM_TIMEOUT_MS
+  cat "$out/sanitize.md"
+  pack
 fi
 if [ "$mode" = reduce ]; then
   for i in 1 2 3; do
