@@ -22,8 +22,8 @@
 #   large  the largest checks: every perf binary with -c 1 at 8 GiB (-g N; 26-41 s each on the
 #          H200 pair, most of it host-side filling and checking) and at 1 GiB under mpirun
 #   sanitize compute-sanitizer's memcheck, initcheck, synccheck and racecheck over every perf
-#          binary with -c 1 (8 B - 64 MiB, 2 and 3 ranks; the types and ops, the two-shot
-#          reduce and the chunked all-reduce under memcheck) and two GPU tests; runs on one GPU
+#          binary with -c 1 (8 B - 64 MiB, 2 and 3 ranks, LL128 forced, the two-shot reduce;
+#          the types and ops and the chunked all-reduce under memcheck) and two GPU tests; runs on one GPU
 #          too, its ranks sharing it (LOOM_P2P_SHARE_GPU); sanitize.md sums it up
 #   reduce the two-shot reduce of ranks of one process (LOOM_P2P_TWOSHOT_REDUCE_BYTES) against
 #          the default forms and NCCL: reduce_perf -g N from 1 to 64 MiB, three interleaved
@@ -156,6 +156,9 @@ if [ "$mode" = sanitize ]; then
       sanitize "g2_$c" $tool "$bin/${c}_perf" -g 2 -b 8 -e 64M -f 8 -c 1 -w 0 -n 1
     done
     LOOM_P2P_TWOSHOT_REDUCE_BYTES=67108864 sanitize g2_reduce_twoshot $tool "$bin/reduce_perf" -g 2 -b 1M -e 64M -f 4 -c 1 -w 0 -n 1
+    for c in all_reduce reduce_scatter reduce; do  # LL128 is off by default
+      LOOM_PROTO=ll128 sanitize "g2_${c}_ll128" $tool "$bin/${c}_perf" -g 2 -b 8 -e 16M -f 8 -c 1 -w 0 -n 1
+    done
     for c in all_reduce reduce_scatter reduce; do
       sanitize "g3_$c" $tool "$bin/${c}_perf" -g 3 -b 8 -e 16M -f 8 -c 1 -w 0 -n 1
     done
