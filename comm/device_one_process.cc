@@ -108,7 +108,7 @@ Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInpu
   }
   const int e = twoShot ? dev::launchPullTwoShot(ctx_, call, in, stream)
                         : dev::launchPullAllReduce(ctx_, call, in, stream);
-  LOOM_TRY(launchStatus(e, "the pulled all-reduce"));
+  LOOM_TRY(launchStatus(e, in.writer < 0 ? "the pulled all-reduce" : "the pulled reduce"));
   return recordDone(stream, cap);
 }
 

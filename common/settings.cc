@@ -82,8 +82,8 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_P2P_TWOSHOT_REDUCE_BYTES", nullptr, Type::kInt, "0",
      "GPU reduce between ranks of one process whose calls meet in a group: above the LL limit "
      "and up to this size, each rank reduces its part of every input and stores it into the "
-     "root's output (two-shot; ahead of the copy engines' form; 0: never, the default until "
-     "measured on 2 x H200)"},
+     "root's output (two-shot; ahead of the copy engines' form; not with LOOM_ALGO set; 0: "
+     "never, the default until measured on 2 x H200)"},
     {"LOOM_P2P_CE_REDUCE_BYTES", nullptr, Type::kInt, "-1",
      "GPU reduce between ranks of one process whose calls meet in a group: from this size the "
      "copy engines move the data in chunks and kernels reduce each chunk locally (-1: 2 MiB "

@@ -3,7 +3,7 @@
 # NCCL found on that machine (--compare nccl), and writes logs, JSON reports and tables
 # to OUTDIR.
 #
-#   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all|tune|final|large] [TARBALL_DIR]
+#   scripts/gpu_check.sh PREFIX OUTDIR [quick|check|bench|all|tune|final|large|sanitize|reduce] [TARBALL_DIR]
 #
 # PREFIX is an install tree (`cmake --install build --prefix PREFIX`) with the GPU test
 # binaries (build/tests/gpu/gpu_collectives_test, gpu_registration_test) copied into
@@ -54,6 +54,7 @@ run() {  # name, command...: logs to OUTDIR/name.log, prints the last lines
   local t0=$SECONDS
   "$@" > "$out/$name.log" 2>&1
   local rc=$?
+  last_rc=$rc
   echo "=== $name: rc=$rc, $((SECONDS - t0)) s"
   [ $rc -ne 0 ] && { status=1; tail -n 15 "$out/$name.log"; }
   return 0
@@ -144,13 +145,13 @@ if [ "$mode" = sanitize ]; then
     local name=$1 tool=$2; shift 2
     run "san_${name}_$tool" timeout 120 "$cs" --tool "$tool" --error-exitcode 3 "$@"
     local f="$out/san_${name}_$tool.log"
-    printf '| %s | %s | %s | %s | %s |\n' "$name" "$tool" \
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$name" "$tool" "$last_rc" \
       "$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$f")" \
       "$(awk '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ { w += $9 + $13 } END { print w + 0 }' "$f")" \
       "$(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$f" | sed 's/=* *//' | sort | uniq -c | tr -s ' ' | tr '\n' ';')" \
       >> "$out/sanitize.md"
   }
-  { echo "| run | tool | rows | wrong | summaries |"; echo "| --- | --- | ---: | ---: | --- |"; } > "$out/sanitize.md"
+  { echo "| run | tool | exit status | rows | wrong | summaries |"; echo "| --- | --- | ---: | ---: | ---: | --- |"; } > "$out/sanitize.md"
   for tool in memcheck initcheck synccheck racecheck; do
     for c in $colls; do
       sanitize "g2_$c" $tool "$bin/${c}_perf" -g 2 -b 8 -e 64M -f 8 -c 1 -w 0 -n 1
@@ -180,16 +181,20 @@ if [ "$mode" = reduce ]; then
     done
     pack
   done
-  python3 - "$out" > "$out/reduce_table.md" <<'PY'
-import glob, json, os, sys
+  python3 - "$out" "$here" > "$out/reduce_table.md" <<'PY'
+import glob, os, sys
+sys.path.insert(0, sys.argv[2])
+from plot_perf import load_report  # closes a report cut short by the timeout
 rows = {}
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "reduce_twoshot_*.json"))):
     v = os.path.basename(f).split("_")[2]
-    for r in json.load(open(f))["results"]:
-        cell = rows.setdefault(r["size"], {}).setdefault(v, [])
-        cell.append((r["out_of_place"]["time"], r["nccl_out_of_place"]["time"],
-                     r["bus_bw_ratio"]["out_of_place"]))
-span = lambda xs: "%.2f-%.2f" % (min(xs), max(xs)) if xs else "-"
+    for r in load_report(f).get("results", []):
+        mine, theirs = r.get("out_of_place") or {}, r.get("nccl_out_of_place") or {}
+        ratio = (r.get("bus_bw_ratio") or {}).get("out_of_place")
+        rows.setdefault(r["size"], {}).setdefault(v, []).append((mine.get("time"), theirs.get("time"), ratio))
+def span(xs):
+    xs = [x for x in xs if x is not None]
+    return "%.2f-%.2f" % (min(xs), max(xs)) if xs else "-"
 print("| size | default forms, us | two-shot reduce, us | NCCL, us | ratio, default | ratio, two-shot |")
 print("| ---: | --- | --- | --- | --- | --- |")
 for size in sorted(rows):
