@@ -161,6 +161,15 @@ double reduced(DataType t, ncclRedOp_t op, int n, size_t i, bool premul, size_t 
   return acc;
 }
 
+// The bytes of a float sum over n ranks of `count` elements (makeInput's values).
+std::vector<char> floatSums(int n, size_t count) {
+  std::vector<char> want(count * 4);
+  for (size_t i = 0; i < count; ++i) {
+    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
+  }
+  return want;
+}
+
 std::vector<char> download(int dev, const void* p, size_t bytes) {
   std::vector<char> v(bytes);
   cudaSetDevice(dev);
@@ -457,10 +466,7 @@ void replayAllReduceGraph(Ranks& R, int replays, int checkEvery, size_t* bad) {
     CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
     cudaGraphDestroy(g);
   }
-  std::vector<char> want(count * 4);
-  for (size_t i = 0; i < count; ++i) {
-    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
-  }
+  const std::vector<char> want = floatSums(n, count);
   const std::vector<char> head(want.begin(), want.begin() + small * 4);
   for (int it = 0; it < replays; ++it) {
     for (int r = 0; r < n; ++r) {
@@ -734,10 +740,7 @@ TEST_P(TwoShotReduce, EveryTypeOpAndRoot) {
     CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
     cudaGraphDestroy(g);
   }
-  std::vector<char> want(count * 4);
-  for (size_t i = 0; i < count; ++i) {
-    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
-  }
+  const std::vector<char> want = floatSums(n, count);
   size_t badReplays = 0;
   for (int it = 0; it < 50; ++it) {
     cudaSetDevice(R.dev(root));
