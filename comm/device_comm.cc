@@ -104,7 +104,8 @@ void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdenti
   // unless set), and each rank here uses up to three: past that, one rank's kernel can
   // queue behind a peer's that waits for it.
   const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  const int connections = env && std::atoi(env) > 0 ? std::atoi(env) : 8;
+  const int asked = env ? std::atoi(env) : 0;
+  const int connections = asked > 0 ? asked : 8;
   if (rank == 0 && 3 * sharing > connections) {
     LOOM_WARN(kInit, "%d ranks share a GPU (LOOM_P2P_SHARE_GPU) with %d hardware queues "
               "(CUDA_DEVICE_MAX_CONNECTIONS): their kernels may queue behind each other and "

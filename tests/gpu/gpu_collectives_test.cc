@@ -623,6 +623,14 @@ TEST(GpuCollectives, ReduceWithoutNonRootOutput) {
   }
 }
 
+// Rank r's GPU for n ranks: round-robin over the GPUs there are (ranks share them where
+// there are fewer, with LOOM_P2P_SHARE_GPU).
+std::vector<int> roundRobinDevices(int n) {
+  std::vector<int> d;
+  for (int r = 0; r < n; ++r) d.push_back(r % gpuCount());
+  return d;
+}
+
 // What the library logs (LOOM_DEBUG=INFO, subsystem COLL) while one of these lives: how a
 // test sees which form a call took.
 class FormLog {
@@ -668,13 +676,11 @@ class TwoShotReduce : public ::testing::TestWithParam<int> {};
 TEST_P(TwoShotReduce, EveryTypeOpAndRoot) {
   REQUIRE_GPUS(1);
   const int n = GetParam(), have = gpuCount();
-  std::vector<int> devs;
-  for (int r = 0; r < n; ++r) devs.push_back(r % have);
   Ranks R(n,
           {{"LOOM_P2P_TWOSHOT_REDUCE_BYTES", "67108864"},
            {"LOOM_P2P_SHARE_GPU", n > have ? "1" : "0"},
            {"LOOM_TIMEOUT_MS", "60000"}},
-          devs);
+          roundRobinDevices(n));
   FormLog log;
   size_t calls = 0;
   for (DataType t : kAllTypes) {
@@ -1074,12 +1080,7 @@ TEST(GpuCollectives, MoreThanTwoGpus) {
 // Correctness only: ranks that share a GPU share its SMs.
 class MoreRanksThanGpusShareThem : public ::testing::TestWithParam<int> {
  protected:
-  // Rank r's GPU, for GetParam() ranks: round-robin over the GPUs there are.
-  static std::vector<int> devices() {
-    std::vector<int> d;
-    for (int r = 0; r < GetParam(); ++r) d.push_back(r % gpuCount());
-    return d;
-  }
+  static std::vector<int> devices() { return roundRobinDevices(GetParam()); }
 };
 
 TEST_P(MoreRanksThanGpusShareThem, EveryCollectiveAndForm) {
