@@ -21,8 +21,31 @@ inline constexpr uint64_t kCommMagic = 0x6c6f6f6d636f6d6dull;
 
 // Registry of live handles, so a destroyed or bogus communicator is an error, not a crash.
 void registerComm(ncclComm* c);
-void unregisterComm(ncclComm* c);
-bool isLiveComm(const ncclComm* c);
+// False when `c` was not registered (never, or another thread unregistered it first).
+bool unregisterComm(ncclComm* c);
+
+// A hold on a live communicator for the length of one API call. It is taken under the
+// registry's lock, so once ncclCommAbort or ncclCommDestroy has unregistered a
+// communicator no call can take a new hold on it, and they free it only after every
+// hold has ended (Communicator::waitIdle). A call that dereferences a communicator
+// does so only while it holds one (a check followed by a separate enter() left a window
+// in which another thread's abort freed it: a crash under PyTorch's watchdog).
+class CommHold {
+ public:
+  CommHold() = default;
+  CommHold(CommHold&& o) noexcept : comm_(o.comm_) { o.comm_ = nullptr; }
+  CommHold& operator=(CommHold&& o) noexcept;
+  CommHold(const CommHold&) = delete;
+  CommHold& operator=(const CommHold&) = delete;
+  ~CommHold() { release(); }
+  // Takes a hold on `c`; false (and nothing held) when it is not a live communicator.
+  bool take(const ncclComm* c);
+  void release();
+  explicit operator bool() const { return comm_ != nullptr; }
+
+ private:
+  Communicator* comm_ = nullptr;
+};
 
 // Records `st` as this thread's last error (and logs it at WARN) and returns its code.
 ncclResult_t fail(const Status& st);

@@ -239,7 +239,10 @@ Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
     }
     auto conn = transports_[msg.transport]->connect(peers_[p], msg.blob, deadline);
     if (!conn) return conn.status().withContext("connecting to rank " + std::to_string(p));
-    sends_[p] = std::move(conn).value();
+    {
+      std::lock_guard<std::mutex> lock(connMutex_);
+      sends_[p] = std::move(conn).value();
+    }
     sendTransport_[p] = msg.transport;
     LOOM_INFO(kInit, "connected to rank %d via %s", p, transports_[msg.transport]->name());
   }
@@ -248,7 +251,10 @@ Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
     int p = needRecv[i];
     auto conn = setups[i]->accept(deadline);
     if (!conn) return conn.status().withContext("accepting the connection from rank " + std::to_string(p));
-    recvs_[p] = std::move(conn).value();
+    {
+      std::lock_guard<std::mutex> lock(connMutex_);
+      recvs_[p] = std::move(conn).value();
+    }
     recvTransport_[p] = setupTransport[i];
   }
   return Status::ok();
@@ -615,15 +621,17 @@ void Communicator::setAsyncError(Code code) {
 void Communicator::abort() {
   abortFlag_.store(true);
   if (device_) device_->abort();
+  // Another thread may be connecting (ensureConnected) while we look at the connections.
+  std::lock_guard<std::mutex> lock(connMutex_);
   for (auto& s : sends_) if (s) s->abort();
   for (auto& r : recvs_) if (r) r->abort();
 }
 
 void Communicator::leave() {
-  if (busy_.fetch_sub(1) == 1) {
-    std::lock_guard<std::mutex> lock(idleMutex_);
-    idleCv_.notify_all();
-  }
+  // Under the lock: waitIdle may free this object as soon as it sees zero, so the count
+  // must not reach zero before this thread is done with the mutex and the condition.
+  std::lock_guard<std::mutex> lock(idleMutex_);
+  if (busy_.fetch_sub(1) == 1) idleCv_.notify_all();
 }
 
 bool Communicator::waitIdle(int64_t ms) {

@@ -144,6 +144,7 @@ class Communicator : public collectives::ConnectionProvider {
   std::vector<std::unique_ptr<transport::Transport>> transports_;
   std::vector<std::unique_ptr<transport::SendConnection>> sends_;
   std::vector<std::unique_ptr<transport::RecvConnection>> recvs_;
+  std::mutex connMutex_;  // sends_ and recvs_ change (ensureConnected) while abort() reads them
   std::vector<int> sendTransport_;  // index into transports_, -1 when not connected
   std::vector<int> recvTransport_;
   std::vector<UserOp> userOps_;

@@ -135,15 +135,33 @@ void registerComm(ncclComm* c) {
   registry().insert(c);
 }
 
-void unregisterComm(ncclComm* c) {
+bool unregisterComm(ncclComm* c) {
   std::lock_guard<std::mutex> lock(registryMutex);
-  registry().erase(c);
+  return registry().erase(c) != 0;
 }
 
-bool isLiveComm(const ncclComm* c) {
+bool CommHold::take(const ncclComm* c) {
+  release();
   if (!c) return false;
   std::lock_guard<std::mutex> lock(registryMutex);
-  return registry().count(c) != 0 && c->magic == kCommMagic;
+  if (registry().count(c) == 0 || c->magic != kCommMagic) return false;
+  comm_ = c->impl.get();
+  comm_->enter();
+  return true;
+}
+
+void CommHold::release() {
+  if (comm_) comm_->leave();
+  comm_ = nullptr;
+}
+
+CommHold& CommHold::operator=(CommHold&& o) noexcept {
+  if (this != &o) {
+    release();
+    comm_ = o.comm_;
+    o.comm_ = nullptr;
+  }
+  return *this;
 }
 
 ncclResult_t fail(const Status& st) {
@@ -193,10 +211,18 @@ ncclResult_t groupEnd() {
   if (!initError) return fail(initError);
   if (!pending) return fail(pending);
   if (ops.empty()) return ncclSuccess;
+  // Every communicator of the group stays held until it has run: a concurrent abort
+  // unregisters it first, and then waits for these holds to end.
+  std::vector<CommHold> holds;
+  std::vector<const ncclComm*> held;
   for (auto& [c, op] : ops) {
-    if (!isLiveComm(c)) {
+    if (std::find(held.begin(), held.end(), c) != held.end()) continue;
+    CommHold h;
+    if (!h.take(c)) {
       return fail(errorf(Code::kInvalidArgument, "a communicator used in this group was destroyed"));
     }
+    held.push_back(c);
+    holds.push_back(std::move(h));
   }
   Status st = runGroup(ops);
   return st ? ncclSuccess : fail(st);

@@ -39,9 +39,10 @@ ncclResult_t guarded(const char* fn, F&& body) {
   }
 }
 
-Status checkComm(const char* fn, const ncclComm* comm) {
+// Takes `hold` on a live communicator (kept until the caller's call returns), or says why not.
+Status checkComm(const char* fn, const ncclComm* comm, loom::comm::CommHold* hold) {
   if (!comm) return errorf(Code::kInvalidArgument, "%s: comm is NULL", fn);
-  if (!loom::comm::isLiveComm(comm)) {
+  if (!hold->take(comm)) {
     return errorf(Code::kInvalidArgument, "%s: comm %p is not a live communicator (destroyed?)",
                   fn, static_cast<const void*>(comm));
   }
@@ -90,7 +91,8 @@ ncclResult_t submit(const char* fn, const void* sendbuff, void* recvbuff, size_t
                     ncclDataType_t datatype, int op, int root, ncclComm_t comm,
                     cudaStream_t stream, CollType type, bool reduces) {
   return guarded(fn, [&]() -> ncclResult_t {
-    Status st = checkComm(fn, comm);
+    loom::comm::CommHold hold;
+    Status st = checkComm(fn, comm, &hold);
     if (st) st = checkType(fn, datatype);
     if (!st) return fail(st);
     auto& impl = *comm->impl;
@@ -196,9 +198,12 @@ ncclResult_t makeId(ncclUniqueId* id) {
 ncclResult_t destroyComm(ncclComm_t comm, bool abort) {
   const char* fn = abort ? "ncclCommAbort" : "ncclCommDestroy";
   if (!comm) return abort ? ncclSuccess : fail(errorf(Code::kInvalidArgument, "%s: comm is NULL", fn));
-  Status st = checkComm(fn, comm);
-  if (!st) return fail(st);
-  loom::comm::unregisterComm(comm);
+  // Unregistering is the check: of two threads destroying one communicator, one wins; from
+  // here on no call can take a hold on it, and the holds already taken are waited for.
+  if (!loom::comm::unregisterComm(comm)) {
+    return fail(errorf(Code::kInvalidArgument, "%s: comm %p is not a live communicator (destroyed?)",
+                       fn, static_cast<const void*>(comm)));
+  }
   if (abort) {
     comm->impl->abort();
     // A call still running on another thread sees the abort within ~100 ms.
@@ -298,7 +303,8 @@ LOOM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* de
 LOOM_API ncclResult_t pncclCommInitAll(ncclComm_t*, int, const int*) LOOM_ALIAS(ncclCommInitAll);
 
 LOOM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  Status st = checkComm("ncclCommFinalize", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommFinalize", comm, &hold);
   return st ? ncclSuccess : fail(st);
 }
 LOOM_API ncclResult_t pncclCommFinalize(ncclComm_t) LOOM_ALIAS(ncclCommFinalize);
@@ -321,7 +327,8 @@ LOOM_API ncclResult_t pncclCommRevoke(ncclComm_t, int) LOOM_ALIAS(ncclCommRevoke
 LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                     ncclConfig_t* config) {
   return guarded("ncclCommSplit", [&]() -> ncclResult_t {
-    Status st = checkComm("ncclCommSplit", comm);
+    loom::comm::CommHold hold;
+    Status st = checkComm("ncclCommSplit", comm, &hold);
     if (!st) return fail(st);
     if (!newcomm) return fail(errorf(Code::kInvalidArgument, "ncclCommSplit: newcomm is NULL"));
     *newcomm = nullptr;
@@ -395,7 +402,8 @@ LOOM_API const char* ncclGetLastError(ncclComm_t) { return loom::comm::lastError
 LOOM_API const char* pncclGetLastError(ncclComm_t) LOOM_ALIAS(ncclGetLastError);
 
 LOOM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  Status st = checkComm("ncclCommGetAsyncError", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommGetAsyncError", comm, &hold);
   if (!st) return fail(st);
   if (!asyncError) return fail(errorf(Code::kInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL"));
   *asyncError = comm->impl->asyncError();
@@ -404,7 +412,8 @@ LOOM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async
 LOOM_API ncclResult_t pncclCommGetAsyncError(ncclComm_t, ncclResult_t*) LOOM_ALIAS(ncclCommGetAsyncError);
 
 LOOM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  Status st = checkComm("ncclCommCount", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommCount", comm, &hold);
   if (!st) return fail(st);
   if (!count) return fail(errorf(Code::kInvalidArgument, "ncclCommCount: count is NULL"));
   *count = comm->impl->nranks();
@@ -413,7 +422,8 @@ LOOM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
 LOOM_API ncclResult_t pncclCommCount(const ncclComm_t, int*) LOOM_ALIAS(ncclCommCount);
 
 LOOM_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  Status st = checkComm("ncclCommCuDevice", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommCuDevice", comm, &hold);
   if (!st) return fail(st);
   if (!device) return fail(errorf(Code::kInvalidArgument, "ncclCommCuDevice: device is NULL"));
   *device = comm->impl->cudaDevice();
@@ -422,7 +432,8 @@ LOOM_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 LOOM_API ncclResult_t pncclCommCuDevice(const ncclComm_t, int*) LOOM_ALIAS(ncclCommCuDevice);
 
 LOOM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  Status st = checkComm("ncclCommUserRank", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommUserRank", comm, &hold);
   if (!st) return fail(st);
   if (!rank) return fail(errorf(Code::kInvalidArgument, "ncclCommUserRank: rank is NULL"));
   *rank = comm->impl->rank();
@@ -431,7 +442,8 @@ LOOM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 LOOM_API ncclResult_t pncclCommUserRank(const ncclComm_t, int*) LOOM_ALIAS(ncclCommUserRank);
 
 LOOM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
-  Status st = checkComm("ncclCommRegister", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommRegister", comm, &hold);
   if (!st) return fail(st);
   if (!handle) return fail(errorf(Code::kInvalidArgument, "ncclCommRegister: handle is NULL"));
   if (!buff && size > 0) {
@@ -445,7 +457,8 @@ LOOM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t
 LOOM_API ncclResult_t pncclCommRegister(const ncclComm_t, void*, size_t, void**) LOOM_ALIAS(ncclCommRegister);
 
 LOOM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
-  Status st = checkComm("ncclCommDeregister", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommDeregister", comm, &hold);
   if (!st) return fail(st);
   st = comm->impl->deregisterBuffer(handle);
   return st ? ncclSuccess : fail(st.withContext("ncclCommDeregister"));
@@ -456,7 +469,8 @@ LOOM_API ncclResult_t pncclCommDeregister(const ncclComm_t, void*) LOOM_ALIAS(nc
 // windows as well: the window is a registration handle.
 LOOM_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
                                              ncclWindow_t* win, int winFlags) {
-  Status st = checkComm("ncclCommWindowRegister", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommWindowRegister", comm, &hold);
   if (!st) return fail(st);
   if (!win) return fail(errorf(Code::kInvalidArgument, "ncclCommWindowRegister: win is NULL"));
   *win = nullptr;
@@ -475,7 +489,8 @@ LOOM_API ncclResult_t pncclCommWindowRegister(ncclComm_t, void*, size_t, ncclWin
     LOOM_ALIAS(ncclCommWindowRegister);
 
 LOOM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  Status st = checkComm("ncclCommWindowDeregister", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclCommWindowDeregister", comm, &hold);
   if (!st) return fail(st);
   st = comm->impl->deregisterBuffer(win);
   return st ? ncclSuccess : fail(st.withContext("ncclCommWindowDeregister"));
@@ -511,7 +526,8 @@ LOOM_API ncclResult_t pncclMemFree(void*) LOOM_ALIAS(ncclMemFree);
 LOOM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                                ncclScalarResidence_t residence, ncclComm_t comm) {
   return guarded("ncclRedOpCreatePreMulSum", [&]() -> ncclResult_t {
-    Status st = checkComm("ncclRedOpCreatePreMulSum", comm);
+    loom::comm::CommHold hold;
+    Status st = checkComm("ncclRedOpCreatePreMulSum", comm, &hold);
     if (st) st = checkType("ncclRedOpCreatePreMulSum", datatype);
     if (!st) return fail(st);
     if (!op || !scalar) {
@@ -532,7 +548,8 @@ LOOM_API ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t*, void*, ncclDataTyp
     LOOM_ALIAS(ncclRedOpCreatePreMulSum);
 
 LOOM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  Status st = checkComm("ncclRedOpDestroy", comm);
+  loom::comm::CommHold hold;
+  Status st = checkComm("ncclRedOpDestroy", comm, &hold);
   if (st) st = comm->impl->destroyRedOp(static_cast<int>(op));
   return st ? ncclSuccess : fail(st);
 }
@@ -613,7 +630,8 @@ namespace {
 ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t datatype, int peer,
                  ncclComm_t comm, cudaStream_t stream, bool isSend) {
   return guarded(fn, [&]() -> ncclResult_t {
-    Status st = checkComm(fn, comm);
+    loom::comm::CommHold hold;
+    Status st = checkComm(fn, comm, &hold);
     if (st) st = checkType(fn, datatype);
     if (st) st = checkBuffer(fn, isSend ? "sendbuff" : "recvbuff", buf, count, comm->impl->cudaDevice());
     if (st) st = checkBytes(fn, count, 1, loom::dataTypeSize(static_cast<DataType>(datatype)));
