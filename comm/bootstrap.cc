@@ -179,51 +179,77 @@ Status Bootstrap::send(int peer, uint64_t tag, const void* data, size_t size) {
   return Status::ok();
 }
 
-Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
+Result<bool> Bootstrap::takeUnexpected(int peer, uint64_t tag, void* data, size_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto key = std::make_pair(peer, tag);
+  auto it = unexpected_.find(std::make_pair(peer, tag));
+  if (it == unexpected_.end()) return false;
+  if (it->second.size() != size) {
+    return errorf(Code::kInvalidUsage,
+                  "bootstrap: rank %d sent %zu bytes for tag %llx, expected %zu (ranks "
+                  "disagree on the operation)",
+                  peer, it->second.size(), (unsigned long long)tag, size);
+  }
+  std::memcpy(data, it->second.data(), size);
+  unexpected_.erase(it);
+  return true;
+}
+
+Status Bootstrap::readMessage(Socket s) {
+  MsgHeader h{};
+  Deadline hd = Deadline::afterMs(std::min<int64_t>(timeoutMs_, 10000), abortFlag_);
+  Status st = s.recvAll(&h, sizeof(h), hd, "bootstrap peer");
+  if (!st || h.magic != kMsgMagic || !secretMatches(h.secret, secret_) || h.from < 0 ||
+      h.from >= nranks_ || h.size > (1ull << 30)) {
+    auto pa = s.peerAddress();
+    LOOM_WARN(kBootstrap, "bootstrap: rank %d dropped a connection from %s (%s)", rank_,
+              pa ? pa->toString().c_str() : "?",
+              st ? "no valid header with this communicator's secret" : st.message().c_str());
+    return Status::ok();
+  }
+  std::vector<char> payload(h.size);
+  st = s.recvAll(payload.data(), payload.size(), hd, "bootstrap peer");
+  if (!st) return st.withContext("bootstrap: message from rank " + std::to_string(h.from));
+  std::lock_guard<std::mutex> lock(mutex_);
+  unexpected_[{h.from, h.tag}] = std::move(payload);
+  return Status::ok();
+}
+
+// Waiting threads hold no lock while they wait: the network proxy polls (tryRecv) for
+// its connection handles while another thread of this rank may be in a long recv.
+Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
   Deadline d = deadline();
   while (true) {
-    auto it = unexpected_.find(key);
-    if (it != unexpected_.end()) {
-      if (it->second.size() != size) {
-        return errorf(Code::kInvalidUsage,
-                      "bootstrap: rank %d sent %zu bytes for tag %llx, expected %zu (ranks "
-                      "disagree on the operation)",
-                      peer, it->second.size(), (unsigned long long)tag, size);
+    LOOM_ASSIGN_OR_RETURN(bool got, takeUnexpected(peer, tag, data, size));
+    if (got) return Status::ok();
+    if (d.aborted() || d.expired()) {
+      if (d.aborted()) {
+        return errorf(Code::kSystemError, "bootstrap: rank %d waiting for a message from rank %d: aborted",
+                      rank_, peer);
       }
-      std::memcpy(data, it->second.data(), size);
-      unexpected_.erase(it);
-      return Status::ok();
+      return errorf(Code::kRemoteError,
+                    "bootstrap: rank %d waiting for a message from rank %d: no connection arrived "
+                    "within %lld ms",
+                    rank_, peer, (long long)d.totalMs());
     }
-    auto s = listener_.accept(d);
-    if (!s) {
-      // A peer that never sends is a remote failure, unless we were aborted.
-      if (!d.aborted()) {
-        return Status(Code::kRemoteError, s.status().message())
-            .withContext("bootstrap: rank " + std::to_string(rank_) +
-                         " waiting for a message from rank " + std::to_string(peer));
-      }
-      return s.status().withContext("bootstrap: rank " + std::to_string(rank_) +
-                                    " waiting for a message from rank " + std::to_string(peer));
+    // A short wait, then look again: another thread may have taken our message in.
+    auto s = listener_.accept(Deadline::afterMs(std::min(d.remainingMs(20), 20), abortFlag_));
+    if (!s) continue;
+    LOOM_TRY(readMessage(std::move(s).value()));
+  }
+}
+
+Result<bool> Bootstrap::tryRecv(int peer, uint64_t tag, void* data, size_t size) {
+  while (true) {
+    LOOM_ASSIGN_OR_RETURN(bool got, takeUnexpected(peer, tag, data, size));
+    if (got) return true;
+    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return false;
+      return sysError(errno, "bootstrap: accept");
     }
-    MsgHeader h{};
-    Deadline hd = Deadline::afterMs(std::min<int64_t>(timeoutMs_, 10000), abortFlag_);
-    Status st = s->recvAll(&h, sizeof(h), hd, "bootstrap peer");
-    if (!st || h.magic != kMsgMagic || !secretMatches(h.secret, secret_) || h.from < 0 ||
-        h.from >= nranks_ || h.size > (1ull << 30)) {
-      auto pa = s->peerAddress();
-      LOOM_WARN(kBootstrap, "bootstrap: rank %d dropped a connection from %s (%s)", rank_,
-                pa ? pa->toString().c_str() : "?",
-                st ? "no valid header with this communicator's secret" : st.message().c_str());
-      continue;
-    }
-    std::vector<char> payload(h.size);
-    st = s->recvAll(payload.data(), payload.size(), hd, "bootstrap peer");
-    if (!st) {
-      return st.withContext("bootstrap: message from rank " + std::to_string(h.from));
-    }
-    unexpected_[{h.from, h.tag}] = std::move(payload);
+    Socket s(fd);
+    s.setNoDelay();
+    LOOM_TRY(readMessage(std::move(s)));
   }
 }
 

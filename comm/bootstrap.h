@@ -41,6 +41,9 @@ class Bootstrap {
   // Point to point: `tag` tells messages apart; sizes must match exactly.
   Status send(int peer, uint64_t tag, const void* data, size_t size);
   Status recv(int peer, uint64_t tag, void* data, size_t size);
+  // recv that never waits: false when the message is not here yet (for a thread that
+  // polls, such as the network proxy). Any thread.
+  Result<bool> tryRecv(int peer, uint64_t tag, void* data, size_t size);
   // `data` holds nranks blocks of `size` bytes; block `rank()` is this rank's.
   Status allGather(void* data, size_t size);
   Status barrier();
@@ -50,6 +53,11 @@ class Bootstrap {
  private:
   Bootstrap() = default;
   Deadline deadline() const { return Deadline::afterMs(timeoutMs_, abortFlag_); }
+  // The message for (peer, tag) from those already here.
+  Result<bool> takeUnexpected(int peer, uint64_t tag, void* data, size_t size);
+  // Reads one message from a connection the listener accepted into unexpected_ (a
+  // stranger's is dropped and logged).
+  Status readMessage(Socket s);
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -59,7 +67,7 @@ class Bootstrap {
   Socket listener_;
   std::vector<SocketAddress> addresses_;
   std::map<std::pair<int, uint64_t>, std::vector<char>> unexpected_;
-  std::mutex mutex_;  // one exchange at a time per communicator
+  std::mutex mutex_;  // guards unexpected_
   uint64_t tagCounter_ = 0;
 };
 

@@ -1,0 +1,199 @@
+// The proxy (transports/net/proxy.h) between two ranks of this process over the socket
+// backend, with host threads doing what the GPU kernels do with the FIFOs: fill send
+// slots and post them, take receive slots and release them (net_fifo.h's protocol).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/settings.h"
+#include "transports/net/connect.h"
+#include "transports/net/net_fifo.h"
+#include "transports/net/proxy.h"
+
+namespace loom::transport::net {
+namespace {
+
+constexpr uint32_t kSlots = 4;
+constexpr uint64_t kSlotBytes = 256 * 1024;
+
+uint64_t loadAcquire(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
+void storeRelease(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
+uint32_t closedOf(const Fifo& f) { return std::atomic_ref<uint32_t>(f.header->closed).load(); }
+
+struct FifoMemory {
+  void* p = nullptr;
+  Fifo fifo;
+  FifoMemory(int peer) {
+    const size_t bytes = fifoBytes(kSlots, kSlotBytes);
+    p = std::aligned_alloc(4096, bytes);
+    std::memset(p, 0, bytes);
+    fifo = fifoAt(p, kSlots, kSlotBytes, peer);
+  }
+  ~FifoMemory() { std::free(p); }
+};
+
+// Rank r of two: a backend, a proxy, a send FIFO to the other rank and a receive FIFO
+// from it.
+struct Side {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<FifoMemory> send, recv;
+  std::unique_ptr<Proxy> proxy;  // goes first: its thread uses the FIFOs
+};
+
+void makeSides(Side* sides) {
+  std::vector<Connections> conns(2);
+  std::vector<Status> st(2);
+  Handle mail[2];
+  std::atomic<bool> posted[2] = {false, false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    Context ctx;
+    ctx.commHash = 99;
+    ctx.rank = r;
+    auto b = makeSocketBackend(ctx);
+    ASSERT_TRUE(b.isOk());
+    sides[r].backend = std::move(b).value();
+  }
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      HandleExchange ex;
+      ex.send = [&, r](int, const Handle& h) {
+        mail[r] = h;
+        posted[r] = true;
+        return Status::ok();
+      };
+      ex.tryRecv = [&, r](int peer, Handle* h) -> Result<bool> {
+        if (!posted[peer]) return false;
+        *h = mail[peer];
+        return true;
+      };
+      st[r] = connectPeers(*sides[r].backend, 0, r, {1 - r}, {1 - r}, ex, Deadline::afterMs(10000), &conns[r]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(st[r].isOk()) << st[r].message();
+    sides[r].proxy = std::make_unique<Proxy>(r, 1000);
+    sides[r].send = std::make_unique<FifoMemory>(1 - r);
+    sides[r].recv = std::make_unique<FifoMemory>(1 - r);
+    sides[r].proxy->addSend(std::move(conns[r].sends[0]), sides[r].send->fifo);
+    sides[r].proxy->addRecv(std::move(conns[r].recvs[0]), sides[r].recv->fifo);
+  }
+}
+
+unsigned char pattern(int from, uint64_t msg, size_t i) { return static_cast<unsigned char>(from * 101 + msg * 7 + i); }
+size_t sizeOf(uint64_t msg) { return msg % 5 == 0 ? 0 : (msg * 40503) % kSlotBytes + 1; }
+
+// What a kernel does: posts `n` messages and checks `n` from the peer.
+void kernelLike(int r, Side& s, uint64_t n, std::string* error) {
+  const Fifo& out = s.send->fifo;
+  const Fifo& in = s.recv->fifo;
+  uint64_t sent = 0, got = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while ((sent < n || got < n) && error->empty()) {
+    if (Clock::now() > deadline) {
+      *error = "rank " + std::to_string(r) + " timed out at " + std::to_string(sent) + "/" + std::to_string(got);
+      return;
+    }
+    if (sent < n && sent - loadAcquire(&out.header->done) < kSlots) {
+      const size_t bytes = sizeOf(sent);
+      char* slot = out.slot(sent);
+      for (size_t i = 0; i < bytes; ++i) slot[i] = static_cast<char>(pattern(r, sent, i));
+      out.header->sizes[sent % kSlots] = bytes;
+      storeRelease(&out.header->posted, ++sent);
+      s.proxy->kick();
+    }
+    if (got < n && loadAcquire(&in.header->posted) > got) {
+      const size_t bytes = in.header->sizes[got % kSlots];
+      if (bytes != sizeOf(got)) {
+        *error = "message " + std::to_string(got) + " has " + std::to_string(bytes) + " bytes";
+        return;
+      }
+      const unsigned char* slot = reinterpret_cast<const unsigned char*>(in.slot(got));
+      for (size_t i = 0; i < bytes; ++i) {
+        if (slot[i] != pattern(1 - r, got, i)) {
+          *error = "message " + std::to_string(got) + " byte " + std::to_string(i) + " is wrong";
+          return;
+        }
+      }
+      storeRelease(&in.header->done, ++got);
+    }
+  }
+}
+
+void runBothWays(uint64_t n) {
+  Side sides[2];
+  makeSides(sides);
+  std::string errors[2];
+  std::thread a([&] { kernelLike(0, sides[0], n, &errors[0]); });
+  std::thread b([&] { kernelLike(1, sides[1], n, &errors[1]); });
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  for (auto& s : sides) EXPECT_TRUE(s.proxy->firstError().isOk()) << s.proxy->firstError().message();
+}
+
+TEST(NetProxy, MessagesBothWays) { runBothWays(300); }
+
+TEST(NetProxy, StripedOverHelperThreads) {
+  settings::ScopedSetting t("LOOM_SOCKET_NTHREADS", "2");
+  settings::ScopedSetting k("LOOM_NSOCKS_PERTHREAD", "2");
+  runBothWays(300);
+}
+
+TEST(NetProxy, SendsPostedBeforeTheEndStillLeave) {
+  Side sides[2];
+  makeSides(sides);
+  // Rank 1 posts 3 slots and its proxy is destroyed at once; rank 0 still gets them.
+  const Fifo& out = sides[1].send->fifo;
+  for (uint64_t m = 0; m < 3; ++m) {
+    const size_t bytes = 100000 + m;
+    std::memset(out.slot(m), static_cast<int>(m + 1), bytes);
+    out.header->sizes[m] = bytes;
+    storeRelease(&out.header->posted, m + 1);
+  }
+  sides[1].proxy.reset();
+  const Fifo& in = sides[0].recv->fifo;
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (loadAcquire(&in.header->posted) < 3 && Clock::now() < deadline) std::this_thread::yield();
+  ASSERT_EQ(loadAcquire(&in.header->posted), 3u);
+  for (uint64_t m = 0; m < 3; ++m) {
+    EXPECT_EQ(in.header->sizes[m], 100000 + m);
+    EXPECT_EQ(in.slot(m)[99999], static_cast<char>(m + 1));
+  }
+}
+
+TEST(NetProxy, PeerGoneClosesTheFifoAndSaysWho) {
+  Side sides[2];
+  makeSides(sides);
+  sides[1].proxy.reset();  // its connections close
+  const Fifo& in = sides[0].recv->fifo;
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (closedOf(in) == kNetOpen && Clock::now() < deadline) std::this_thread::yield();
+  EXPECT_EQ(closedOf(in), kNetPeerClosed);
+  Status st = sides[0].proxy->status(1, /*send=*/false);
+  EXPECT_EQ(st.code(), Code::kRemoteError);
+  EXPECT_NE(st.message().find("from rank 1"), std::string::npos) << st.message();
+}
+
+TEST(NetProxy, ShutdownClosesEveryFifo) {
+  Side sides[2];
+  makeSides(sides);
+  sides[0].proxy->shutdown();
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while ((closedOf(sides[0].send->fifo) == kNetOpen || closedOf(sides[0].recv->fifo) == kNetOpen) &&
+         Clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(closedOf(sides[0].send->fifo), kNetShutdown);
+  EXPECT_EQ(closedOf(sides[0].recv->fifo), kNetShutdown);
+}
+
+}  // namespace
+}  // namespace loom::transport::net

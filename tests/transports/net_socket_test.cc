@@ -1,0 +1,322 @@
+// The network interface (transports/net/net.h) through its socket backend, over the
+// first usable interface of this machine: set-up through handles, messages of every
+// size class on one and several sockets (with and without helper threads), the request
+// limit, strangers at the listener, and a peer that goes away.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/settings.h"
+#include "common/socket.h"
+#include "transports/net/connect.h"
+#include "transports/net/net.h"
+
+namespace loom::transport::net {
+namespace {
+
+using settings::ScopedSetting;
+
+struct Pair {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<SendComm> send;
+  std::unique_ptr<RecvComm> recv;
+  Handle handle;
+};
+
+// A connection from rank 1 to rank 0 of one communicator, both ends in this process.
+// `beforeConnect` runs between listen and connect (strangers knock then).
+template <typename F>
+void connectPair(Pair* p, F beforeConnect, uint64_t senderHash = 0x5eed) {
+  Context ctx;
+  ctx.commHash = 0x5eed;
+  ctx.rank = 0;
+  ctx.handshakeMs = 300;
+  auto b = makeSocketBackend(ctx);
+  ASSERT_TRUE(b.isOk()) << b.status().message();
+  p->backend = std::move(b).value();
+  ASSERT_GE(p->backend->devices(), 1);
+  std::unique_ptr<ListenComm> listener;
+  ASSERT_TRUE(p->backend->listen(0, &p->handle, &listener).isOk());
+  beforeConnect(p->handle);
+  Context sctx = ctx;
+  sctx.rank = 1;
+  sctx.commHash = senderHash;
+  auto sb = makeSocketBackend(sctx);
+  ASSERT_TRUE(sb.isOk());
+  Handle h = p->handle;
+  // A refused sender never gets an accepted connection: give it 1.5 s.
+  auto deadline = Clock::now() + std::chrono::milliseconds(senderHash == ctx.commHash ? 10000 : 1500);
+  while ((!p->send || !p->recv) && Clock::now() < deadline) {
+    if (!p->send) {
+      Status st = (*sb)->connect(0, &h, 0, &p->send);
+      ASSERT_TRUE(st.isOk()) << st.message();
+    }
+    if (!p->recv) {
+      Status st = listener->accept(&p->recv);
+      ASSERT_TRUE(st.isOk()) << st.message();
+    }
+  }
+  if (senderHash != ctx.commHash) return;
+  ASSERT_TRUE(p->send && p->recv) << "no connection within 10 s";
+}
+
+// Sends `sizes.size()` messages, at most `depth` in flight, each received into a buffer
+// of `capacity`; checks every byte and size.
+void exchange(Pair& p, const std::vector<size_t>& sizes, size_t capacity, int depth) {
+  const size_t n = sizes.size();
+  std::vector<std::vector<unsigned char>> out(n), in(n);
+  for (size_t m = 0; m < n; ++m) {
+    out[m].resize(sizes[m]);
+    for (size_t i = 0; i < sizes[m]; ++i) out[m][i] = static_cast<unsigned char>(m * 31 + i * 7 + 1);
+    in[m].assign(capacity, 0xee);
+  }
+  std::vector<Request*> sreq(n, nullptr), rreq(n, nullptr);
+  size_t sent = 0, recvd = 0, sdone = 0, rdone = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (sdone < n || rdone < n) {
+    ASSERT_LT(Clock::now(), deadline) << "stuck at send " << sdone << ", receive " << rdone;
+    while (sent < n && sent - sdone < size_t(depth)) {
+      ASSERT_TRUE(p.send->isend(out[sent].data(), sizes[sent], 0, nullptr, &sreq[sent]).isOk());
+      if (!sreq[sent]) break;
+      ++sent;
+    }
+    while (recvd < n && recvd - rdone < size_t(depth)) {
+      void* data = in[recvd].data();
+      int tag = 0;
+      MemHandle mh = nullptr;
+      ASSERT_TRUE(p.recv->irecv(1, &data, &capacity, &tag, &mh, &rreq[recvd]).isOk());
+      if (!rreq[recvd]) break;
+      ++recvd;
+    }
+    if (sdone < sent) {
+      bool done = false;
+      size_t size = 0;
+      Status st = p.send->test(sreq[sdone], &done, &size);
+      ASSERT_TRUE(st.isOk()) << st.message();
+      if (done) {
+        EXPECT_EQ(size, sizes[sdone]);
+        ++sdone;
+      }
+    }
+    if (rdone < recvd) {
+      bool done = false;
+      size_t size = 0;
+      Status st = p.recv->test(rreq[rdone], &done, &size);
+      ASSERT_TRUE(st.isOk()) << st.message();
+      if (done) {
+        ASSERT_EQ(size, sizes[rdone]) << "message " << rdone;
+        ASSERT_EQ(std::memcmp(in[rdone].data(), out[rdone].data(), size), 0) << "message " << rdone;
+        if (size < capacity) {
+          EXPECT_EQ(in[rdone][size], 0xee) << "wrote past the message";
+        }
+        ++rdone;
+      }
+    }
+  }
+}
+
+const std::vector<size_t> kSizes = {0, 1, 8, 4095, 65535, 65536, 65537, 200000, 1 << 20, (1 << 20) - 3, 77, 0, 524288};
+
+TEST(NetSocket, OneSocket) {
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  exchange(p, kSizes, 1 << 20, 8);
+}
+
+TEST(NetSocket, ThreeSocketsStriped) {
+  ScopedSetting s("LOOM_NSOCKS_PERTHREAD", "3");
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  exchange(p, kSizes, 1 << 20, 8);
+}
+
+TEST(NetSocket, HelperThreads) {
+  ScopedSetting t("LOOM_SOCKET_NTHREADS", "2");
+  ScopedSetting s("LOOM_NSOCKS_PERTHREAD", "2");
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  std::vector<size_t> many;
+  for (int i = 0; i < 200; ++i) many.push_back(kSizes[i % kSizes.size()]);
+  exchange(p, many, 1 << 20, 32);
+}
+
+TEST(NetSocket, AtMostMaxRequestsInFlight) {
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  char byte = 1;
+  std::vector<Request*> reqs;
+  for (int i = 0; i < kMaxRequests + 1; ++i) {
+    Request* r = nullptr;
+    ASSERT_TRUE(p.send->isend(&byte, 1, 0, nullptr, &r).isOk());
+    if (i < kMaxRequests) {
+      EXPECT_NE(r, nullptr) << i;
+    } else {
+      EXPECT_EQ(r, nullptr);
+    }
+  }
+}
+
+TEST(NetSocket, ReceiveSmallerThanSendIsAnError) {
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  std::vector<char> big(1000, 3), small(10);
+  Request *s = nullptr, *r = nullptr;
+  ASSERT_TRUE(p.send->isend(big.data(), big.size(), 0, nullptr, &s).isOk());
+  void* data = small.data();
+  size_t cap = small.size();
+  int tag = 0;
+  MemHandle mh = nullptr;
+  ASSERT_TRUE(p.recv->irecv(1, &data, &cap, &tag, &mh, &r).isOk());
+  Status st;
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (st && Clock::now() < deadline) {
+    bool done = false;
+    size_t size = 0;
+    st = p.recv->test(r, &done, &size);
+    ASSERT_FALSE(done);
+    bool sdone = false;
+    if (s) {
+      ASSERT_TRUE(p.send->test(s, &sdone, &size).isOk());
+    }
+    if (sdone) s = nullptr;
+  }
+  EXPECT_EQ(st.code(), Code::kInvalidUsage);
+  EXPECT_NE(st.message().find("1000-byte message"), std::string::npos) << st.message();
+}
+
+// What a stranger sees of the handle: the listener's address (the backend's layout).
+SocketAddress listenerAddress(const Handle& h) {
+  SocketAddress a;
+  std::memcpy(&a, h.data + sizeof(uint64_t), sizeof(a));
+  return a;
+}
+
+TEST(NetSocket, StrangersAreDroppedWithoutStallingTheListener) {
+  Pair p;
+  std::vector<Socket> strangers;
+  connectPair(&p, [&](const Handle& h) {
+    SocketAddress a = listenerAddress(h);
+    for (int i = 0; i < 20; ++i) {
+      auto s = Socket::connect(a, Deadline::afterMs(2000));
+      ASSERT_TRUE(s.isOk());
+      if (i % 2 == 0) {  // half say something wrong, half nothing at all
+        const char junk[64] = "GET / HTTP/1.0\r\n\r\n";
+        ASSERT_TRUE(s->sendAll(junk, sizeof(junk), Deadline::afterMs(2000)).isOk());
+      }
+      strangers.push_back(std::move(s).value());
+    }
+  });
+  // The real connection was made while the silent strangers still held theirs.
+  exchange(p, {1, 100000}, 1 << 20, 2);
+}
+
+TEST(NetSocket, AnotherCommunicatorIsRefused) {
+  Pair p;
+  connectPair(&p, [](const Handle&) {}, /*senderHash=*/0xbad);
+  EXPECT_FALSE(p.recv) << "a sender of another communicator got in";
+}
+
+TEST(NetSocket, PeerThatClosesIsARemoteError) {
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  std::vector<char> buf(100);
+  void* data = buf.data();
+  size_t cap = buf.size();
+  int tag = 0;
+  MemHandle mh = nullptr;
+  Request* r = nullptr;
+  ASSERT_TRUE(p.recv->irecv(1, &data, &cap, &tag, &mh, &r).isOk());
+  p.send.reset();
+  Status st;
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (st && Clock::now() < deadline) {
+    bool done = false;
+    size_t size = 0;
+    st = p.recv->test(r, &done, &size);
+    ASSERT_FALSE(done);
+  }
+  EXPECT_EQ(st.code(), Code::kRemoteError);
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
+}
+
+TEST(NetSocket, UnknownBackendIsAnErrorThatSaysWhatThereIs) {
+  ScopedSetting s("LOOM_NET", "IB");
+  auto b = makeBackend(Context{});
+  ASSERT_FALSE(b.isOk());
+  EXPECT_NE(b.status().message().find("Socket"), std::string::npos) << b.status().message();
+  ScopedSetting t("LOOM_NET", "Socket");  // NCCL's spelling
+  EXPECT_TRUE(makeBackend(Context{}).isOk());
+}
+
+// connectPeers between 3 ranks as threads, every rank sending to and receiving from
+// every rank (itself included), handles passed through in-memory mailboxes.
+TEST(NetConnect, EveryPairOfThreeRanks) {
+  const int n = 3;
+  std::mutex mutex;
+  std::map<std::pair<int, int>, Handle> mail;  // (from, to)
+  std::vector<Connections> conns(n);
+  std::vector<Status> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Context ctx;
+      ctx.commHash = 77;
+      ctx.rank = r;
+      auto b = makeSocketBackend(ctx);
+      if (!b) {
+        results[r] = b.status();
+        return;
+      }
+      HandleExchange ex;
+      ex.send = [&, r](int peer, const Handle& h) {
+        std::lock_guard<std::mutex> lock(mutex);
+        mail[{r, peer}] = h;
+        return Status::ok();
+      };
+      ex.tryRecv = [&, r](int peer, Handle* h) -> Result<bool> {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = mail.find({peer, r});
+        if (it == mail.end()) return false;
+        *h = it->second;
+        return true;
+      };
+      std::vector<int> all = {0, 1, 2};
+      results[r] = connectPeers(**b, 0, r, all, all, ex, Deadline::afterMs(10000), &conns[r]);
+      // Every send connection carries one message naming its two ends.
+      for (int q = 0; q < n && results[r]; ++q) {
+        int msg = r * 10 + q;
+        Request* req = nullptr;
+        results[r] = conns[r].sends[q]->isend(&msg, sizeof(msg), 0, nullptr, &req);
+        bool done = false;
+        size_t size;
+        while (results[r] && !done) results[r] = conns[r].sends[q]->test(req, &done, &size);
+      }
+      for (int q = 0; q < n && results[r]; ++q) {
+        int msg = -1;
+        void* data = &msg;
+        size_t cap = sizeof(msg);
+        int tag = 0;
+        MemHandle mh = nullptr;
+        Request* req = nullptr;
+        results[r] = conns[r].recvs[q]->irecv(1, &data, &cap, &tag, &mh, &req);
+        bool done = false;
+        size_t size;
+        while (results[r] && !done) results[r] = conns[r].recvs[q]->test(req, &done, &size);
+        if (results[r] && msg != q * 10 + r) results[r] = errorf(Code::kInternalError, "wrong message %d", msg);
+      }
+      // Keep the connections until every rank has read (a closed peer is an error).
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
+}
+
+}  // namespace
+}  // namespace loom::transport::net

@@ -1,0 +1,113 @@
+#include "transports/net/connect.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace loom::transport::net {
+
+Result<RecvDialer> listenFor(Backend& backend, int dev, int peer, const HandleExchange& exchange) {
+  Handle h;
+  std::unique_ptr<ListenComm> listener;
+  LOOM_TRY(backend.listen(dev, &h, &listener));
+  LOOM_TRY(exchange.send(peer, h).withContext("sending the connection handle to rank " + std::to_string(peer)));
+  std::shared_ptr<ListenComm> l(std::move(listener));
+  return RecvDialer([l, peer](std::unique_ptr<RecvComm>* comm) {
+    Status st = l->accept(comm);
+    return st ? st : st.withContext("accepting the connection from rank " + std::to_string(peer));
+  });
+}
+
+SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exchange) {
+  struct State {
+    Handle handle;
+    bool haveHandle = false;
+    Backend* backend;
+    ~State() {
+      if (haveHandle) backend->cancelConnect(&handle);  // a no-op once connected
+    }
+  };
+  auto state = std::make_shared<State>();
+  state->backend = &backend;
+  return SendDialer([state, dev, peer, &exchange](std::unique_ptr<SendComm>* comm) -> Status {
+    if (!state->haveHandle) {
+      auto got = exchange.tryRecv(peer, &state->handle);
+      if (!got) return got.status().withContext("receiving the connection handle of rank " + std::to_string(peer));
+      state->haveHandle = *got;
+      if (!state->haveHandle) return Status::ok();
+    }
+    Status st = state->backend->connect(dev, &state->handle, peer, comm);
+    return st ? st : st.withContext("connecting to rank " + std::to_string(peer));
+  });
+}
+
+Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>& sendPeers,
+                    const std::vector<int>& recvPeers, const HandleExchange& exchange,
+                    const Deadline& deadline, Connections* out) {
+  out->sends.clear();
+  out->recvs.clear();
+  out->sends.resize(sendPeers.size());
+  out->recvs.resize(recvPeers.size());
+  // A connection to this rank itself: its handle goes through a local mailbox.
+  struct Local {
+    std::mutex mutex;
+    std::map<int, Handle> handles;
+  };
+  auto local = std::make_shared<Local>();
+  HandleExchange ex;
+  ex.send = [&, local, self](int peer, const Handle& h) {
+    if (peer != self) return exchange.send(peer, h);
+    std::lock_guard<std::mutex> lock(local->mutex);
+    local->handles[peer] = h;
+    return Status::ok();
+  };
+  ex.tryRecv = [&, local, self](int peer, Handle* h) -> Result<bool> {
+    if (peer != self) return exchange.tryRecv(peer, h);
+    std::lock_guard<std::mutex> lock(local->mutex);
+    auto it = local->handles.find(peer);
+    if (it == local->handles.end()) return false;
+    *h = it->second;
+    return true;
+  };
+  std::vector<RecvDialer> accepts;
+  for (int p : recvPeers) {
+    LOOM_ASSIGN_OR_RETURN(RecvDialer d, listenFor(backend, dev, p, ex));
+    accepts.push_back(std::move(d));
+  }
+  std::vector<SendDialer> dials;
+  for (int p : sendPeers) dials.push_back(dialTo(backend, dev, p, ex));
+  size_t left = sendPeers.size() + recvPeers.size();
+  while (left > 0) {
+    const size_t before = left;
+    for (size_t i = 0; i < dials.size(); ++i) {
+      if (out->sends[i]) continue;
+      LOOM_TRY(dials[i](&out->sends[i]));
+      if (out->sends[i]) --left;
+    }
+    for (size_t i = 0; i < accepts.size(); ++i) {
+      if (out->recvs[i]) continue;
+      LOOM_TRY(accepts[i](&out->recvs[i]));
+      if (out->recvs[i]) --left;
+    }
+    if (left == 0) break;
+    if (deadline.aborted()) return errorf(Code::kSystemError, "making network connections: aborted");
+    if (deadline.expired()) {
+      std::string missing;
+      for (size_t i = 0; i < sendPeers.size(); ++i) {
+        if (!out->sends[i]) missing += " to rank " + std::to_string(sendPeers[i]);
+      }
+      for (size_t i = 0; i < recvPeers.size(); ++i) {
+        if (!out->recvs[i]) missing += " from rank " + std::to_string(recvPeers[i]);
+      }
+      return errorf(Code::kRemoteError,
+                    "making network connections: timed out (LOOM_TIMEOUT_MS=%lld) with these "
+                    "still missing:%s",
+                    (long long)deadline.totalMs(), missing.c_str());
+    }
+    if (left == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return Status::ok();
+}
+
+}  // namespace loom::transport::net

@@ -1,0 +1,50 @@
+// Making network connections with a backend (net.h), the handles travelling through the
+// bootstrap, without any rank waiting on a peer that is itself waiting: a receiver
+// listens and sends its handle at once (sending never waits for the peer); a sender
+// polls for the handle and then connects; a receiver polls its listener. The polls are
+// "dialers" that the proxy thread calls until they give a comm (transports/net/proxy.h),
+// so the thread that makes a GPU call never waits for a connection; connectPeers() runs
+// the same dialers to completion, for callers that want the connections now.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "transports/net/net.h"
+
+namespace loom::transport::net {
+
+// How handles travel between this rank and `peer`.
+struct HandleExchange {
+  // To the sender `peer`, from this rank (its receiver). May block briefly, never on the peer.
+  std::function<Status(int peer, const Handle& handle)> send;
+  // From the receiver `peer`: true once it has arrived (never waits).
+  std::function<Result<bool>(int peer, Handle* handle)> tryRecv;
+};
+
+// Called until it leaves a comm in its argument (or fails).
+using SendDialer = std::function<Status(std::unique_ptr<SendComm>*)>;
+using RecvDialer = std::function<Status(std::unique_ptr<RecvComm>*)>;
+
+// The receiving end of a connection from `peer`: listens and sends the handle now.
+// `backend` and `exchange` must outlive the dialer.
+Result<RecvDialer> listenFor(Backend& backend, int dev, int peer, const HandleExchange& exchange);
+// The sending end of a connection to `peer`: waits for its handle, then connects.
+SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exchange);
+
+struct Connections {
+  std::vector<std::unique_ptr<SendComm>> sends;  // in the order of sendPeers
+  std::vector<std::unique_ptr<RecvComm>> recvs;  // in the order of recvPeers
+};
+
+// Makes the connections now: a collective call, every peer named must make the matching
+// one (its recvPeers hold this rank where our sendPeers hold it, and the other way).
+// `self` names this rank: a connection to itself exchanges its handle locally.
+Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>& sendPeers,
+                    const std::vector<int>& recvPeers, const HandleExchange& exchange,
+                    const Deadline& deadline, Connections* out);
+
+}  // namespace loom::transport::net

@@ -1,0 +1,344 @@
+#include "transports/net/proxy.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace loom::transport::net {
+
+namespace {
+
+uint64_t loadAcquire(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
+void storeRelease(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
+void setClosed(FifoHeader* h, uint32_t why) {
+  uint32_t expected = kNetOpen;
+  std::atomic_ref<uint32_t>(h->closed).compare_exchange_strong(expected, why, std::memory_order_release);
+}
+
+int64_t threadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// Spin this long with the CPU's pause hint before yielding between polls.
+constexpr int64_t kPauseUs = 50;
+
+}  // namespace
+
+struct Proxy::Channel {
+  bool send = false;
+  std::unique_ptr<SendComm> sendComm;
+  std::unique_ptr<RecvComm> recvComm;
+  SendDialer sendDial;  // until connected
+  RecvDialer recvDial;
+  Clock::time_point dialDeadline{};
+  bool connected = false;
+  int64_t timeoutMs = 0;
+  Fifo fifo;
+  MemHandle mh = nullptr;
+  uint64_t issued = 0;     // slots handed to the backend
+  uint64_t completed = 0;  // of those, the ones it finished
+  Request* requests[kFifoMaxSlots] = {};
+  bool failed = false;
+};
+
+Proxy::Proxy(int rank, int64_t spinUs) : rank_(rank), spinUs_(std::max<int64_t>(0, spinUs)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Proxy::~Proxy() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_.store(true);
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Proxy::add(std::unique_ptr<Channel> c) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    incoming_.push_back(std::move(c));
+    haveIncoming_.store(true, std::memory_order_release);
+  }
+  kick();
+}
+
+void Proxy::addSend(std::unique_ptr<SendComm> comm, const Fifo& fifo) {
+  auto c = std::make_unique<Channel>();
+  c->send = true;
+  c->sendComm = std::move(comm);
+  c->connected = true;
+  c->fifo = fifo;
+  add(std::move(c));
+}
+
+void Proxy::addRecv(std::unique_ptr<RecvComm> comm, const Fifo& fifo) {
+  auto c = std::make_unique<Channel>();
+  c->recvComm = std::move(comm);
+  c->connected = true;
+  c->fifo = fifo;
+  add(std::move(c));
+}
+
+void Proxy::addSend(SendDialer dial, const Fifo& fifo, int64_t timeoutMs) {
+  auto c = std::make_unique<Channel>();
+  c->send = true;
+  c->sendDial = std::move(dial);
+  c->timeoutMs = timeoutMs;
+  c->fifo = fifo;
+  add(std::move(c));
+}
+
+void Proxy::addRecv(RecvDialer dial, const Fifo& fifo, int64_t timeoutMs) {
+  auto c = std::make_unique<Channel>();
+  c->recvDial = std::move(dial);
+  c->timeoutMs = timeoutMs;
+  c->fifo = fifo;
+  add(std::move(c));
+}
+
+void Proxy::kick() {
+  kicks_.fetch_add(1, std::memory_order_release);
+  if (sleeping_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_.notify_all();
+  }
+}
+
+void Proxy::shutdown() {
+  shutdown_.store(true, std::memory_order_release);
+  kick();
+}
+
+Status Proxy::status(int peer, bool send) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [key, st] : failures_) {
+    if (key.first == peer && key.second == send) return st;
+  }
+  return Status::ok();
+}
+
+Status Proxy::firstError() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failures_.empty() ? Status::ok() : failures_.front().second;
+}
+
+double Proxy::cpuSeconds() const { return cpuNs_.load(std::memory_order_relaxed) * 1e-9; }
+
+void Proxy::adoptNew() {
+  std::vector<std::unique_ptr<Channel>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fresh.swap(incoming_);
+    haveIncoming_.store(false, std::memory_order_relaxed);
+  }
+  const auto now = Clock::now();
+  for (auto& c : fresh) {
+    c->dialDeadline = now + std::chrono::milliseconds(std::max<int64_t>(0, c->timeoutMs));
+    channels_.push_back(std::move(c));
+    if (channels_.back()->connected) registerFifo(*channels_.back());
+  }
+}
+
+void Proxy::registerFifo(Channel& c) {
+  const size_t bytes = size_t(c.fifo.nslots) * c.fifo.slotBytes;
+  auto mh = c.send ? c.sendComm->regMr(c.fifo.slots, bytes, MemType::kHost)
+                   : c.recvComm->regMr(c.fifo.slots, bytes, MemType::kHost);
+  if (!mh) {
+    fail(c, mh.status().withContext("registering the FIFO"));
+  } else {
+    c.mh = *mh;
+  }
+}
+
+bool Proxy::dial(Channel& c, Clock::time_point now) {
+  Status st = c.send ? c.sendDial(&c.sendComm) : c.recvDial(&c.recvComm);
+  if (st && (c.send ? c.sendComm != nullptr : c.recvComm != nullptr)) {
+    c.connected = true;
+    c.sendDial = nullptr;
+    c.recvDial = nullptr;
+    registerFifo(c);
+    return true;
+  }
+  if (st && now > c.dialDeadline) {
+    st = errorf(Code::kRemoteError, "not made within LOOM_TIMEOUT_MS=%lld ms (the peer never made "
+                "its end: it died, or called another operation)", (long long)c.timeoutMs);
+  }
+  if (!st) fail(c, st);
+  return false;
+}
+
+void Proxy::fail(Channel& c, const Status& st) {
+  if (c.failed) return;
+  c.failed = true;
+  const char* dir = c.send ? "to" : "from";
+  Status full = st.withContext(std::string("net: the connection ") + dir + " rank " +
+                               std::to_string(c.fifo.peer));
+  const bool closedByPeer = st.code() == Code::kRemoteError;
+  // A peer that closes is also how a communicator ends on the other side: whoever waits
+  // on this connection reports it; the log says it only at INFO.
+  if (closedByPeer) {
+    LOOM_INFO(kNet, "rank %d: %s", rank_, full.message().c_str());
+  } else {
+    LOOM_WARN(kNet, "rank %d: %s", rank_, full.message().c_str());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failures_.push_back({{c.fifo.peer, c.send}, full});
+  }
+  if (c.sendComm) c.sendComm->shutdown();
+  if (c.recvComm) c.recvComm->shutdown();
+  c.sendDial = nullptr;
+  c.recvDial = nullptr;
+  setClosed(c.fifo.header, closedByPeer ? kNetPeerClosed : kNetFailed);
+}
+
+bool Proxy::progressSend(Channel& c) {
+  bool moved = false;
+  FifoHeader* h = c.fifo.header;
+  const uint64_t posted = loadAcquire(&h->posted);
+  while (c.issued < posted) {
+    const uint64_t seq = c.issued;
+    Request* r = nullptr;
+    Status st = c.sendComm->isend(c.fifo.slot(seq), h->sizes[seq % c.fifo.nslots], 0, c.mh, &r);
+    if (!st) {
+      fail(c, st);
+      return true;
+    }
+    if (!r) break;
+    c.requests[seq % c.fifo.nslots] = r;
+    ++c.issued;
+    moved = true;
+  }
+  while (c.completed < c.issued) {
+    bool done = false;
+    size_t size = 0;
+    Status st = c.sendComm->test(c.requests[c.completed % c.fifo.nslots], &done, &size);
+    if (!st) {
+      fail(c, st);
+      return true;
+    }
+    if (!done) break;
+    ++c.completed;
+    storeRelease(&h->done, c.completed);
+    moved = true;
+  }
+  return moved;
+}
+
+bool Proxy::progressRecv(Channel& c) {
+  bool moved = false;
+  FifoHeader* h = c.fifo.header;
+  const uint64_t consumed = loadAcquire(&h->done);
+  while (c.issued - consumed < c.fifo.nslots) {
+    const uint64_t seq = c.issued;
+    void* data = c.fifo.slot(seq);
+    const size_t capacity = c.fifo.slotBytes;
+    const int tag = 0;
+    Request* r = nullptr;
+    Status st = c.recvComm->irecv(1, &data, &capacity, &tag, &c.mh, &r);
+    if (!st) {
+      fail(c, st);
+      return true;
+    }
+    if (!r) break;
+    c.requests[seq % c.fifo.nslots] = r;
+    ++c.issued;
+    moved = true;
+  }
+  while (c.completed < c.issued) {
+    bool done = false;
+    size_t size = 0;
+    Status st = c.recvComm->test(c.requests[c.completed % c.fifo.nslots], &done, &size);
+    if (!st) {
+      fail(c, st);
+      return true;
+    }
+    if (!done) break;
+    h->sizes[c.completed % c.fifo.nslots] = size;
+    ++c.completed;
+    storeRelease(&h->posted, c.completed);
+    moved = true;
+  }
+  return moved;
+}
+
+void Proxy::run() {
+  Clock::time_point lastWork = Clock::now();
+  Clock::time_point drainUntil{};
+  uint64_t seenKicks = kicks_.load();
+  bool shut = false;
+  int64_t loops = 0;
+  while (true) {
+    if (haveIncoming_.load(std::memory_order_acquire)) adoptNew();
+    if (!shut && shutdown_.load(std::memory_order_acquire)) shut = true;
+    if (shut) {
+      for (auto& c : channels_) {
+        if (c->failed) continue;
+        c->failed = true;
+        if (c->sendComm) c->sendComm->shutdown();
+        if (c->recvComm) c->recvComm->shutdown();
+        setClosed(c->fifo.header, kNetShutdown);
+      }
+    }
+    const bool stopping = stop_.load(std::memory_order_acquire);
+    bool moved = false;
+    bool sendsPending = false;
+    const auto loopStart = Clock::now();
+    for (auto& c : channels_) {
+      if (c->failed) continue;
+      if (!c->connected) {
+        // Until then its sends wait in the FIFO; at the end, there is nobody to wait for.
+        if (!stopping && dial(*c, loopStart)) moved = true;
+        continue;
+      }
+      if (c->send) {
+        moved = progressSend(*c) || moved;
+        sendsPending = sendsPending || c->completed < loadAcquire(&c->fifo.header->posted);
+      } else if (!stopping) {
+        moved = progressRecv(*c) || moved;
+      }
+    }
+    if ((++loops & 1023) == 0) cpuNs_.store(threadCpuNs(), std::memory_order_relaxed);
+    const auto now = Clock::now();
+    if (stopping) {
+      // Sends a kernel posted before the end still leave, for a while.
+      if (drainUntil == Clock::time_point{}) drainUntil = now + std::chrono::milliseconds(drainMs);
+      if (!sendsPending) break;
+      if (now > drainUntil) {
+        LOOM_WARN(kNet, "rank %d: net: slots posted to the network did not leave within %lld ms of "
+                  "the end; dropping them", rank_, (long long)drainMs);
+        break;
+      }
+    }
+    const uint64_t kicks = kicks_.load(std::memory_order_acquire);
+    if (moved || kicks != seenKicks) {
+      seenKicks = kicks;
+      lastWork = now;
+      continue;
+    }
+    const int64_t idleUs = std::chrono::duration_cast<std::chrono::microseconds>(now - lastWork).count();
+    if (idleUs < kPauseUs) {
+      cpuRelax();
+    } else if (idleUs < spinUs_ || stopping) {
+      sched_yield();
+    } else {
+      std::unique_lock<std::mutex> lock(mutex_);
+      sleeping_.store(true, std::memory_order_release);
+      if (kicks_.load(std::memory_order_acquire) == seenKicks && !stop_.load() && !haveIncoming_.load()) {
+        wake_.wait_for(lock, std::chrono::milliseconds(1));
+      }
+      sleeping_.store(false, std::memory_order_relaxed);
+    }
+  }
+  cpuNs_.store(threadCpuNs(), std::memory_order_relaxed);
+  channels_.clear();
+}
+
+}  // namespace loom::transport::net

@@ -1,0 +1,638 @@
+// `socket`: the network backend that always works (transports/net/net.h). A connection
+// is LOOM_NSOCKS_PERTHREAD x LOOM_SOCKET_NTHREADS TCP sockets (at most kMaxSocks); socket
+// 0 carries an 8-byte size before each message, and a message of at least kMinPart bytes
+// is cut into one part per socket, so several sockets (and, with helper threads, several
+// cores doing the kernel's copies) carry it at once. Everything is non-blocking: the
+// caller's test() moves the bytes, or each helper thread moves those of its sockets.
+//
+// Set-up: listen() opens a listening socket of its own and puts its address, a random
+// nonce and the socket count in the handle. The sender's sockets each say hello (magic,
+// communicator hash, nonce, index, rank) first; the listener gives every connection that
+// arrives kHandshakeMs to do so, each on its own clock, and drops (and logs) one that
+// says anything else or nothing: a port scanner or a stranger costs nobody a wait.
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "common/settings.h"
+#include "common/socket.h"
+#include "transports/net/net.h"
+
+namespace loom::transport::net {
+namespace {
+
+constexpr uint64_t kHandleMagic = 0x316574656e6d6f6full;  // "loomnet1"
+constexpr uint64_t kHelloMagic = 0x6f6c6c65686d6f6full;   // "loomhello"
+constexpr int kMaxSocks = 16;
+constexpr size_t kMinPart = 64 * 1024;  // a message below this goes on socket 0 alone
+
+struct ConnectStage;
+
+struct SocketHandle {
+  uint64_t magic;
+  SocketAddress address;
+  uint64_t nonce;
+  int32_t nsocks;
+  int32_t rank;         // the listener's
+  ConnectStage* stage;  // the sender's state between connect() calls (null as sent)
+};
+static_assert(sizeof(SocketHandle) <= kHandleBytes);
+
+struct Hello {
+  uint64_t magic;
+  uint64_t commHash;
+  uint64_t nonce;
+  int32_t index;
+  int32_t rank;
+};
+
+// The bytes of a `total`-byte message that socket k of n carries.
+void partRange(size_t total, int k, int n, size_t* begin, size_t* end) {
+  if (n == 1 || total < kMinPart) {
+    *begin = 0;
+    *end = k == 0 ? total : 0;
+    return;
+  }
+  size_t per = std::max(kMinPart, (total + n - 1) / n);
+  per = (per + 63) / 64 * 64;
+  *begin = std::min(total, per * k);
+  *end = std::min(total, per * (k + 1));
+}
+
+std::string peerName(int rank) { return rank >= 0 ? "rank " + std::to_string(rank) : "the peer"; }
+
+}  // namespace
+
+// A posted message. Fields are written by the poster before `posted` is published and
+// only read after; `size` of a receive is written by socket 0's mover before it bumps
+// `headers` (release), and read by the others after they see it (acquire).
+struct Request {
+  char* data = nullptr;
+  size_t capacity = 0;  // receive: the buffer's size
+  size_t size = 0;      // send: the message; receive: what arrived (from its header)
+  uint64_t header = 0;  // receive: socket 0 reads the size here
+  uint64_t seq = 0;
+};
+
+namespace {
+
+// One direction of one connection: its sockets, the requests posted on it, and who moves
+// the bytes (the caller, or helper threads each owning sockets k with k % threads == t).
+class SocketComm {
+ public:
+  SocketComm(std::vector<Socket> socks, bool sending, int peer, int threads)
+      : sending_(sending), what_(peerName(peer)), nsocks_(socks.size()),
+        socks_(new Sock[socks.size()]) {
+    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = std::move(socks[k]);
+    threads = std::clamp(threads, 0, static_cast<int>(nsocks_));
+    for (int t = 0; t < threads; ++t) helpers_.emplace_back([this, t, threads] { helperMain(t, threads); });
+  }
+  ~SocketComm() { stopHelpers(); }
+
+  // Takes a request slot for a new message; null when kMaxRequests are in flight.
+  Request* post(const void* data, size_t bytes) {
+    const uint64_t posted = posted_.load(std::memory_order_relaxed);
+    if (posted - freed_ >= static_cast<uint64_t>(kMaxRequests)) return nullptr;
+    Request& r = requests_[posted % kMaxRequests];
+    r.data = static_cast<char*>(const_cast<void*>(data));
+    r.capacity = bytes;
+    r.size = sending_ ? bytes : 0;
+    r.header = 0;
+    r.seq = posted;
+    {
+      std::lock_guard<std::mutex> lock(wakeMutex_);
+      posted_.store(posted + 1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    return &r;
+  }
+
+  Status test(Request* r, bool* done, size_t* size) {
+    *done = false;
+    if (r->seq != freed_) {
+      return errorf(Code::kInternalError, "socket backend: requests to %s tested out of order",
+                    what_.c_str());
+    }
+    if (helpers_.empty()) {
+      for (size_t k = 0; k < nsocks_; ++k) {
+        if (socks_[k].error.isOk()) socks_[k].error = progress(k);
+      }
+    }
+    // A socket that failed (the peer closed it, say) fails only the requests it had not
+    // finished: what arrived before stays good.
+    for (size_t k = 0; k < nsocks_; ++k) {
+      if (socks_[k].seq.load(std::memory_order_acquire) > r->seq) continue;
+      Status st = socketError(k);
+      return st;
+    }
+    *done = true;
+    *size = r->size;
+    ++freed_;
+    return Status::ok();
+  }
+
+  void shutdown() {
+    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock.shutdown();
+  }
+
+ private:
+  struct Sock {
+    Socket sock;
+    std::atomic<uint64_t> seq{0};  // the request this socket works on
+    size_t done = 0;               // bytes of that request's (header and) part moved
+    Status error;                  // why it stopped (written by its mover; helpers: under errorMutex_)
+  };
+
+  // Moves what socket k can move now without blocking.
+  Status progress(size_t k) {
+    Sock& s = socks_[k];
+    const int n = static_cast<int>(nsocks_);
+    while (true) {
+      const uint64_t seq = s.seq.load(std::memory_order_relaxed);
+      if (seq >= posted_.load(std::memory_order_acquire)) return Status::ok();
+      Request& r = requests_[seq % kMaxRequests];
+      const size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
+      if (!sending_) {
+        if (k == 0 && s.done < hdr) {
+          LOOM_ASSIGN_OR_RETURN(size_t got, recvSome(s, reinterpret_cast<char*>(&r.header) + s.done,
+                                                     hdr - s.done));
+          s.done += got;
+          if (s.done < hdr) return Status::ok();
+          if (r.header > r.capacity) {
+            return errorf(Code::kInvalidUsage,
+                          "%s sent a %llu-byte message into a %zu-byte receive (the ranks "
+                          "disagree on the operation, or on LOOM_BUFFSIZE)",
+                          what_.c_str(), (unsigned long long)r.header, r.capacity);
+          }
+          r.size = r.header;
+          headers_.store(seq + 1, std::memory_order_release);
+        } else if (k != 0 && headers_.load(std::memory_order_acquire) <= seq) {
+          return Status::ok();  // the size is not known yet
+        }
+      }
+      size_t b, e;
+      partRange(r.size, static_cast<int>(k), n, &b, &e);
+      const size_t want = hdr + (e - b);
+      while (s.done < want) {
+        size_t moved = 0;
+        if (sending_) {
+          LOOM_ASSIGN_OR_RETURN(moved, sendPart(s, r, hdr, b, e));
+        } else {
+          LOOM_ASSIGN_OR_RETURN(moved, recvSome(s, r.data + b + (s.done - hdr), want - s.done));
+        }
+        if (moved == 0) return Status::ok();
+        s.done += moved;
+      }
+      s.done = 0;
+      s.seq.store(seq + 1, std::memory_order_release);
+    }
+  }
+
+  // Sends what is left of socket s's part [begin, end) of r; socket 0 sends what is left
+  // of the size first, in the same call.
+  Result<size_t> sendPart(Sock& s, const Request& r, size_t hdr, size_t begin, size_t end) {
+    if (s.done >= hdr) {
+      const size_t at = begin + (s.done - hdr);
+      return s.sock.sendSome(r.data + at, end - at, what_.c_str());
+    }
+    uint64_t h = r.size;
+    iovec iov[2] = {{reinterpret_cast<char*>(&h) + s.done, hdr - s.done}, {r.data + begin, end - begin}};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    while (true) {
+      ssize_t n = ::sendmsg(s.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n >= 0) return static_cast<size_t>(n);
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+      return Status(errno == EPIPE || errno == ECONNRESET ? Code::kRemoteError : Code::kSystemError,
+                    sysError(errno, "send to %s", what_.c_str()).message());
+    }
+  }
+  Result<size_t> recvSome(Sock& s, void* p, size_t bytes) { return s.sock.recvSome(p, bytes, what_.c_str()); }
+
+  // A helper: moves its sockets' bytes, blocking in poll() when they cannot move and
+  // sleeping while nothing is posted for them.
+  void helperMain(int t, int threads) {
+    std::vector<pollfd> fds;
+    while (!stop_.load(std::memory_order_acquire)) {
+      bool pending = false;
+      fds.clear();
+      for (size_t k = t; k < nsocks_; k += threads) {
+        if (!socketError(k).isOk()) continue;
+        Status st = progress(k);
+        if (!st) {
+          std::lock_guard<std::mutex> lock(errorMutex_);
+          socks_[k].error = st;
+          continue;
+        }
+        if (socks_[k].seq.load(std::memory_order_relaxed) < posted_.load(std::memory_order_acquire)) {
+          pending = true;
+          fds.push_back({socks_[k].sock.fd(), static_cast<short>(sending_ ? POLLOUT : POLLIN), 0});
+        }
+      }
+      if (pending) {
+        ::poll(fds.data(), fds.size(), 10);
+        continue;
+      }
+      std::unique_lock<std::mutex> lock(wakeMutex_);
+      wake_.wait_for(lock, std::chrono::milliseconds(10), [&] {
+        if (stop_.load()) return true;
+        for (size_t k = t; k < nsocks_; k += threads) {
+          if (socks_[k].seq.load(std::memory_order_relaxed) < posted_.load()) return true;
+        }
+        return false;
+      });
+    }
+  }
+  Status socketError(size_t k) {
+    if (helpers_.empty()) return socks_[k].error;
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    return socks_[k].error;
+  }
+  void stopHelpers() {
+    {
+      std::lock_guard<std::mutex> lock(wakeMutex_);
+      stop_.store(true, std::memory_order_release);
+    }
+    wake_.notify_all();
+    for (auto& h : helpers_) h.join();
+    helpers_.clear();
+  }
+
+  const bool sending_;
+  const std::string what_;
+  const size_t nsocks_;
+  std::unique_ptr<Sock[]> socks_;  // fixed once helpers run
+  Request requests_[kMaxRequests];
+  std::atomic<uint64_t> posted_{0};
+  std::atomic<uint64_t> headers_{0};  // receive: messages whose size socket 0 has read
+  uint64_t freed_ = 0;                // requests test() has handed back (the caller's)
+  std::vector<std::thread> helpers_;
+  std::atomic<bool> stop_{false};
+  std::mutex wakeMutex_;
+  std::condition_variable wake_;
+  std::mutex errorMutex_;
+};
+
+class SocketSend final : public SendComm {
+ public:
+  SocketSend(std::vector<Socket> socks, int peer, int threads)
+      : comm_(std::move(socks), true, peer, threads) {}
+  Result<MemHandle> regMr(void*, size_t, MemType type) override { return registration(type); }
+  Status deregMr(MemHandle) override { return Status::ok(); }
+  Status isend(const void* data, size_t size, int, MemHandle, Request** request) override {
+    *request = comm_.post(data, size);
+    return Status::ok();
+  }
+  Status test(Request* r, bool* done, size_t* size) override { return comm_.test(r, done, size); }
+  void shutdown() override { comm_.shutdown(); }
+
+  static Result<MemHandle> registration(MemType type) {
+    if (type != MemType::kHost) {
+      return errorf(Code::kInternalError, "the socket backend moves host memory only");
+    }
+    return MemHandle(nullptr);
+  }
+
+ private:
+  SocketComm comm_;
+};
+
+class SocketRecv final : public RecvComm {
+ public:
+  SocketRecv(std::vector<Socket> socks, int peer, int threads)
+      : comm_(std::move(socks), false, peer, threads) {}
+  Result<MemHandle> regMr(void*, size_t, MemType type) override { return SocketSend::registration(type); }
+  Status deregMr(MemHandle) override { return Status::ok(); }
+  Status irecv(int n, void** data, const size_t* sizes, const int*, const MemHandle*,
+               Request** request) override {
+    if (n != 1) return errorf(Code::kInternalError, "the socket backend takes one buffer per receive");
+    *request = comm_.post(data[0], sizes[0]);
+    return Status::ok();
+  }
+  Status test(Request* r, bool* done, size_t* sizes) override { return comm_.test(r, done, sizes); }
+  void shutdown() override { comm_.shutdown(); }
+
+ private:
+  SocketComm comm_;
+};
+
+// A connection that arrived and has not said hello yet.
+struct Arrival {
+  Socket sock;
+  Hello hello{};
+  size_t got = 0;
+  Clock::time_point deadline;
+  std::string from;
+};
+
+class SocketListen final : public ListenComm {
+ public:
+  SocketListen(const Context& ctx, Socket listener, uint64_t nonce, int nsocks, int threads)
+      : ctx_(ctx), listener_(std::move(listener)), nonce_(nonce), threads_(threads), slots_(nsocks) {}
+
+  Status accept(std::unique_ptr<RecvComm>* comm) override {
+    *comm = nullptr;
+    LOOM_TRY(takeArrivals());
+    const auto now = Clock::now();
+    for (size_t i = 0; i < arrivals_.size();) {
+      Arrival& a = arrivals_[i];
+      auto r = a.sock.recvSome(reinterpret_cast<char*>(&a.hello) + a.got, sizeof(Hello) - a.got,
+                               a.from.c_str());
+      const char* why = nullptr;
+      if (!r) {
+        why = "closed before saying hello";
+      } else {
+        a.got += *r;
+        if (a.got == sizeof(Hello)) {
+          why = place(a);
+          if (!why) {
+            arrivals_.erase(arrivals_.begin() + i);
+            continue;
+          }
+        } else if (now > a.deadline) {
+          why = "said no hello in time";
+        }
+      }
+      if (why) {
+        LOOM_WARN(kNet, "net/socket: dropped a connection from %s: it %s", a.from.c_str(), why);
+        arrivals_.erase(arrivals_.begin() + i);
+        continue;
+      }
+      ++i;
+    }
+    for (const auto& s : slots_) {
+      if (!s.isOpen()) return Status::ok();
+    }
+    std::vector<Socket> socks;
+    for (auto& s : slots_) socks.push_back(std::move(s));
+    *comm = std::make_unique<SocketRecv>(std::move(socks), peerRank_, threads_);
+    return Status::ok();
+  }
+
+ private:
+  Status takeArrivals() {
+    while (true) {
+      int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::ok();
+        if (errno == ECONNABORTED || errno == EPROTO) continue;
+        return sysError(errno, "net/socket: accept");
+      }
+      Arrival a;
+      a.sock = Socket(fd);
+      a.sock.setNoDelay();
+      auto pa = a.sock.peerAddress();
+      a.from = pa ? pa->toString() : "?";
+      a.deadline = Clock::now() + std::chrono::milliseconds(ctx_.handshakeMs);
+      arrivals_.push_back(std::move(a));
+    }
+  }
+  // Where a hello says its socket belongs; the reason to drop it otherwise.
+  const char* place(Arrival& a) {
+    const Hello& h = a.hello;
+    if (h.magic != kHelloMagic) return "spoke another protocol";
+    if (h.commHash != ctx_.commHash) return "belongs to another communicator";
+    if (h.nonce != nonce_) return "is meant for another connection";
+    if (h.index < 0 || h.index >= static_cast<int>(slots_.size()) || slots_[h.index].isOpen()) {
+      return "gave a bad socket index";
+    }
+    peerRank_ = h.rank;
+    slots_[h.index] = std::move(a.sock);
+    return nullptr;
+  }
+
+  Context ctx_;
+  Socket listener_;
+  uint64_t nonce_;
+  int threads_;
+  std::vector<Socket> slots_;
+  std::vector<Arrival> arrivals_;
+  int peerRank_ = -1;
+};
+
+// The sender's sockets while they connect and say hello.
+struct ConnectStage {
+  struct Pending {
+    Socket sock;
+    bool connected = false;
+    size_t sent = 0;  // bytes of the hello
+    Clock::time_point retryAt{};
+  };
+  std::vector<Pending> socks;
+  Clock::time_point deadline;
+};
+
+class SocketBackend final : public Backend {
+ public:
+  SocketBackend(const Context& ctx, std::vector<NetInterface> ifs, int nsocks, int threads)
+      : ctx_(ctx), ifs_(std::move(ifs)), nsocks_(nsocks), threads_(threads), rng_(std::random_device{}()) {}
+
+  const char* name() const override { return "socket"; }
+  int devices() const override { return static_cast<int>(ifs_.size()); }
+
+  Status properties(int dev, Properties* p) const override {
+    LOOM_TRY(checkDev(dev));
+    const NetInterface& i = ifs_[dev];
+    *p = Properties{};
+    p->name = i.name;
+    p->ptrSupport = kPtrHost;
+    p->speedMbps = 10000;  // NCCL's assumption where the interface does not say
+    std::ifstream speed("/sys/class/net/" + i.name + "/speed");
+    int mbps = 0;
+    if (speed >> mbps && mbps > 0) p->speedMbps = mbps;
+    char link[4096];
+    ssize_t n = ::readlink(("/sys/class/net/" + i.name + "/device").c_str(), link, sizeof(link) - 1);
+    if (n > 0) p->pciPath = std::string(link, n);
+    p->maxRecvs = 1;
+    return Status::ok();
+  }
+
+  Status listen(int dev, Handle* handle, std::unique_ptr<ListenComm>* listenComm) override {
+    LOOM_TRY(checkDev(dev));
+    SocketAddress addr = ifs_[dev].address;
+    addr.setPort(0);
+    LOOM_ASSIGN_OR_RETURN(Socket listener, Socket::listen(addr));
+    SocketHandle h{};
+    h.magic = kHandleMagic;
+    LOOM_ASSIGN_OR_RETURN(h.address, listener.localAddress());
+    {
+      std::lock_guard<std::mutex> lock(rngMutex_);
+      h.nonce = rng_();
+    }
+    h.nsocks = nsocks_;
+    h.rank = ctx_.rank;
+    h.stage = nullptr;
+    *handle = Handle{};
+    std::memcpy(handle->data, &h, sizeof(h));
+    *listenComm = std::make_unique<SocketListen>(ctx_, std::move(listener), h.nonce, nsocks_, threads_);
+    return Status::ok();
+  }
+
+  void cancelConnect(Handle* handle) override {
+    SocketHandle h;
+    std::memcpy(&h, handle->data, sizeof(h));
+    if (h.magic != kHandleMagic) return;
+    delete h.stage;
+    h.stage = nullptr;
+    std::memcpy(handle->data, &h, sizeof(h));
+  }
+
+  Status connect(int dev, Handle* handle, int peerRank, std::unique_ptr<SendComm>* comm) override {
+    *comm = nullptr;
+    SocketHandle h;
+    std::memcpy(&h, handle->data, sizeof(h));
+    if (h.magic != kHandleMagic || h.nsocks < 1 || h.nsocks > kMaxSocks || !h.address.valid()) {
+      return errorf(Code::kRemoteError, "net/socket: %s sent a malformed connection handle",
+                    peerName(peerRank).c_str());
+    }
+    if (!h.stage) {
+      h.stage = new ConnectStage();
+      h.stage->socks.resize(h.nsocks);
+      h.stage->deadline = Clock::now() + std::chrono::milliseconds(settings::getInt("LOOM_TIMEOUT_MS"));
+      std::memcpy(handle->data, &h, sizeof(h));
+    }
+    Status st = advance(h, peerRank, comm);
+    if (!st || *comm) {
+      delete h.stage;
+      h.stage = nullptr;
+      std::memcpy(handle->data, &h, sizeof(h));
+    }
+    return st;
+  }
+
+ private:
+  Status checkDev(int dev) const {
+    if (dev < 0 || dev >= devices()) {
+      return errorf(Code::kInternalError, "net/socket: no device %d (%d devices)", dev, devices());
+    }
+    return Status::ok();
+  }
+
+  // One more round of non-blocking work on the sender's sockets.
+  Status advance(const SocketHandle& h, int peerRank, std::unique_ptr<SendComm>* comm) {
+    ConnectStage& stage = *h.stage;
+    const std::string what = peerName(peerRank) + " at " + h.address.toString();
+    const auto now = Clock::now();
+    if (ctx_.abortFlag && ctx_.abortFlag->load()) {
+      return errorf(Code::kSystemError, "net/socket: connecting to %s: aborted", what.c_str());
+    }
+    bool all = true;
+    for (size_t i = 0; i < stage.socks.size(); ++i) {
+      auto& p = stage.socks[i];
+      if (!p.sock.isOpen()) {
+        if (now < p.retryAt) {
+          all = false;
+          continue;
+        }
+        int fd = ::socket(h.address.u.sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) return sysError(errno, "net/socket: socket()");
+        p.sock = Socket(fd);
+        p.sock.setNoDelay();
+        if (::connect(fd, &h.address.u.sa, h.address.length()) != 0 && errno != EINPROGRESS) {
+          LOOM_TRY(retryOrFail(p, errno, what, stage, now));
+          all = false;
+          continue;
+        }
+      }
+      if (!p.connected) {
+        pollfd pfd{p.sock.fd(), POLLOUT, 0};
+        if (::poll(&pfd, 1, 0) <= 0) {
+          all = false;
+          if (now > stage.deadline) {
+            return errorf(Code::kRemoteError, "net/socket: connecting to %s timed out (LOOM_TIMEOUT_MS)",
+                          what.c_str());
+          }
+          continue;
+        }
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(p.sock.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err != 0) {
+          LOOM_TRY(retryOrFail(p, err, what, stage, now));
+          all = false;
+          continue;
+        }
+        p.connected = true;
+      }
+      if (p.sent < sizeof(Hello)) {
+        Hello hello{kHelloMagic, ctx_.commHash, h.nonce, static_cast<int32_t>(i), ctx_.rank};
+        LOOM_ASSIGN_OR_RETURN(size_t n, p.sock.sendSome(reinterpret_cast<const char*>(&hello) + p.sent,
+                                                        sizeof(Hello) - p.sent, what.c_str()));
+        p.sent += n;
+        if (p.sent < sizeof(Hello)) {
+          all = false;
+          continue;
+        }
+      }
+    }
+    if (!all) return Status::ok();
+    std::vector<Socket> socks;
+    for (auto& p : stage.socks) socks.push_back(std::move(p.sock));
+    *comm = std::make_unique<SocketSend>(std::move(socks), peerRank, threads_);
+    return Status::ok();
+  }
+
+  // A refused or unreachable connection is tried again (the listener's backlog may be
+  // full for a moment) until the deadline; anything else is an error.
+  static Status retryOrFail(ConnectStage::Pending& p, int err, const std::string& what,
+                            const ConnectStage& stage, Clock::time_point now) {
+    p.sock.close();
+    p.connected = false;
+    const bool transient = err == ECONNREFUSED || err == ETIMEDOUT || err == EHOSTUNREACH ||
+                           err == ENETUNREACH || err == EAGAIN;
+    if (!transient || now > stage.deadline) {
+      return Status(Code::kRemoteError, sysError(err, "net/socket: connecting to %s", what.c_str()).message());
+    }
+    p.retryAt = now + std::chrono::milliseconds(10);
+    return Status::ok();
+  }
+
+  Context ctx_;
+  std::vector<NetInterface> ifs_;
+  int nsocks_;
+  int threads_;
+  std::mutex rngMutex_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx) {
+  LOOM_ASSIGN_OR_RETURN(auto ifs, findInterfacesFromSettings());
+  const int64_t threads = std::max<int64_t>(1, settings::getInt("LOOM_SOCKET_NTHREADS"));
+  const int64_t perThread = std::max<int64_t>(1, settings::getInt("LOOM_NSOCKS_PERTHREAD"));
+  const int nsocks = static_cast<int>(std::min<int64_t>(kMaxSocks, threads * perThread));
+  // One thread: the proxy's test() moves the bytes; more: a helper per thread, each with
+  // its share of the sockets.
+  const int helpers = threads > 1 ? static_cast<int>(std::min<int64_t>(threads, nsocks)) : 0;
+  LOOM_INFO(kNet, "net/socket: %zu device(s), first %s (%s); %d socket(s) per connection, %d helper "
+            "thread(s) (LOOM_SOCKET_NTHREADS x LOOM_NSOCKS_PERTHREAD)",
+            ifs.size(), ifs.front().name.c_str(), ifs.front().address.toString().c_str(), nsocks, helpers);
+  return std::unique_ptr<Backend>(new SocketBackend(ctx, std::move(ifs), nsocks, helpers));
+}
+
+Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx) {
+  std::string name = settings::getString("LOOM_NET");
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (name.empty() || name == "socket") return makeSocketBackend(ctx);
+  return errorf(Code::kInvalidUsage,
+                "LOOM_NET/NCCL_NET=%s: no such network backend in this build (there is: Socket)",
+                settings::getString("LOOM_NET").c_str());
+}
+
+}  // namespace loom::transport::net
