@@ -1,9 +1,10 @@
 // The mesh executor's kernels (see mesh.h for the protocol).
 //
-// Reads top to bottom: element traits (storage and arithmetic types), the counters and
-// their waits, the block-wide data mover `reduceCopy`, one function per collective, and
-// the kernel with its launcher. One kernel is instantiated per element type; the
-// collective and the reduction are uniform run-time branches.
+// Reads top to bottom: the counters and their waits, the pulled kernels' data loop, one
+// function per collective, and the kernel with its launcher (the element traits and the
+// block-wide data mover `reduceCopy` are in reduce_copy_device.cuh). One kernel is
+// instantiated per element type; the collective and the reduction are uniform run-time
+// branches.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -13,10 +14,13 @@
 #include <utility>
 
 #include "collectives/device/mesh.h"
+#include "collectives/device/reduce_copy_device.cuh"
 
 namespace loom::collectives::device {
 
 namespace {
+
+using namespace detail;  // the element traits, counters and reduceCopy
 
 // ---- Programmatic dependent launch (sm_90+; MeshContext::pdl). ----
 // With `pdl` a kernel is launched so that it may be scheduled before the kernel ahead of
@@ -41,106 +45,7 @@ __device__ __forceinline__ void releaseStreamSuccessor() {
 #endif
 }
 
-// ---- Element traits: storage type S, arithmetic type C. ----
-
-template <typename S, typename C>
-struct Plain {
-  using Storage = S;
-  using Compute = C;
-  static __device__ __forceinline__ C load(S v) { return C(v); }
-  static __device__ __forceinline__ S store(C v) { return S(v); }
-};
-
-struct Half {
-  using Storage = uint16_t;
-  using Compute = float;
-  static __device__ __forceinline__ float load(uint16_t v) { return __half2float(__ushort_as_half(v)); }
-  static __device__ __forceinline__ uint16_t store(float v) { return __half_as_ushort(__float2half_rn(v)); }
-};
-
-struct Bf16 {
-  using Storage = uint16_t;
-  using Compute = float;
-  static __device__ __forceinline__ float load(uint16_t v) {
-    return __bfloat162float(__ushort_as_bfloat16(v));
-  }
-  static __device__ __forceinline__ uint16_t store(float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
-};
-
-// fp8: OCP E4M3 saturates to its largest finite value (it has no infinities); E5M2
-// keeps infinities.
-template <__nv_fp8_interpretation_t Kind, __nv_saturation_t Saturation>
-struct Fp8 {
-  using Storage = uint8_t;
-  using Compute = float;
-  static __device__ __forceinline__ float load(uint8_t v) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw(v, Kind);
-    return __half2float(__half(h));
-  }
-  static __device__ __forceinline__ uint8_t store(float v) { return __nv_cvt_float_to_fp8(v, Saturation, Kind); }
-};
-using E4m3 = Fp8<__NV_E4M3, __NV_SATFINITE>;
-using E5m2 = Fp8<__NV_E5M2, __NV_NOSAT>;
-
-// The reduction as the kernel applies it: pre-op on a rank's own contribution,
-// combine, post-op on the final value.
-template <typename E>
-struct Op {
-  using C = typename E::Compute;
-  RedKind kind;
-  C scalar;
-  C divisor;
-
-  __device__ __forceinline__ C pre(C x) const { return kind == RedKind::kPreMulSum ? x * scalar : x; }
-  __device__ __forceinline__ C combine(C a, C b) const {
-    switch (kind) {
-      case RedKind::kProd: return a * b;
-      case RedKind::kMax: return b > a ? b : a;
-      case RedKind::kMin: return b < a ? b : a;
-      default: return a + b;
-    }
-  }
-  __device__ __forceinline__ C post(C x) const { return kind == RedKind::kSumPostDiv ? x / divisor : x; }
-};
-
-// Every operation rounds to the element type, as the host kernels do (common/datatype.h),
-// so integer sums wrap and narrow floats round once per operation.
-template <typename E>
-__device__ __forceinline__ typename E::Compute rounded(typename E::Compute v) {
-  return E::load(E::store(v));
-}
-
-// PreMulSum's scalar: read from device memory when `device` is set, else `host`.
-template <typename E>
-__device__ typename E::Compute scalarFor(double host, const void* device) {
-  using C = typename E::Compute;
-  if (device) {
-    return E::load(*static_cast<const typename E::Storage*>(device));
-  }
-  if constexpr (std::is_integral_v<C>) {
-    return C(static_cast<long long>(host));
-  } else {
-    return E::load(E::store(C(host)));  // the scalar rounded to the element type
-  }
-}
-
 // ---- Counters. ----
-
-__device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void storeRelease(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t globalTimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __device__ __forceinline__ uint64_t* readyFlag(char* window, int from, int block, int maxBlocks) {
   return reinterpret_cast<uint64_t*>(window + (size_t(from) * maxBlocks + block) * kFlagStride);
@@ -257,155 +162,6 @@ __device__ void releaseRecv(const MeshContext& c, Block& B, int from) {
   if (threadIdx.x == 0 && !B.fail) {
     B.recvd[from] += 1;
     storeRelease(ackFlag(c.windows[from], c.rank, blockIdx.x, c.geo.maxBlocks), B.recvd[from]);
-  }
-}
-
-// ---- The data mover. ----
-//
-// dsts[0..ndst) = post(combine over s of (s in preMask ? pre(srcs[s]) : srcs[s])), the
-// sources combined in the order given. With one source and no pre/post it is a copy.
-
-struct Io {
-  const char* srcs[kMaxRanks];
-  char* dsts[kMaxRanks + 1];
-  int nsrc = 0;
-  int ndst = 0;
-  unsigned preMask = 0;
-  bool post = false;
-};
-
-template <typename E>
-__device__ __forceinline__ void reduceElems(const Io& io, const Op<E>& op, size_t i) {
-  using S = typename E::Storage;
-  using C = typename E::Compute;
-  C acc{};
-#pragma unroll
-  for (int s = 0; s < kMaxRanks; ++s) {
-    if (s < io.nsrc) {
-      C x = E::load(reinterpret_cast<const S*>(io.srcs[s])[i]);
-      if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
-      acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
-    }
-  }
-  if (io.post) acc = op.post(acc);
-  S v = E::store(acc);
-#pragma unroll
-  for (int d = 0; d < kMaxRanks + 1; ++d) {
-    if (d < io.ndst) reinterpret_cast<S*>(io.dsts[d])[i] = v;
-  }
-}
-
-// Not inlined: one copy per type and width instead of one per call site keeps the
-// compile time and the code size down; the call costs nothing next to a tile.
-template <typename E, int NS>
-__device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n) {
-  using S = typename E::Storage;
-  using C = typename E::Compute;
-  constexpr int kPer = 16 / sizeof(S);
-  const bool copy = io.nsrc == 1 && io.preMask == 0 && !io.post;
-  uintptr_t bits = 0;
-  for (int s = 0; s < io.nsrc; ++s) bits |= reinterpret_cast<uintptr_t>(io.srcs[s]);
-  for (int d = 0; d < io.ndst; ++d) bits |= reinterpret_cast<uintptr_t>(io.dsts[d]);
-  size_t nvec = (bits & 15) == 0 ? n / kPer : 0;
-  const size_t stride = blockDim.x;
-  // Pointers into registers (the Io itself sits in local memory).
-  const char* srcs[NS];
-  char* dsts[NS + 1];
-#pragma unroll
-  for (int s = 0; s < NS; ++s) srcs[s] = s < io.nsrc ? io.srcs[s] : nullptr;
-#pragma unroll
-  for (int d = 0; d < NS + 1; ++d) dsts[d] = d < io.ndst ? io.dsts[d] : nullptr;
-  union Pack {
-    uint4 v;
-    S e[kPer];
-  };
-  if (copy) {
-    const uint4* src = reinterpret_cast<const uint4*>(srcs[0]);
-    size_t i = threadIdx.x;
-    for (; i + 3 * stride < nvec; i += 4 * stride) {
-      uint4 v0 = src[i], v1 = src[i + stride], v2 = src[i + 2 * stride], v3 = src[i + 3 * stride];
-#pragma unroll
-      for (int d = 0; d < NS + 1; ++d) {
-        if (d < io.ndst) {
-          uint4* dst = reinterpret_cast<uint4*>(dsts[d]);
-          dst[i] = v0;
-          dst[i + stride] = v1;
-          dst[i + 2 * stride] = v2;
-          dst[i + 3 * stride] = v3;
-        }
-      }
-    }
-    for (; i < nvec; i += stride) {
-      uint4 v = src[i];
-#pragma unroll
-      for (int d = 0; d < NS + 1; ++d) {
-        if (d < io.ndst) reinterpret_cast<uint4*>(dsts[d])[i] = v;
-      }
-    }
-  } else {
-    // U vectors per thread and iteration, so U * nsrc loads are in flight at once.
-    constexpr int U = NS <= 2 ? 4 : 1;
-    auto combineVec = [&](Pack* in, Pack& res) {
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        C acc{};
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          if (s < io.nsrc) {
-            C x = E::load(in[s].e[k]);
-            if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
-            acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
-          }
-        }
-        if (io.post) acc = op.post(acc);
-        res.e[k] = E::store(acc);
-      }
-    };
-    size_t i = threadIdx.x;
-    for (; i + (U - 1) * stride < nvec; i += U * stride) {
-      Pack in[U][NS];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          if (s < io.nsrc) in[u][s].v = reinterpret_cast<const uint4*>(srcs[s])[i + u * stride];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        Pack res;
-        combineVec(in[u], res);
-#pragma unroll
-        for (int d = 0; d < NS + 1; ++d) {
-          if (d < io.ndst) reinterpret_cast<uint4*>(dsts[d])[i + u * stride] = res.v;
-        }
-      }
-    }
-    for (; i < nvec; i += stride) {
-      Pack in[NS];
-#pragma unroll
-      for (int s = 0; s < NS; ++s) {
-        if (s < io.nsrc) in[s].v = reinterpret_cast<const uint4*>(srcs[s])[i];
-      }
-      Pack res;
-      combineVec(in, res);
-#pragma unroll
-      for (int d = 0; d < NS + 1; ++d) {
-        if (d < io.ndst) reinterpret_cast<uint4*>(dsts[d])[i] = res.v;
-      }
-    }
-  }
-  for (size_t i = nvec * kPer + threadIdx.x; i < n; i += stride) reduceElems<E>(io, op, i);
-}
-
-// Two and three sources (two ranks) get their own instantiation: the general one needs
-// more registers than a thread has at 512 threads per block.
-template <typename E>
-__device__ void reduceCopy(const Io& io, const Op<E>& op, size_t n) {
-  if (io.nsrc <= 2 && io.ndst <= 3) {
-    reduceCopyN<E, 2>(io, op, n);
-  } else {
-    reduceCopyN<E, kMaxRanks>(io, op, n);
   }
 }
 
@@ -1343,25 +1099,6 @@ int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape&
                       shape.tileElems);
 }
 
-// Calls f with a value of the element traits for `type` (a cudaError_t value back).
-template <typename F>
-int withElement(DataType type, F&& f) {
-  switch (type) {
-    case DataType::kInt8: return f(Plain<int8_t, int32_t>{});
-    case DataType::kUint8: return f(Plain<uint8_t, uint32_t>{});
-    case DataType::kInt32: return f(Plain<int32_t, int32_t>{});
-    case DataType::kUint32: return f(Plain<uint32_t, uint32_t>{});
-    case DataType::kInt64: return f(Plain<int64_t, int64_t>{});
-    case DataType::kUint64: return f(Plain<uint64_t, uint64_t>{});
-    case DataType::kFloat16: return f(Half{});
-    case DataType::kFloat32: return f(Plain<float, float>{});
-    case DataType::kFloat64: return f(Plain<double, double>{});
-    case DataType::kBfloat16: return f(Bf16{});
-    case DataType::kFloat8e4m3: return f(E4m3{});
-    case DataType::kFloat8e5m2: return f(E5m2{});
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
-}
 
 }  // namespace
 
