@@ -108,6 +108,11 @@ Schedule chainBroadcast(int rank, int n, size_t count, int root);
 Schedule treeBroadcast(int rank, int n, size_t count, int root);
 Schedule treeReduce(int rank, int n, size_t count, int root);
 Schedule directAllToAll(int rank, int n, size_t count);
+// The same exchange in phases of at most `peersPerPhase` peers, phase j with the peers at
+// distance j * peersPerPhase + 1.. on every rank (send to rank + k, receive from rank - k),
+// so every phase pairs up across ranks: fewer steps at once, for executors that give each
+// step of a phase resources of its own.
+Schedule roundsAllToAll(int rank, int n, size_t count, int peersPerPhase);
 // Every rank sends its `count` elements to every other rank at once; block q of the
 // output holds rank q's input. The first half of a one-shot all-reduce.
 Schedule directAllGather(int rank, int n, size_t count);

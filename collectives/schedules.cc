@@ -500,6 +500,27 @@ Schedule directExchange(int r, int n, size_t count, bool sameInputForAll) {
 
 Schedule directAllToAll(int r, int n, size_t count) { return directExchange(r, n, count, false); }
 
+Schedule roundsAllToAll(int r, int n, size_t count, int peersPerPhase) {
+  Schedule all = directExchange(r, n, count, false);
+  const Phase& phase = all.phases[0];
+  Schedule s;
+  s.reduces = false;
+  s.inputCount = all.inputCount;
+  s.outputCount = all.outputCount;
+  const int per = std::max(1, peersPerPhase);
+  // phase[0] is the local copy; then (send to r + k, receive from r - k) for k = 1..n-1.
+  for (int k = 1; k < n || s.phases.empty(); k += per) {
+    Phase p;
+    if (k == 1) p.push_back(phase[0]);
+    for (int j = k; j < std::min(n, k + per); ++j) {
+      p.push_back(phase[2 * j - 1]);
+      p.push_back(phase[2 * j]);
+    }
+    s.phases.push_back(std::move(p));
+  }
+  return s;
+}
+
 Schedule directAllGather(int r, int n, size_t count) { return directExchange(r, n, count, true); }
 
 }  // namespace loom::collectives

@@ -166,6 +166,24 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
   return c;
 }
 
+Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const std::string& forced) {
+  req.network = true;
+  LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
+  if (c.algo != Algorithm::kOneShot) return c;
+  const int n = req.nranks;
+  if (n > 1 && (n & (n - 1)) == 0) {
+    c.algo = Algorithm::kDoubling;
+    c.reason = "small message (one-shot has no GPU form over the network): recursive doubling";
+  } else if (n - 1 <= kMaxStepPeers) {
+    c.algo = Algorithm::kDirect;
+    c.reason = "small message (one-shot has no GPU form over the network): direct";
+  } else {
+    c.algo = Algorithm::kRing;
+    c.reason = "small message (one-shot has no GPU form over the network): ring";
+  }
+  return c;
+}
+
 size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes, bool network) {
   // Every hop costs a wake-up of the receiving rank; where ranks outnumber cores that is
   // tens of microseconds, so fewer, larger pieces win. Measured on the 2-core VM, 4 ranks,
@@ -191,6 +209,10 @@ size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes,
   want = std::max<size_t>(want, 16 * 1024);
   want = (want + 63) / 64 * 64;
   return std::min(slotBytes, want);
+}
+
+size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes) {
+  return hostPieceBytes(type, bytes, nranks, slotBytes, /*network=*/false);
 }
 
 Schedule buildSchedule(const CollRequest& req, Algorithm algo) {

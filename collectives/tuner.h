@@ -39,6 +39,18 @@ struct TunerChoice {
 // algorithm that does not exist for the collective falls back with the reason noted.
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced);
 
+// The algorithm of a collective on device buffers over the network (the GPU network
+// executor, collectives/device/net_executor.h): as chooseAlgorithm over sockets, but
+// never the one-shot all-reduce, whose gathered inputs would need scratch memory on the
+// GPU: recursive doubling where the rank count is a power of two, else direct for up to
+// kMaxStepPeers + 1 ranks, else the ring.
+Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const std::string& forced);
+
+// The piece size (bytes) of a collective on device buffers over the network: as
+// hostPieceBytes, but up to the whole slot (the network executor's slots are larger, and
+// its kernels, not a CPU thread, combine the pieces). `bytes` is one lane's share.
+size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes);
+
 Schedule buildSchedule(const CollRequest& req, Algorithm algo);
 
 // The piece size (bytes) of a host collective: what one FIFO slot carries per step.

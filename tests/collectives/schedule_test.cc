@@ -11,6 +11,7 @@
 #include <map>
 #include <vector>
 
+#include "collectives/device/net_plan.h"
 #include "collectives/schedule.h"
 #include "collectives/tuner.h"
 
@@ -185,6 +186,7 @@ std::vector<Case> cases() {
       {"TreeBroadcast", CollType::kBroadcast, [](int r, int n, size_t c, int root) { return treeBroadcast(r, n, c, root); }},
       {"TreeReduce", CollType::kReduce, [](int r, int n, size_t c, int root) { return treeReduce(r, n, c, root); }},
       {"DirectAllToAll", CollType::kAllToAll, [](int r, int n, size_t c, int) { return directAllToAll(r, n, c); }},
+      {"RoundsAllToAll", CollType::kAllToAll, [](int r, int n, size_t c, int) { return roundsAllToAll(r, n, c, 3); }},
       {"DirectAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return directAllGather(r, n, c); }},
   };
 }
@@ -200,11 +202,12 @@ TEST(RingOrder, RejectsWhatIsNotAPermutation) {
   EXPECT_EQ(a.phases.size(), b.phases.size());
 }
 
-void checkCase(const Case& cs, int n, size_t count, int root) {
+void checkCase(const Case& cs, int n, size_t count, int root, bool split = false) {
   std::vector<Schedule> schedules;
   std::vector<std::vector<int64_t>> inputs;
   for (int r = 0; r < n; ++r) {
-    schedules.push_back(cs.build(r, n, count, root));
+    schedules.push_back(split ? device::splitByConnection(cs.build(r, n, count, root))
+                              : cs.build(r, n, count, root));
     std::vector<int64_t> in(schedules.back().inputCount);
     for (size_t i = 0; i < in.size(); ++i) in[i] = inputValue(r, i);
     inputs.push_back(std::move(in));
@@ -243,6 +246,23 @@ TEST(Schedules, EveryCollectiveEveryRankCount) {
         if (cs.type == CollType::kBroadcast || cs.type == CollType::kReduce) roots = {0, n / 2, n - 1};
         for (int root : roots) {
           checkCase(cs, n, count, root);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// The form the GPU network executor runs (collectives/device/net_plan.h): steps that share
+// a connection in sub-phases of their own, every phase strictly after the one before.
+TEST(Schedules, EveryCollectiveSplitByConnection) {
+  for (const auto& cs : cases()) {
+    for (int n : rankCounts()) {
+      for (size_t count : countsFor(n)) {
+        std::vector<int> roots = {0};
+        if (cs.type == CollType::kBroadcast || cs.type == CollType::kReduce) roots = {0, n / 2, n - 1};
+        for (int root : roots) {
+          checkCase(cs, n, count, root, /*split=*/true);
           if (HasFatalFailure()) return;
         }
       }

@@ -1,0 +1,542 @@
+// Network plans (collectives/device/net_plan.h): every schedule the network executor uses
+// becomes a plan whose phases never use a connection twice, for 1-64 ranks; and the plans
+// run correctly end to end over real sockets and proxies, ranks as threads, with an
+// emulation of the kernel on the CPU (CpuKernel below, an emulation of
+// collectives/device/net_kernels.cu: the same FIFO protocol and the same combination
+// order, host arithmetic). The kernel itself runs in the GPU tests.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "collectives/device/net_plan.h"
+#include "collectives/tuner.h"
+#include "common/datatype.h"
+#include "transports/net/connect.h"
+#include "transports/net/net_fifo.h"
+#include "transports/net/proxy.h"
+
+namespace loom::collectives::device {
+namespace {
+
+using transport::net::Fifo;
+
+CollRequest request(CollType type, int rank, int n, size_t count, int root, size_t pieceElems) {
+  CollRequest r;
+  r.type = type;
+  r.count = count;
+  r.elemSize = 4;
+  r.nranks = n;
+  r.rank = rank;
+  r.root = root;
+  r.pieceElems = pieceElems;
+  r.network = true;
+  return r;
+}
+
+struct Case {
+  CollType type;
+  Algorithm algo;
+};
+const Case kCases[] = {
+    {CollType::kAllReduce, Algorithm::kRing},     {CollType::kAllReduce, Algorithm::kTree},
+    {CollType::kAllReduce, Algorithm::kDirect},   {CollType::kAllReduce, Algorithm::kDoubling},
+    {CollType::kAllGather, Algorithm::kRing},     {CollType::kReduceScatter, Algorithm::kRing},
+    {CollType::kBroadcast, Algorithm::kChain},    {CollType::kBroadcast, Algorithm::kTree},
+    {CollType::kReduce, Algorithm::kTree},        {CollType::kAllToAll, Algorithm::kDirect},
+};
+
+TEST(NetPlan, EveryScheduleBecomesAPlanForOneToSixtyFourRanks) {
+  for (const Case& c : kCases) {
+    for (int n : {1, 2, 3, 4, 5, 7, 8, 16, 33, 64}) {
+      for (int r = 0; r < n; ++r) {
+        for (int root : {0, n - 1}) {
+          Schedule s = netSchedule(request(c.type, r, n, 1000, root, 37), c.algo);
+          auto plan = makeNetPlan(s, 37);
+          ASSERT_TRUE(plan.isOk()) << collTypeName(c.type) << "/" << algorithmName(c.algo) << " n=" << n
+                                   << " r=" << r << ": " << plan.status().message();
+          const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
+          EXPECT_LE(h->bytes, plan->size() * 8);
+          EXPECT_GE(h->blocks, 1u);
+          EXPECT_LE(h->blocks, kNetMaxBlocks);
+        }
+      }
+    }
+  }
+}
+
+TEST(NetPlan, SplitPutsTheKthUseOfAConnectionInSubPhaseK) {
+  Schedule s;
+  Phase p;
+  auto send = [](int peer, size_t count) {
+    Step st;
+    st.count = count;
+    st.src = {Buffer::kAbsolute, 0x1000};
+    st.sendTo(peer);
+    return st;
+  };
+  auto recv = [](int peer, size_t count) {
+    Step st;
+    st.count = count;
+    st.dst = {Buffer::kAbsolute, 0x2000};
+    st.recvFrom(peer);
+    return st;
+  };
+  p = {send(1, 10), send(1, 20), recv(1, 5), send(2, 7), recv(1, 0), recv(1, 6)};
+  s.phases.push_back(p);
+  EXPECT_FALSE(makeNetPlan(s, 4).isOk());  // two sends to rank 1 in one phase
+  Schedule t = splitByConnection(s);
+  ASSERT_EQ(t.phases.size(), 2u);
+  ASSERT_EQ(t.phases[0].size(), 3u);  // send(1,10) recv(1,5) send(2,7)
+  ASSERT_EQ(t.phases[1].size(), 2u);  // send(1,20) recv(1,6); the empty receive is gone
+  EXPECT_EQ(t.phases[1][0].count, 20u);
+  EXPECT_EQ(t.phases[1][1].count, 6u);
+  auto plan = makeNetPlan(t, 4);
+  ASSERT_TRUE(plan.isOk());
+  std::vector<NetLink> sends, recvs;
+  netPlanLinks(reinterpret_cast<const NetPlanHeader*>(plan->data()), &sends, &recvs);
+  EXPECT_EQ(sends, (std::vector<NetLink>{{1, 0}, {2, 0}}));
+  EXPECT_EQ(recvs, (std::vector<NetLink>{{1, 0}}));
+}
+
+TEST(NetPlan, NoOneShotOverTheNetwork) {
+  for (int n : {2, 3, 4, 5, 8}) {
+    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), "");
+    ASSERT_TRUE(c.isOk());
+    EXPECT_NE(c->algo, Algorithm::kOneShot) << n;
+    auto f = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), "oneshot");
+    ASSERT_TRUE(f.isOk());
+    EXPECT_NE(f->algo, Algorithm::kOneShot) << n;
+  }
+}
+
+// ---- Plans over real sockets and proxies, the kernel emulated on the CPU. ----
+
+constexpr uint32_t kSlots = 4;
+constexpr uint64_t kSlotBytes = 4096;
+
+uint64_t loadAcquire(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
+void storeRelease(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
+bool closed(const Fifo& f) { return std::atomic_ref<uint32_t>(f.header->closed).load() != transport::net::kNetOpen; }
+
+// One rank: its backend, proxy and FIFOs, and the emulated kernel's counters.
+struct Rank {
+  int rank = 0;
+  int n = 0;
+  std::unique_ptr<transport::net::Backend> backend;
+  std::vector<void*> memory;
+  std::vector<Fifo> send, recv;  // by link (lane * n + peer)
+  std::vector<bool> haveSend, haveRecv;
+  std::vector<uint64_t> sent, consumed;
+  transport::net::HandleExchange exchange[kNetMaxLanes];  // each lane's handles
+  std::unique_ptr<transport::net::Proxy> proxy;  // declared last: goes first
+
+  ~Rank() {
+    proxy.reset();
+    for (void* m : memory) std::free(m);
+  }
+};
+
+struct Mailbox {
+  std::mutex mutex;
+  std::map<std::tuple<int, int, int>, transport::net::Handle> handles;  // (from, to, lane)
+};
+
+// Connections as the network executor makes them: the FIFOs now, the connections by the
+// proxy thread (transports/net/connect.h's dialers), so nothing here waits for a peer.
+void connectRank(Rank& r, Mailbox& mail, const std::vector<NetLink>& sends, const std::vector<NetLink>& recvs) {
+  for (int lane = 0; lane < int(kNetMaxLanes) && !r.exchange[0].send; ++lane) {
+    for (int l = 0; l < int(kNetMaxLanes); ++l) {
+      r.exchange[l].send = [&mail, me = r.rank, l](int peer, const transport::net::Handle& h) {
+        std::lock_guard<std::mutex> lock(mail.mutex);
+        mail.handles[{me, peer, l}] = h;
+        return Status::ok();
+      };
+      r.exchange[l].tryRecv = [&mail, me = r.rank, l](int peer, transport::net::Handle* h) -> Result<bool> {
+        std::lock_guard<std::mutex> lock(mail.mutex);
+        auto it = mail.handles.find({peer, me, l});
+        if (it == mail.handles.end()) return false;
+        *h = it->second;
+        mail.handles.erase(it);
+        return true;
+      };
+    }
+  }
+  auto fifo = [&](int peer) {
+    const size_t bytes = transport::net::fifoBytes(kSlots, kSlotBytes);
+    void* m = std::aligned_alloc(4096, bytes);
+    std::memset(m, 0, bytes);
+    r.memory.push_back(m);
+    return transport::net::fifoAt(m, kSlots, kSlotBytes, peer);
+  };
+  for (const NetLink& l : recvs) {
+    const int k = l.lane * r.n + l.peer;
+    if (r.haveRecv[k]) continue;
+    r.recv[k] = fifo(l.peer);
+    auto dial = transport::net::listenFor(*r.backend, 0, l.peer, r.exchange[l.lane]);
+    ASSERT_TRUE(dial.isOk()) << dial.status().message();
+    r.proxy->addRecv(std::move(dial).value(), r.recv[k], 20000);
+    r.haveRecv[k] = true;
+  }
+  for (const NetLink& l : sends) {
+    const int k = l.lane * r.n + l.peer;
+    if (r.haveSend[k]) continue;
+    r.send[k] = fifo(l.peer);
+    r.proxy->addSend(transport::net::dialTo(*r.backend, 0, l.peer, r.exchange[l.lane]), r.send[k], 20000);
+    r.haveSend[k] = true;
+  }
+}
+
+// The kernel, emulated: a thread per step of a phase (the kernel's blocks), the phases
+// one after another, every piece through the FIFOs as net_kernels.cu moves it.
+class CpuKernel {
+ public:
+  CpuKernel(Rank& r, const NetPlanHeader* plan, DataType type, RedOp op, const void* in, void* out)
+      : r_(r), plan_(plan), type_(type), op_(op), in_(in), out_(out), es_(dataTypeSize(type)) {}
+
+  // The lanes side by side, each its phases in order.
+  Status run() {
+    std::vector<Status> results(plan_->nlanes);
+    std::vector<std::thread> lanes;
+    for (uint32_t l = 0; l < plan_->nlanes; ++l) lanes.emplace_back([&, l] { results[l] = lane(netLanes(plan_)[l]); });
+    for (auto& t : lanes) t.join();
+    for (auto& s : results) LOOM_TRY(s);
+    return Status::ok();
+  }
+
+ private:
+  char* at(uint8_t buffer, uint64_t offset) const {
+    switch (static_cast<Buffer>(buffer)) {
+      case Buffer::kInput: return const_cast<char*>(static_cast<const char*>(in_)) + offset * es_;
+      case Buffer::kOutput: return static_cast<char*>(out_) + offset * es_;
+      case Buffer::kAbsolute: return reinterpret_cast<char*>(offset);
+      default: return nullptr;
+    }
+  }
+
+  template <typename Ready>
+  Status await(Ready ready, const char* what, int peer) {
+    auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (!ready()) {
+      if (Clock::now() > deadline) return errorf(Code::kRemoteError, "rank %d: %s rank %d timed out", r_.rank, what, peer);
+      std::this_thread::yield();
+    }
+    return Status::ok();
+  }
+
+  Status lane(const NetLane& L) {
+    const NetPhase* phases = netPhases(plan_) + L.firstPhase;
+    const NetStep* steps = netSteps(plan_);
+    for (uint32_t p = 0; p < L.nphases; ++p) {
+      std::vector<Status> st(phases[p].nsteps);
+      std::vector<std::thread> blocks;
+      for (uint32_t b = 0; b < phases[p].nsteps; ++b) {
+        blocks.emplace_back([&, b] { st[b] = step(steps[phases[p].firstStep + b]); });
+      }
+      for (auto& t : blocks) t.join();
+      for (auto& s : st) LOOM_TRY(s);
+    }
+    return Status::ok();
+  }
+
+  Status step(const NetStep& st) {
+    const int base = st.lane * r_.n;
+    const uint64_t pieces = (st.count + plan_->pieceElems - 1) / plan_->pieceElems;
+    std::vector<char> acc;
+    for (uint64_t p = 0; p < pieces; ++p) {
+      const uint64_t first = p * plan_->pieceElems;
+      const uint64_t elems = std::min<uint64_t>(plan_->pieceElems, st.count - first);
+      const size_t bytes = elems * es_;
+      const char* recv[kMaxStepPeers] = {};
+      char* send[kMaxStepPeers] = {};
+      for (int j = 0; j < st.nrecv; ++j) {
+        const int q = st.recvPeers[j];
+        Fifo& f = r_.recv[base + q];
+        const uint64_t seq = r_.consumed[base + q];
+        LOOM_TRY(await([&] { return loadAcquire(&f.header->posted) > seq || closed(f); }, "receiving from", q));
+        if (loadAcquire(&f.header->posted) <= seq) return errorf(Code::kRemoteError, "rank %d: FIFO from %d closed", r_.rank, q);
+        if (f.header->sizes[seq % f.nslots] != bytes) {
+          return errorf(Code::kInvalidUsage, "rank %d: a piece of %llu bytes from rank %d, %zu expected", r_.rank,
+                        (unsigned long long)f.header->sizes[seq % f.nslots], q, bytes);
+        }
+        recv[j] = f.slot(seq);
+      }
+      for (int j = 0; j < st.nsend; ++j) {
+        const int q = st.sendPeers[j];
+        Fifo& f = r_.send[base + q];
+        const uint64_t seq = r_.sent[base + q];
+        LOOM_TRY(await([&] { return seq - loadAcquire(&f.header->done) < f.nslots || closed(f); }, "sending to", q));
+        if (closed(f)) return errorf(Code::kRemoteError, "rank %d: FIFO to %d closed", r_.rank, q);
+        send[j] = f.slot(seq);
+      }
+      // The kernel's combination: the source (pre-op unless partial), then what arrived,
+      // in order; the post-op on a final step; into the destination and every send slot.
+      const bool reduces = plan_->reduces != 0;
+      const char* src = st.srcBuffer ? at(st.srcBuffer, st.srcOffset) + first * es_ : nullptr;
+      char* dst = st.dstBuffer ? at(st.dstBuffer, st.dstOffset) + first * es_ : nullptr;
+      acc.resize(bytes);
+      if (src) {
+        if (reduces && !st.srcPartial) {
+          applyPreOp(type_, op_, acc.data(), src, elems);
+        } else {
+          std::memcpy(acc.data(), src, bytes);
+        }
+        if (reduces) {
+          for (int j = 0; j < st.nrecv; ++j) reduce(type_, op_, acc.data(), acc.data(), recv[j], elems);
+        }
+      } else if (st.nrecv > 0) {
+        std::memcpy(acc.data(), recv[0], bytes);
+        if (reduces) {
+          for (int j = 1; j < st.nrecv; ++j) reduce(type_, op_, acc.data(), acc.data(), recv[j], elems);
+        }
+      }
+      if (reduces && st.final) applyPostOp(type_, op_, acc.data(), acc.data(), elems);
+      if (dst) std::memcpy(dst, acc.data(), bytes);
+      for (int j = 0; j < st.nsend; ++j) std::memcpy(send[j], acc.data(), bytes);
+      for (int j = 0; j < st.nsend; ++j) {
+        const int k = base + st.sendPeers[j];
+        Fifo& f = r_.send[k];
+        f.header->sizes[r_.sent[k] % f.nslots] = bytes;
+        storeRelease(&f.header->posted, ++r_.sent[k]);
+      }
+      for (int j = 0; j < st.nrecv; ++j) {
+        const int k = base + st.recvPeers[j];
+        storeRelease(&r_.recv[k].header->done, ++r_.consumed[k]);
+      }
+      r_.proxy->kick();
+    }
+    return Status::ok();
+  }
+
+  Rank& r_;
+  const NetPlanHeader* plan_;
+  DataType type_;
+  RedOp op_;
+  const void* in_;
+  void* out_;
+  size_t es_;
+};
+
+int32_t value(int rank, size_t i) { return static_cast<int32_t>(rank * 1000 + i % 997 + 1); }
+
+// Runs one collective on n ranks as threads; checks every rank's output exactly.
+void runCollective(int n, CollType type, Algorithm algo, size_t count, int root, int lanes = 1) {
+  SCOPED_TRACE(std::string(collTypeName(type)) + "/" + algorithmName(algo) + " n=" + std::to_string(n) +
+               " count=" + std::to_string(count) + " root=" + std::to_string(root) + " lanes=" +
+               std::to_string(lanes));
+  Mailbox mail;
+  std::vector<std::unique_ptr<Rank>> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ranks[r] = std::make_unique<Rank>();
+    Rank& k = *ranks[r];
+    k.rank = r;
+    k.n = n;
+    transport::net::Context ctx;
+    ctx.commHash = 4242;
+    ctx.rank = r;
+    auto b = transport::net::makeSocketBackend(ctx);
+    ASSERT_TRUE(b.isOk()) << b.status().message();
+    k.backend = std::move(b).value();
+    k.send.resize(n * kNetMaxLanes);
+    k.recv.resize(n * kNetMaxLanes);
+    k.haveSend.assign(n * kNetMaxLanes, false);
+    k.haveRecv.assign(n * kNetMaxLanes, false);
+    k.sent.assign(n * kNetMaxLanes, 0);
+    k.consumed.assign(n * kNetMaxLanes, 0);
+    k.proxy = std::make_unique<transport::net::Proxy>(r, 1000);
+  }
+  const size_t inCount = type == CollType::kReduceScatter || type == CollType::kAllToAll ? count * n : count;
+  const size_t outCount = type == CollType::kAllGather || type == CollType::kAllToAll ? count * n : count;
+  std::vector<std::vector<int32_t>> in(n), out(n);
+  std::vector<Status> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    in[r].resize(inCount);
+    for (size_t i = 0; i < inCount; ++i) in[r][i] = value(r, i);
+    out[r].assign(outCount, -7);
+    threads.emplace_back([&, r] {
+      const size_t piece = kSlotBytes / 4 / 2;  // two pieces per slot's worth: exercises blocks
+      auto plan = makeNetPlan(netLaneSchedules(request(type, r, n, count, root, piece), algo, lanes), piece);
+      if (!plan) {
+        results[r] = plan.status();
+        return;
+      }
+      const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
+      std::vector<NetLink> sp, rp;
+      netPlanLinks(h, &sp, &rp);
+      connectRank(*ranks[r], mail, sp, rp);
+      RedOp op;
+      CpuKernel k(*ranks[r], h, DataType::kInt32, op, in[r].data(), out[r].data());
+      results[r] = k.run();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) ASSERT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < outCount; ++i) {
+      int64_t want = 0;
+      switch (type) {
+        case CollType::kAllReduce:
+        case CollType::kReduce:
+          if (type == CollType::kReduce && r != root) {
+            want = -7;
+            break;
+          }
+          for (int q = 0; q < n; ++q) want += value(q, i);
+          break;
+        case CollType::kReduceScatter:
+          for (int q = 0; q < n; ++q) want += value(q, r * count + i);
+          break;
+        case CollType::kAllGather: want = value(static_cast<int>(i / count), i % count); break;
+        case CollType::kBroadcast: want = value(root, i); break;
+        case CollType::kAllToAll: want = value(static_cast<int>(i / count), r * count + i % count); break;
+        default: break;
+      }
+      ASSERT_EQ(out[r][i], static_cast<int32_t>(want)) << "rank " << r << " element " << i;
+    }
+  }
+}
+
+TEST(NetPlanOverSockets, LanesSplitTheContiguousCollectives) {
+  for (int n : {2, 3}) {
+    for (const Case& c : {Case{CollType::kAllReduce, Algorithm::kRing}, Case{CollType::kAllReduce, Algorithm::kDoubling},
+                          Case{CollType::kBroadcast, Algorithm::kChain}, Case{CollType::kReduce, Algorithm::kTree}}) {
+      for (int lanes : {2, 3}) {
+        runCollective(n, c.type, c.algo, 20011, n - 1, lanes);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(NetPlan, LanesCoverTheCountOnSixteenByteBoundaries) {
+  for (size_t count : {size_t(0), size_t(3), size_t(4), size_t(7), size_t(1000), size_t(1001)}) {
+    for (int lanes : {1, 2, 3, 8}) {
+      CollRequest r = request(CollType::kAllReduce, 0, 2, count, 0, 64);
+      std::vector<Schedule> s = netLaneSchedules(r, Algorithm::kRing, lanes);
+      const size_t expectLanes = count / 4 >= size_t(lanes) ? lanes : 1;
+      ASSERT_EQ(s.size(), expectLanes) << count << " " << lanes;
+      // The steps writing the output, in every lane, cover [0, count) exactly once, and
+      // every lane starts on a 16-byte boundary.
+      std::vector<int> covered(count, 0);
+      for (const Schedule& l : s) {
+        size_t start = count;
+        for (const Phase& ph : l.phases) {
+          for (const Step& st : ph) {
+            if (st.dst.buffer != Buffer::kOutput) continue;
+            start = std::min<size_t>(start, st.dst.offset);
+            for (size_t i = 0; i < st.count; ++i) ++covered[st.dst.offset + i];
+          }
+        }
+        if (start < count) EXPECT_EQ(start % 4, 0u) << count << " " << lanes;
+      }
+      for (size_t i = 0; i < count; ++i) EXPECT_EQ(covered[i], 1) << count << " " << lanes << " " << i;
+    }
+  }
+}
+
+TEST(NetPlanOverSockets, EveryCollectiveOnTwoToFourRanks) {
+  for (int n : {2, 3, 4}) {
+    for (const Case& c : kCases) {
+      for (size_t count : {size_t(1), size_t(5003)}) {
+        const bool rooted = c.type == CollType::kBroadcast || c.type == CollType::kReduce;
+        for (int root : rooted ? std::vector<int>{0, n - 1} : std::vector<int>{0}) {
+          runCollective(n, c.type, c.algo, count, root);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// A group of Send/Recv calls as the executor builds it: every rank sends two messages
+// to every other rank and receives two from each, all in one phase, split by connection.
+TEST(NetPlanOverSockets, SendRecvGroupsWithSeveralMessagesPerPeer) {
+  const int n = 3;
+  Mailbox mail;
+  std::vector<std::unique_ptr<Rank>> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ranks[r] = std::make_unique<Rank>();
+    Rank& k = *ranks[r];
+    k.rank = r;
+    k.n = n;
+    transport::net::Context ctx;
+    ctx.commHash = 4243;
+    ctx.rank = r;
+    k.backend = std::move(transport::net::makeSocketBackend(ctx)).value();
+    k.send.resize(n * kNetMaxLanes);
+    k.recv.resize(n * kNetMaxLanes);
+    k.haveSend.assign(n * kNetMaxLanes, false);
+    k.haveRecv.assign(n * kNetMaxLanes, false);
+    k.sent.assign(n * kNetMaxLanes, 0);
+    k.consumed.assign(n * kNetMaxLanes, 0);
+    k.proxy = std::make_unique<transport::net::Proxy>(r, 1000);
+  }
+  auto size = [](int from, int to, int k) { return size_t(1000 * (from + 1) + 300 * to + 7000 * k + 1); };
+  // bufs[r][q][k]: rank r's k-th send to q, and recvs[r][q][k] its k-th receive from q.
+  std::vector<std::vector<std::vector<std::vector<unsigned char>>>> sends(n), recvs(n);
+  std::vector<Status> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    sends[r].resize(n);
+    recvs[r].resize(n);
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      for (int k = 0; k < 2; ++k) {
+        std::vector<unsigned char> b(size(r, q, k));
+        for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<unsigned char>(r * 31 + q * 7 + k + i);
+        sends[r][q].push_back(b);
+        recvs[r][q].push_back(std::vector<unsigned char>(size(q, r, k), 0));
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Schedule s;
+      Phase ph;
+      for (int q = 0; q < n; ++q) {
+        if (q == r) continue;
+        for (int k = 0; k < 2; ++k) {
+          Step snd;
+          snd.count = sends[r][q][k].size();
+          snd.src = {Buffer::kAbsolute, reinterpret_cast<uintptr_t>(sends[r][q][k].data())};
+          snd.sendTo(q);
+          Step rcv;
+          rcv.count = recvs[r][q][k].size();
+          rcv.dst = {Buffer::kAbsolute, reinterpret_cast<uintptr_t>(recvs[r][q][k].data())};
+          rcv.recvFrom(q);
+          ph.push_back(k == 0 ? snd : rcv);
+          ph.push_back(k == 0 ? rcv : snd);
+        }
+      }
+      s.phases.push_back(ph);
+      auto plan = makeNetPlan(splitByConnection(s), kSlotBytes);
+      if (!plan) {
+        results[r] = plan.status();
+        return;
+      }
+      const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
+      std::vector<NetLink> sp, rp;
+      netPlanLinks(h, &sp, &rp);
+      connectRank(*ranks[r], mail, sp, rp);
+      CpuKernel k(*ranks[r], h, DataType::kUint8, RedOp{}, nullptr, nullptr);
+      results[r] = k.run();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) ASSERT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
+  for (int r = 0; r < n; ++r) {
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      for (int k = 0; k < 2; ++k) EXPECT_EQ(recvs[r][q][k], sends[q][r][k]) << r << " from " << q << " #" << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::collectives::device
