@@ -149,7 +149,10 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
             allowed.empty() ? "" : ", LOOM_TRANSPORTS=", allowed.c_str());
   logTopologyChoices();
   if (cudaDev_ >= 0) {
-    auto device = DeviceComm::create(*bootstrap_, peers_, rank_, cudaDev_);
+    DeviceCommContext dc;
+    dc.abortFlag = &abortFlag_;
+    dc.commHash = context_.commHash;
+    auto device = DeviceComm::create(*bootstrap_, peers_, rank_, cudaDev_, dc);
     if (!device) return device.status().withContext("rank " + std::to_string(rank) + " on GPU " + std::to_string(cudaDev_));
     device_ = std::move(device).value();
   }
@@ -378,7 +381,7 @@ bool Communicator::enqueuesOnly(const std::vector<Operation>& ops) const {
   return true;
 }
 
-// Operations on device buffers: the GPU mesh, or staged through host memory.
+// Operations on device buffers: the GPU mesh, or the network executor.
 Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
   const Operation& op = ops[*i];
   if (op.type == collectives::CollType::kSendRecv) {
@@ -386,9 +389,7 @@ Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
     while (j < ops.size() && ops[j].type == collectives::CollType::kSendRecv) ++j;
     size_t begin = *i;
     *i = j;
-    return device_->runP2p(ops, begin, j, [this](const std::vector<Operation>& h) {
-      return runP2p(h, 0, h.size());
-    });
+    return device_->runP2p(ops, begin, j);
   }
   ++*i;
   DeviceRedOp red;
@@ -396,7 +397,7 @@ Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
                  op.type == collectives::CollType::kReduce ||
                  op.type == collectives::CollType::kReduceScatter;
   if (reduces) {
-    if (device_->mesh() && op.ncclOp >= ncclNumOps) {
+    if (op.ncclOp >= ncclNumOps) {
       std::lock_guard<std::mutex> lock(opsMutex_);
       size_t k = static_cast<size_t>(op.ncclOp - ncclNumOps);
       if (k < userOps_.size() && userOps_[k].live && userOps_[k].devicePtr &&
@@ -413,7 +414,7 @@ Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
       LOOM_ASSIGN_OR_RETURN(red.op, resolveOp(op.ncclOp, op.dtype));
     }
   }
-  return device_->run(op, red, [this](const Operation& h) { return runCollective(h); });
+  return device_->run(op, red);
 }
 
 Status Communicator::execute(const std::vector<Operation>& groupOps) {

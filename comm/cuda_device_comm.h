@@ -1,5 +1,6 @@
 // The CUDA side of DeviceComm (comm/device_comm.h), shared by the files that implement it:
-//   comm/device_comm.cc         set-up, the choice of form for each call, the kernels, staging
+//   comm/device_comm.cc         set-up, the choice of form for each call, the kernels
+//   comm/device_network.cc      device buffers over the network (collectives/device/net_executor.h)
 //   comm/device_one_process.cc  the forms for ranks of one process, which see each other's
 //                               buffers: pulled all-reduce, copy-engine copies, chunked reduce
 // Internal: included only where LOOM_HAVE_CUDA is 1.
@@ -18,6 +19,7 @@
 #include "collectives/device/chunk_plan.h"
 #include "collectives/device/copy_plan.h"
 #include "collectives/device/mesh.h"
+#include "collectives/device/net_executor.h"
 #include "comm/communicator.h"
 #include "comm/device_comm.h"
 #include "transports/p2p/p2p_window.h"
@@ -114,29 +116,6 @@ void callBytes(const Operation& op, int nranks, size_t* in, size_t* out);
 // One Clique per communicator (its token agreed at init), shared by its ranks here.
 std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks);
 
-// Host memory the staged path copies through: page-locked (cudaHostAlloc), so the copies
-// between the GPU and it run at the bus's speed; ordinary memory where page-locking fails.
-// Grows to the largest call and stays.
-class StagingBuffer {
- public:
-  StagingBuffer() = default;
-  StagingBuffer(StagingBuffer&& o) noexcept
-      : pinned_(o.pinned_), capacity_(o.capacity_), fallback_(std::move(o.fallback_)) {
-    o.pinned_ = nullptr;
-    o.capacity_ = 0;
-  }
-  StagingBuffer(const StagingBuffer&) = delete;
-  StagingBuffer& operator=(const StagingBuffer&) = delete;
-  ~StagingBuffer() { release(); }
-  char* reserve(size_t bytes);  // at least `bytes` (and 1) bytes, valid until the next reserve
-
- private:
-  void release();
-  char* pinned_ = nullptr;
-  size_t capacity_ = 0;
-  std::vector<char> fallback_;
-};
-
 struct MeshAgreement {
   int32_t reachable = 0;
   int32_t shareGpu = 0;  // LOOM_P2P_SHARE_GPU
@@ -168,24 +147,22 @@ class CudaDeviceComm final : public DeviceComm {
   ~CudaDeviceComm() override;
 
   Status init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank,
-              int device);
+              int device, const DeviceCommContext& context);
 
   bool mesh() const override { return mesh_; }
 
   void postGroup(uint64_t group, const std::vector<Operation>& ops) override;
 
   void endGroup() override { group_ = 0; }
-  std::string describe() const override { return mesh_ ? "p2p mesh" : "staged (" + why_ + ")"; }
+  std::string describe() const override { return mesh_ ? "p2p mesh" : "network (" + why_ + ")"; }
 
   Status kernelError() const override;
 
   void abort() override;
 
-  Status run(const Operation& op, const DeviceRedOp& red,
-             const std::function<Status(const Operation&)>& hostRun) override;
+  Status run(const Operation& op, const DeviceRedOp& red) override;
 
-  Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
-                const std::function<Status(const std::vector<Operation>&)>& hostRun) override;
+  Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) override;
 
   Result<void*> registerBuffer(void* buff, size_t bytes) override;
   Status deregisterBuffer(void* handle) override;
@@ -381,15 +358,20 @@ class CudaDeviceComm final : public DeviceComm {
   Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
                        const dev::P2pList* p2p, const char* why);
 
-  Status staged(const Operation& op, const std::function<Status(const Operation&)>& hostRun);
+  // The network form (comm/device_network.cc): set up at init when the mesh is not, and
+  // used for every call then.
+  Status initNetwork(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers);
+  Status runNet(const Operation& op, const DeviceRedOp& red);
+  Status runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
+  // The copy an in-place all-to-all reads from (kept: a captured graph may read it).
+  Result<void*> netScratch(size_t bytes);
 
-  Status stagedP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
-                   const std::function<Status(const std::vector<Operation>&)>& hostRun);
-
+  DeviceCommContext context_;
   int rank_ = 0;
   int nranks_ = 0;
   int device_ = -1;
   bool mesh_ = false;
+  std::string algoText_;  // LOOM_ALGO as every rank agreed it
   std::string why_;
   // The forms' settings (chooseForms).
   bool algoSet_ = false;      // any LOOM_ALGO: no size-based choice and no one-process forms
@@ -437,9 +419,11 @@ class CudaDeviceComm final : public DeviceComm {
   bool haveLast_ = false;
   bool lastCaptured_ = false;
   bool warnedCapture_ = false;
-  // The staged path's host memory (page-locked), kept from call to call.
-  StagingBuffer stageIn_, stageOut_;
-  std::vector<StagingBuffer> stageP2p_;
+  // The network form: its executor, and the scratch buffers of in-place all-to-alls
+  // (every one made so far, the last the largest).
+  std::unique_ptr<dev::NetExecutor> net_;
+  std::vector<void*> netScratch_;
+  size_t netScratchBytes_ = 0;
   // Registration between processes (null board: one process, or the board failed).
   std::unique_ptr<transport::p2p::PostBoard> board_;
   uint64_t boardSeq_ = 0;  // calls that exchanged posts so far (the same count on every rank)

@@ -35,7 +35,7 @@ void* deviceAlloc(size_t) {
 void deviceFree(void*) {}
 Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap&,
                                                        const std::vector<transport::PeerInfo>&, int,
-                                                       int) {
+                                                       int, const DeviceCommContext&) {
   return std::unique_ptr<DeviceComm>();
 }
 
@@ -64,6 +64,8 @@ void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
 
 CudaDeviceComm::~CudaDeviceComm() {
   DeviceGuard guard(device_);
+  net_.reset();  // waits for its kernels first
+  for (void* p : netScratch_) cudaFree(p);
   // Kernels still queued write into the windows: let them finish first.
   if (window_) cudaDeviceSynchronize();
   closeImports();
@@ -115,7 +117,8 @@ void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdenti
 }
 
 Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers,
-                            int rank, int device) {
+                            int rank, int device, const DeviceCommContext& context) {
+  context_ = context;
   rank_ = rank;
   nranks_ = static_cast<int>(peers.size());
   device_ = device;
@@ -259,9 +262,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   for (const auto& g : gpus)
     oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
   if (!mesh_) {
-    LOOM_INFO(kInit, "GPU %d (%s): device buffers go through host memory (staged), because %s",
-              device_, self.busId, why_.c_str());
-    return Status::ok();
+    LOOM_INFO(kInit, "GPU %d (%s): no GPU mesh, because %s", device_, self.busId, why_.c_str());
+    return initNetwork(bootstrap, peers);
   }
   auto window = transport::p2p::Window::create(
       rank, nranks_, device_, geo.windowBytes(), gpus,
@@ -383,6 +385,7 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
 }
 
 Status CudaDeviceComm::kernelError() const {
+  if (net_) return net_->error();
   if (!hostFlags_) return Status::ok();
   int e = reinterpret_cast<volatile int*>(hostFlags_)[1];
   if (e == dev::kMeshErrorAborted)
@@ -398,11 +401,11 @@ Status CudaDeviceComm::kernelError() const {
 
 void CudaDeviceComm::abort() {
   if (hostFlags_) reinterpret_cast<volatile int*>(hostFlags_)[0] = 1;
+  if (net_) net_->abort();
 }
 
-Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
-                           const std::function<Status(const Operation&)>& hostRun) {
-  if (!mesh_) return staged(op, hostRun);
+Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
+  if (!mesh_) return runNet(op, red);
   const size_t index = cursor_++;  // this call's place among the group's device collectives
   if (op.count == 0) return Status::ok();
   const char* why = "the one direct form on a GPU mesh";
@@ -544,9 +547,8 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red,
   return launch(call, op.stream, why);
 }
 
-Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
-                              const std::function<Status(const std::vector<Operation>&)>& hostRun) {
-  if (!mesh_) return stagedP2p(ops, begin, end, hostRun);
+Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
+  if (!mesh_) return runNetP2p(ops, begin, end);
   DeviceGuard guard(device_);
   cudaStream_t stream = ops[begin].stream;
   dev::MeshCall call;
@@ -604,6 +606,7 @@ Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, s
 }
 
 void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
+  algoText_ = s.algo;
   const std::string algo = lowered(s.algo), proto = lowered(s.proto);
   algoSet_ = !algo.empty();
   forceOne_ = algo == "oneshot" || algo == "one-shot";
@@ -787,91 +790,6 @@ Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t str
   return recordDone(stream, cap);
 }
 
-char* StagingBuffer::reserve(size_t bytes) {
-  bytes = std::max<size_t>(bytes, 1);
-  if (pinned_ && bytes <= capacity_) return pinned_;
-  if (!pinned_ && bytes <= fallback_.size()) return fallback_.data();
-  release();
-  void* p = nullptr;
-  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess) {
-    pinned_ = static_cast<char*>(p);
-    capacity_ = bytes;
-    return pinned_;
-  }
-  cudaGetLastError();  // page-locked memory ran out: ordinary memory, slower copies
-  fallback_.resize(bytes);
-  return fallback_.data();
-}
-
-void StagingBuffer::release() {
-  if (pinned_) cudaFreeHost(pinned_);
-  pinned_ = nullptr;
-  capacity_ = 0;
-  fallback_.clear();
-  fallback_.shrink_to_fit();
-}
-
-Status CudaDeviceComm::staged(const Operation& op,
-                              const std::function<Status(const Operation&)>& hostRun) {
-  DeviceGuard guard(device_);
-  size_t inBytes = 0, outBytes = 0;
-  callBytes(op, nranks_, &inBytes, &outBytes);
-  bool readsInput = !(op.type == collectives::CollType::kBroadcast && op.root != rank_);
-  bool writesOutput = !(op.type == collectives::CollType::kReduce && op.root != rank_);
-  char* in = stageIn_.reserve(inBytes);
-  char* out = stageOut_.reserve(outBytes);
-  if (readsInput && inBytes > 0) {
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(in, op.sendbuff, inBytes, cudaMemcpyDeviceToHost, op.stream),
-                        "cudaMemcpyAsync (device to host)"));
-    LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
-  }
-  Operation h = op;
-  h.sendbuff = in;
-  h.recvbuff = out;
-  LOOM_TRY(hostRun(h));
-  if (writesOutput && outBytes > 0) {
-    // On the caller's stream, and waited for: the staging memory is reused by the next call.
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(op.recvbuff, out, outBytes, cudaMemcpyHostToDevice, op.stream),
-                        "cudaMemcpyAsync (host to device)"));
-    LOOM_TRY(cudaStatus(cudaStreamSynchronize(op.stream), "cudaStreamSynchronize"));
-  }
-  return Status::ok();
-}
-
-Status CudaDeviceComm::stagedP2p(
-    const std::vector<Operation>& ops, size_t begin, size_t end,
-    const std::function<Status(const std::vector<Operation>&)>& hostRun) {
-  DeviceGuard guard(device_);
-  std::vector<Operation> h(ops.begin() + begin, ops.begin() + end);
-  if (stageP2p_.size() < h.size()) stageP2p_.resize(h.size());
-  for (size_t i = 0; i < h.size(); ++i) {
-    size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
-    char* buf = stageP2p_[i].reserve(bytes);
-    if (h[i].isSend) {
-      if (bytes) {
-        LOOM_TRY(cudaStatus(cudaMemcpyAsync(buf, h[i].sendbuff, bytes, cudaMemcpyDeviceToHost,
-                                            h[i].stream),
-                            "cudaMemcpyAsync (device to host)"));
-        LOOM_TRY(cudaStatus(cudaStreamSynchronize(h[i].stream), "cudaStreamSynchronize"));
-      }
-      h[i].sendbuff = buf;
-    } else {
-      h[i].recvbuff = buf;
-    }
-  }
-  LOOM_TRY(hostRun(h));
-  for (size_t i = 0; i < h.size(); ++i) {
-    size_t bytes = h[i].count * dataTypeSize(h[i].dtype);
-    if (!h[i].isSend && bytes) {
-      LOOM_TRY(cudaStatus(cudaMemcpyAsync(ops[begin + i].recvbuff, h[i].recvbuff, bytes,
-                                          cudaMemcpyHostToDevice, ops[begin + i].stream),
-                          "cudaMemcpyAsync (host to device)"));
-      LOOM_TRY(cudaStatus(cudaStreamSynchronize(ops[begin + i].stream), "cudaStreamSynchronize"));
-    }
-  }
-  return Status::ok();
-}
-
 }  // namespace detail
 
 int currentDevice() {
@@ -912,9 +830,10 @@ void deviceFree(void* p) {
 }
 
 Result<std::unique_ptr<DeviceComm>> DeviceComm::create(
-    Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank, int device) {
+    Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank, int device,
+    const DeviceCommContext& context) {
   auto c = std::make_unique<detail::CudaDeviceComm>();
-  LOOM_TRY(c->init(bootstrap, peers, rank, device));
+  LOOM_TRY(c->init(bootstrap, peers, rank, device, context));
   return std::unique_ptr<DeviceComm>(std::move(c));
 }
 

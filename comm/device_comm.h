@@ -2,14 +2,16 @@
 // used for every operation whose buffers are device memory.
 //
 // Two modes, decided at init (the same on every rank):
-//   mesh    every rank's GPU maps every other's (one host, P2P over NVLink or PCIe): the
-//           collectives run as kernels on the caller's stream (collectives/device), fully
-//           asynchronous and capturable in CUDA graphs.
-//   staged  otherwise (ranks on several hosts, P2P disabled or impossible): device
-//           buffers are copied to host memory and the host collectives run on them. The
-//           call then waits for the stream and returns when the result is back on the GPU.
+//   mesh     every rank's GPU maps every other's (one host, P2P over NVLink or PCIe): the
+//            collectives run as kernels on the caller's stream (collectives/device),
+//            fully asynchronous and capturable in CUDA graphs.
+//   network  otherwise (ranks on several hosts, P2P disabled or impossible): kernels on
+//            the caller's stream move the data through FIFOs in page-locked host memory
+//            that a proxy thread carries over the network (collectives/device/
+//            net_executor.h); asynchronous and capturable as well.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,23 +33,28 @@ struct DeviceRedOp {
   const void* scalarDevice = nullptr;  // PreMulSum scalar in device memory, or null
 };
 
+// What the device side gets from its communicator besides the bootstrap.
+struct DeviceCommContext {
+  const std::atomic<bool>* abortFlag = nullptr;  // ncclCommAbort
+  uint64_t commHash = 0;  // tells this communicator's connections from others'
+};
+
 class DeviceComm {
  public:
-  // Returns null (and no error) when this build has no CUDA. Collective over bootstrap.
+  // Returns null (and no error) when this build has no CUDA. Collective over bootstrap,
+  // which must outlive the object.
   static Result<std::unique_ptr<DeviceComm>> create(Bootstrap& bootstrap,
                                                     const std::vector<transport::PeerInfo>& peers,
-                                                    int rank, int device);
+                                                    int rank, int device,
+                                                    const DeviceCommContext& context);
   virtual ~DeviceComm() = default;
 
   virtual bool mesh() const = 0;
   virtual std::string describe() const = 0;
-  // Enqueues one collective on its stream (mesh) or runs it staged through host memory,
-  // where `hostRun` runs the host collective on host buffers.
-  virtual Status run(const Operation& op, const DeviceRedOp& red,
-                     const std::function<Status(const Operation&)>& hostRun) = 0;
+  // Enqueues one collective on its stream.
+  virtual Status run(const Operation& op, const DeviceRedOp& red) = 0;
   // Send/Recv calls of one group (all on device memory).
-  virtual Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end,
-                        const std::function<Status(const std::vector<Operation>&)>& hostRun) = 0;
+  virtual Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) = 0;
   // A group's calls, posted by every communicator of the group before any of them runs
   // (`group` is new at every ncclGroupEnd). Ranks driven from one process then see each
   // other's buffers, and copy-only collectives go through the copy engines

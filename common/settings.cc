@@ -109,7 +109,9 @@ const std::vector<Definition> kDefinitions = {
      "128-byte line) above the LL limit while what a rank sends each peer is at most this (at "
      "most 8,601,600 bytes on 2 ranks, 2,211,840 above; 0: never, the default: slower than the "
      "other forms at most sizes on 2 x H200; needs NVLink between the GPUs)"},
-    {"LOOM_NET", "NCCL_NET", Type::kString, "", "network transport to use (Socket, IB, UCX)"},
+    {"LOOM_NET", "NCCL_NET", Type::kString, "",
+     "network backend for GPU buffers between hosts: Socket (the default and, in this build, "
+     "the only one)"},
     {"LOOM_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", Type::kString, "",
      "interfaces for sockets: prefix list, ^ to exclude, = for exact names"},
     {"LOOM_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY", Type::kString, "",
@@ -119,7 +121,16 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", Type::kInt, "1",
      "sockets per TCP connection (1 measured best over loopback; more may pay on fast NICs)"},
     {"LOOM_BUFFSIZE", "NCCL_BUFFSIZE", Type::kInt, "2097152",
-     "bytes of FIFO per connection (split into LOOM_STEPS slots)"},
+     "bytes of FIFO per connection of host buffers (split into LOOM_STEPS slots)"},
+    {"LOOM_NET_BUFFSIZE", nullptr, Type::kInt, "8388608",
+     "bytes of FIFO per network connection of GPU buffers (page-locked host memory, split into "
+     "LOOM_STEPS slots; every rank must use the same)"},
+    {"LOOM_NET_LANES", nullptr, Type::kInt, "2",
+     "GPU buffers over the network: the most lanes (independent parts of one all-reduce, "
+     "broadcast or reduce, each with its own connections and CUDA block) per call, 1 to 8"},
+    {"LOOM_PROXY_SPIN_US", nullptr, Type::kInt, "5000",
+     "microseconds the network proxy thread polls after its last work before it sleeps in 1 ms "
+     "steps (a launch wakes it)"},
     {"LOOM_STEPS", nullptr, Type::kInt, "8", "slots per connection FIFO"},
     // collectives
     {"LOOM_ALGO", "NCCL_ALGO", Type::kString, "",

@@ -1,8 +1,9 @@
 // Every collective on device memory through the C API: two (or more) GPUs driven from
 // one thread (ncclCommInitAll + groups, as nccl-tests' -g N runs), all types and ops,
 // in-place and out-of-place, counts from 0 to several pipeline rounds, unaligned
-// buffers, Send/Recv, a CUDA graph replayed 1000 times, the staged path with P2P off,
-// and a peer that never comes (the kernel times out instead of hanging).
+// buffers, Send/Recv, a CUDA graph replayed 1000 times, and a peer that never comes (the
+// kernel times out instead of hanging). Device buffers over the network (P2P off, other
+// hosts) are gpu_network_test's.
 //
 // Skips with a reason where fewer GPUs are present (CI has none).
 #include <cuda_runtime.h>
@@ -21,267 +22,13 @@
 
 #include "common/datatype.h"
 #include "common/log.h"
+#include "tests/gpu/collective_check.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
 
 using loom::DataType;
-using loom::test::gpuCount;
-
-// Ranks that share a GPU (MoreRanksThanGpusShareThem) each use a few streams, and CUDA
-// maps a process's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 unless
-// set): past that, one rank's kernel can queue behind a peer's, which waits for it. Set
-// before any CUDA call (a value already in the environment is kept), so for every test of
-// this binary: more queues only take away false dependencies between streams.
-[[maybe_unused]] const int kConnectionsSet = setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-
-struct DeviceBuffer {
-  DeviceBuffer(int dev, size_t bytes) : dev(dev), bytes(bytes) {
-    cudaSetDevice(dev);
-    cudaMalloc(&ptr, bytes + 64);
-    cudaMemset(ptr, 0xA5, bytes + 64);  // poison: unwritten output shows
-    cudaDeviceSynchronize();  // before any non-blocking stream touches it (see upload())
-  }
-  ~DeviceBuffer() {
-    cudaSetDevice(dev);
-    cudaFree(ptr);
-  }
-  char* at(size_t offset) { return static_cast<char*>(ptr) + offset; }
-  int dev;
-  size_t bytes;
-  void* ptr = nullptr;
-};
-
-struct Ranks {
-  // `settings`: environment variables set while the communicators are created (loom reads
-  // them at init), then unset. `devices`: rank r's GPU (default: GPU r).
-  explicit Ranks(int n, std::initializer_list<std::pair<const char*, const char*>> settings = {},
-                 std::vector<int> devices = {})
-      : comms(n), streams(n), devs(std::move(devices)) {
-    if (devs.empty()) {
-      for (int r = 0; r < n; ++r) devs.push_back(r);
-    }
-    for (const auto& [name, value] : settings) setenv(name, value, 1);
-    EXPECT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess) << ncclGetLastError(nullptr);
-    for (const auto& [name, value] : settings) unsetenv(name);
-    for (int r = 0; r < n; ++r) {
-      cudaSetDevice(dev(r));
-      cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking);
-    }
-  }
-  ~Ranks() {
-    for (size_t r = 0; r < comms.size(); ++r) {
-      cudaSetDevice(dev(static_cast<int>(r)));
-      cudaStreamSynchronize(streams[r]);
-      cudaStreamDestroy(streams[r]);
-      ncclCommDestroy(comms[r]);
-    }
-    for (auto& p : pool) p.reset();
-  }
-  void sync() {
-    for (size_t r = 0; r < comms.size(); ++r) {
-      cudaSetDevice(dev(static_cast<int>(r)));
-      EXPECT_EQ(cudaStreamSynchronize(streams[r]), cudaSuccess);
-    }
-  }
-  int n() const { return static_cast<int>(comms.size()); }
-  int dev(int rank) const { return devs[rank]; }
-  // Buffers reused across calls (kind 0: input, 1: output), poisoned before each use.
-  char* buffer(int rank, int kind, size_t bytes) {
-    auto& slot = pool[rank * 2 + kind];
-    if (!slot || slot->bytes < bytes) slot = std::make_unique<DeviceBuffer>(dev(rank), bytes);
-    cudaSetDevice(dev(rank));
-    cudaMemset(slot->ptr, 0xA5, slot->bytes + 64);
-    cudaDeviceSynchronize();
-    return static_cast<char*>(slot->ptr);
-  }
-  std::unique_ptr<DeviceBuffer> pool[16];
-  std::vector<ncclComm_t> comms;
-  std::vector<cudaStream_t> streams;
-  std::vector<int> devs;
-};
-
-// Small integers: exact in every type (fp8 included) for sums and products of a few ranks.
-double valueFor(int rank, size_t i, ncclRedOp_t op) {
-  if (op == ncclProd) return ((rank + i) % 3 == 0) ? 2 : 1;
-  return static_cast<double>((rank * 3 + i) % 4) + 1;  // 1..4
-}
-
-std::vector<char> makeInput(DataType t, int rank, size_t count, ncclRedOp_t op, size_t salt = 0) {
-  std::vector<char> v(count * loom::dataTypeSize(t));
-  for (size_t i = 0; i < count; ++i) loom::storeFromDouble(t, v.data(), i, valueFor(rank, i + salt, op));
-  return v;
-}
-
-double combine(ncclRedOp_t op, double a, double b) {
-  switch (op) {
-    case ncclProd: return a * b;
-    case ncclMax: return std::max(a, b);
-    case ncclMin: return std::min(a, b);
-    default: return a + b;
-  }
-}
-
-// How far an average over n ranks on a floating-point type may be from `want`, the exact
-// value: the kernels multiply each input by 1/n and sum, rounding to the type at every
-// step. Exact for 2 ranks (the inputs are small integers; halves are exact in every type),
-// which every 2-rank test keeps checking exactly; from 3 ranks, n units of the type's
-// epsilon relative to `want`. Integers and the other ops must match exactly.
-double tolerance(DataType t, ncclRedOp_t op, int n, double want) {
-  if (op != ncclAvg || !loom::isFloatType(t) || n <= 2) return 0;
-  double eps = 0;
-  switch (t) {
-    case DataType::kFloat16: eps = std::ldexp(1.0, -10); break;
-    case DataType::kBfloat16: eps = std::ldexp(1.0, -7); break;
-    case DataType::kFloat32: eps = std::ldexp(1.0, -23); break;
-    case DataType::kFloat64: eps = std::ldexp(1.0, -52); break;
-    case DataType::kFloat8e4m3: eps = std::ldexp(1.0, -3); break;
-    case DataType::kFloat8e5m2: eps = std::ldexp(1.0, -2); break;
-    default: break;
-  }
-  return n * eps * std::fabs(want);
-}
-
-// Reduction of element i over n ranks, as the op defines it (premul scalar 2 per rank),
-// in rank order and rounded to the type after each operation, as the kernels do. That
-// only matters from 3 ranks on fp8 e5m2, whose values near 8 are 8, 10 and 12: 4 + 3 + 2
-// is 8 there. (Kernels that combine in another order meet fp8 with more than 2 ranks
-// only in ncclAvg, whose tolerance on fp8 is wide: see tolerance().)
-double reduced(DataType t, ncclRedOp_t op, int n, size_t i, bool premul, size_t salt = 0) {
-  double acc = 0;
-  char cell[8];  // one element of any type
-  for (int r = 0; r < n; ++r) {
-    double x = valueFor(r, i + salt, op);
-    if (premul) x *= 2;
-    acc = r == 0 ? x : combine(op, acc, x);
-    loom::storeFromDouble(t, cell, 0, acc);
-    acc = loom::loadAsDouble(t, cell, 0);
-  }
-  if (op == ncclAvg) acc = loom::isFloatType(t) ? acc / n : std::floor(acc / n);
-  return acc;
-}
-
-// The bytes of a float sum over n ranks of `count` elements (makeInput's values).
-std::vector<char> floatSums(int n, size_t count) {
-  std::vector<char> want(count * 4);
-  for (size_t i = 0; i < count; ++i) {
-    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
-  }
-  return want;
-}
-
-std::vector<char> download(int dev, const void* p, size_t bytes) {
-  std::vector<char> v(bytes);
-  cudaSetDevice(dev);
-  if (bytes) {
-    EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  return v;
-}
-
-// A copy from pageable memory may return before its DMA has landed, and the collectives
-// run on non-blocking streams that do not wait for the legacy stream: wait for the device,
-// or a rank's kernel may read its input (or a peer's) half written.
-void upload(int dev, void* p, const std::vector<char>& v) {
-  cudaSetDevice(dev);
-  if (!v.empty()) {
-    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-}
-
-enum class Coll { kAllReduce, kReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll };
-const char* collName(Coll c) {
-  switch (c) {
-    case Coll::kAllReduce: return "AllReduce";
-    case Coll::kReduce: return "Reduce";
-    case Coll::kReduceScatter: return "ReduceScatter";
-    case Coll::kAllGather: return "AllGather";
-    case Coll::kBroadcast: return "Broadcast";
-    case Coll::kAllToAll: return "AlltoAll";
-  }
-  return "?";
-}
-
-// Runs one collective on every rank and checks every output element. Returns the
-// number of wrong values (and reports the first few).
-size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_t count, bool inPlace,
-                   size_t misalign, bool premulDevice = false, int root = 1) {
-  const int n = R.n();
-  const size_t es = loom::dataTypeSize(t);
-  const bool premul = op >= ncclNumOps;  // caller created a PreMulSum op (scalar 2)
-  size_t inCount = count, outCount = count;
-  if (coll == Coll::kReduceScatter) inCount = count * n;
-  if (coll == Coll::kAllGather) outCount = count * n;
-  if (coll == Coll::kAllToAll) inCount = outCount = count * n;
-  root = root % n;
-  std::vector<std::vector<char>> hostIn(n);
-  std::vector<const void*> send(n);
-  std::vector<void*> recv(n);
-  for (int r = 0; r < n; ++r) {
-    hostIn[r] = makeInput(t, r, inCount, premul ? ncclSum : op);
-    char* out = R.buffer(r, 1, std::max(outCount, inCount) * es + misalign);
-    char* in = R.buffer(r, 0, inCount * es + misalign);
-    recv[r] = out + misalign;
-    if (inPlace) {
-      size_t off = coll == Coll::kAllGather ? r * count * es : 0;
-      send[r] = out + misalign + off;
-    } else {
-      send[r] = in + misalign;
-    }
-    upload(R.dev(r), const_cast<void*>(send[r]), hostIn[r]);
-  }
-  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < n; ++r) {
-    ncclDataType_t dt = static_cast<ncclDataType_t>(t);
-    ncclResult_t res = ncclSuccess;
-    switch (coll) {
-      case Coll::kAllReduce: res = ncclAllReduce(send[r], recv[r], count, dt, op, R.comms[r], R.streams[r]); break;
-      case Coll::kReduce: res = ncclReduce(send[r], recv[r], count, dt, op, root, R.comms[r], R.streams[r]); break;
-      case Coll::kReduceScatter:
-        res = ncclReduceScatter(send[r], recv[r], count, dt, op, R.comms[r], R.streams[r]);
-        break;
-      case Coll::kAllGather: res = ncclAllGather(send[r], recv[r], count, dt, R.comms[r], R.streams[r]); break;
-      case Coll::kBroadcast: res = ncclBroadcast(send[r], recv[r], count, dt, root, R.comms[r], R.streams[r]); break;
-      case Coll::kAllToAll: res = ncclAlltoAll(send[r], recv[r], count, dt, R.comms[r], R.streams[r]); break;
-    }
-    EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
-  }
-  EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
-  R.sync();
-  size_t wrong = 0;
-  for (int r = 0; r < n; ++r) {
-    if (coll == Coll::kReduce && r != root) continue;
-    std::vector<char> got = download(R.dev(r), recv[r], outCount * es);
-    for (size_t i = 0; i < outCount; ++i) {
-      double want = 0;
-      switch (coll) {
-        case Coll::kAllReduce:
-        case Coll::kReduce: want = reduced(t, op, n, i, premul); break;
-        case Coll::kReduceScatter: want = reduced(t, op, n, r * count + i, premul); break;
-        case Coll::kAllGather: want = valueFor(static_cast<int>(i / count), i % count, op); break;
-        case Coll::kBroadcast: want = valueFor(root, i, op); break;
-        case Coll::kAllToAll: want = valueFor(static_cast<int>(i / count), r * count + i % count, op); break;
-      }
-      double have = loom::loadAsDouble(t, got.data(), i);
-      if (have != want && !(std::fabs(have - want) <= (premul ? 0 : tolerance(t, op, n, want)))) {
-        if (wrong < 3) {
-          ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << " count "
-                        << count << (inPlace ? " in-place" : "") << " misalign " << misalign
-                        << (premulDevice ? " (device scalar)" : "") << ": rank " << r << " element "
-                        << i << " is " << have << ", want " << want;
-        }
-        ++wrong;
-      }
-    }
-  }
-  return wrong;
-}
-
-const DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,    DataType::kInt32,
-                              DataType::kUint32,  DataType::kInt64,    DataType::kUint64,
-                              DataType::kFloat16, DataType::kFloat32,  DataType::kFloat64,
-                              DataType::kBfloat16, DataType::kFloat8e4m3, DataType::kFloat8e5m2};
+using namespace loom::test;  // collective_check.h
 
 TEST(GpuCollectives, EveryCollectiveTypeAndOp) {
   REQUIRE_GPUS(2);
@@ -440,52 +187,6 @@ TEST(GpuCollectives, ManySendsToOnePeerAndMixedGroups) {
   }
 }
 
-// Captures, on each rank's stream on its own (one thread, so without a group), a graph of
-// a small all-reduce (the LL path) and a larger one (counters and slots), replays it
-// `replays` times with the outputs poisoned in between, and checks both outputs every
-// `checkEvery` replays and after the last. `bad` counts the outputs found wrong.
-void replayAllReduceGraph(Ranks& R, int replays, int checkEvery, size_t* bad) {
-  const int n = R.n();
-  const size_t count = 300001;  // several blocks, odd
-  const size_t small = 1001;
-  std::vector<std::unique_ptr<DeviceBuffer>> in, out, out2;
-  std::vector<cudaGraphExec_t> execs(n);
-  for (int r = 0; r < n; ++r) {
-    in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
-    out.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
-    out2.push_back(std::make_unique<DeviceBuffer>(R.dev(r), small * 4));
-    upload(R.dev(r), in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
-  }
-  for (int r = 0; r < n; ++r) {
-    cudaSetDevice(R.dev(r));
-    cudaGraph_t g;
-    CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, out2[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
-    CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
-    CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
-    cudaGraphDestroy(g);
-  }
-  const std::vector<char> want = floatSums(n, count);
-  const std::vector<char> head(want.begin(), want.begin() + small * 4);
-  for (int it = 0; it < replays; ++it) {
-    for (int r = 0; r < n; ++r) {
-      cudaSetDevice(R.dev(r));
-      cudaMemsetAsync(out[r]->ptr, 0xFF, count * 4, R.streams[r]);  // poison between replays
-      cudaMemsetAsync(out2[r]->ptr, 0xFF, small * 4, R.streams[r]);
-      CUDA_OK(cudaGraphLaunch(execs[r], R.streams[r]));
-    }
-    R.sync();
-    if (it % checkEvery == 0 || it == replays - 1) {
-      for (int r = 0; r < n; ++r) {
-        *bad += download(R.dev(r), out[r]->ptr, count * 4) != want;
-        *bad += download(R.dev(r), out2[r]->ptr, small * 4) != head;
-      }
-    }
-  }
-  for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
-}
-
 TEST(GpuCollectives, GraphReplayedThousandTimes) {
   REQUIRE_GPUS(2);
   Ranks R(2);
@@ -621,14 +322,6 @@ TEST(GpuCollectives, ReduceWithoutNonRootOutput) {
       EXPECT_EQ(bad, 0u) << "count " << count << ", root " << root;
     }
   }
-}
-
-// Rank r's GPU for n ranks: round-robin over the GPUs there are (ranks share them where
-// there are fewer, with LOOM_P2P_SHARE_GPU).
-std::vector<int> roundRobinDevices(int n) {
-  std::vector<int> d;
-  for (int r = 0; r < n; ++r) d.push_back(r % gpuCount());
-  return d;
 }
 
 // What the library logs (LOOM_DEBUG=INFO, subsystem COLL) while one of these lives: how a
@@ -1028,18 +721,6 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
   }
   EXPECT_EQ(bad, 0u);
   for (int r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
-}
-
-TEST(GpuCollectives, StagedWhenP2pDisabled) {
-  REQUIRE_GPUS(2);
-  Ranks R(2, {{"NCCL_P2P_DISABLE", "1"}});
-  for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
-                 Coll::kReduce, Coll::kAllToAll}) {
-    for (DataType t : {DataType::kInt32, DataType::kBfloat16, DataType::kFloat32}) {
-      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 70001, false, 0), 0u) << collName(c);
-      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 70001, true, 0), 0u) << collName(c);
-    }
-  }
 }
 
 // More than 2 GPUs (issue 5's 4- and 8-GPU machines; a mesh takes up to 8): 3 of them,

@@ -1,0 +1,368 @@
+#include "collectives/device/net_executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "collectives/device/net_plan.h"
+#include "common/log.h"
+
+namespace loom::collectives::device {
+
+namespace {
+
+Status cudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  cudaGetLastError();
+  return errorf(Code::kCudaError, "%s failed: %s", what, cudaGetErrorString(e));
+}
+
+// Set-up calls (allocations, synchronous uploads) may come while the caller's stream
+// captures a graph: they touch no captured stream, so the thread may make them.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() {
+    mode_ = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_;
+};
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+const char* closedText(int code) {
+  switch (code) {
+    case kNetErrorAborted: return "aborted (ncclCommAbort)";
+    case kNetErrorTimeout: return "timed out";
+    case kNetErrorClosed: return "its connection closed";
+    case kNetErrorMismatch: return "a piece of another size arrived";
+  }
+  return "failed";
+}
+
+}  // namespace
+
+bool NetExecutor::PlanKey::operator<(const PlanKey& o) const {
+  return std::tie(type, algo, count, elemSize, pieceElems, root, lanes) <
+         std::tie(o.type, o.algo, o.count, o.elemSize, o.pieceElems, o.root, o.lanes);
+}
+
+Result<std::unique_ptr<NetExecutor>> NetExecutor::create(const NetOptions& options, NetHandleExchange exchange) {
+  std::unique_ptr<NetExecutor> e(new NetExecutor(options));
+  LOOM_TRY(e->init(std::move(exchange)));
+  return e;
+}
+
+Status NetExecutor::init(NetHandleExchange exchange) {
+  exchange_ = std::move(exchange);
+  for (int l = 0; l < int(kNetMaxLanes); ++l) {
+    laneExchanges_[l].send = [this, l](int peer, const transport::net::Handle& h) { return exchange_.send(peer, l, h); };
+    laneExchanges_[l].tryRecv = [this, l](int peer, transport::net::Handle* h) { return exchange_.tryRecv(peer, l, h); };
+  }
+  options_.slots = std::clamp<uint32_t>(options_.slots, 2, transport::net::kFifoMaxSlots);
+  options_.slotBytes = std::max<uint64_t>(4096, options_.slotBytes / 4096 * 4096);
+  transport::net::Context ctx;
+  ctx.commHash = options_.commHash;
+  ctx.rank = options_.rank;
+  ctx.abortFlag = options_.abortFlag;
+  LOOM_ASSIGN_OR_RETURN(backend_, transport::net::makeBackend(ctx));
+  options_.lanes = std::clamp<int>(options_.lanes, 1, kNetMaxLanes);
+  const size_t n = size_t(options_.nranks) * kNetMaxLanes;  // links
+  LOOM_TRY(cudaStatus(cudaMalloc(&sendTable_, n * sizeof(transport::net::Fifo)), "cudaMalloc"));
+  LOOM_TRY(cudaStatus(cudaMalloc(&recvTable_, n * sizeof(transport::net::Fifo)), "cudaMalloc"));
+  LOOM_TRY(cudaStatus(cudaMalloc(&counters_, n * sizeof(NetPeerCounters)), "cudaMalloc"));
+  LOOM_TRY(cudaStatus(cudaMalloc(&barrier_, 2 * kNetMaxLanes * sizeof(unsigned)), "cudaMalloc"));
+  LOOM_TRY(cudaStatus(cudaMemset(sendTable_, 0, n * sizeof(transport::net::Fifo)), "cudaMemset"));
+  LOOM_TRY(cudaStatus(cudaMemset(recvTable_, 0, n * sizeof(transport::net::Fifo)), "cudaMemset"));
+  LOOM_TRY(cudaStatus(cudaMemset(counters_, 0, n * sizeof(NetPeerCounters)), "cudaMemset"));
+  LOOM_TRY(cudaStatus(cudaMemset(barrier_, 0, 2 * kNetMaxLanes * sizeof(unsigned)), "cudaMemset"));
+  LOOM_TRY(cudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&hostFlags_), 4 * sizeof(int),
+                                    cudaHostAllocMapped | cudaHostAllocPortable),
+                      "cudaHostAlloc of the network flags"));
+  std::memset(hostFlags_, 0, 4 * sizeof(int));
+  LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&uploadStream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastLaunch_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the network set-up"));
+  sendConnected_.assign(n, false);
+  recvConnected_.assign(n, false);
+  proxy_ = std::make_unique<transport::net::Proxy>(options_.rank, options_.proxySpinUs);
+  transport::net::Properties props;
+  LOOM_TRY(backend_->properties(0, &props));
+  LOOM_INFO(kInit,
+            "GPU %d: device buffers reach the other ranks over the network (%s, %s, %d Mb/s): "
+            "kernels on the caller's stream, a proxy thread, up to %d lanes, %u slots x %llu "
+            "bytes per connection in page-locked memory",
+            options_.device, backend_->name(), props.name.c_str(), props.speedMbps,
+            options_.lanes, options_.slots, (unsigned long long)options_.slotBytes);
+  return Status::ok();
+}
+
+NetExecutor::~NetExecutor() {
+  // Kernels still running use the FIFOs and the tables: they end (done, timed out, or
+  // aborted) before anything goes.
+  if (launched_) cudaDeviceSynchronize();
+  proxy_.reset();  // drains what kernels posted, then closes the connections
+  for (auto& [key, p] : plans_) {
+    if (p.device) cudaFree(p.device);
+  }
+  for (auto& p : p2pPlans_) {
+    if (p.device) cudaFree(p.device);
+    if (p.used) cudaEventDestroy(p.used);
+  }
+  for (void* m : fifoMemory_) cudaFreeHost(m);
+  for (void* m : {static_cast<void*>(sendTable_), static_cast<void*>(recvTable_),
+                  static_cast<void*>(counters_), static_cast<void*>(barrier_)}) {
+    if (m) cudaFree(m);
+  }
+  if (hostFlags_) cudaFreeHost(hostFlags_);
+  if (uploadStream_) cudaStreamDestroy(uploadStream_);
+  if (lastLaunch_) cudaEventDestroy(lastLaunch_);
+  cudaGetLastError();
+}
+
+void NetExecutor::abort() {
+  if (hostFlags_) reinterpret_cast<volatile int*>(hostFlags_)[0] = 1;
+  if (proxy_) proxy_->shutdown();
+}
+
+Status NetExecutor::error() const {
+  const int code = reinterpret_cast<volatile int*>(hostFlags_)[1];
+  if (code == 0) return Status::ok();
+  const int peer = reinterpret_cast<volatile int*>(hostFlags_)[2];
+  if (code == kNetErrorAborted) {
+    return errorf(Code::kInvalidUsage, "a GPU network kernel stopped: the communicator was aborted");
+  }
+  std::string what = peer >= 0 ? "rank " + std::to_string(peer) : std::string("a peer");
+  if (code == kNetErrorClosed && peer >= 0) {
+    // The proxy knows why (and which direction failed first).
+    Status st = proxy_->status(peer, false);
+    if (st) st = proxy_->status(peer, true);
+    if (!st) return Status(Code::kRemoteError, "rank " + std::to_string(options_.rank) + ": " + st.message());
+  }
+  if (code == kNetErrorTimeout) {
+    return errorf(Code::kRemoteError,
+                  "rank %d: a GPU network kernel waited more than LOOM_TIMEOUT_MS=%lld ms for %s "
+                  "(it died, is stuck, or called a different collective)",
+                  options_.rank, (long long)options_.timeoutMs, what.c_str());
+  }
+  if (code == kNetErrorMismatch) {
+    return errorf(Code::kInvalidUsage,
+                  "rank %d: %s sent a piece of another size than this rank expected: the ranks "
+                  "called different operations or counts",
+                  options_.rank, what.c_str());
+  }
+  return errorf(Code::kRemoteError, "rank %d: a GPU network kernel failed on %s: %s", options_.rank,
+                what.c_str(), closedText(code));
+}
+
+Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector<NetLink>& recvs) {
+  const int n = options_.nranks;
+  std::vector<NetLink> needSend, needRecv;
+  for (const NetLink& l : sends) {
+    if (!sendConnected_[l.lane * n + l.peer]) needSend.push_back(l);
+  }
+  for (const NetLink& l : recvs) {
+    if (!recvConnected_[l.lane * n + l.peer]) needRecv.push_back(l);
+  }
+  if (needSend.empty() && needRecv.empty()) return Status::ok();
+  // The FIFOs now (this rank's own memory); the connections are the proxy's to make,
+  // while kernels may already post to the FIFOs: nothing here waits for a peer, so a rank
+  // may capture or issue calls on its own, in any order with its peers.
+  RelaxedCapture relaxed;
+  const size_t bytes = transport::net::fifoBytes(options_.slots, options_.slotBytes);
+  auto fifoFor = [&](const NetLink& l, transport::net::Fifo* table) -> Result<transport::net::Fifo> {
+    void* mem = nullptr;
+    LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
+                        "cudaHostAlloc of a network FIFO"));
+    std::memset(mem, 0, bytes);
+    fifoMemory_.push_back(mem);
+    transport::net::Fifo f = transport::net::fifoAt(mem, options_.slots, options_.slotBytes, l.peer);
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(table + l.lane * n + l.peer, &f, sizeof(f), cudaMemcpyHostToDevice,
+                                        uploadStream_),
+                        "cudaMemcpyAsync of the FIFO table"));
+    LOOM_TRY(cudaStatus(cudaStreamSynchronize(uploadStream_), "cudaStreamSynchronize"));
+    return f;
+  };
+  // Each lane's connection between two ranks is its own, and so are its handles.
+  for (const NetLink& l : needRecv) {
+    LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, recvTable_));
+    LOOM_ASSIGN_OR_RETURN(transport::net::RecvDialer dial,
+                          transport::net::listenFor(*backend_, 0, l.peer, laneExchange(l.lane)));
+    proxy_->addRecv(std::move(dial), f, options_.timeoutMs);
+    recvConnected_[l.lane * n + l.peer] = true;
+  }
+  for (const NetLink& l : needSend) {
+    LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, sendTable_));
+    proxy_->addSend(transport::net::dialTo(*backend_, 0, l.peer, laneExchange(l.lane)), f, options_.timeoutMs);
+    sendConnected_[l.lane * n + l.peer] = true;
+  }
+  LOOM_INFO(kInit, "rank %d: network connections under way: %zu send, %zu receive", options_.rank,
+            needSend.size(), needRecv.size());
+  return Status::ok();
+}
+
+Result<void*> NetExecutor::uploadPlan(const std::vector<uint64_t>& bytes, bool captured,
+                                      cudaStream_t stream, Plan* plan) {
+  const size_t size = bytes.size() * sizeof(uint64_t);
+  if (!plan->device || plan->capacity < size) {
+    RelaxedCapture relaxed;
+    if (plan->device) cudaFree(plan->device);
+    plan->device = nullptr;
+    LOOM_TRY(cudaStatus(cudaMalloc(&plan->device, size), "cudaMalloc of a network plan"));
+    plan->capacity = size;
+  }
+  if (captured || !stream) {
+    // Read at every replay: uploaded now, and never reused.
+    RelaxedCapture relaxed;
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(plan->device, bytes.data(), size, cudaMemcpyHostToDevice, uploadStream_),
+                        "cudaMemcpyAsync of a network plan"));
+    LOOM_TRY(cudaStatus(cudaStreamSynchronize(uploadStream_), "cudaStreamSynchronize"));
+  } else {
+    // Ahead of its kernel on the caller's stream (pageable memory: staged at the call).
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(plan->device, bytes.data(), size, cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync of a network plan"));
+  }
+  return plan->device;
+}
+
+Result<NetExecutor::Plan*> NetExecutor::collectivePlan(const CollRequest& req, Algorithm algo, int lanes) {
+  PlanKey key{req.type, algo, req.count, req.elemSize, req.pieceElems, req.root, lanes};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return &it->second;
+  LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes,
+                        makeNetPlan(netLaneSchedules(req, algo, lanes), req.pieceElems));
+  Plan plan;
+  const auto* h = reinterpret_cast<const NetPlanHeader*>(bytes.data());
+  plan.blocks = h->blocks;
+  netPlanLinks(h, &plan.sends, &plan.recvs);
+  LOOM_TRY(uploadPlan(bytes, true, nullptr, &plan).status());
+  plan.pinned = true;
+  return &plans_.emplace(key, std::move(plan)).first->second;
+}
+
+Status NetExecutor::launch(const Plan& plan, const NetCall& call, cudaStream_t stream) {
+  NetContext ctx;
+  ctx.sendFifos = sendTable_;
+  ctx.recvFifos = recvTable_;
+  ctx.counters = counters_;
+  ctx.barrier = barrier_;
+  ctx.nranks = options_.nranks;
+  int* devFlags = nullptr;
+  LOOM_TRY(cudaStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devFlags), hostFlags_, 0),
+                      "cudaHostGetDevicePointer"));
+  ctx.abortFlag = devFlags;
+  ctx.errorFlag = devFlags + 1;
+  ctx.errorPeer = devFlags + 2;
+  ctx.timeoutNs = options_.timeoutMs > 0 ? uint64_t(options_.timeoutMs) * 1000000ull : 0;
+  ctx.rank = options_.rank;
+  ctx.threads = options_.threads;
+  if (int e = launchNet(ctx, call, stream); e != 0) {
+    return errorf(Code::kCudaError, "launching the network kernel failed: %s",
+                  cudaGetErrorString(static_cast<cudaError_t>(e)));
+  }
+  launched_ = true;
+  proxy_->kick();
+  return Status::ok();
+}
+
+Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, DataType type,
+                                  const NetReduction& red, const std::string& algoText,
+                                  cudaStream_t stream, std::string* why) {
+  LOOM_TRY(error());
+  const size_t bytes = req.count * req.elemSize;
+  // Lanes for the contiguous collectives, each with at least kMinLaneBytes per rank.
+  constexpr size_t kMinLaneBytes = 256 * 1024;
+  const bool contiguous = req.type == CollType::kAllReduce || req.type == CollType::kBroadcast ||
+                          req.type == CollType::kReduce;
+  const int lanes = contiguous ? static_cast<int>(std::clamp<size_t>(
+                                     bytes / (kMinLaneBytes * req.nranks), 1, options_.lanes))
+                               : 1;
+  const size_t piece = netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
+  req.pieceElems = std::max<size_t>(1, std::min<size_t>(piece, options_.slotBytes) / req.elemSize);
+  req.network = true;
+  LOOM_ASSIGN_OR_RETURN(TunerChoice choice, chooseNetAlgorithm(req, algoText));
+  LOOM_ASSIGN_OR_RETURN(Plan * plan, collectivePlan(req, choice.algo, lanes));
+  LOOM_TRY(connect(plan->sends, plan->recvs));
+  if (why) {
+    *why = std::string(algorithmName(choice.algo)) + ", " + choice.text() + "; " + std::to_string(lanes) +
+           " lane(s), pieces of " + std::to_string(req.pieceElems * req.elemSize) + " bytes";
+  }
+  NetCall call;
+  call.type = type;
+  call.red = red.red;
+  call.scalar = red.scalar;
+  call.scalarDevice = red.scalarDevice;
+  call.divisor = red.divisor;
+  call.in = in;
+  call.out = out;
+  call.plan = static_cast<const NetPlanHeader*>(plan->device);
+  call.blocks = plan->blocks;
+  return launch(*plan, call, stream);
+}
+
+Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
+  LOOM_TRY(error());
+  Schedule sch;
+  Phase phase;
+  for (const P2p& o : ops) {
+    if (o.bytes == 0) continue;
+    Step st;
+    st.count = o.bytes;
+    if (o.isSend) {
+      st.src = {Buffer::kAbsolute, reinterpret_cast<uintptr_t>(o.buffer)};
+      st.sendTo(o.peer);
+    } else {
+      st.dst = {Buffer::kAbsolute, reinterpret_cast<uintptr_t>(o.buffer)};
+      st.recvFrom(o.peer);
+    }
+    phase.push_back(st);
+  }
+  if (phase.empty()) return Status::ok();
+  sch.phases.push_back(std::move(phase));
+  LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes, makeNetPlan(splitByConnection(sch), options_.slotBytes));
+  const auto* h = reinterpret_cast<const NetPlanHeader*>(bytes.data());
+  const bool cap = capturing(stream);
+  // A plan whose last kernel is done is reused (eager calls); a captured one is kept.
+  Plan* plan = nullptr;
+  const size_t size = bytes.size() * sizeof(uint64_t);
+  if (!cap) {
+    for (auto& p : p2pPlans_) {
+      if (p.pinned || p.capacity < size) continue;
+      if (cudaEventQuery(p.used) == cudaSuccess) {
+        plan = &p;
+        break;
+      }
+      cudaGetLastError();
+    }
+  }
+  if (!plan) {
+    p2pPlans_.emplace_back();
+    plan = &p2pPlans_.back();
+    RelaxedCapture relaxed;
+    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&plan->used, cudaEventDisableTiming), "cudaEventCreate"));
+  }
+  plan->blocks = h->blocks;
+  netPlanLinks(h, &plan->sends, &plan->recvs);
+  LOOM_TRY(connect(plan->sends, plan->recvs));
+  LOOM_TRY(uploadPlan(bytes, cap, stream, plan).status());
+  plan->pinned = cap;
+  NetCall call;
+  call.type = DataType::kUint8;
+  call.plan = static_cast<const NetPlanHeader*>(plan->device);
+  call.blocks = plan->blocks;
+  LOOM_TRY(launch(*plan, call, stream));
+  if (!cap) LOOM_TRY(cudaStatus(cudaEventRecord(plan->used, stream), "cudaEventRecord"));
+  return Status::ok();
+}
+
+}  // namespace loom::collectives::device

@@ -1,0 +1,137 @@
+// The network executor: device-buffer collectives between ranks that the GPU mesh cannot
+// join (other hosts, or P2P off), stream-ordered and capturable in CUDA graphs. It owns
+// the proxy (transports/net/proxy.h), the FIFOs in page-locked host memory, the plans in
+// device memory, and launches the kernel of net.h. Nothing here blocks the calling
+// thread after the first call that needs a connection (which makes it, collectively).
+//
+// Internal to the GPU side of a communicator (comm/), built where CUDA is.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/device/net.h"
+#include "collectives/schedule.h"
+#include "collectives/tuner.h"
+#include "common/status.h"
+#include "transports/net/connect.h"
+#include "transports/net/net.h"
+#include "transports/net/proxy.h"
+
+namespace loom::collectives::device {
+
+struct NetOptions {
+  int rank = 0;
+  int nranks = 1;
+  int device = 0;
+  uint64_t commHash = 0;
+  int64_t timeoutMs = 300000;
+  uint32_t slots = 8;               // per FIFO (at most transport::net::kFifoMaxSlots)
+  uint64_t slotBytes = 1 << 20;     // per slot; a piece fills one at most
+  int lanes = 2;                    // at most (LOOM_NET_LANES)
+  int threads = 512;                // per block of the kernel
+  int64_t proxySpinUs = 5000;       // LOOM_PROXY_SPIN_US
+  const std::atomic<bool>* abortFlag = nullptr;
+};
+
+// What a call reduces with (as the communicator resolved it).
+struct NetReduction {
+  RedKind red = RedKind::kSum;
+  double scalar = 1.0;
+  const void* scalarDevice = nullptr;
+  uint64_t divisor = 1;
+};
+
+// How connection handles travel (the bootstrap): as transport::net::HandleExchange, for
+// the connection of lane `lane` (each lane's handles must not be taken for another's).
+struct NetHandleExchange {
+  std::function<Status(int peer, int lane, const transport::net::Handle& handle)> send;
+  std::function<Result<bool>(int peer, int lane, transport::net::Handle* handle)> tryRecv;
+};
+
+class NetExecutor {
+ public:
+  static Result<std::unique_ptr<NetExecutor>> create(const NetOptions& options, NetHandleExchange exchange);
+  // Waits for this executor's kernels (up to the timeout, then stops them), stops the
+  // proxy, and frees everything.
+  ~NetExecutor();
+
+  // Enqueues a collective (`req` as the host tuner takes it; its pieceElems is set here)
+  // on `stream`: in, out, the reduction, and `algoText` for LOOM_ALGO. `why` gets the
+  // algorithm and the reason, for the log.
+  Status runCollective(CollRequest req, const void* in, void* out, DataType type,
+                       const NetReduction& red, const std::string& algoText, cudaStream_t stream,
+                       std::string* why);
+  // Enqueues a group's Send/Recv calls with peers (all on `stream`): `sends[i]` and
+  // `recvs[i]` as (buffer, bytes, peer); calls with this rank itself are the caller's.
+  struct P2p {
+    void* buffer;
+    size_t bytes;
+    int peer;
+    bool isSend;
+  };
+  Status runP2p(const std::vector<P2p>& ops, cudaStream_t stream);
+
+  // A kernel's or the network's failure so far, as a status naming the peer; ok if none.
+  Status error() const;
+  void abort();
+  // The proxy thread's CPU time so far.
+  double proxyCpuSeconds() const { return proxy_ ? proxy_->cpuSeconds() : 0; }
+  uint64_t slotBytes() const { return options_.slotBytes; }
+
+ private:
+  struct Plan {
+    void* device = nullptr;  // the plan's bytes in device memory
+    uint32_t blocks = 1;
+    std::vector<NetLink> sends, recvs;
+    cudaEvent_t used = nullptr;  // p2p plans: after the kernel that reads it (eager calls)
+    bool pinned = false;         // read by a captured graph: kept until the end
+    size_t capacity = 0;
+  };
+  struct PlanKey {
+    CollType type;
+    Algorithm algo;
+    size_t count, elemSize, pieceElems;
+    int root;
+    int lanes;
+    bool operator<(const PlanKey& o) const;
+  };
+
+  explicit NetExecutor(const NetOptions& options) : options_(options) {}
+  Status init(NetHandleExchange exchange);
+  // Every connection the plan needs exists (collective over the peers involved).
+  Status connect(const std::vector<NetLink>& sends, const std::vector<NetLink>& recvs);
+  Result<Plan*> collectivePlan(const CollRequest& req, Algorithm algo, int lanes);
+  Status launch(const Plan& plan, const NetCall& call, cudaStream_t stream);
+  // A device copy of `bytes` (uploaded once, or on `stream` for eager p2p plans).
+  Result<void*> uploadPlan(const std::vector<uint64_t>& bytes, bool captured, cudaStream_t stream, Plan* p2p);
+
+  NetOptions options_;
+  NetHandleExchange exchange_;
+  transport::net::HandleExchange laneExchanges_[kNetMaxLanes];  // exchange_ for each lane
+  const transport::net::HandleExchange& laneExchange(int lane) const { return laneExchanges_[lane]; }
+  std::unique_ptr<transport::net::Backend> backend_;
+  std::unique_ptr<transport::net::Proxy> proxy_;
+  // Device memory: the FIFO tables, the kernel's counters, the grid barrier.
+  transport::net::Fifo* sendTable_ = nullptr;
+  transport::net::Fifo* recvTable_ = nullptr;
+  NetPeerCounters* counters_ = nullptr;
+  unsigned* barrier_ = nullptr;
+  // Page-locked, mapped: [0] abort (host writes), [1] error code, [2] its peer (kernels).
+  int* hostFlags_ = nullptr;
+  std::vector<void*> fifoMemory_;                  // page-locked FIFOs
+  std::vector<bool> sendConnected_, recvConnected_;  // by link (lane * nranks + peer)
+  cudaStream_t uploadStream_ = nullptr;            // plan and table uploads (non-blocking)
+  std::map<PlanKey, Plan> plans_;                  // collective plans, kept
+  std::vector<Plan> p2pPlans_;                     // reused once their kernel is done
+  cudaEvent_t lastLaunch_ = nullptr;               // for the end
+  bool launched_ = false;
+};
+
+}  // namespace loom::collectives::device

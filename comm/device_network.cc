@@ -1,0 +1,143 @@
+// The GPU side of a communicator whose ranks the mesh cannot join (other hosts, or P2P
+// off): every device-buffer call goes to the network executor
+// (collectives/device/net_executor.h), ordered with the communicator's other calls.
+#include "comm/device_comm.h"
+
+#if LOOM_HAVE_CUDA
+#include "comm/communicator.h"
+#include "comm/cuda_device_comm.h"
+#include "common/log.h"
+#include "common/settings.h"
+
+namespace loom::comm::detail {
+
+namespace {
+
+// The bootstrap tag of the handle that listener `receiver` sends to `sender` for a lane.
+uint64_t netHandleTag(int sender, int receiver, int lane) {
+  return (3ull << 60) | (static_cast<uint64_t>(lane) << 56) | (static_cast<uint64_t>(sender) << 28) |
+         static_cast<uint64_t>(receiver);
+}
+
+}  // namespace
+
+Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers) {
+  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  dev::NetOptions o;
+  o.rank = rank_;
+  o.nranks = nranks_;
+  o.device = device_;
+  o.timeoutMs = timeoutMs_;
+  // The communicator's FIFO geometry (LOOM_BUFFSIZE, LOOM_STEPS), the same on every rank.
+  const int64_t steps = std::clamp<int64_t>(settings::getInt("LOOM_STEPS"), 2, transport::net::kFifoMaxSlots);
+  const int64_t buff = std::max<int64_t>(settings::getInt("LOOM_NET_BUFFSIZE"), steps * 4096);
+  o.slots = static_cast<uint32_t>(steps);
+  o.slotBytes = static_cast<uint64_t>(buff / steps);
+  o.lanes = static_cast<int>(settings::getInt("LOOM_NET_LANES"));
+  o.proxySpinUs = settings::getInt("LOOM_PROXY_SPIN_US");
+  o.abortFlag = context_.abortFlag;
+  o.commHash = context_.commHash;
+  Bootstrap* bs = &bootstrap;
+  const int me = rank_;
+  dev::NetHandleExchange ex;
+  ex.send = [bs, me](int peer, int lane, const transport::net::Handle& h) {
+    return bs->send(peer, netHandleTag(peer, me, lane), &h, sizeof(h));
+  };
+  ex.tryRecv = [bs, me](int peer, int lane, transport::net::Handle* h) {
+    return bs->tryRecv(peer, netHandleTag(me, peer, lane), h, sizeof(*h));
+  };
+  auto net = dev::NetExecutor::create(o, std::move(ex));
+  if (!net) return net.status().withContext("setting up GPU buffers over the network");
+  net_ = std::move(net).value();
+  (void)peers;
+  return Status::ok();
+}
+
+Result<void*> CudaDeviceComm::netScratch(size_t bytes) {
+  if (netScratchBytes_ >= bytes && !netScratch_.empty()) return netScratch_.back();
+  void* p = nullptr;
+  LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes), "cudaMalloc of the in-place all-to-all copy"));
+  netScratch_.push_back(p);
+  netScratchBytes_ = bytes;
+  return p;
+}
+
+Status CudaDeviceComm::runNet(const Operation& op, const DeviceRedOp& red) {
+  ++cursor_;
+  if (op.count == 0) return Status::ok();
+  DeviceGuard guard(device_);
+  const bool cap = capturing(op.stream);
+  LOOM_TRY(order(op.stream, cap));
+  collectives::CollRequest req;
+  req.type = op.type;
+  req.count = op.count;
+  req.elemSize = dataTypeSize(op.dtype);
+  req.nranks = nranks_;
+  req.rank = rank_;
+  req.root = op.root;
+  const void* in = op.sendbuff;
+  if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff) {
+    // The direct exchange reads blocks it also overwrites: from a copy.
+    const size_t bytes = op.count * req.elemSize * nranks_;
+    LOOM_ASSIGN_OR_RETURN(void* copy, netScratch(bytes));
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(copy, op.sendbuff, bytes, cudaMemcpyDeviceToDevice, op.stream),
+                        "cudaMemcpyAsync (in-place all-to-all)"));
+    in = copy;
+  }
+  dev::NetReduction r;
+  r.red = red.op.kind;
+  r.scalar = red.op.scalar;
+  r.scalarDevice = red.scalarDevice;
+  r.divisor = red.op.divisor;
+  std::string why;
+  LOOM_TRY(net_->runCollective(req, in, op.recvbuff, op.dtype, r, algoText_, op.stream,
+                               log::enabled(log::kInfo, log::kColl) ? &why : nullptr));
+  LOOM_INFO(kColl, "GPU %s over the network: %zu x %s (%s)", collectives::collTypeName(op.type),
+            op.count, dataTypeName(op.dtype), why.c_str());
+  return recordDone(op.stream, cap);
+}
+
+Status CudaDeviceComm::runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
+  DeviceGuard guard(device_);
+  cudaStream_t stream = ops[begin].stream;
+  // Calls of the group on other streams: those streams' earlier work comes first.
+  for (size_t i = begin; i < end; ++i) {
+    if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
+  }
+  const bool cap = capturing(stream);
+  LOOM_TRY(order(stream, cap));
+  std::vector<dev::NetExecutor::P2p> list;
+  std::vector<const Operation*> selfSends, selfRecvs;
+  for (size_t i = begin; i < end; ++i) {
+    const Operation& o = ops[i];
+    const size_t bytes = o.count * dataTypeSize(o.dtype);
+    if (bytes == 0) continue;
+    if (o.root == rank_) {
+      (o.isSend ? selfSends : selfRecvs).push_back(&o);
+      continue;
+    }
+    list.push_back({o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff, bytes, o.root, o.isSend});
+  }
+  if (selfSends.size() != selfRecvs.size()) {
+    return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
+                  rank_, selfSends.size(), selfRecvs.size());
+  }
+  for (size_t k = 0; k < selfSends.size(); ++k) {
+    const size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
+    const size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
+    if (sb != rb) {
+      return errorf(Code::kInvalidUsage, "rank %d: send to itself of %zu bytes meets a receive of %zu",
+                    rank_, sb, rb);
+    }
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
+                                        cudaMemcpyDeviceToDevice, stream),
+                        "cudaMemcpyAsync"));
+  }
+  LOOM_TRY(net_->runP2p(list, stream));
+  return recordDone(stream, cap);
+}
+
+}  // namespace loom::comm::detail
+
+#endif  // LOOM_HAVE_CUDA

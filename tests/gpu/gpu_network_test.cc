@@ -1,0 +1,212 @@
+// Device buffers over the network (collectives/device/net_executor.h): 2, 3 and 4 ranks of
+// one process with P2P off (LOOM_P2P_DISABLE=1), round-robin over the GPUs there are (all
+// on GPU 0 on a one-GPU machine), so every byte goes through the kernels' FIFOs, the proxy
+// and loopback sockets. Every collective, type and op; counts from one element to many
+// pieces; unaligned buffers; PreMulSum with device scalars; Send/Recv groups; a CUDA graph
+// replayed 1000 times; a call that returns before its peers arrive; a peer that never
+// comes (the kernel times out).
+//
+// Needs one GPU; skips with the reason where there is none.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "common/datatype.h"
+#include "tests/gpu/collective_check.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace {
+
+using loom::DataType;
+using namespace loom::test;  // collective_check.h
+
+class OverTheNetwork : public ::testing::TestWithParam<int> {
+ protected:
+  static std::vector<int> devices() { return roundRobinDevices(GetParam()); }
+};
+
+// The ranks' contributions combine in the algorithm's order (see tolerance()).
+#define NETWORK_RANKS(R, ...)                                                  \
+  REQUIRE_GPUS(1);                                                             \
+  Ranks R(GetParam(), {{"LOOM_P2P_DISABLE", "1"}, ##__VA_ARGS__}, devices()); \
+  R.anyOrder = true
+
+TEST_P(OverTheNetwork, EveryCollectiveTypeAndOp) {
+  NETWORK_RANKS(R);
+  const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+  for (DataType t : kAllTypes) {
+    for (ncclRedOp_t op : ops) {
+      for (Coll c : {Coll::kAllReduce, Coll::kReduce, Coll::kReduceScatter}) {
+        for (size_t count : {size_t{1}, size_t{13}, size_t{70001}}) {
+          EXPECT_EQ(runAndCheck(R, c, t, op, count, false, 0), 0u);
+          EXPECT_EQ(runAndCheck(R, c, t, op, count, true, 0), 0u);
+        }
+      }
+    }
+    for (Coll c : {Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
+      for (size_t count : {size_t{1}, size_t{13}, size_t{70001}}) {
+        EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, false, 0), 0u);
+        EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, true, 0), 0u);
+      }
+    }
+  }
+}
+
+TEST_P(OverTheNetwork, LargeCountsAndUnalignedBuffers) {
+  NETWORK_RANKS(R);
+  for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
+                 Coll::kReduce, Coll::kAllToAll}) {
+    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{4} << 20) + 7, false, 0), 0u) << collName(c);
+    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, 0, false, 0), 0u) << collName(c);
+    for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat64}) {
+      const size_t es = loom::dataTypeSize(t);
+      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 100003, false, es), 0u) << collName(c);
+      EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 100003, true, 3 * es), 0u) << collName(c);
+    }
+    for (int root = 0; root < R.n(); ++root) {
+      EXPECT_EQ(runAndCheck(R, c, DataType::kInt32, ncclMax, 5003, false, 0, false, root), 0u) << collName(c);
+    }
+  }
+}
+
+TEST_P(OverTheNetwork, PreMulSumHostAndDeviceScalars) {
+  NETWORK_RANKS(R);
+  const int n = R.n();
+  for (DataType t : {DataType::kInt32, DataType::kFloat16, DataType::kFloat32, DataType::kBfloat16}) {
+    std::vector<char> two(8);
+    loom::storeFromDouble(t, two.data(), 0, 2.0);
+    for (bool onDevice : {false, true}) {
+      std::vector<ncclRedOp_t> ops(n);
+      std::vector<void*> scalars(n, nullptr);
+      for (int r = 0; r < n; ++r) {
+        void* s = two.data();
+        ncclScalarResidence_t res = ncclScalarHostImmediate;
+        if (onDevice) {
+          cudaSetDevice(R.dev(r));
+          cudaMalloc(&scalars[r], 8);
+          cudaMemcpy(scalars[r], two.data(), 8, cudaMemcpyHostToDevice);
+          cudaDeviceSynchronize();
+          s = scalars[r];
+          res = ncclScalarDevice;
+        }
+        NCCL_OK(ncclRedOpCreatePreMulSum(&ops[r], s, static_cast<ncclDataType_t>(t), res, R.comms[r]));
+      }
+      for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kReduce}) {
+        EXPECT_EQ(runAndCheck(R, c, t, ops[0], 4099, false, 0, onDevice), 0u) << collName(c);
+      }
+      for (int r = 0; r < n; ++r) {
+        ncclRedOpDestroy(ops[r], R.comms[r]);
+        if (scalars[r]) {
+          cudaSetDevice(R.dev(r));
+          cudaFree(scalars[r]);
+        }
+      }
+    }
+  }
+}
+
+// Each rank sends three messages to the next rank and one to itself, and receives as
+// many: several messages between two ranks in one group go in order.
+TEST_P(OverTheNetwork, SendRecvGroups) {
+  NETWORK_RANKS(R);
+  const int n = R.n();
+  const int k = 3;
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+    std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> a(n), b(n);
+    std::vector<std::unique_ptr<DeviceBuffer>> self;
+    for (int r = 0; r < n; ++r) {
+      for (int m = 0; m < k; ++m) {
+        a[r].push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+        b[r].push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+        upload(R.dev(r), a[r][m]->ptr, makeInput(DataType::kInt32, r, count, ncclSum, m * 7));
+      }
+      self.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    }
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int r = 0; r < n; ++r) {
+      for (int m = 0; m < k; ++m) {
+        NCCL_OK(ncclSend(a[r][m]->ptr, count, ncclInt32, (r + 1) % n, R.comms[r], R.streams[r]));
+        NCCL_OK(ncclRecv(b[r][m]->ptr, count, ncclInt32, (r + n - 1) % n, R.comms[r], R.streams[r]));
+      }
+      NCCL_OK(ncclSend(a[r][0]->ptr, count, ncclInt32, r, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclRecv(self[r]->ptr, count, ncclInt32, r, R.comms[r], R.streams[r]));
+    }
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+    R.sync();
+    for (int r = 0; r < n; ++r) {
+      for (int m = 0; m < k; ++m) {
+        EXPECT_EQ(download(R.dev(r), b[r][m]->ptr, count * 4),
+                  makeInput(DataType::kInt32, (r + n - 1) % n, count, ncclSum, m * 7))
+            << "rank " << r << " message " << m << " count " << count;
+      }
+      EXPECT_EQ(download(R.dev(r), self[r]->ptr, count * 4), makeInput(DataType::kInt32, r, count, ncclSum));
+    }
+  }
+}
+
+TEST_P(OverTheNetwork, GraphReplayedThousandTimes) {
+  NETWORK_RANKS(R);
+  size_t bad = 0;
+  replayAllReduceGraph(R, 1000, 50, &bad);
+  EXPECT_EQ(bad, 0u);
+}
+
+// Nothing waits on the host: rank 0's call returns while its peers have not called yet,
+// and the result is right once they have.
+TEST_P(OverTheNetwork, CallReturnsBeforePeersArrive) {
+  NETWORK_RANKS(R);
+  const int n = R.n();
+  EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kFloat32, ncclSum, 1 << 20, false, 0), 0u);
+  const size_t count = 1 << 20;
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  for (int r = 0; r < n; ++r) {
+    in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    out.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+    upload(R.dev(r), in[r]->ptr, makeInput(DataType::kFloat32, r, count, ncclSum));
+  }
+  for (int r = 0; r < n; ++r) {
+    cudaSetDevice(R.dev(r));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    if (r == 0) {
+      // Its kernel cannot have finished: rank 1 has not called.
+      EXPECT_EQ(cudaStreamQuery(R.streams[0]), cudaErrorNotReady);
+    }
+  }
+  R.sync();
+  const std::vector<char> want = floatSums(n, count);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(download(R.dev(r), out[r]->ptr, count * 4), want) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuNetwork, OverTheNetwork, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "ranks";
+                         });
+
+// Connections made, then only rank 0 calls: its kernel gives up after LOOM_TIMEOUT_MS,
+// the stream is released, and the error names the peer and the timeout.
+TEST(GpuNetwork, MissingPeerTimesOutInsteadOfHanging) {
+  REQUIRE_GPUS(1);
+  Ranks R(2, {{"LOOM_P2P_DISABLE", "1"}, {"LOOM_TIMEOUT_MS", "2000"}}, roundRobinDevices(2));
+  EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kFloat32, ncclSum, 1000, false, 0), 0u);
+  DeviceBuffer buf(R.dev(0), 1 << 20);
+  cudaSetDevice(R.dev(0));
+  const auto start = std::chrono::steady_clock::now();
+  NCCL_OK(ncclAllReduce(buf.ptr, buf.ptr, 1000, ncclFloat32, ncclSum, R.comms[0], R.streams[0]));
+  EXPECT_EQ(cudaStreamSynchronize(R.streams[0]), cudaSuccess);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 1.5);
+  EXPECT_LT(waited, 10.0);
+  ncclResult_t async = ncclSuccess;
+  EXPECT_EQ(ncclCommGetAsyncError(R.comms[0], &async), ncclSuccess);
+  EXPECT_EQ(async, ncclRemoteError);
+  EXPECT_NE(ncclAllReduce(buf.ptr, buf.ptr, 1000, ncclFloat32, ncclSum, R.comms[0], R.streams[0]), ncclSuccess);
+  const std::string msg = ncclGetLastError(nullptr);
+  EXPECT_NE(msg.find("LOOM_TIMEOUT_MS"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+}
+
+}  // namespace
