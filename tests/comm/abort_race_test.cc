@@ -19,13 +19,17 @@ struct Loop {
   std::atomic<int> lastResult{ncclSuccess};
 };
 
-// Issues `kind` calls on comm until `stop`, going on after errors (a training thread
-// does not notice at once that its communicator was aborted); keeps the last result.
-void hammer(ncclComm_t comm, int kind, Loop* loop, const std::atomic<bool>* stop) {
+// Issues `kind` calls on comm, going on after errors (a training thread does not notice
+// at once that its communicator was aborted), until `stop` is set and it has made one
+// call that began after `aborted` was: that call's result is the last one kept.
+void hammer(ncclComm_t comm, int kind, Loop* loop, const std::atomic<bool>* stop,
+            const std::atomic<bool>* aborted) {
   std::vector<float> buf(4096, 1.0f);
   int rank = -1;
   ncclResult_t asyncErr = ncclSuccess;
-  while (!stop->load()) {
+  while (true) {
+    const bool after = aborted->load();
+    if (after && stop->load()) break;
     ncclResult_t r = ncclSuccess;
     switch (kind) {
       case 0: r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr); break;
@@ -41,6 +45,7 @@ void hammer(ncclComm_t comm, int kind, Loop* loop, const std::atomic<bool>* stop
     }
     loop->calls.fetch_add(1);
     loop->lastResult = r;
+    if (after && stop->load()) break;
   }
 }
 
@@ -54,14 +59,15 @@ TEST(AbortRace, AbortWhileOtherThreadsCall) {
     // and a thread of cheap calls per communicator beside them.
     std::vector<Loop> loops(2 * n);
     std::vector<std::thread> threads;
-    std::atomic<bool> stop{false};
+    std::atomic<bool> stop{false}, aborted{false};
     const int groupOrPlain = round % 2 == 0 ? 0 : 3;
     for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] { hammer(comms[r], groupOrPlain, &loops[r], &stop); });
-      threads.emplace_back([&, r] { hammer(comms[r], 1 + (round + r) % 2, &loops[n + r], &stop); });
+      threads.emplace_back([&, r] { hammer(comms[r], groupOrPlain, &loops[r], &stop, &aborted); });
+      threads.emplace_back([&, r] { hammer(comms[r], 1 + (round + r) % 2, &loops[n + r], &stop, &aborted); });
     }
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 10000));
     for (int r = 0; r < n; ++r) EXPECT_EQ(ncclCommAbort(comms[r]), ncclSuccess);
+    aborted = true;
     // The callers go on for a while after the abort, as a training loop would.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     stop = true;
