@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/handshake.h"
 #include "common/log.h"
 
 namespace loom::comm {
@@ -12,6 +13,9 @@ namespace loom::comm {
 namespace {
 
 constexpr uint64_t kMsgMagic = 0x4c4f4f4d42535031ull;  // "LOOMBSP1"
+// The tag of Bootstrap::probe's messages (no collective exchange uses it: nextTag() counts
+// in steps of 256 from 256, the connection tags set bits 60-62 only).
+constexpr uint64_t kAliveTag = ~0ull;
 
 struct JoinRequest {
   uint64_t magic;
@@ -54,8 +58,11 @@ void rootMain(Socket listener, IdContents id, int64_t timeoutMs) {
     (void)s.sendAll(&h, sizeof(h), d, "joining rank");
     (void)s.sendAll(msg.data(), msg.size(), d, "joining rank");
   };
+  // Every connection gets 5 s of its own to present the request; silent or wrong ones
+  // are dropped without holding up the others.
+  Arrivals arrivals(&listener, sizeof(JoinRequest), 5000, "bootstrap root");
   while (nranks < 0 || joined < nranks) {
-    auto accepted = listener.accept(deadline);
+    auto accepted = arrivals.next(deadline);
     if (!accepted) {
       std::string missing;
       for (int r = 0; r < nranks; ++r) {
@@ -71,16 +78,14 @@ void rootMain(Socket listener, IdContents id, int64_t timeoutMs) {
       }
       return;
     }
-    Socket s = std::move(accepted).value();
+    Arrival a = std::move(accepted).value();
     JoinRequest req{};
-    Status st = s.recvAll(&req, sizeof(req), Deadline::afterMs(5000), "joining rank");
-    if (!st || req.magic != kMsgMagic || !secretMatches(req.secret, id.secret)) {
-      auto pa = s.peerAddress();
-      LOOM_WARN(kBootstrap, "bootstrap root: dropped a connection from %s (%s)",
-                pa ? pa->toString().c_str() : "?",
-                st ? "it did not present this communicator's secret" : st.message().c_str());
+    std::memcpy(&req, a.hello.data(), sizeof(req));
+    if (req.magic != kMsgMagic || !secretMatches(req.secret, id.secret)) {
+      arrivals.drop(a, "it did not present this communicator's secret");
       continue;
     }
+    Socket s = std::move(a.sock);
     if (nranks < 0) {
       nranks = req.nranks;
       table.assign(nranks > 0 ? nranks : 0, SocketAddress{});
@@ -138,6 +143,8 @@ Result<std::unique_ptr<Bootstrap>> Bootstrap::join(const IdContents& id, int ran
   SocketAddress mine = nif.address;
   mine.setPort(0);
   LOOM_ASSIGN_OR_RETURN(b->listener_, Socket::listen(mine));
+  b->arrivals_ = std::make_unique<Arrivals>(&b->listener_, sizeof(MsgHeader), 5000,
+                                            "bootstrap rank " + std::to_string(rank));
   LOOM_ASSIGN_OR_RETURN(SocketAddress bound, b->listener_.localAddress());
   LOOM_INFO(kBootstrap, "bootstrap: rank %d of %d listening on %s (%s), root %s", rank, nranks,
             bound.toString().c_str(), nif.name.c_str(), id.root.toString().c_str());
@@ -170,8 +177,15 @@ Bootstrap::~Bootstrap() = default;
 Status Bootstrap::send(int peer, uint64_t tag, const void* data, size_t size) {
   std::string what = "rank " + std::to_string(peer);
   Deadline d = deadline();
-  auto s = Socket::connect(addresses_[peer], d);
-  if (!s) return s.status().withContext("bootstrap message to " + what);
+  // The peer's listener exists from its join to its end: a refusal means it is gone.
+  auto s = Socket::connect(addresses_[peer], d, /*retryRefused=*/false);
+  if (!s) {
+    if (s.status().code() == Code::kRemoteError) {
+      return errorf(Code::kRemoteError, "bootstrap: rank %d is gone (its listener at %s refuses connections)",
+                    peer, addresses_[peer].toString().c_str());
+    }
+    return s.status().withContext("bootstrap message to " + what);
+  }
   MsgHeader h{kMsgMagic, {secret_[0], secret_[1]}, rank_, 0, tag, size};
   LOOM_TRY(s->sendAll(&h, sizeof(h), d, what.c_str()));
   LOOM_TRY(s->sendAll(data, size, d, what.c_str()));
@@ -194,20 +208,19 @@ Result<bool> Bootstrap::takeUnexpected(int peer, uint64_t tag, void* data, size_
   return true;
 }
 
-Status Bootstrap::readMessage(Socket s) {
+Status Bootstrap::readMessage(Arrival a) {
   MsgHeader h{};
-  Deadline hd = Deadline::afterMs(std::min<int64_t>(timeoutMs_, 10000), abortFlag_);
-  Status st = s.recvAll(&h, sizeof(h), hd, "bootstrap peer");
-  if (!st || h.magic != kMsgMagic || !secretMatches(h.secret, secret_) || h.from < 0 ||
-      h.from >= nranks_ || h.size > (1ull << 30)) {
-    auto pa = s.peerAddress();
-    LOOM_WARN(kBootstrap, "bootstrap: rank %d dropped a connection from %s (%s)", rank_,
-              pa ? pa->toString().c_str() : "?",
-              st ? "no valid header with this communicator's secret" : st.message().c_str());
+  std::memcpy(&h, a.hello.data(), sizeof(h));
+  if (h.magic != kMsgMagic || !secretMatches(h.secret, secret_) || h.from < 0 || h.from >= nranks_ ||
+      h.size > (1ull << 30)) {
+    arrivals_->drop(a, "no valid header with this communicator's secret");
     return Status::ok();
   }
+  if (h.tag == kAliveTag) return Status::ok();  // a peer asking whether we are still here
+  // It knows the secret: a rank of ours, whose payload follows its header at once.
+  Deadline hd = Deadline::afterMs(std::min<int64_t>(timeoutMs_, 10000), abortFlag_);
   std::vector<char> payload(h.size);
-  st = s.recvAll(payload.data(), payload.size(), hd, "bootstrap peer");
+  Status st = a.sock.recvAll(payload.data(), payload.size(), hd, "bootstrap peer");
   if (!st) return st.withContext("bootstrap: message from rank " + std::to_string(h.from));
   std::lock_guard<std::mutex> lock(mutex_);
   unexpected_[{h.from, h.tag}] = std::move(payload);
@@ -216,8 +229,24 @@ Status Bootstrap::readMessage(Socket s) {
 
 // Waiting threads hold no lock while they wait: the network proxy polls (tryRecv) for
 // its connection handles while another thread of this rank may be in a long recv.
+Status Bootstrap::probe(int peer) {
+  if (peer == rank_) return Status::ok();
+  auto s = Socket::connect(addresses_[peer], Deadline::afterMs(1000, abortFlag_), /*retryRefused=*/false);
+  if (!s) {
+    if (s.status().code() == Code::kRemoteError) {
+      return errorf(Code::kRemoteError, "rank %d is gone (its bootstrap listener at %s refuses connections)",
+                    peer, addresses_[peer].toString().c_str());
+    }
+    return Status::ok();  // slow or unreachable for now: not known to be gone
+  }
+  MsgHeader h{kMsgMagic, {secret_[0], secret_[1]}, rank_, 0, kAliveTag, 0};
+  (void)s->sendAll(&h, sizeof(h), Deadline::afterMs(1000, abortFlag_), "bootstrap peer");
+  return Status::ok();
+}
+
 Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
   Deadline d = deadline();
+  Clock::time_point nextProbe = Clock::now() + std::chrono::seconds(1);
   while (true) {
     LOOM_ASSIGN_OR_RETURN(bool got, takeUnexpected(peer, tag, data, size));
     if (got) return Status::ok();
@@ -228,13 +257,25 @@ Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
       }
       return errorf(Code::kRemoteError,
                     "bootstrap: rank %d waiting for a message from rank %d: no connection arrived "
-                    "within %lld ms",
+                    "within %lld ms (LOOM_TIMEOUT_MS)",
                     rank_, peer, (long long)d.totalMs());
     }
+    // Every second, whether the peer is still there: a rank that has exited (after init,
+    // before the message) refuses connections, and waiting for the whole timeout would
+    // only hide that.
+    if (Clock::now() >= nextProbe) {
+      nextProbe = Clock::now() + std::chrono::seconds(1);
+      LOOM_TRY(probe(peer).withContext("bootstrap: rank " + std::to_string(rank_) +
+                                       " waiting for a message from rank " + std::to_string(peer)));
+    }
     // A short wait, then look again: another thread may have taken our message in.
-    auto s = listener_.accept(Deadline::afterMs(std::min(d.remainingMs(20), 20), abortFlag_));
-    if (!s) continue;
-    LOOM_TRY(readMessage(std::move(s).value()));
+    Result<Arrival> a = Status(Code::kSystemError, "");
+    {
+      std::lock_guard<std::mutex> lock(arrivalsMutex_);
+      a = arrivals_->next(Deadline::afterMs(std::min(d.remainingMs(20), 20), abortFlag_));
+    }
+    if (!a) continue;
+    LOOM_TRY(readMessage(std::move(a).value()));
   }
 }
 
@@ -242,14 +283,14 @@ Result<bool> Bootstrap::tryRecv(int peer, uint64_t tag, void* data, size_t size)
   while (true) {
     LOOM_ASSIGN_OR_RETURN(bool got, takeUnexpected(peer, tag, data, size));
     if (got) return true;
-    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return false;
-      return sysError(errno, "bootstrap: accept");
+    std::optional<Arrival> a;
+    {
+      std::unique_lock<std::mutex> lock(arrivalsMutex_, std::try_to_lock);
+      if (!lock.owns_lock()) return false;  // another thread is taking arrivals in
+      LOOM_ASSIGN_OR_RETURN(a, arrivals_->poll());
     }
-    Socket s(fd);
-    s.setNoDelay();
-    LOOM_TRY(readMessage(std::move(s)));
+    if (!a) return false;
+    LOOM_TRY(readMessage(std::move(*a)));
   }
 }
 

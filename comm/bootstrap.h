@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/unique_id.h"
+#include "common/handshake.h"
 #include "common/socket.h"
 #include "common/status.h"
 
@@ -55,9 +56,12 @@ class Bootstrap {
   Deadline deadline() const { return Deadline::afterMs(timeoutMs_, abortFlag_); }
   // The message for (peer, tag) from those already here.
   Result<bool> takeUnexpected(int peer, uint64_t tag, void* data, size_t size);
-  // Reads one message from a connection the listener accepted into unexpected_ (a
+  // Reads the message of a connection that presented its header into unexpected_ (a
   // stranger's is dropped and logged).
-  Status readMessage(Socket s);
+  Status readMessage(Arrival a);
+  // kRemoteError when `peer`'s process is gone (its listener refuses connections); ok
+  // when it answers or cannot be told.
+  Status probe(int peer);
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -65,6 +69,8 @@ class Bootstrap {
   int64_t timeoutMs_ = 0;
   const std::atomic<bool>* abortFlag_ = nullptr;
   Socket listener_;
+  std::unique_ptr<Arrivals> arrivals_;  // connections to listener_ until their header is in
+  std::mutex arrivalsMutex_;
   std::vector<SocketAddress> addresses_;
   std::map<std::pair<int, uint64_t>, std::vector<char>> unexpected_;
   std::mutex mutex_;  // guards unexpected_

@@ -260,7 +260,7 @@ Result<Socket> Socket::listen(const SocketAddress& address, int backlog) {
   return s;
 }
 
-Result<Socket> Socket::connect(const SocketAddress& address, const Deadline& deadline) {
+Result<Socket> Socket::connect(const SocketAddress& address, const Deadline& deadline, bool retryRefused) {
   int backoffMs = 1;
   while (true) {
     int fd = ::socket(address.u.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -287,6 +287,10 @@ Result<Socket> Socket::connect(const SocketAddress& address, const Deadline& dea
     if (err == 0) {
       s.setNoDelay();
       return s;
+    }
+    if (err == ECONNREFUSED && !retryRefused) {
+      return Status(Code::kRemoteError,
+                    sysError(err, "connect to %s", address.toString().c_str()).message());
     }
     bool retryable = err == ECONNREFUSED || err == ETIMEDOUT || err == ENETUNREACH ||
                      err == EHOSTUNREACH || err == ECONNRESET || err == EAGAIN;

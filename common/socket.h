@@ -78,8 +78,11 @@ class Socket {
   // Listens on `address` (port 0 picks one); the bound address is returned by
   // localAddress().
   static Result<Socket> listen(const SocketAddress& address, int backlog = 4096);
-  // Connects, retrying refused/unreachable connections until the deadline.
-  static Result<Socket> connect(const SocketAddress& address, const Deadline& deadline);
+  // Connects, retrying refused/unreachable connections until the deadline. With
+  // `retryRefused` false a refused connection fails at once (kRemoteError): for a listener
+  // known to exist, a refusal means its process is gone.
+  static Result<Socket> connect(const SocketAddress& address, const Deadline& deadline,
+                                bool retryRefused = true);
   // Waits for one connection.
   Result<Socket> accept(const Deadline& deadline);
 

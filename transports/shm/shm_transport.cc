@@ -217,6 +217,11 @@ class ShmTransport : public Transport {
     std::memcpy(&b, blob.data, sizeof(b));
     b.name[sizeof(b.name) - 1] = '\0';
     int fd = shm_open(b.name, O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == ENOENT) {
+      // The receiver made it before it sent us its name, and removes it when it ends.
+      return errorf(Code::kRemoteError, "shm: rank %d is gone (its shared-memory segment %s was removed)",
+                    peer.rank, b.name);
+    }
     if (fd < 0) return sysError(errno, "shm_open(%s) for rank %d", b.name, peer.rank);
     void* p = mmap(nullptr, b.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "common/handshake.h"
 #include "common/log.h"
 #include "common/settings.h"
 #include "common/socket.h"
@@ -362,6 +363,7 @@ class TcpTransport : public Transport {
  public:
   TcpTransport(const TransportContext& ctx, Socket listener, SocketAddress address)
       : ctx_(ctx), listener_(std::move(listener)), address_(address),
+        arrivals_(&listener_, sizeof(Hello), 5000, "tcp rank " + std::to_string(ctx.self.rank)),
         rng_(std::random_device{}()) {
     nsocks_ = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_NSOCKS_PERTHREAD") *
                                                        settings::getInt("LOOM_SOCKET_NTHREADS"),
@@ -395,7 +397,12 @@ class TcpTransport : public Transport {
     }
     std::vector<Socket> socks;
     for (int i = 0; i < b.nsocks; ++i) {
-      auto s = Socket::connect(b.address, deadline);
+      // The peer's listener exists since it sent the blob: a refusal means it is gone.
+      auto s = Socket::connect(b.address, deadline, /*retryRefused=*/false);
+      if (!s && s.status().code() == Code::kRemoteError) {
+        return errorf(Code::kRemoteError, "tcp: rank %d is gone (its listener at %s refuses connections)",
+                      peer.rank, b.address.toString().c_str());
+      }
       if (!s) {
         return s.status().withContext("tcp connection to rank " + std::to_string(peer.rank) +
                                       " at " + b.address.toString());
@@ -420,23 +427,19 @@ class TcpTransport : public Transport {
         pending_.erase(nonce);
         return out;
       }
-      auto s = listener_.accept(deadline);
-      if (!s) {
-        return s.status().withContext("waiting for rank " + std::to_string(peer) +
+      // Each connection has 5 s of its own to say hello; a silent one holds up nobody.
+      auto a = arrivals_.next(deadline);
+      if (!a) {
+        return a.status().withContext("waiting for rank " + std::to_string(peer) +
                                       "'s tcp connections");
       }
       Hello h{};
-      Deadline helloDeadline = Deadline::afterMs(5000, deadline.abortFlag());
-      Status st = s->recvAll(&h, sizeof(h), helloDeadline, "connecting peer");
-      if (!st || h.magic != kHelloMagic || h.commHash != ctx_.commHash || h.index < 0 ||
-          h.index >= kMaxSocks) {
-        auto pa = s->peerAddress();
-        LOOM_WARN(kNet, "tcp: dropped a connection from %s with a bad hello (%s)",
-                  pa ? pa->toString().c_str() : "?", st ? "wrong magic or communicator" :
-                                                          st.message().c_str());
+      std::memcpy(&h, a->hello.data(), sizeof(h));
+      if (h.magic != kHelloMagic || h.commHash != ctx_.commHash || h.index < 0 || h.index >= kMaxSocks) {
+        arrivals_.drop(*a, "a bad hello (wrong magic or communicator)");
         continue;
       }
-      pending_[h.nonce][h.index] = std::move(s).value();
+      pending_[h.nonce][h.index] = std::move(a->sock);
     }
   }
 
@@ -446,6 +449,7 @@ class TcpTransport : public Transport {
   TransportContext ctx_;
   Socket listener_;
   SocketAddress address_;
+  Arrivals arrivals_;  // connections to listener_ until their hello is in
   std::mt19937_64 rng_;
   int nsocks_ = 2;
   std::map<uint64_t, std::map<int, Socket>> pending_;

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/handshake.h"
 #include "common/log.h"
 #include "common/settings.h"
 #include "common/socket.h"
@@ -98,6 +99,7 @@ class SocketComm {
         socks_(new Sock[socks.size()]) {
     for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = std::move(socks[k]);
     threads = std::clamp(threads, 0, static_cast<int>(nsocks_));
+    threaded_ = threads > 0;  // before any helper starts: they read it
     for (int t = 0; t < threads; ++t) helpers_.emplace_back([this, t, threads] { helperMain(t, threads); });
   }
   ~SocketComm() { stopHelpers(); }
@@ -126,7 +128,7 @@ class SocketComm {
       return errorf(Code::kInternalError, "socket backend: requests to %s tested out of order",
                     what_.c_str());
     }
-    if (helpers_.empty()) {
+    if (!threaded_) {
       for (size_t k = 0; k < nsocks_; ++k) {
         if (socks_[k].error.isOk()) socks_[k].error = progress(k);
       }
@@ -259,7 +261,7 @@ class SocketComm {
     }
   }
   Status socketError(size_t k) {
-    if (helpers_.empty()) return socks_[k].error;
+    if (!threaded_) return socks_[k].error;
     std::lock_guard<std::mutex> lock(errorMutex_);
     return socks_[k].error;
   }
@@ -281,7 +283,8 @@ class SocketComm {
   std::atomic<uint64_t> posted_{0};
   std::atomic<uint64_t> headers_{0};  // receive: messages whose size socket 0 has read
   uint64_t freed_ = 0;                // requests test() has handed back (the caller's)
-  std::vector<std::thread> helpers_;
+  bool threaded_ = false;  // helper threads move the bytes (fixed before they start)
+  std::vector<std::thread> helpers_;  // only the constructor and stopHelpers touch it
   std::atomic<bool> stop_{false};
   std::mutex wakeMutex_;
   std::condition_variable wake_;
@@ -331,49 +334,18 @@ class SocketRecv final : public RecvComm {
   SocketComm comm_;
 };
 
-// A connection that arrived and has not said hello yet.
-struct Arrival {
-  Socket sock;
-  Hello hello{};
-  size_t got = 0;
-  Clock::time_point deadline;
-  std::string from;
-};
-
 class SocketListen final : public ListenComm {
  public:
   SocketListen(const Context& ctx, Socket listener, uint64_t nonce, int nsocks, int threads)
-      : ctx_(ctx), listener_(std::move(listener)), nonce_(nonce), threads_(threads), slots_(nsocks) {}
+      : ctx_(ctx), listener_(std::move(listener)), nonce_(nonce), threads_(threads), slots_(nsocks),
+        arrivals_(&listener_, sizeof(Hello), ctx.handshakeMs, "net/socket") {}
 
   Status accept(std::unique_ptr<RecvComm>* comm) override {
     *comm = nullptr;
-    LOOM_TRY(takeArrivals());
-    const auto now = Clock::now();
-    for (size_t i = 0; i < arrivals_.size();) {
-      Arrival& a = arrivals_[i];
-      auto r = a.sock.recvSome(reinterpret_cast<char*>(&a.hello) + a.got, sizeof(Hello) - a.got,
-                               a.from.c_str());
-      const char* why = nullptr;
-      if (!r) {
-        why = "closed before saying hello";
-      } else {
-        a.got += *r;
-        if (a.got == sizeof(Hello)) {
-          why = place(a);
-          if (!why) {
-            arrivals_.erase(arrivals_.begin() + i);
-            continue;
-          }
-        } else if (now > a.deadline) {
-          why = "said no hello in time";
-        }
-      }
-      if (why) {
-        LOOM_WARN(kNet, "net/socket: dropped a connection from %s: it %s", a.from.c_str(), why);
-        arrivals_.erase(arrivals_.begin() + i);
-        continue;
-      }
-      ++i;
+    while (true) {
+      LOOM_ASSIGN_OR_RETURN(std::optional<Arrival> a, arrivals_.poll());
+      if (!a) break;
+      if (const char* why = place(*a)) arrivals_.drop(*a, why);
     }
     for (const auto& s : slots_) {
       if (!s.isOpen()) return Status::ok();
@@ -385,31 +357,15 @@ class SocketListen final : public ListenComm {
   }
 
  private:
-  Status takeArrivals() {
-    while (true) {
-      int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::ok();
-        if (errno == ECONNABORTED || errno == EPROTO) continue;
-        return sysError(errno, "net/socket: accept");
-      }
-      Arrival a;
-      a.sock = Socket(fd);
-      a.sock.setNoDelay();
-      auto pa = a.sock.peerAddress();
-      a.from = pa ? pa->toString() : "?";
-      a.deadline = Clock::now() + std::chrono::milliseconds(ctx_.handshakeMs);
-      arrivals_.push_back(std::move(a));
-    }
-  }
   // Where a hello says its socket belongs; the reason to drop it otherwise.
   const char* place(Arrival& a) {
-    const Hello& h = a.hello;
-    if (h.magic != kHelloMagic) return "spoke another protocol";
-    if (h.commHash != ctx_.commHash) return "belongs to another communicator";
-    if (h.nonce != nonce_) return "is meant for another connection";
+    Hello h;
+    std::memcpy(&h, a.hello.data(), sizeof(h));
+    if (h.magic != kHelloMagic) return "it spoke another protocol";
+    if (h.commHash != ctx_.commHash) return "it belongs to another communicator";
+    if (h.nonce != nonce_) return "it is meant for another connection";
     if (h.index < 0 || h.index >= static_cast<int>(slots_.size()) || slots_[h.index].isOpen()) {
-      return "gave a bad socket index";
+      return "it gave a bad socket index";
     }
     peerRank_ = h.rank;
     slots_[h.index] = std::move(a.sock);
@@ -421,7 +377,7 @@ class SocketListen final : public ListenComm {
   uint64_t nonce_;
   int threads_;
   std::vector<Socket> slots_;
-  std::vector<Arrival> arrivals_;
+  Arrivals arrivals_;
   int peerRank_ = -1;
 };
 
