@@ -47,9 +47,12 @@ class CommHold {
   Communicator* comm_ = nullptr;
 };
 
-// Records `st` as this thread's last error (and logs it at WARN) and returns its code.
+// Records `st` as this thread's last error and the process's (and logs it at WARN), fails
+// the thread's group if it is in one, and returns its code.
 ncclResult_t fail(const Status& st);
-const char* lastError();
+// ncclGetLastError: this thread's last error; if it has none, `comm`'s last failure (null
+// or not live: skipped), else the process's last error.
+const char* lastError(const ncclComm* comm = nullptr);
 void clearLastError();
 
 // Groups.

@@ -308,6 +308,17 @@ Status Communicator::destroyRedOp(int op) {
   return Status::ok();
 }
 
+Status Communicator::checkOpType(int ncclOp, DataType type) const {
+  if (ncclOp < ncclNumOps) return Status::ok();
+  std::lock_guard<std::mutex> lock(opsMutex_);
+  const size_t i = static_cast<size_t>(ncclOp - ncclNumOps);
+  if (i < userOps_.size() && userOps_[i].live && userOps_[i].type != type) {
+    return errorf(Code::kInvalidArgument, "PreMulSum op %d was created for %s but used with %s", ncclOp,
+                  dataTypeName(userOps_[i].type), dataTypeName(type));
+  }
+  return Status::ok();
+}
+
 bool Communicator::validOp(int ncclOp) const {
   if (ncclOp >= 0 && ncclOp < ncclNumOps) return true;
   std::lock_guard<std::mutex> lock(opsMutex_);
@@ -358,9 +369,18 @@ double Communicator::readScalar(DataType type, const void* p) const {
 ncclResult_t Communicator::asyncError() const {
   if (device_) {
     Status st = device_->kernelError();
-    if (!st) const_cast<Communicator*>(this)->setAsyncError(st.code());
+    if (!st) {
+      const_cast<Communicator*>(this)->setAsyncError(st.code());
+      std::lock_guard<std::mutex> lock(failureMutex_);
+      if (failure_.empty()) failure_ = st.message();
+    }
   }
   return static_cast<ncclResult_t>(asyncError_.load());
+}
+
+std::string Communicator::lastFailure() const {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  return failure_;
 }
 
 Result<void*> Communicator::registerBuffer(void* buff, size_t bytes) {
@@ -455,6 +475,8 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
     Status st = device_->kernelError();
     if (!st) {
       setAsyncError(st.code());
+      std::lock_guard<std::mutex> lock(failureMutex_);
+      if (failure_.empty()) failure_ = st.message();
       return st;
     }
   }
@@ -479,6 +501,10 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
     }
     if (!st) {
       setAsyncError(st.code());
+      {
+        std::lock_guard<std::mutex> lock(failureMutex_);
+        if (failure_.empty()) failure_ = st.message();
+      }
       // Tell every connected peer, so nobody waits on us until its timeout.
       for (auto& s : sends_) if (s) s->abort();
       for (auto& r : recvs_) if (r) r->abort();

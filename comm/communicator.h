@@ -91,10 +91,15 @@ class Communicator : public collectives::ConnectionProvider {
   // The kernels' RedOp for a C API op and type (Avg and PreMulSum resolved).
   Result<RedOp> resolveOp(int ncclOp, DataType type) const;
   bool validOp(int ncclOp) const;
+  // A PreMulSum op used with another type than it was made for (checked at the call, so
+  // the mistake does not fail the communicator for later calls).
+  Status checkOpType(int ncclOp, DataType type) const;
 
   // Errors and shutdown.
   ncclResult_t asyncError() const;
   void setAsyncError(Code code);
+  // The message of the failure that set the async error (empty: none yet). Any thread.
+  std::string lastFailure() const;
   // Stops operations in flight and tells connected peers; safe from any thread.
   void abort();
   const std::atomic<bool>& abortFlag() const { return abortFlag_; }
@@ -171,6 +176,8 @@ class Communicator : public collectives::ConnectionProvider {
 
   std::atomic<bool> abortFlag_{false};
   std::atomic<int> asyncError_{ncclSuccess};
+  mutable std::mutex failureMutex_;
+  mutable std::string failure_;  // lastFailure(); set by asyncError() too
   std::atomic<int> busy_{0};
   std::mutex idleMutex_;
   std::condition_variable idleCv_;

@@ -164,13 +164,40 @@ CommHold& CommHold::operator=(CommHold&& o) noexcept {
   return *this;
 }
 
+// The process's last error, for threads that made no failing call themselves (PyTorch's
+// watchdog asks ncclGetLastError after ncclCommGetAsyncError said the communicator failed).
+std::mutex lastErrorMutex;
+std::string& processLastError() {
+  static auto* s = new std::string();
+  return *s;
+}
+
 ncclResult_t fail(const Status& st) {
   tlsLastError = st.message();
+  {
+    std::lock_guard<std::mutex> lock(lastErrorMutex);
+    processLastError() = st.message();
+  }
+  // A call that fails inside a group fails the group too (as NCCL's ncclGroupEnd does).
+  if (tlsGroup.depth > 0 && tlsGroup.error) tlsGroup.error = st;
   LOOM_WARN(kColl, "%s", st.message().c_str());
   return toNccl(st.code());
 }
 
-const char* lastError() { return tlsLastError.c_str(); }
+const char* lastError(const ncclComm* comm) {
+  if (!tlsLastError.empty()) return tlsLastError.c_str();
+  // The communicator's own failure (a collective that failed, seen by another thread), else
+  // the process's last error: copied, since other threads may change them meanwhile.
+  thread_local std::string copy;
+  CommHold hold;
+  if (comm && hold.take(comm)) {
+    copy = comm->impl->lastFailure();
+    if (!copy.empty()) return copy.c_str();
+  }
+  std::lock_guard<std::mutex> lock(lastErrorMutex);
+  copy = processLastError();
+  return copy.c_str();
+}
 void clearLastError() { tlsLastError.clear(); }
 
 void groupStart() { ++tlsGroup.depth; }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "comm/api_state.h"
@@ -101,6 +102,10 @@ ncclResult_t submit(const char* fn, const void* sendbuff, void* recvbuff, size_t
     if (reduces && !impl.validOp(op)) {
       return fail(errorf(Code::kInvalidArgument, "%s: invalid reduction op %d", fn, op));
     }
+    if (reduces) {
+      st = impl.checkOpType(op, static_cast<DataType>(datatype));
+      if (!st) return fail(st.withContext(fn));
+    }
     bool rooted = type == CollType::kBroadcast || type == CollType::kReduce;
     if (rooted && (root < 0 || root >= n)) {
       return fail(errorf(Code::kInvalidArgument, "%s: root %d out of range [0, %d)", fn, root, n));
@@ -178,7 +183,18 @@ ncclResult_t makeId(ncclUniqueId* id) {
     if (!addr) {
       return fail(addr.status().withContext("LOOM_COMM_ID/NCCL_COMM_ID"));
     }
-    loom::comm::encodeId(loom::comm::idFromAddress(*addr), id);
+    const std::string secret = loom::settings::getString("LOOM_COMM_SECRET");
+    if (secret.empty()) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        LOOM_WARN(kBootstrap,
+                  "LOOM_COMM_ID=%s without LOOM_COMM_SECRET: anyone who can reach that port can "
+                  "join as a rank and read the ranks' addresses; set LOOM_COMM_SECRET to the same "
+                  "value on every rank (a job id or a random token from the launcher)",
+                  env.c_str());
+      });
+    }
+    loom::comm::encodeId(loom::comm::idFromAddress(*addr, secret), id);
     return ncclSuccess;
   }
   auto ifs = loom::findInterfacesFromSettings();
@@ -398,7 +414,7 @@ LOOM_API const char* ncclGetErrorString(ncclResult_t result) {
 }
 LOOM_API const char* pncclGetErrorString(ncclResult_t) LOOM_ALIAS(ncclGetErrorString);
 
-LOOM_API const char* ncclGetLastError(ncclComm_t) { return loom::comm::lastError(); }
+LOOM_API const char* ncclGetLastError(ncclComm_t comm) { return loom::comm::lastError(comm); }
 LOOM_API const char* pncclGetLastError(ncclComm_t) LOOM_ALIAS(ncclGetLastError);
 
 LOOM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {

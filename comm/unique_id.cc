@@ -39,19 +39,32 @@ Status randomSecret(uint64_t out[2]) {
   return Status::ok();
 }
 
-IdContents idFromAddress(const SocketAddress& address) {
-  IdContents c;
-  c.root = address;
-  c.fromEnv = 1;
-  // FNV-1a over the address text: not a secret, only a guard against strays.
-  std::string text = address.toString();
-  uint64_t h = 1469598103934665603ull;
+namespace {
+
+// 64 bits of `text` mixed from `seed` (splitmix64 over FNV-1a's running hash): every
+// input bit moves every output bit, so the secret text cannot be read back from it.
+uint64_t mixText(const std::string& text, uint64_t seed) {
+  uint64_t h = seed ^ 1469598103934665603ull;
   for (char ch : text) {
     h ^= static_cast<unsigned char>(ch);
     h *= 1099511628211ull;
+    h ^= h >> 29;
   }
-  c.secret[0] = h;
-  c.secret[1] = h * 31 + 7;
+  h += 0x9e3779b97f4a7c15ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+}  // namespace
+
+IdContents idFromAddress(const SocketAddress& address, const std::string& sharedSecret) {
+  IdContents c;
+  c.root = address;
+  c.fromEnv = 1;
+  const std::string text = sharedSecret + "\n" + address.toString();
+  c.secret[0] = mixText(text, 0x6c6f6f6d31ull);
+  c.secret[1] = mixText(text, 0x6c6f6f6d32ull);
   return c;
 }
 

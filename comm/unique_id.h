@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "common/socket.h"
 #include "common/status.h"
@@ -26,8 +27,10 @@ void encodeId(const IdContents& c, ncclUniqueId* id);
 Result<IdContents> decodeId(const ncclUniqueId& id);
 // 128 random bits from the kernel.
 Status randomSecret(uint64_t out[2]);
-// An id naming `address` (from LOOM_COMM_ID): the secret is derived from the address
-// so every rank computes the same id without communicating.
-IdContents idFromAddress(const SocketAddress& address);
+// An id naming `address` (from LOOM_COMM_ID), which every rank computes alone: the
+// secret is derived from `sharedSecret` (LOOM_COMM_SECRET, the same on every rank) and the
+// address. Without a shared secret it is derived from the address only, which anyone who
+// can reach the port can do too: it then guards against strays, not against strangers.
+IdContents idFromAddress(const SocketAddress& address, const std::string& sharedSecret = "");
 
 }  // namespace loom::comm

@@ -23,6 +23,9 @@ const std::vector<Definition> kDefinitions = {
     // communicator
     {"LOOM_COMM_ID", "NCCL_COMM_ID", Type::kString, "",
      "host:port of the bootstrap root (ncclGetUniqueId then names it instead of listening)"},
+    {"LOOM_COMM_SECRET", nullptr, Type::kString, "",
+     "with LOOM_COMM_ID (or MASTER_ADDR): a secret every rank shares (the launcher's job id, "
+     "a random token), without which anyone who can reach the root's port can join"},
     {"LOOM_TIMEOUT_MS", nullptr, Type::kInt, "300000",
      "milliseconds any wait on a peer may take before the operation fails"},
     {"LOOM_DEVICE", nullptr, Type::kString, "auto",

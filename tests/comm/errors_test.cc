@@ -135,6 +135,41 @@ void peerDies(const char* transports) {
 TEST(Failures, PeerDiesOverSharedMemory) { peerDies(nullptr); }
 TEST(Failures, PeerDiesOverTcp) { peerDies("self,tcp"); }
 
+// A rank that exits right after init, before any connection to it exists: the others'
+// first collective fails within seconds, naming it, not at the 60 s timeout.
+void peerGoneBeforeConnections(const char* transports) {
+  std::string addr = freeCommId();
+  const int n = 3;
+  auto start = std::chrono::steady_clock::now();
+  auto codes = forkRanks(n, [&](int r) {
+    ncclUniqueId id = childId(addr);
+    setenv("LOOM_TIMEOUT_MS", "60000", 1);
+    if (transports) setenv("LOOM_TRANSPORTS", transports, 1);
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) return 1;
+    if (r == 2) _exit(42);
+    std::vector<float> buf(1000, 1.0f);
+    ncclResult_t res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+    if (res == ncclSuccess) return 3;
+    std::string msg = ncclGetLastError(comm);
+    fprintf(stderr, "rank %d saw: %s\n", r, msg.c_str());
+    ncclCommAbort(comm);
+    // Rank 2, or in the cascade a rank that failed on it first and left (named too).
+    return msg.find("rank 2") != std::string::npos || msg.find("is gone") != std::string::npos ||
+                   msg.find("closed") != std::string::npos
+               ? 10
+               : 5;
+  });
+  auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(codes[0], 10);
+  EXPECT_EQ(codes[1], 10);
+  EXPECT_EQ(codes[2], 42);
+  EXPECT_LT(secs, 10.0) << "a rank gone before its connections cost the others the timeout";
+}
+
+TEST(Failures, PeerGoneBeforeConnectionsOverSharedMemory) { peerGoneBeforeConnections(nullptr); }
+TEST(Failures, PeerGoneBeforeConnectionsOverTcp) { peerGoneBeforeConnections("self,tcp"); }
+
 TEST(Failures, AbortWhileAnotherThreadWaits) {
   std::vector<ncclComm_t> comms(2);
   ASSERT_EQ(ncclCommInitAll(comms.data(), 2, nullptr), ncclSuccess);
