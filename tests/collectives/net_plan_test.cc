@@ -142,6 +142,32 @@ struct Rank {
   }
 };
 
+// n ranks of one communicator, each with its backend (null if it failed) and proxy.
+std::vector<std::unique_ptr<Rank>> makeRanks(int n, uint64_t commHash) {
+  std::vector<std::unique_ptr<Rank>> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ranks[r] = std::make_unique<Rank>();
+    Rank& k = *ranks[r];
+    k.rank = r;
+    k.n = n;
+    transport::net::Context ctx;
+    ctx.commHash = commHash;
+    ctx.rank = r;
+    auto b = transport::net::makeSocketBackend(ctx);
+    EXPECT_TRUE(b.isOk()) << b.status().message();
+    if (b) k.backend = std::move(b).value();
+    const size_t links = size_t(n) * kNetMaxLanes;
+    k.send.resize(links);
+    k.recv.resize(links);
+    k.haveSend.assign(links, false);
+    k.haveRecv.assign(links, false);
+    k.sent.assign(links, 0);
+    k.consumed.assign(links, 0);
+    k.proxy = std::make_unique<transport::net::Proxy>(r, 1000);
+  }
+  return ranks;
+}
+
 struct Mailbox {
   std::mutex mutex;
   std::map<std::tuple<int, int, int>, transport::net::Handle> handles;  // (from, to, lane)
@@ -330,26 +356,8 @@ void runCollective(int n, CollType type, Algorithm algo, size_t count, int root,
                " count=" + std::to_string(count) + " root=" + std::to_string(root) + " lanes=" +
                std::to_string(lanes));
   Mailbox mail;
-  std::vector<std::unique_ptr<Rank>> ranks(n);
-  for (int r = 0; r < n; ++r) {
-    ranks[r] = std::make_unique<Rank>();
-    Rank& k = *ranks[r];
-    k.rank = r;
-    k.n = n;
-    transport::net::Context ctx;
-    ctx.commHash = 4242;
-    ctx.rank = r;
-    auto b = transport::net::makeSocketBackend(ctx);
-    ASSERT_TRUE(b.isOk()) << b.status().message();
-    k.backend = std::move(b).value();
-    k.send.resize(n * kNetMaxLanes);
-    k.recv.resize(n * kNetMaxLanes);
-    k.haveSend.assign(n * kNetMaxLanes, false);
-    k.haveRecv.assign(n * kNetMaxLanes, false);
-    k.sent.assign(n * kNetMaxLanes, 0);
-    k.consumed.assign(n * kNetMaxLanes, 0);
-    k.proxy = std::make_unique<transport::net::Proxy>(r, 1000);
-  }
+  std::vector<std::unique_ptr<Rank>> ranks = makeRanks(n, 4242);
+  for (auto& k : ranks) ASSERT_TRUE(k->backend);
   const size_t inCount = type == CollType::kReduceScatter || type == CollType::kAllToAll ? count * n : count;
   const size_t outCount = type == CollType::kAllGather || type == CollType::kAllToAll ? count * n : count;
   std::vector<std::vector<int32_t>> in(n), out(n);
@@ -459,24 +467,8 @@ TEST(NetPlanOverSockets, EveryCollectiveOnTwoToFourRanks) {
 TEST(NetPlanOverSockets, SendRecvGroupsWithSeveralMessagesPerPeer) {
   const int n = 3;
   Mailbox mail;
-  std::vector<std::unique_ptr<Rank>> ranks(n);
-  for (int r = 0; r < n; ++r) {
-    ranks[r] = std::make_unique<Rank>();
-    Rank& k = *ranks[r];
-    k.rank = r;
-    k.n = n;
-    transport::net::Context ctx;
-    ctx.commHash = 4243;
-    ctx.rank = r;
-    k.backend = std::move(transport::net::makeSocketBackend(ctx)).value();
-    k.send.resize(n * kNetMaxLanes);
-    k.recv.resize(n * kNetMaxLanes);
-    k.haveSend.assign(n * kNetMaxLanes, false);
-    k.haveRecv.assign(n * kNetMaxLanes, false);
-    k.sent.assign(n * kNetMaxLanes, 0);
-    k.consumed.assign(n * kNetMaxLanes, 0);
-    k.proxy = std::make_unique<transport::net::Proxy>(r, 1000);
-  }
+  std::vector<std::unique_ptr<Rank>> ranks = makeRanks(n, 4243);
+  for (auto& k : ranks) ASSERT_TRUE(k->backend);
   auto size = [](int from, int to, int k) { return size_t(1000 * (from + 1) + 300 * to + 7000 * k + 1); };
   // bufs[r][q][k]: rank r's k-th send to q, and recvs[r][q][k] its k-th receive from q.
   std::vector<std::vector<std::vector<std::vector<unsigned char>>>> sends(n), recvs(n);

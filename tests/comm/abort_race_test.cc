@@ -27,9 +27,9 @@ void hammer(ncclComm_t comm, int kind, Loop* loop, const std::atomic<bool>* stop
   std::vector<float> buf(4096, 1.0f);
   int rank = -1;
   ncclResult_t asyncErr = ncclSuccess;
-  while (true) {
+  bool madeOneAfter = false;
+  while (!(madeOneAfter && stop->load())) {
     const bool after = aborted->load();
-    if (after && stop->load()) break;
     ncclResult_t r = ncclSuccess;
     switch (kind) {
       case 0: r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr); break;
@@ -45,7 +45,7 @@ void hammer(ncclComm_t comm, int kind, Loop* loop, const std::atomic<bool>* stop
     }
     loop->calls.fetch_add(1);
     loop->lastResult = r;
-    if (after && stop->load()) break;
+    madeOneAfter = madeOneAfter || after;
   }
 }
 

@@ -298,6 +298,30 @@ inline const DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,    Da
 // a small all-reduce (the LL path) and a larger one (counters and slots), replays it
 // `replays` times with the outputs poisoned in between, and checks both outputs every
 // `checkEvery` replays and after the last. `bad` counts the outputs found wrong.
+// Every collective, type and op (ops on the reducing ones), counts 1, 13 and 70001, in
+// place and not. Returns the wrong values found.
+inline size_t everyCollectiveTypeAndOp(Ranks& R) {
+  const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+  size_t wrong = 0;
+  for (DataType t : kAllTypes) {
+    for (ncclRedOp_t op : ops) {
+      for (Coll c : {Coll::kAllReduce, Coll::kReduce, Coll::kReduceScatter}) {
+        for (size_t count : {size_t{1}, size_t{13}, size_t{70001}}) {
+          wrong += runAndCheck(R, c, t, op, count, false, 0);
+          wrong += runAndCheck(R, c, t, op, count, true, 0);
+        }
+      }
+    }
+    for (Coll c : {Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
+      for (size_t count : {size_t{1}, size_t{13}, size_t{70001}}) {
+        wrong += runAndCheck(R, c, t, ncclSum, count, false, 0);
+        wrong += runAndCheck(R, c, t, ncclSum, count, true, 0);
+      }
+    }
+  }
+  return wrong;
+}
+
 inline void replayAllReduceGraph(Ranks& R, int replays, int checkEvery, size_t* bad) {
   const int n = R.n();
   const size_t count = 300001;  // several blocks, odd

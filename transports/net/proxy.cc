@@ -199,74 +199,71 @@ void Proxy::fail(Channel& c, const Status& st) {
   setClosed(c.fifo.header, closedByPeer ? kNetPeerClosed : kNetFailed);
 }
 
-bool Proxy::progressSend(Channel& c) {
-  bool moved = false;
-  FifoHeader* h = c.fifo.header;
-  const uint64_t posted = loadAcquire(&h->posted);
-  while (c.issued < posted) {
-    const uint64_t seq = c.issued;
+// Posts requests while `post(seq, &request)` gives them and `room` allows, then retires
+// those the backend finished, in order, calling `retired(size)` for each. False (and the
+// channel failed) on an error; `moved` says whether anything changed.
+template <typename Post, typename Test, typename Retired>
+bool Proxy::pump(Channel& c, uint64_t room, Post post, Test test, Retired retired, bool* moved) {
+  while (c.issued < room) {
     Request* r = nullptr;
-    Status st = c.sendComm->isend(c.fifo.slot(seq), h->sizes[seq % c.fifo.nslots], 0, c.mh, &r);
+    Status st = post(c.issued, &r);
     if (!st) {
       fail(c, st);
-      return true;
+      return false;
     }
     if (!r) break;
-    c.requests[seq % c.fifo.nslots] = r;
+    c.requests[c.issued % c.fifo.nslots] = r;
     ++c.issued;
-    moved = true;
+    *moved = true;
   }
   while (c.completed < c.issued) {
     bool done = false;
     size_t size = 0;
-    Status st = c.sendComm->test(c.requests[c.completed % c.fifo.nslots], &done, &size);
+    Status st = test(c.requests[c.completed % c.fifo.nslots], &done, &size);
     if (!st) {
       fail(c, st);
-      return true;
+      return false;
     }
     if (!done) break;
-    ++c.completed;
-    storeRelease(&h->done, c.completed);
-    moved = true;
+    retired(size);
+    *moved = true;
   }
-  return moved;
+  return true;
+}
+
+bool Proxy::progressSend(Channel& c) {
+  bool moved = false;
+  FifoHeader* h = c.fifo.header;
+  // Every slot the kernel posted goes out; a finished one is free again.
+  const bool ok = pump(
+      c, loadAcquire(&h->posted),
+      [&](uint64_t seq, Request** r) {
+        return c.sendComm->isend(c.fifo.slot(seq), h->sizes[seq % c.fifo.nslots], 0, c.mh, r);
+      },
+      [&](Request* r, bool* done, size_t* size) { return c.sendComm->test(r, done, size); },
+      [&](size_t) { storeRelease(&h->done, ++c.completed); }, &moved);
+  return moved || !ok;
 }
 
 bool Proxy::progressRecv(Channel& c) {
   bool moved = false;
   FifoHeader* h = c.fifo.header;
-  const uint64_t consumed = loadAcquire(&h->done);
-  while (c.issued - consumed < c.fifo.nslots) {
-    const uint64_t seq = c.issued;
-    void* data = c.fifo.slot(seq);
-    const size_t capacity = c.fifo.slotBytes;
-    const int tag = 0;
-    Request* r = nullptr;
-    Status st = c.recvComm->irecv(1, &data, &capacity, &tag, &c.mh, &r);
-    if (!st) {
-      fail(c, st);
-      return true;
-    }
-    if (!r) break;
-    c.requests[seq % c.fifo.nslots] = r;
-    ++c.issued;
-    moved = true;
-  }
-  while (c.completed < c.issued) {
-    bool done = false;
-    size_t size = 0;
-    Status st = c.recvComm->test(c.requests[c.completed % c.fifo.nslots], &done, &size);
-    if (!st) {
-      fail(c, st);
-      return true;
-    }
-    if (!done) break;
-    h->sizes[c.completed % c.fifo.nslots] = size;
-    ++c.completed;
-    storeRelease(&h->posted, c.completed);
-    moved = true;
-  }
-  return moved;
+  // A receive for every slot the kernel has released; a finished one is the kernel's.
+  const bool ok = pump(
+      c, loadAcquire(&h->done) + c.fifo.nslots,
+      [&](uint64_t seq, Request** r) {
+        void* data = c.fifo.slot(seq);
+        const size_t capacity = c.fifo.slotBytes;
+        const int tag = 0;
+        return c.recvComm->irecv(1, &data, &capacity, &tag, &c.mh, r);
+      },
+      [&](Request* r, bool* done, size_t* size) { return c.recvComm->test(r, done, size); },
+      [&](size_t size) {
+        h->sizes[c.completed % c.fifo.nslots] = size;
+        storeRelease(&h->posted, ++c.completed);
+      },
+      &moved);
+  return moved || !ok;
 }
 
 void Proxy::run() {

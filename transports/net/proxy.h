@@ -64,6 +64,8 @@ class Proxy {
   void run();
   bool progressSend(Channel& c);
   bool progressRecv(Channel& c);
+  template <typename Post, typename Test, typename Retired>
+  bool pump(Channel& c, uint64_t room, Post post, Test test, Retired retired, bool* moved);
   // Calls the channel's dialer; true once it is connected.
   bool dial(Channel& c, Clock::time_point now);
   void add(std::unique_ptr<Channel> c);
