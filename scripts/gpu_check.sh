@@ -12,7 +12,7 @@
 #          all_reduce sweep with the comparison
 #   check  every perf binary with -c 1 from 8 B to 8 GiB (float sum), all types and ops
 #          at a few sizes, one process with all GPUs (-g N) and one process per GPU (mpirun);
-#          under mpirun with registered buffers (-R 1), and both ways with P2P off (staged)
+#          under mpirun with registered buffers (-R 1), and both ways with P2P off (over the network)
 #   bench  every perf binary, 8 B to 8 GiB, timed beside NCCL, JSON in OUTDIR
 #   tune   all_reduce, all_gather and broadcast over LOOM_P2P_BLOCKS / SLOT_BYTES / LOOM_ALGO
 #   final  what docs/perf/h200x2.md records, in the order that matters if time runs out:
@@ -89,9 +89,9 @@ if [ "$mode" = check ] || [ "$mode" = all ]; then
     run "check_${c}_types" "$bin/${c}_perf" -g "$ngpu" -b 1K -e 4M -f 64 -c 1 -w 1 -n 1 -d all -o all
     # Registered buffers between processes (the pulled all-reduce and reduce read them in place).
     run "check_${c}_mpi_registered" "${mpi[@]}" "$bin/${c}_perf" -R 1 -b 8 -e 1G -f 64 -c 1 -w 1 -n 1
-    # P2P off: device buffers staged through page-locked host memory.
-    run "check_${c}_g_staged" env NCCL_P2P_DISABLE=1 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 64M -f 64 -c 1 -w 1 -n 1
-    run "check_${c}_mpi_staged" "${mpi[@]}" -x NCCL_P2P_DISABLE=1 "$bin/${c}_perf" -b 8 -e 64M -f 64 -c 1 -w 1 -n 1
+    # P2P off: device buffers over the network (kernels, FIFOs in host memory, the proxy).
+    run "check_${c}_g_net" env NCCL_P2P_DISABLE=1 "$bin/${c}_perf" -g "$ngpu" -b 8 -e 64M -f 64 -c 1 -w 1 -n 1
+    run "check_${c}_mpi_net" "${mpi[@]}" -x NCCL_P2P_DISABLE=1 "$bin/${c}_perf" -b 8 -e 64M -f 64 -c 1 -w 1 -n 1
   done
   grep -H "Out of bounds values" "$out"/check_*.log
 fi

@@ -91,11 +91,11 @@ Status NetExecutor::init(NetHandleExchange exchange) {
                       "cudaHostAlloc of the network flags"));
   std::memset(hostFlags_, 0, 4 * sizeof(int));
   LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&uploadStream_, cudaStreamNonBlocking), "cudaStreamCreate"));
-  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastLaunch_, cudaEventDisableTiming), "cudaEventCreate"));
   LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the network set-up"));
   sendConnected_.assign(n, false);
   recvConnected_.assign(n, false);
   proxy_ = std::make_unique<transport::net::Proxy>(options_.rank, options_.proxySpinUs);
+  started_ = Clock::now();
   transport::net::Properties props;
   LOOM_TRY(backend_->properties(0, &props));
   LOOM_INFO(kInit,
@@ -111,6 +111,12 @@ NetExecutor::~NetExecutor() {
   // Kernels still running use the FIFOs and the tables: they end (done, timed out, or
   // aborted) before anything goes.
   if (launched_) cudaDeviceSynchronize();
+  if (proxy_) {
+    const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
+    const double cpu = proxy_->cpuSeconds();
+    LOOM_INFO(kNet, "rank %d: the network proxy thread used %.3f s of CPU in %.3f s (%.2f cores)",
+              options_.rank, cpu, wall, wall > 0 ? cpu / wall : 0.0);
+  }
   proxy_.reset();  // drains what kernels posted, then closes the connections
   for (auto& [key, p] : plans_) {
     if (p.device) cudaFree(p.device);
@@ -126,7 +132,6 @@ NetExecutor::~NetExecutor() {
   }
   if (hostFlags_) cudaFreeHost(hostFlags_);
   if (uploadStream_) cudaStreamDestroy(uploadStream_);
-  if (lastLaunch_) cudaEventDestroy(lastLaunch_);
   cudaGetLastError();
 }
 

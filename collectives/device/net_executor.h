@@ -19,6 +19,7 @@
 #include "collectives/device/net.h"
 #include "collectives/schedule.h"
 #include "collectives/tuner.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "transports/net/connect.h"
 #include "transports/net/net.h"
@@ -130,8 +131,8 @@ class NetExecutor {
   cudaStream_t uploadStream_ = nullptr;            // plan and table uploads (non-blocking)
   std::map<PlanKey, Plan> plans_;                  // collective plans, kept
   std::vector<Plan> p2pPlans_;                     // reused once their kernel is done
-  cudaEvent_t lastLaunch_ = nullptr;               // for the end
   bool launched_ = false;
+  Clock::time_point started_{};  // the proxy's start (its CPU share at the end)
 };
 
 }  // namespace loom::collectives::device

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# scripts/crosshost.sh PREFIX OUTDIR [HOSTS...]
+#
+# GPU buffers across hosts on one GPU machine: HOSTS processes (default: 2 and then 4), all
+# on GPU 0, each claiming a host of its own (LOOM_HOST_ID / NCCL_HOSTID per process,
+# NCCL_TESTS_DEVICE=0), so that every byte between them goes over the network transports
+# (loopback TCP), beside NVIDIA's NCCL (its Socket transport) in the same run:
+#   sockets  scripts/bench/tcp_ring_probe.cc, the processes pushing bytes around a ring
+#            of loopback sockets (1 MiB sends), no GPU: what the kernel carries then
+#   loom     every perf binary under mpirun, -c 1, 8 B to 128 MiB, --compare nccl
+# under CUDA MPS (started here where the machine has it, and stopped at the end): without
+# it the processes take turns on the GPU in time slices, and every waiting kernel looks
+# slow. Writes OUTDIR/crosshost.md (the table, the machine, the date, the commands), the
+# logs, and each rank's loom log (LOOM_DEBUG=INFO, subsystem NET: the proxy thread's CPU).
+#
+# PREFIX is an install tree (cmake --install build --prefix PREFIX) built with MPI.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -u
+prefix=$(cd "$1" && pwd)
+out=$2
+shift 2
+hosts=("$@")
+((${#hosts[@]} > 0)) || hosts=(2 4)
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
+bin=$prefix/bin
+mps=/usr/local/nvidia/bin/nvidia-cuda-mps-control
+[ -x "$mps" ] || mps=$(command -v nvidia-cuda-mps-control || true)
+if [ -n "$mps" ]; then
+  "$mps" -d && echo "MPS started"
+  trap 'echo quit | "$mps"' EXIT
+else
+  echo "no nvidia-cuda-mps-control: the processes will time-slice the GPU (times mean little)"
+fi
+probe=$out/tcp_ring_probe
+c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$probe" || exit 1
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
+     -x NCCL_TESTS_DEVICE=0 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=INIT,NET)
+# Each process a host of its own; its loom log in a file of its own.
+as_hosts() {  # nprocs log-stem command...
+  local np=$1 stem=$2
+  shift 2
+  timeout 600 "${mpi[@]}" -np "$np" -x LOOM_DEBUG_FILE="$stem.loom.%p.log" bash -c \
+    'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK NCCL_HOSTID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x "$@"
+}
+colls="all_reduce all_gather broadcast reduce_scatter reduce alltoall sendrecv"
+{
+  echo "# Cross-host collectives on one GPU (processes as hosts)"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nvidia-smi -L | head -n1); $(nproc) cores; commit" \
+       "$(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo
+  echo "Every process on GPU 0, a host of its own (LOOM_HOST_ID/NCCL_HOSTID), under CUDA MPS;"
+  echo "loopback TCP. Float sum where the collective reduces, out-of-place busbw (GB/s), -c 1;"
+  echo "NCCL is NVIDIA's, its Socket transport, in the same run (--compare nccl)."
+  echo
+} > "$out/crosshost.md"
+for n in "${hosts[@]}"; do
+  echo "=== $n hosts: bare sockets"
+  "$probe" -n "$n" -b 64M -p 1M -w 3 -i 10 > "$out/probe_$n.log" 2>&1
+  cat "$out/probe_$n.log"
+  {
+    echo "## $n hosts"
+    echo
+    echo "Bare sockets (\`tcp_ring_probe -n $n -b 64M -p 1M -w 3 -i 10\`): $(tail -n1 "$out/probe_$n.log")"
+    echo
+    echo "| collective | size | loom us | loom busbw | NCCL us | NCCL busbw | ratio | wrong |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  } >> "$out/crosshost.md"
+  for c in $colls; do
+    log=$out/${c}_$n.log
+    echo "=== $n hosts: $c"
+    as_hosts "$n" "$out/${c}_$n" "$bin/${c}_perf" -b 8 -e 128M -f 8 -c 1 -n 20 -w 5 --compare nccl > "$log" 2>&1
+    echo "rc=$?"
+    # Rows: size count type redop root time algbw busbw #wrong (in-place) ... NCCL time busbw #wrong ratio ...
+    awk -v c="$c" '/^ +[0-9]+ +[0-9]+ / {
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", c, $1, $6, $8, $14, $15, $17, $9 + $13
+    }' "$log" | tee -a "$out/crosshost.md"
+  done
+  cpu=$(grep -h "network proxy thread used" "$out"/*_"$n".loom.*.log 2>/dev/null |
+        sed -E 's/.*\(([0-9.]+) cores\).*/\1/' | sort -n | tr '\n' ' ')
+  {
+    echo
+    echo "Proxy thread CPU per process over each whole run (cores): ${cpu:-not logged}"
+    echo
+  } >> "$out/crosshost.md"
+done
+{
+  echo "Commands: \`scripts/crosshost.sh PREFIX OUTDIR ${hosts[*]}\`, which runs, per host count N and"
+  echo "collective C: \`mpirun -np N ... bash -c 'LOOM_HOST_ID=host\$RANK NCCL_HOSTID=host\$RANK C_perf"
+  echo "-b 8 -e 128M -f 8 -c 1 -n 20 -w 5 --compare nccl'\` with NCCL_TESTS_DEVICE=0."
+} >> "$out/crosshost.md"
+echo "wrote $out/crosshost.md"
