@@ -36,6 +36,25 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<trans
   o.slotBytes = static_cast<uint64_t>(buff / steps);
   o.lanes = static_cast<int>(settings::getInt("LOOM_NET_LANES"));
   o.proxySpinUs = settings::getInt("LOOM_PROXY_SPIN_US");
+  // Every rank must cut pieces and lanes alike: a difference would show as a piece of
+  // the wrong size, or a wait on a connection the peer never makes.
+  struct Geometry {
+    uint64_t slotBytes;
+    uint32_t slots;
+    int32_t lanes;
+  };
+  std::vector<Geometry> all(nranks_);
+  all[rank_] = {o.slotBytes, o.slots, o.lanes};
+  LOOM_TRY(bootstrap.allGather(all.data(), sizeof(Geometry)));
+  for (int r = 0; r < nranks_; ++r) {
+    if (all[r].slotBytes != o.slotBytes || all[r].slots != o.slots || all[r].lanes != o.lanes) {
+      return errorf(Code::kInvalidUsage,
+                    "rank %d has LOOM_NET_BUFFSIZE/LOOM_STEPS/LOOM_NET_LANES giving %u slots of %llu "
+                    "bytes and %d lanes, rank %d %u of %llu and %d: set them alike on every rank",
+                    r, all[r].slots, (unsigned long long)all[r].slotBytes, all[r].lanes, rank_, o.slots,
+                    (unsigned long long)o.slotBytes, o.lanes);
+    }
+  }
   o.abortFlag = context_.abortFlag;
   o.commHash = context_.commHash;
   Bootstrap* bs = &bootstrap;
