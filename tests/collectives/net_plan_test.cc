@@ -348,6 +348,17 @@ class CpuKernel {
   size_t es_;
 };
 
+// One rank's part of a test: the plan's connections, then the emulated kernel on it.
+Status runPlan(Rank& rank, Mailbox& mail, const Result<std::vector<uint64_t>>& plan, DataType type,
+               const void* in, void* out) {
+  if (!plan) return plan.status();
+  const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
+  std::vector<NetLink> sp, rp;
+  netPlanLinks(h, &sp, &rp);
+  connectRank(rank, mail, sp, rp);
+  return CpuKernel(rank, h, type, RedOp{}, in, out).run();
+}
+
 int32_t value(int rank, size_t i) { return static_cast<int32_t>(rank * 1000 + i % 997 + 1); }
 
 // Runs one collective on n ranks as threads; checks every rank's output exactly.
@@ -370,17 +381,7 @@ void runCollective(int n, CollType type, Algorithm algo, size_t count, int root,
     threads.emplace_back([&, r] {
       const size_t piece = kSlotBytes / 4 / 2;  // two pieces per slot's worth: exercises blocks
       auto plan = makeNetPlan(netLaneSchedules(request(type, r, n, count, root, piece), algo, lanes), piece);
-      if (!plan) {
-        results[r] = plan.status();
-        return;
-      }
-      const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
-      std::vector<NetLink> sp, rp;
-      netPlanLinks(h, &sp, &rp);
-      connectRank(*ranks[r], mail, sp, rp);
-      RedOp op;
-      CpuKernel k(*ranks[r], h, DataType::kInt32, op, in[r].data(), out[r].data());
-      results[r] = k.run();
+      results[r] = runPlan(*ranks[r], mail, plan, DataType::kInt32, in[r].data(), out[r].data());
     });
   }
   for (auto& t : threads) t.join();
@@ -507,17 +508,8 @@ TEST(NetPlanOverSockets, SendRecvGroupsWithSeveralMessagesPerPeer) {
         }
       }
       s.phases.push_back(ph);
-      auto plan = makeNetPlan(splitByConnection(s), kSlotBytes);
-      if (!plan) {
-        results[r] = plan.status();
-        return;
-      }
-      const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
-      std::vector<NetLink> sp, rp;
-      netPlanLinks(h, &sp, &rp);
-      connectRank(*ranks[r], mail, sp, rp);
-      CpuKernel k(*ranks[r], h, DataType::kUint8, RedOp{}, nullptr, nullptr);
-      results[r] = k.run();
+      results[r] = runPlan(*ranks[r], mail, makeNetPlan(splitByConnection(s), kSlotBytes), DataType::kUint8,
+                           nullptr, nullptr);
     });
   }
   for (auto& t : threads) t.join();

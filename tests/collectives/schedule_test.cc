@@ -238,37 +238,27 @@ void checkCase(const Case& cs, int n, size_t count, int root, bool split = false
   }
 }
 
-TEST(Schedules, EveryCollectiveEveryRankCount) {
+// Every case, rank count 1..64, count and root; `split` as checkCase takes it.
+void checkEveryCase(bool split) {
   for (const auto& cs : cases()) {
     for (int n : rankCounts()) {
       for (size_t count : countsFor(n)) {
         std::vector<int> roots = {0};
         if (cs.type == CollType::kBroadcast || cs.type == CollType::kReduce) roots = {0, n / 2, n - 1};
         for (int root : roots) {
-          checkCase(cs, n, count, root);
-          if (HasFatalFailure()) return;
+          checkCase(cs, n, count, root, split);
+          if (::testing::Test::HasFatalFailure()) return;
         }
       }
     }
   }
 }
 
+TEST(Schedules, EveryCollectiveEveryRankCount) { checkEveryCase(false); }
+
 // The form the GPU network executor runs (collectives/device/net_plan.h): steps that share
 // a connection in sub-phases of their own, every phase strictly after the one before.
-TEST(Schedules, EveryCollectiveSplitByConnection) {
-  for (const auto& cs : cases()) {
-    for (int n : rankCounts()) {
-      for (size_t count : countsFor(n)) {
-        std::vector<int> roots = {0};
-        if (cs.type == CollType::kBroadcast || cs.type == CollType::kReduce) roots = {0, n / 2, n - 1};
-        for (int root : roots) {
-          checkCase(cs, n, count, root, /*split=*/true);
-          if (HasFatalFailure()) return;
-        }
-      }
-    }
-  }
-}
+TEST(Schedules, EveryCollectiveSplitByConnection) { checkEveryCase(true); }
 
 TEST(Schedules, BinaryTreeIsATree) {
   for (int n = 1; n <= 200; ++n) {
