@@ -11,6 +11,7 @@
 
 #include "collectives/tuner.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/settings.h"
 
 namespace loom::comm {
@@ -72,6 +73,9 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   me.rank = rank;
   me.cudaDev = cudaDev_;
   me.pid = getpid();
+  me.process = processToken();
+  struct stat ns {};
+  me.pidNs = stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<uint64_t>(ns.st_ino) : 0;
   me.hostHash = hostHash();
   struct stat st {};
   me.shmDevHash = stat("/dev/shm", &st) == 0 ? static_cast<uint64_t>(st.st_dev) : 0;

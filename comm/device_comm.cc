@@ -260,7 +260,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
   bool oneProcess = true;
   for (const auto& g : gpus)
-    oneProcess = oneProcess && g.pid == gpus[0].pid && g.hostHash == gpus[0].hostHash;
+    oneProcess = oneProcess && g.process == gpus[0].process && g.hostHash == gpus[0].hostHash;
   if (!mesh_) {
     LOOM_INFO(kInit, "GPU %d (%s): no GPU mesh, because %s", device_, self.busId, why_.c_str());
     return initNetwork(bootstrap, peers);
@@ -307,7 +307,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   // without effect.
   bool ownProcesses = true;
   for (int a = 0; a < nranks_; ++a) {
-    for (int b = a + 1; b < nranks_; ++b) ownProcesses = ownProcesses && gpus[a].pid != gpus[b].pid;
+    for (int b = a + 1; b < nranks_; ++b) ownProcesses = ownProcesses && gpus[a].process != gpus[b].process;
   }
   if (ownProcesses && nranks_ > 1) {
     auto board = transport::p2p::PostBoard::createShared(

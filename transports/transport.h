@@ -36,7 +36,9 @@ namespace loom::transport {
 struct PeerInfo {
   int rank = -1;
   int cudaDev = -1;       // -1: host memory
-  pid_t pid = 0;
+  pid_t pid = 0;          // in its own PID namespace: for messages only
+  uint64_t process = 0;   // processToken(): equal exactly for ranks of one process
+  uint64_t pidNs = 0;     // the inode of its PID namespace: pids compare only where equal
   uint64_t hostHash = 0;  // equal for ranks that share memory (same host id)
   uint64_t shmDevHash = 0;  // identifies /dev/shm's filesystem (containers differ)
   char hostName[64] = {0};

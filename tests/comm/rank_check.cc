@@ -1,10 +1,18 @@
 // One rank of a multi-process check, launched by a script or a launcher (netns_test.sh,
 // mpirun): makes its communicator with loomCommInitFromEnv, runs all-reduce (small and
 // large), all-gather and a send/recv ring on known data, and exits 0 when all are right.
+// With `--loop SECONDS` it then keeps checking all-reduces of 1 MiB for that long (a peer
+// can be killed meanwhile: the failure is printed with loom's message, exit 1); with
+// `--stagger-ms MS` as well, rank 0 sleeps MS before every 100th of them, so that the
+// others wait on it that long.
 #include <loom/launch.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -16,7 +24,45 @@ int fail(const char* what, ncclComm_t comm, int rank) {
 
 }  // namespace
 
-int main() {
+// All-reduces of a known pattern for `seconds`; 0 when every one was right.
+int loop(ncclComm_t comm, int rank, int n, double seconds, int staggerMs) {
+  const size_t count = 1 << 18;
+  std::vector<float> in(count), out(count);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + i % 97);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  long calls = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (rank == 0 && staggerMs > 0 && calls % 100 == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(staggerMs));
+    }
+    if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr)) {
+      return fail("looped all-reduce", comm, rank);
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (out[i] != static_cast<float>(n * (n - 1) / 2 + n * (i % 97))) {
+        std::fprintf(stderr, "rank %d: looped all-reduce element %zu wrong\n", rank, i);
+        return 1;
+      }
+    }
+    ++calls;
+  }
+  std::printf("rank %d: %ld looped all-reduces right\n", rank, calls);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  double loopSeconds = 0;
+  int staggerMs = 0;
+  for (int a = 1; a < argc; a += 2) {
+    if (a + 1 < argc && std::strcmp(argv[a], "--loop") == 0) {
+      loopSeconds = std::atof(argv[a + 1]);
+    } else if (a + 1 < argc && std::strcmp(argv[a], "--stagger-ms") == 0) {
+      staggerMs = std::atoi(argv[a + 1]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--loop SECONDS [--stagger-ms MS]]\n", argv[0]);
+      return 2;
+    }
+  }
   ncclComm_t comm;
   if (loomCommInitFromEnv(&comm) != ncclSuccess) return fail("init", nullptr, -1);
   int rank = 0, n = 0;
@@ -59,6 +105,7 @@ int main() {
       return 1;
     }
   }
+  if (loopSeconds > 0 && loop(comm, rank, n, loopSeconds, staggerMs) != 0) return 1;
   ncclCommDestroy(comm);
   std::printf("rank %d of %d: all checks passed\n", rank, n);
   return 0;

@@ -16,7 +16,7 @@ GpuIdentity gpu(int rank, const char* bus, int pid, int sms = 132, uint64_t host
   GpuIdentity g;
   g.rank = rank;
   g.device = 0;
-  g.pid = pid;
+  g.process = uint64_t(pid);
   g.reachable = 1;
   g.sms = sms;
   g.hostHash = host;
@@ -36,7 +36,7 @@ TEST(SharedGpu, SameProcessMaySharePeersInOtherProcessesMayNot) {
   EXPECT_EQ(self.reachable, 0);
   EXPECT_NE(std::string(self.why).find("uses the same GPU"), std::string::npos) << self.why;
 
-  all[2].pid = 11;  // a rank of another process on the same GPU
+  all[2].process = 11;  // a rank of another process on the same GPU
   self = all[0];
   checkReachable(&self, all, true);
   EXPECT_EQ(self.reachable, 0);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/process.h"
 
 namespace loom::transport::p2p {
 
@@ -33,7 +34,7 @@ Result<GpuIdentity> describeGpu(int rank, int device, uint64_t hostHash) {
   GpuIdentity g;
   g.rank = rank;
   g.device = device;
-  g.pid = static_cast<int32_t>(getpid());
+  g.process = processToken();
   g.hostHash = hostHash;
   cudaError_t e = cudaDeviceGetPCIBusId(g.busId, sizeof(g.busId), device);
   if (e != cudaSuccess) return cudaStatus(e, "cudaDeviceGetPCIBusId");
@@ -52,7 +53,7 @@ void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all, bool
       // Kernels of one process run side by side on a GPU; those of two processes take
       // turns (without MPS), and a kernel waiting for another that cannot run would
       // wait until the timeout.
-      if (shareGpu && o.pid == self->pid) continue;
+      if (shareGpu && o.process == self->process) continue;
       return setWhy(self, "rank " + std::to_string(o.rank) + " uses the same GPU " + o.busId +
                               (shareGpu ? " from another process" : ""));
     }
@@ -121,19 +122,20 @@ Result<std::unique_ptr<Window>> Window::create(int rank, int nranks, int device,
   struct Exported {
     cudaIpcMemHandle_t handle;
     uint64_t address;
-    int32_t pid;
+    uint64_t process;
     int32_t device;
+    int32_t pad;
   };
   std::vector<Exported> all(nranks);
   std::memset(all.data(), 0, sizeof(Exported) * nranks);
   LOOM_TRY(cudaStatus(cudaIpcGetMemHandle(&all[rank].handle, mem), "cudaIpcGetMemHandle"));
   all[rank].address = reinterpret_cast<uint64_t>(mem);
-  all[rank].pid = static_cast<int32_t>(getpid());
+  all[rank].process = processToken();
   all[rank].device = device;
   LOOM_TRY(allGather(all.data(), sizeof(Exported)));
   for (int r = 0; r < nranks; ++r) {
     if (r == rank) continue;
-    if (all[r].pid == all[rank].pid) {
+    if (all[r].process == all[rank].process) {
       // Same process: the address is valid here once peer access is on (or at once, for a
       // rank on this same GPU: LOOM_P2P_SHARE_GPU).
       int dev = -1;

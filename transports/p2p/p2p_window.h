@@ -19,7 +19,8 @@ namespace loom::transport::p2p {
 struct GpuIdentity {
   int32_t rank = -1;
   int32_t device = -1;
-  int32_t pid = 0;
+  int32_t pad = 0;
+  uint64_t process = 0;    // processToken(): equal exactly for ranks of one process
   int32_t reachable = 0;   // 1: this rank can map every other rank's GPU
   int32_t nativeLinks = 0; // 1: every such pair reports native atomics (NVLink, not PCIe)
   int32_t sms = 0;         // the GPU's multiprocessors

@@ -30,20 +30,59 @@ struct ShmBlob {
 };
 static_assert(sizeof(ShmBlob) <= kMaxBlob);
 
+// A segment's mapping, and the descriptor this side keeps open while it lives: each side
+// holds a POSIX record lock on one byte of the segment's file (kReceiverByte or
+// kSenderByte), and the kernel drops it when the process ends, however it ends. Another
+// process asks the lock whether its peer is still there: that works between PID
+// namespaces (containers of one pod share /dev/shm but cannot see each other's pids),
+// and a child forked later does not inherit the lock.
 class Mapping {
  public:
   Mapping() = default;
-  Mapping(void* p, size_t n) : ptr_(p), bytes_(n) {}
+  Mapping(void* p, size_t n, int fd) : ptr_(p), bytes_(n), fd_(fd) {}
   ~Mapping() {
     if (ptr_) munmap(ptr_, bytes_);
+    if (fd_ >= 0) close(fd_);
   }
-  Mapping(Mapping&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  Mapping(Mapping&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), fd_(o.fd_) {
+    o.ptr_ = nullptr;
+    o.fd_ = -1;
+  }
   void* get() const { return ptr_; }
+  int fd() const { return fd_; }
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  int fd_ = -1;
 };
+
+constexpr off_t kReceiverByte = 0;
+constexpr off_t kSenderByte = 1;
+
+// Takes this process's lock on `byte` of the segment; false where locks do not work
+// there (liveness then falls back to the pid, where the pid can be seen).
+bool holdPresence(int fd, off_t byte) {
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  l.l_start = byte;
+  l.l_len = 1;
+  return fcntl(fd, F_SETLK, &l) == 0;
+}
+
+enum class Presence { kThere, kGone, kUnknown };
+
+Presence presenceOf(int fd, off_t byte) {
+  if (fd < 0) return Presence::kUnknown;
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  l.l_start = byte;
+  l.l_len = 1;
+  if (fcntl(fd, F_GETLK, &l) != 0) return Presence::kUnknown;
+  return l.l_type == F_UNLCK ? Presence::kGone : Presence::kThere;
+}
 
 std::string freeSpaceText() {
   struct statvfs st{};
@@ -52,27 +91,38 @@ std::string freeSpaceText() {
          " MiB";
 }
 
-// Dead, or a zombie its parent has not collected yet (kill() still succeeds then).
-Status peerAlive(pid_t pid, int rank) {
-  if (pid <= 0 || pid == getpid()) return Status::ok();
-  bool dead = kill(pid, 0) != 0 && errno == ESRCH;
-  if (!dead) {
-    char path[64];
-    std::snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    if (FILE* f = std::fopen(path, "r")) {
-      int p = 0;
-      char comm[256], state = 0;
-      if (std::fscanf(f, "%d %255s %c", &p, comm, &state) == 3) dead = state == 'Z' || state == 'X';
-      std::fclose(f);
+// Whether the process of `peer` still runs. Ranks of this same process are alive by
+// definition (and a record lock never conflicts with its own process). Otherwise the
+// peer's lock on `byte` of the segment says it (`fd` -1: no segment yet); the pid is
+// asked only where the lock could not answer and the peer is in this PID namespace.
+// Dead includes a zombie its parent has not collected yet (its files, and so its lock,
+// are gone; kill() still succeeds).
+Status peerAlive(const PeerInfo& self, const PeerInfo& peer, int fd, off_t byte) {
+  if (peer.process == self.process) return Status::ok();
+  const Presence p = presenceOf(fd, byte);
+  if (p == Presence::kThere) return Status::ok();
+  bool dead = p == Presence::kGone;
+  if (!dead && peer.pidNs == self.pidNs && peer.pid > 0) {
+    dead = kill(peer.pid, 0) != 0 && errno == ESRCH;
+    if (!dead) {
+      char path[64];
+      std::snprintf(path, sizeof(path), "/proc/%d/stat", (int)peer.pid);
+      if (FILE* f = std::fopen(path, "r")) {
+        int pid = 0;
+        char comm[256], state = 0;
+        if (std::fscanf(f, "%d %255s %c", &pid, comm, &state) == 3) dead = state == 'Z' || state == 'X';
+        std::fclose(f);
+      }
     }
   }
-  if (dead) return errorf(Code::kRemoteError, "rank %d (pid %d) has exited", rank, (int)pid);
+  if (dead) return errorf(Code::kRemoteError, "rank %d (pid %d) has exited", peer.rank, (int)peer.pid);
   return Status::ok();
 }
 
 class ShmSend : public SendConnection {
  public:
-  ShmSend(Mapping m, const PeerInfo& peer) : map_(std::move(m)), view_(map_.get()), peer_(peer) {}
+  ShmSend(Mapping m, const PeerInfo& self, const PeerInfo& peer)
+      : map_(std::move(m)), view_(map_.get()), self_(self), peer_(peer) {}
   ~ShmSend() override = default;
   Result<void*> trySendSlot() override {
     if (view_.aborted()) {
@@ -85,19 +135,20 @@ class ShmSend : public SendConnection {
     view_.post(sent_++, bytes);
     return Status::ok();
   }
-  Status checkPeer() override { return peerAlive(peer_.pid, peer_.rank); }
+  Status checkPeer() override { return peerAlive(self_, peer_, map_.fd(), kReceiverByte); }
   void abort() override { view_.setAborted(); }
 
  private:
   Mapping map_;
   FifoView view_;
-  PeerInfo peer_;
+  PeerInfo self_, peer_;
   uint64_t sent_ = 0;
 };
 
 class ShmRecv : public RecvConnection {
  public:
-  ShmRecv(Mapping m, const PeerInfo& peer) : map_(std::move(m)), view_(map_.get()), peer_(peer) {}
+  ShmRecv(Mapping m, const PeerInfo& self, const PeerInfo& peer)
+      : map_(std::move(m)), view_(map_.get()), self_(self), peer_(peer) {}
   Result<const void*> tryRecv(size_t* bytes) override {
     const void* p = view_.tryRecv(received_, bytes);
     if (!p && view_.aborted()) {
@@ -110,19 +161,20 @@ class ShmRecv : public RecvConnection {
     view_.release(received_++);
     return Status::ok();
   }
-  Status checkPeer() override { return peerAlive(peer_.pid, peer_.rank); }
+  Status checkPeer() override { return peerAlive(self_, peer_, map_.fd(), kSenderByte); }
   void abort() override { view_.setAborted(); }
 
  private:
   Mapping map_;
   FifoView view_;
-  PeerInfo peer_;
+  PeerInfo self_, peer_;
   uint64_t received_ = 0;
 };
 
 class ShmSetup : public RecvSetup {
  public:
-  ShmSetup(Mapping m, const ShmBlob& b, const PeerInfo& peer) : map_(std::move(m)), peer_(peer) {
+  ShmSetup(Mapping m, const ShmBlob& b, const PeerInfo& self, const PeerInfo& peer)
+      : map_(std::move(m)), self_(self), peer_(peer) {
     blob_.size = sizeof(ShmBlob);
     std::memcpy(blob_.data, &b, sizeof(b));
     std::memcpy(name_, b.name, sizeof(name_));
@@ -141,18 +193,19 @@ class ShmSetup : public RecvSetup {
                       "rank %d did not attach to shared memory segment %s within %lld ms",
                       peer_.rank, name_, (long long)deadline.totalMs());
       }
-      if (++spins % 1000 == 0) LOOM_TRY(peerAlive(peer_.pid, peer_.rank));
+      // Before it attaches the sender holds no lock: only its pid can say (-1).
+      if (++spins % 1000 == 0) LOOM_TRY(peerAlive(self_, peer_, -1, kSenderByte));
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     shm_unlink(name_);
     name_[0] = '\0';
-    return std::unique_ptr<RecvConnection>(new ShmRecv(std::move(map_), peer_));
+    return std::unique_ptr<RecvConnection>(new ShmRecv(std::move(map_), self_, peer_));
   }
 
  private:
   Mapping map_;
   Blob blob_;
-  PeerInfo peer_;
+  PeerInfo self_, peer_;
   char name_[96] = {0};
 };
 
@@ -198,13 +251,18 @@ class ShmTransport : public Transport {
                         .message());
     }
     void* p = mmap(nullptr, b.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (p == MAP_FAILED) {
+      const int e = errno;
+      close(fd);
       shm_unlink(b.name);
-      return sysError(errno, "mmap of %llu bytes of shared memory", (unsigned long long)b.bytes);
+      return sysError(e, "mmap of %llu bytes of shared memory", (unsigned long long)b.bytes);
+    }
+    if (!holdPresence(fd, kReceiverByte)) {
+      LOOM_INFO(kInit, "shm: no record lock on %s (%s): rank %d learns that this rank died only "
+                "from its pid", b.name, std::strerror(errno), peer.rank);
     }
     FifoView::init(p, ctx_.fifo.slotBytes, ctx_.fifo.slots, getpid());
-    return std::unique_ptr<RecvSetup>(new ShmSetup(Mapping(p, b.bytes), b, peer));
+    return std::unique_ptr<RecvSetup>(new ShmSetup(Mapping(p, b.bytes, fd), b, ctx_.self, peer));
   }
 
   Result<std::unique_ptr<SendConnection>> connect(const PeerInfo& peer, const Blob& blob,
@@ -224,19 +282,27 @@ class ShmTransport : public Transport {
     }
     if (fd < 0) return sysError(errno, "shm_open(%s) for rank %d", b.name, peer.rank);
     void* p = mmap(nullptr, b.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    const int e = errno;
     shm_unlink(b.name);
-    if (p == MAP_FAILED) return sysError(errno, "mmap of shm segment %s", b.name);
+    if (p == MAP_FAILED) {
+      close(fd);
+      return sysError(e, "mmap of shm segment %s", b.name);
+    }
+    Mapping m(p, b.bytes, fd);
     FifoView view(p);
     if (view.header()->magic != kFifoMagic || view.header()->slotBytes != ctx_.fifo.slotBytes) {
-      munmap(p, b.bytes);
       return errorf(Code::kInvalidUsage,
                     "rank %d's shm FIFO has a different layout (mismatched LOOM_BUFFSIZE?)",
                     peer.rank);
     }
+    // The lock first: once attached, the receiver may ask it at any moment.
+    if (!holdPresence(fd, kSenderByte)) {
+      LOOM_INFO(kInit, "shm: no record lock on %s (%s): rank %d learns that this rank died only "
+                "from its pid", b.name, std::strerror(errno), peer.rank);
+    }
     view.header()->senderPid = getpid();
     view.header()->senderAttached.store(1, std::memory_order_release);
-    return std::unique_ptr<SendConnection>(new ShmSend(Mapping(p, b.bytes), peer));
+    return std::unique_ptr<SendConnection>(new ShmSend(std::move(m), ctx_.self, peer));
   }
 
  private:
