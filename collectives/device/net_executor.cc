@@ -111,13 +111,17 @@ NetExecutor::~NetExecutor() {
   // Kernels still running use the FIFOs and the tables: they end (done, timed out, or
   // aborted) before anything goes.
   if (launched_) cudaDeviceSynchronize();
-  if (proxy_) {
-    const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
-    const double cpu = proxy_->cpuSeconds();
-    LOOM_INFO(kNet, "rank %d: the network proxy thread used %.3f s of CPU in %.3f s (%.2f cores)",
-              options_.rank, cpu, wall, wall > 0 ? cpu / wall : 0.0);
-  }
+  const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
+  const double proxyCpu = proxy_ ? proxy_->cpuSeconds() : 0.0;
+  const bool hadProxy = proxy_ != nullptr;
   proxy_.reset();  // drains what kernels posted, then closes the connections
+  if (hadProxy) {
+    // The backend's threads (socket helpers) have ended with the connections.
+    const double helpers = backend_ ? backend_->threadCpuSeconds() : 0.0;
+    LOOM_INFO(kNet, "rank %d: the network proxy thread used %.3f s of CPU and the backend's threads "
+              "%.3f s in %.3f s (%.2f cores in all)", options_.rank, proxyCpu, helpers, wall,
+              wall > 0 ? (proxyCpu + helpers) / wall : 0.0);
+  }
   for (auto& [key, p] : plans_) {
     if (p.device) cudaFree(p.device);
   }

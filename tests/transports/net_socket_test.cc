@@ -148,6 +148,21 @@ TEST(NetSocket, HelperThreads) {
   exchange(p, many, 1 << 20, 32);
 }
 
+// Small messages go on socket 0 alone and leave the helpers asleep; runs of them longer
+// than the request window, between large ones, must neither reuse a slot a helper has not
+// stepped over nor wait for one to wake.
+TEST(NetSocket, HelperThreadsRunsOfSmallMessages) {
+  ScopedSetting t("LOOM_SOCKET_NTHREADS", "4");
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  std::vector<size_t> sizes;
+  for (int run = 0; run < 4; ++run) {
+    for (int i = 0; i < 3 * kMaxRequests; ++i) sizes.push_back(1 + (i * 37) % 4000);
+    sizes.push_back((1 << 20) - run);
+  }
+  exchange(p, sizes, 1 << 20, kMaxRequests);
+}
+
 TEST(NetSocket, AtMostMaxRequestsInFlight) {
   Pair p;
   connectPair(&p, [](const Handle&) {});

@@ -126,6 +126,9 @@ class Backend {
   virtual Status connect(int dev, Handle* handle, int peerRank, std::unique_ptr<SendComm>* comm) = 0;
   // Gives up a connect() that has not completed (frees what it kept in `handle`).
   virtual void cancelConnect(Handle* handle) {}
+  // CPU seconds used so far by threads the backend runs itself (the socket backend's
+  // helpers; those that ended count too), for the proxy's CPU report.
+  virtual double threadCpuSeconds() const { return 0; }
 };
 
 // The socket backend (LOOM_NET=socket, the default; NCCL's name "Socket" works too).
