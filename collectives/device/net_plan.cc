@@ -128,12 +128,19 @@ Schedule netSchedule(const CollRequest& req, Algorithm algo) {
 }
 
 std::vector<Schedule> netLaneSchedules(const CollRequest& req, Algorithm algo, int lanes) {
+  // Lane l takes the l-th share of every rank's block: of the whole buffer for all-reduce,
+  // broadcast and reduce; of each of the nranks blocks of all-gather's output and
+  // reduce-scatter's input (the other buffer is one block).
   const bool contiguous = req.type == CollType::kAllReduce || req.type == CollType::kBroadcast ||
                           req.type == CollType::kReduce;
+  const bool blocked = req.type == CollType::kAllGather || req.type == CollType::kReduceScatter;
   const size_t vec = std::max<size_t>(1, 16 / std::max<size_t>(1, req.elemSize));
   const size_t vectors = req.count / vec;
   lanes = std::clamp(lanes, 1, static_cast<int>(kNetMaxLanes));
-  if (!contiguous || lanes == 1 || vectors < static_cast<size_t>(lanes)) return {netSchedule(req, algo)};
+  if (!(contiguous || blocked) || lanes == 1 || vectors < static_cast<size_t>(lanes)) {
+    return {netSchedule(req, algo)};
+  }
+  const Buffer blockedBuffer = req.type == CollType::kAllGather ? Buffer::kOutput : Buffer::kInput;
   std::vector<Schedule> out;
   for (int l = 0; l < lanes; ++l) {
     size_t first, n;
@@ -146,11 +153,22 @@ std::vector<Schedule> netLaneSchedules(const CollRequest& req, Algorithm algo, i
     Schedule s = netSchedule(part, algo);
     for (Phase& ph : s.phases) {
       for (Step& st : ph) {
-        if (st.src.buffer == Buffer::kInput || st.src.buffer == Buffer::kOutput) st.src.offset += first;
-        if (st.dst.buffer == Buffer::kInput || st.dst.buffer == Buffer::kOutput) st.dst.offset += first;
+        for (Region* r : {&st.src, &st.dst}) {
+          if (r->buffer != Buffer::kInput && r->buffer != Buffer::kOutput) continue;
+          if (!blocked || r->buffer != blockedBuffer) {
+            r->offset += first;
+            continue;
+          }
+          // Block b of the part is block b of the whole, `first` elements in. A step that
+          // spans blocks (recursive halving and doubling do) cannot be split this way.
+          const size_t b = r->offset / n;
+          if (st.count > 0 && (r->offset + st.count - 1) / n != b) return {netSchedule(req, algo)};
+          r->offset = b * req.count + first + r->offset % n;
+        }
       }
     }
-    s.inputCount = s.outputCount = req.count;
+    s.inputCount = req.count * (blocked && blockedBuffer == Buffer::kInput ? req.nranks : 1);
+    s.outputCount = req.count * (blocked && blockedBuffer == Buffer::kOutput ? req.nranks : 1);
     out.push_back(std::move(s));
   }
   return out;

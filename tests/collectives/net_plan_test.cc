@@ -411,16 +411,42 @@ void runCollective(int n, CollType type, Algorithm algo, size_t count, int root,
   }
 }
 
-TEST(NetPlanOverSockets, LanesSplitTheContiguousCollectives) {
+TEST(NetPlanOverSockets, LanesSplitEveryCollectiveButAllToAll) {
   for (int n : {2, 3}) {
     for (const Case& c : {Case{CollType::kAllReduce, Algorithm::kRing}, Case{CollType::kAllReduce, Algorithm::kDoubling},
-                          Case{CollType::kBroadcast, Algorithm::kChain}, Case{CollType::kReduce, Algorithm::kTree}}) {
+                          Case{CollType::kBroadcast, Algorithm::kChain}, Case{CollType::kReduce, Algorithm::kTree},
+                          Case{CollType::kAllGather, Algorithm::kRing}, Case{CollType::kReduceScatter, Algorithm::kRing}}) {
       for (int lanes : {2, 3}) {
         runCollective(n, c.type, c.algo, 20011, n - 1, lanes);
         if (HasFatalFailure()) return;
       }
     }
   }
+}
+
+// All-gather's lanes each take a share of every rank's block of the output.
+TEST(NetPlan, AllGatherLanesShareEveryBlock) {
+  const size_t count = 1000;
+  const int n = 3;
+  CollRequest r = request(CollType::kAllGather, 1, n, count, 0, 64);
+  std::vector<Schedule> s = netLaneSchedules(r, Algorithm::kRing, 2);
+  ASSERT_EQ(s.size(), 2u);
+  std::vector<int> covered(n * count, 0);
+  for (const Schedule& l : s) {
+    EXPECT_EQ(l.outputCount, n * count);
+    for (const Phase& ph : l.phases) {
+      for (const Step& st : ph) {
+        if (st.dst.buffer != Buffer::kOutput) continue;
+        ASSERT_LE(st.dst.offset + st.count, n * count);
+        // Never across a block boundary.
+        if (st.count > 0) {
+          EXPECT_EQ(st.dst.offset / count, (st.dst.offset + st.count - 1) / count);
+        }
+        for (size_t i = 0; i < st.count; ++i) ++covered[st.dst.offset + i];
+      }
+    }
+  }
+  for (size_t i = 0; i < covered.size(); ++i) EXPECT_EQ(covered[i], 1) << i;
 }
 
 TEST(NetPlan, LanesCoverTheCountOnSixteenByteBoundaries) {
@@ -442,7 +468,9 @@ TEST(NetPlan, LanesCoverTheCountOnSixteenByteBoundaries) {
             for (size_t i = 0; i < st.count; ++i) ++covered[st.dst.offset + i];
           }
         }
-        if (start < count) EXPECT_EQ(start % 4, 0u) << count << " " << lanes;
+        if (start < count) {
+          EXPECT_EQ(start % 4, 0u) << count << " " << lanes;
+        }
       }
       for (size_t i = 0; i < count; ++i) EXPECT_EQ(covered[i], 1) << count << " " << lanes << " " << i;
     }
