@@ -120,7 +120,8 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY", Type::kString, "",
      "AF_INET or AF_INET6 to force an address family"},
     {"LOOM_SOCKET_NTHREADS", "NCCL_SOCKET_NTHREADS", Type::kInt, "1",
-     "progress threads per TCP connection"},
+     "threads per TCP connection: host buffers 1 unless set; GPU buffers over the network 4 "
+     "unless set (the proxy thread moves socket 0, a helper thread each of the others)"},
     {"LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", Type::kInt, "1",
      "sockets per TCP connection (1 measured best over loopback; more may pay on fast NICs)"},
     {"LOOM_BUFFSIZE", "NCCL_BUFFSIZE", Type::kInt, "2097152",
@@ -128,9 +129,9 @@ const std::vector<Definition> kDefinitions = {
     {"LOOM_NET_BUFFSIZE", nullptr, Type::kInt, "8388608",
      "bytes of FIFO per network connection of GPU buffers (page-locked host memory, split into "
      "LOOM_STEPS slots; every rank must use the same)"},
-    {"LOOM_NET_LANES", nullptr, Type::kInt, "2",
-     "GPU buffers over the network: the most lanes (independent parts of one all-reduce, "
-     "broadcast or reduce, each with its own connections and CUDA block) per call, 1 to 8"},
+    {"LOOM_NET_LANES", nullptr, Type::kInt, "4",
+     "GPU buffers over the network: the most lanes (independent parts of one collective other "
+     "than all-to-all, each with its own connections and CUDA block) per call, 1 to 8"},
     {"LOOM_PROXY_SPIN_US", nullptr, Type::kInt, "5000",
      "microseconds the network proxy thread polls after its last work before it sleeps in 1 ms "
      "steps (a launch wakes it)"},

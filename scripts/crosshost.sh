@@ -8,10 +8,14 @@
 #   sockets  scripts/bench/tcp_ring_probe.cc, the processes pushing bytes around a ring
 #            of loopback sockets (1 MiB sends), no GPU: what the kernel carries then
 #   loom     every perf binary under mpirun, -c 1, 8 B to 128 MiB, --compare nccl
+#   graphs   all_reduce captured in CUDA graphs (-G 10), and the host time per call (-C 1)
+#   PyTorch  tests/gpu/torch_smoke.sh --bench --as-hosts on loom and on PyTorch's NCCL
+#            (2 hosts; skipped without PyTorch)
 # under CUDA MPS (started here where the machine has it, and stopped at the end): without
 # it the processes take turns on the GPU in time slices, and every waiting kernel looks
 # slow. Writes OUTDIR/crosshost.md (the table, the machine, the date, the commands), the
-# logs, and each rank's loom log (LOOM_DEBUG=INFO, subsystem NET: the proxy thread's CPU).
+# logs, and each rank's loom log (LOOM_DEBUG=INFO, subsystem NET: the CPU of the proxy
+# thread and of the socket helper threads).
 #
 # PREFIX is an install tree (cmake --install build --prefix PREFIX) built with MPI.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -80,13 +84,52 @@ for n in "${hosts[@]}"; do
     }' "$log" | tee -a "$out/crosshost.md"
   done
   cpu=$(grep -h "network proxy thread used" "$out"/*_"$n".loom.*.log 2>/dev/null |
-        sed -E 's/.*\(([0-9.]+) cores\).*/\1/' | sort -n | tr '\n' ' ')
+        sed -E 's/.*\(([0-9.]+) cores in all\).*/\1/' | sort -n | uniq -c | awk '{printf "%s%s", (NR>1?", ":""), $2}')
   {
     echo
-    echo "Proxy thread CPU per process over each whole run (cores): ${cpu:-not logged}"
+    echo "CPU of the proxy and socket helper threads per process, averaged over each whole run"
+    echo "(cores; one figure per process and collective, smallest to largest): ${cpu:-not logged}"
+    echo
+  } >> "$out/crosshost.md"
+  echo "=== $n hosts: all_reduce in CUDA graphs, host time per call"
+  as_hosts "$n" "$out/graph_$n" "$bin/all_reduce_perf" -b 1M -e 64M -f 8 -c 1 -n 10 -w 3 -G 10 --compare nccl \
+    > "$out/graph_$n.log" 2>&1
+  as_hosts "$n" "$out/cputime_$n" "$bin/all_reduce_perf" -b 8 -e 128M -f 16 -c 0 -n 20 -w 3 -C 1 \
+    > "$out/cputime_$n.log" 2>&1
+  {
+    echo "all_reduce captured in CUDA graphs (\`-G 10\`, -c 1), out-of-place busbw GB/s, loom / NCCL:"
+    awk '/^ +[0-9]+ +[0-9]+ / { printf "%s B: %s / %s (%d wrong); ", $1, $8, $15, $9 + $13 + $16 }' "$out/graph_$n.log"
+    echo
+    echo
+    echo "Host time per all_reduce call (\`-C 1\`, the caller's thread, microseconds), by size:"
+    awk '/^ +[0-9]+ +[0-9]+ / { printf "%s B: %s; ", $1, $6 }' "$out/cputime_$n.log"
+    echo
     echo
   } >> "$out/crosshost.md"
 done
+torch=$here/../tests/gpu/torch_smoke.sh
+if [ -f "$torch" ]; then
+  echo "=== PyTorch, 2 hosts"
+  bash "$torch" "$prefix/lib/libnccl.so.2" --bench --as-hosts > "$out/torch_loom.log" 2>&1
+  trc=$?
+  bash "$torch" none --bench --as-hosts > "$out/torch_nccl.log" 2>&1
+  nrc=$?
+  {
+    echo "## PyTorch, 2 processes as 2 hosts (\`tests/gpu/torch_smoke.sh LIB --bench --as-hosts\`)"
+    echo
+    if [ $trc = 77 ] || [ $nrc = 77 ]; then
+      echo "Skipped: $(head -n1 "$out/torch_loom.log")"
+    else
+      echo "| measure | loom | PyTorch's NCCL |"
+      echo "| --- | --- | --- |"
+      paste <(grep '^bench' "$out/torch_loom.log") <(grep '^bench' "$out/torch_nccl.log") |
+        awk -F'\t' '{ split($1, a, ": "); split($2, b, ": "); printf "| %s | %s | %s |\n", a[1], a[2], b[2] }'
+      echo
+      echo "Checks: loom $(tail -n1 "$out/torch_loom.log"), NCCL $(tail -n1 "$out/torch_nccl.log")."
+    fi
+    echo
+  } >> "$out/crosshost.md"
+fi
 {
   echo "Commands: \`scripts/crosshost.sh PREFIX OUTDIR ${hosts[*]}\`, which runs, per host count N and"
   echo "collective C: \`mpirun -np N ... bash -c 'LOOM_HOST_ID=host\$RANK NCCL_HOSTID=host\$RANK C_perf"

@@ -35,7 +35,7 @@ struct NetOptions {
   int64_t timeoutMs = 300000;
   uint32_t slots = 8;               // per FIFO (at most transport::net::kFifoMaxSlots)
   uint64_t slotBytes = 1 << 20;     // per slot; a piece fills one at most
-  int lanes = 2;                    // at most (LOOM_NET_LANES)
+  int lanes = 4;                    // at most (LOOM_NET_LANES)
   int threads = 512;                // per block of the kernel
   int64_t proxySpinUs = 5000;       // LOOM_PROXY_SPIN_US
   const std::atomic<bool>* abortFlag = nullptr;

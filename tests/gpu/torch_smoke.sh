@@ -4,17 +4,20 @@
 # front of the NCCL PyTorch ships. Passes when every collective gave the exact values and
 # loom's log shows it was loom that ran them.
 #
-#   tests/gpu/torch_smoke.sh LIBNCCL [torch_smoke.py options, e.g. --bench]
+#   tests/gpu/torch_smoke.sh LIBNCCL [torch_smoke.py options: --bench, --as-hosts]
 #
-# Exits 77 (skipped) without PyTorch, CUDA or two GPUs. LIBNCCL=none runs PyTorch's own
-# NCCL instead (to compare --bench figures).
+# Exits 77 (skipped) without PyTorch, CUDA or two GPUs (one with --as-hosts: both processes
+# claim hosts of their own and share it; start CUDA MPS first, or their kernels take
+# turns). LIBNCCL=none runs PyTorch's own NCCL instead (to compare --bench figures).
 set -u
 lib=$1
 shift
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
-if ! "$python" -c "import torch, torch.distributed as d; assert d.is_nccl_available() and torch.cuda.device_count() >= 2" 2>/dev/null; then
-  echo "SKIP: needs PyTorch with NCCL support and 2 GPUs"
+gpus=2
+for a in "$@"; do [ "$a" = --as-hosts ] && gpus=1; done
+if ! "$python" -c "import torch, torch.distributed as d; assert d.is_nccl_available() and torch.cuda.device_count() >= $gpus" 2>/dev/null; then
+  echo "SKIP: needs PyTorch with NCCL support and $gpus GPU(s)"
   exit 77
 fi
 export NCCL_NVLS_ENABLE=0
