@@ -17,7 +17,8 @@
 # logs, and each rank's loom log (LOOM_DEBUG=INFO, subsystem NET: the CPU of the proxy
 # thread and of the socket helper threads).
 #
-# PREFIX is an install tree (cmake --install build --prefix PREFIX) built with MPI.
+# PREFIX is an install tree (cmake --install build --prefix PREFIX) built with MPI; a
+# PREFIX/bin/tcp_ring_probe is used as it is, otherwise the probe is compiled here.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -u
 prefix=$(cd "$1" && pwd)
@@ -39,7 +40,11 @@ else
   echo "no nvidia-cuda-mps-control: the processes will time-slice the GPU (times mean little)"
 fi
 probe=$out/tcp_ring_probe
-c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$probe" || exit 1
+if [ -x "$bin/tcp_ring_probe" ]; then
+  probe=$bin/tcp_ring_probe  # built beforehand (machines without a compiler)
+else
+  c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$probe" || exit 1
+fi
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=INIT,NET)
 # Each process a host of its own; its loom log in a file of its own.
