@@ -55,6 +55,9 @@ as_hosts() {  # nprocs log-stem command...
     'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK NCCL_HOSTID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x "$@"
 }
 colls="all_reduce all_gather broadcast reduce_scatter reduce alltoall sendrecv"
+# sendrecv in place (nccl-tests' definition: the send and receive buffers are one) sends
+# from the buffer that the receive from the other side overwrites: a race in any library,
+# so its in-place column can show wrong values on either.
 {
   echo "# Cross-host collectives on one GPU (processes as hosts)"
   echo
@@ -75,7 +78,7 @@ for n in "${hosts[@]}"; do
     echo
     echo "Bare sockets (\`tcp_ring_probe -n $n -b 64M -p 1M -w 3 -i 10\`): $(tail -n1 "$out/probe_$n.log")"
     echo
-    echo "| collective | size | loom us | loom busbw | NCCL us | NCCL busbw | ratio | wrong |"
+    echo "| collective | size | loom us | loom busbw | NCCL us | NCCL busbw | ratio | wrong (loom out-of-place / in-place; NCCL out / in) |"
     echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
   } >> "$out/crosshost.md"
   for c in $colls; do
@@ -85,7 +88,7 @@ for n in "${hosts[@]}"; do
     echo "rc=$?"
     # Rows: size count type redop root time algbw busbw #wrong (in-place) ... NCCL time busbw #wrong ratio ...
     awk -v c="$c" '/^ +[0-9]+ +[0-9]+ / {
-      printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", c, $1, $6, $8, $14, $15, $17, $9 + $13
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s / %s; %s / %s |\n", c, $1, $6, $8, $14, $15, $17, $9, $13, $16, $20
     }' "$log" | tee -a "$out/crosshost.md"
   done
   cpu=$(grep -h "network proxy thread used" "$out"/*_"$n".loom.*.log 2>/dev/null |

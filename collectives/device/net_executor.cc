@@ -289,13 +289,16 @@ Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, Da
                                   cudaStream_t stream, std::string* why) {
   LOOM_TRY(error());
   const size_t bytes = req.count * req.elemSize;
-  // Lanes for the contiguous collectives, each with at least kMinLaneBytes per rank.
+  // Lanes for every collective but all-to-all, each with at least kMinLaneBytes of each
+  // ring step (all-reduce: a rank's share of the buffer; all-gather and reduce-scatter: a
+  // rank's block, which is `count`; broadcast and reduce stream the whole buffer, so the
+  // same rule as all-reduce keeps them from splitting small ones).
   constexpr size_t kMinLaneBytes = 256 * 1024;
-  const bool contiguous = req.type == CollType::kAllReduce || req.type == CollType::kBroadcast ||
-                          req.type == CollType::kReduce;
-  const int lanes = contiguous ? static_cast<int>(std::clamp<size_t>(
-                                     bytes / (kMinLaneBytes * req.nranks), 1, options_.lanes))
-                               : 1;
+  const bool blocked = req.type == CollType::kAllGather || req.type == CollType::kReduceScatter;
+  const size_t stepBytes = blocked ? bytes : bytes / static_cast<size_t>(std::max(1, req.nranks));
+  const int lanes = req.type == CollType::kAllToAll
+                        ? 1
+                        : static_cast<int>(std::clamp<size_t>(stepBytes / kMinLaneBytes, 1, options_.lanes));
   const size_t piece = netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
   req.pieceElems = std::max<size_t>(1, std::min<size_t>(piece, options_.slotBytes) / req.elemSize);
   req.network = true;
