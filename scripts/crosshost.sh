@@ -19,7 +19,8 @@
 #
 # PREFIX is an install tree (cmake --install build --prefix PREFIX) built with MPI; a
 # PREFIX/bin/tcp_ring_probe is used as it is, otherwise the probe is compiled here.
-# NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0). LOOM_COMMIT names the commit in the
+# report where the tree's .git is not the one it was built from (a copied working tree).
 set -u
 prefix=$(cd "$1" && pwd)
 out=$2
@@ -62,7 +63,7 @@ colls="all_reduce all_gather broadcast reduce_scatter reduce alltoall sendrecv"
   echo "# Cross-host collectives on one GPU (processes as hosts)"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $(nvidia-smi -L | head -n1); $(nproc) cores; commit" \
-       "$(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo '?')"
+       "${LOOM_COMMIT:-$(git -C "$here/.." rev-parse --short HEAD 2>/dev/null || echo '?')}"
   echo
   echo "Every process on GPU 0, a host of its own (LOOM_HOST_ID/NCCL_HOSTID), under CUDA MPS;"
   echo "loopback TCP. Float sum where the collective reduces, out-of-place busbw (GB/s), -c 1;"
