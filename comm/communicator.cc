@@ -67,6 +67,18 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
     if (!st) return st.withContext("rank 0 starting the bootstrap root at LOOM_COMM_ID");
   }
   LOOM_ASSIGN_OR_RETURN(bootstrap_, Bootstrap::join(id, rank, nranks, timeoutMs_, &abortFlag_));
+  // Where the ranks are, for the message of a timeout: a port on the bootstrap's interface.
+  secret_[0] = id.secret[0];
+  secret_[1] = id.secret[1];
+  progressAddresses_.assign(nranks, SocketAddress{});
+  if (auto server = ProgressServer::start(bootstrap_->address(rank), rank, secret_, &progress_)) {
+    progressServer_ = std::move(server).value();
+    progressAddresses_[rank] = progressServer_->address();
+  } else {
+    LOOM_INFO(kInit, "rank %d: no progress port (%s): a timeout will not say where this rank was",
+              rank, server.status().message().c_str());
+  }
+  LOOM_TRY(bootstrap_->allGather(progressAddresses_.data(), sizeof(SocketAddress)));
 
   cudaDev_ = options.cudaDev;
   transport::PeerInfo me;
@@ -183,6 +195,7 @@ void Communicator::logTopologyChoices() {
 }
 
 Communicator::~Communicator() {
+  progressServer_.reset();
   {
     std::lock_guard<std::mutex> lock(workMutex_);
     stopWorker_ = true;
@@ -478,6 +491,7 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   if (device_) {
     Status st = device_->kernelError();
     if (!st) {
+      st = explainFailure(st);
       setAsyncError(st.code());
       std::lock_guard<std::mutex> lock(failureMutex_);
       if (failure_.empty()) failure_ = st.message();
@@ -492,6 +506,7 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   size_t i = 0;
   while (i < ops.size()) {
     Status st;
+    progress_.enter(static_cast<int>(ops[i].type), ops[i].count, ops[i].root, device_ && ops[i].onDevice);
     if (device_ && ops[i].onDevice) {
       st = runOnDevice(ops, &i);
     } else if (ops[i].type == collectives::CollType::kSendRecv) {
@@ -504,6 +519,7 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
       ++i;
     }
     if (!st) {
+      st = explainFailure(st);
       setAsyncError(st.code());
       {
         std::lock_guard<std::mutex> lock(failureMutex_);
@@ -515,8 +531,30 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
       LOOM_WARN(kColl, "%s", st.message().c_str());
       return st;
     }
+    progress_.leave();
   }
   return Status::ok();
+}
+
+Status Communicator::explainFailure(Status st) {
+  // The others see this rank's failure from now on (before it asks them: two ranks that
+  // time out at once then see each other's).
+  progress_.setFailure(st.message());
+  // Worth asking after a timeout (who never came?) and after a peer's failure (in a
+  // cascade, who failed first, and why?); not after this rank's own bad input.
+  if (nranks_ < 2 || !(isTimeout(st) || st.code() == Code::kRemoteError)) return st;
+  // Up to kAskAll ranks, every one; beyond, those this rank is connected to (every rank
+  // asking every other after a failure of thousands would be a storm).
+  constexpr int kAskAll = 128;
+  std::vector<char> whom(nranks_, nranks_ <= kAskAll ? 1 : 0);
+  if (nranks_ > kAskAll) {
+    std::lock_guard<std::mutex> lock(connMutex_);
+    for (int p = 0; p < nranks_; ++p) whom[p] = sends_[p] != nullptr || recvs_[p] != nullptr;
+  }
+  ProgressReply mine = progress_.snapshot(rank_);
+  mine.failure[0] = '\0';  // say where it was, not that it failed
+  const std::string where = askWhereRanksAre(progressAddresses_, whom, rank_, secret_, mine, 1000);
+  return Status(st.code(), st.message() + "; " + where);
 }
 
 // A loop calls the same collective again and again: the last schedule is kept and

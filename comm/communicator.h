@@ -18,6 +18,7 @@
 #include "collectives/schedule.h"
 #include "comm/bootstrap.h"
 #include "comm/device_comm.h"
+#include "comm/progress_report.h"
 #include "comm/spin_worker.h"
 #include "comm/topology_view.h"
 #include "common/datatype.h"
@@ -173,6 +174,14 @@ class Communicator : public collectives::ConnectionProvider {
   ConnectMessage selfMessage_;
   std::unique_ptr<DeviceComm> device_;  // null for host-memory communicators
   TopologyView topo_;
+  // Who is stuck (progress_report.h): this rank's record, the server that answers with
+  // it, and every rank's server address.
+  ProgressRecord progress_;
+  std::unique_ptr<ProgressServer> progressServer_;
+  std::vector<SocketAddress> progressAddresses_;
+  uint64_t secret_[2] = {0, 0};
+  // `st` (a failure of this rank), with where every rank is when it was a timeout.
+  Status explainFailure(Status st);
 
   std::atomic<bool> abortFlag_{false};
   std::atomic<int> asyncError_{ncclSuccess};

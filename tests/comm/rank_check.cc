@@ -31,7 +31,7 @@ int loop(ncclComm_t comm, int rank, int n, double seconds, int staggerMs) {
   for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + i % 97);
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   long calls = 0;
-  while (std::chrono::steady_clock::now() < end) {
+  while (true) {
     if (rank == 0 && staggerMs > 0 && calls % 100 == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(staggerMs));
     }
@@ -45,6 +45,10 @@ int loop(ncclComm_t comm, int rank, int n, double seconds, int staggerMs) {
       }
     }
     ++calls;
+    // Every rank stops after the same call: the first whose time is up says so.
+    int up = std::chrono::steady_clock::now() >= end ? 1 : 0, anyUp = 0;
+    if (ncclAllReduce(&up, &anyUp, 1, ncclInt32, ncclMax, comm, nullptr)) return fail("stop vote", comm, rank);
+    if (anyUp) break;
   }
   std::printf("rank %d: %ld looped all-reduces right\n", rank, calls);
   return 0;
