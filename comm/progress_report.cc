@@ -55,7 +55,8 @@ std::string describe(const ProgressReply& r, uint64_t askerEntered, bool withTim
     if (withTime) s += " for " + seconds(r.sinceMs);
     return s;
   }
-  std::string s = "not in a call; its last, " + call + ", " + (r.onDevice ? "was queued" : "returned");
+  std::string s = "not in a call; its last, " + call + " (count " + std::to_string(r.count) + "), " +
+                  (r.onDevice ? "was queued" : "returned");
   if (withTime) s += " " + seconds(r.sinceMs) + " ago";
   if (askerEntered > r.entered) s += ": it has not called #" + std::to_string(r.entered + 1);
   return s;

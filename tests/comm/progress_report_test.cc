@@ -29,7 +29,7 @@ std::string freeCommId() {
   return s.isOk() ? s->localAddress()->toString() : "127.0.0.1:29521";
 }
 
-enum class Misbehave { kSkip, kStop, kDie };
+enum class Misbehave { kSkip, kStop, kDie, kCountZero };
 
 // Child `rank` of `n`: two all-reduces, except the misbehaving rank n-1, which does only
 // the first. A waiting rank exits 0 when its error holds every piece of `want` (printed
@@ -55,6 +55,11 @@ int child(int rank, int n, const std::string& address, Misbehave how,
         return 0;
       case Misbehave::kStop: raise(SIGSTOP); return 0;  // the parent kills it
       case Misbehave::kDie: _exit(0);
+      case Misbehave::kCountZero:  // a call that moves nothing, so nobody hears of it
+        ncclAllReduce(in.data(), out.data(), 0, ncclFloat32, ncclSum, comm, nullptr);
+        std::this_thread::sleep_for(std::chrono::seconds(6));
+        ncclCommAbort(comm);
+        return 0;
     }
   }
   const ncclResult_t rc = ncclAllReduce(in.data(), out.data(), in.size(), ncclFloat32, ncclSum, comm, nullptr);
@@ -95,8 +100,16 @@ std::vector<int> runRanks(int n, Misbehave how, const std::vector<std::string>& 
 TEST(ProgressReport, ARankThatSkipsACallIsNamed) {
   // Ranks 0 and 1 time out in all-reduce #2 (or one of them fails first and the other
   // sees it give up); either way the message says rank 2 never called #2.
-  const auto codes = runRanks(3, Misbehave::kSkip, {"where the ranks are", "rank 2: not in a call; its last, AllReduce #1",
+  const auto codes = runRanks(3, Misbehave::kSkip, {"where the ranks are", "rank 2: not in a call; its last, AllReduce #1 (count 4096)",
                                                     "it has not called #2"});
+  for (int c : codes) EXPECT_EQ(c, 0);
+}
+
+// NCCL's count 0 is a call that does nothing: the others wait for their timeout, and the
+// message shows the counts disagree.
+TEST(ProgressReport, ACountOfZeroAgainstOthersIsShown) {
+  const auto codes = runRanks(3, Misbehave::kCountZero, {"(this one): in AllReduce #2 (count 4096)",
+                                                         "rank 2: not in a call; its last, AllReduce #2 (count 0)"});
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 

@@ -3,6 +3,7 @@
 // unlinks the name as soon as it has mapped it, and the receiver unlinks it as soon
 // as the sender is attached (or it gives up), so nothing stays in /dev/shm after a
 // crash beyond the moment of set-up.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -10,15 +11,19 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "common/log.h"
 #include "common/settings.h"
 #include "transports/memory_fifo.h"
+#include "transports/shm/orphans.h"
 #include "transports/transport.h"
 
 namespace loom::transport {
@@ -209,9 +214,25 @@ class ShmSetup : public RecvSetup {
   char name_[96] = {0};
 };
 
+// A connection segment's name: "loom-" and 16 hex digits (the communicator), then '-'.
+bool isSegmentName(const char* name) {
+  if (std::strncmp(name, "loom-", 5) != 0) return false;
+  for (int i = 5; i < 21; ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return name[21] == '-';
+}
+
 class ShmTransport : public Transport {
  public:
-  explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx), rng_(std::random_device{}()) {}
+  explicit ShmTransport(const TransportContext& ctx) : ctx_(ctx), rng_(std::random_device{}()) {
+    // Set-up takes well under a minute; an unlocked segment older than that is an orphan.
+    static std::once_flag swept;
+    std::call_once(swept, [] {
+      const size_t n = removeOrphanSegments("/dev/shm", 60);
+      if (n > 0) LOOM_INFO(kInit, "shm: removed %zu shared-memory segment(s) left in /dev/shm by ranks that died", n);
+    });
+  }
   const char* name() const override { return "shm"; }
 
   Capability canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
@@ -311,6 +332,27 @@ class ShmTransport : public Transport {
 };
 
 }  // namespace
+
+size_t removeOrphanSegments(const std::string& dir, int minAgeSeconds) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return 0;
+  size_t removed = 0;
+  const time_t now = std::time(nullptr);
+  while (dirent* e = readdir(d)) {
+    if (!isSegmentName(e->d_name)) continue;
+    const std::string path = dir + "/" + e->d_name;
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;  // another user's, or gone meanwhile
+    struct stat st {};
+    // Its creator's lock, or a creator too young to have taken it yet, keeps it.
+    if (fstat(fd, &st) == 0 && now - st.st_mtime >= minAgeSeconds && presenceOf(fd, kReceiverByte) == Presence::kGone) {
+      if (unlink(path.c_str()) == 0) ++removed;
+    }
+    close(fd);
+  }
+  closedir(d);
+  return removed;
+}
 
 std::unique_ptr<Transport> makeShmTransport(const TransportContext& ctx) {
   return std::make_unique<ShmTransport>(ctx);
