@@ -84,9 +84,9 @@ class ProgressServer {
 // Asks every rank but `self` with `whom[r]` set (at `addresses`) where it is, each within
 // `deadlineMs`, 64 at a time, and returns one line such as
 //   "where the ranks are: rank 0 (this one): in AllReduce #12 (count 1024) for 30.0 s;
-//    ranks 1, 3: in AllReduce #12 (count 1024); rank 2: not in a call, its last was
-//    AllReduce #11 (count 1024), returned: it has not called #12; rank 4: no answer within 1000 ms (stopped, hung
-//    or cut off)"
+//    ranks 1, 3: in AllReduce #12 (count 1024); rank 2: not in a call; its last,
+//    AllReduce #11 (count 1024), returned: it has not called #12; rank 4: no answer
+//    within 1000 ms (stopped, hung or cut off)"
 std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses, const std::vector<char>& whom,
                              int self, const uint64_t secret[2], const ProgressReply& mine,
                              int64_t deadlineMs);
