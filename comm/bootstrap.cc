@@ -229,9 +229,9 @@ Status Bootstrap::readMessage(Arrival a) {
 
 // Waiting threads hold no lock while they wait: the network proxy polls (tryRecv) for
 // its connection handles while another thread of this rank may be in a long recv.
-Status Bootstrap::probe(int peer) {
+Status Bootstrap::probe(int peer, int64_t ms) {
   if (peer == rank_) return Status::ok();
-  auto s = Socket::connect(addresses_[peer], Deadline::afterMs(1000, abortFlag_), /*retryRefused=*/false);
+  auto s = Socket::connect(addresses_[peer], Deadline::afterMs(ms, abortFlag_), /*retryRefused=*/false);
   if (!s) {
     if (s.status().code() == Code::kRemoteError) {
       return errorf(Code::kRemoteError, "rank %d is gone (its bootstrap listener at %s refuses connections)",
@@ -240,7 +240,7 @@ Status Bootstrap::probe(int peer) {
     return Status::ok();  // slow or unreachable for now: not known to be gone
   }
   MsgHeader h{kMsgMagic, {secret_[0], secret_[1]}, rank_, 0, kAliveTag, 0};
-  (void)s->sendAll(&h, sizeof(h), Deadline::afterMs(1000, abortFlag_), "bootstrap peer");
+  (void)s->sendAll(&h, sizeof(h), Deadline::afterMs(ms, abortFlag_), "bootstrap peer");
   return Status::ok();
 }
 

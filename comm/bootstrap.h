@@ -50,6 +50,9 @@ class Bootstrap {
   Status barrier();
   // A fresh tag for one collective exchange (every rank calls in the same order).
   uint64_t nextTag() { return ++tagCounter_ << 8; }
+  // kRemoteError when `peer`'s process is gone (its listener refuses connections); ok
+  // when it answers within `ms` or cannot be told. Any thread.
+  Status probe(int peer, int64_t ms = 1000);
 
  private:
   Bootstrap() = default;
@@ -59,10 +62,6 @@ class Bootstrap {
   // Reads the message of a connection that presented its header into unexpected_ (a
   // stranger's is dropped and logged).
   Status readMessage(Arrival a);
-  // kRemoteError when `peer`'s process is gone (its listener refuses connections); ok
-  // when it answers or cannot be told.
-  Status probe(int peer);
-
   int rank_ = 0;
   int nranks_ = 0;
   uint64_t secret_[2] = {0, 0};

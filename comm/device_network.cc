@@ -66,6 +66,8 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<trans
   ex.tryRecv = [bs, me](int peer, int lane, transport::net::Handle* h) {
     return bs->tryRecv(peer, netHandleTag(me, peer, lane), h, sizeof(*h));
   };
+  // The proxy thread asks: a short deadline, so a host cut off stalls it only briefly.
+  ex.peerAlive = [bs](int peer) { return bs->probe(peer, 200); };
   auto net = dev::NetExecutor::create(o, std::move(ex));
   if (!net) return net.status().withContext("setting up GPU buffers over the network");
   net_ = std::move(net).value();

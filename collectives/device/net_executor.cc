@@ -68,6 +68,7 @@ Status NetExecutor::init(NetHandleExchange exchange) {
   for (int l = 0; l < int(kNetMaxLanes); ++l) {
     laneExchanges_[l].send = [this, l](int peer, const transport::net::Handle& h) { return exchange_.send(peer, l, h); };
     laneExchanges_[l].tryRecv = [this, l](int peer, transport::net::Handle* h) { return exchange_.tryRecv(peer, l, h); };
+    laneExchanges_[l].peerAlive = exchange_.peerAlive;
   }
   options_.slots = std::clamp<uint32_t>(options_.slots, 2, transport::net::kFifoMaxSlots);
   options_.slotBytes = std::max<uint64_t>(4096, options_.slotBytes / 4096 * 4096);

@@ -54,6 +54,7 @@ struct NetReduction {
 struct NetHandleExchange {
   std::function<Status(int peer, int lane, const transport::net::Handle& handle)> send;
   std::function<Result<bool>(int peer, int lane, transport::net::Handle* handle)> tryRecv;
+  std::function<Status(int peer)> peerAlive;  // optional (transport::net::HandleExchange)
 };
 
 class NetExecutor {

@@ -182,6 +182,42 @@ TEST(NetProxy, PeerGoneClosesTheFifoAndSaysWho) {
   EXPECT_NE(st.message().find("from rank 1"), std::string::npos) << st.message();
 }
 
+// A peer that is gone before its end of the connections exists: the dialers, waiting for
+// its handle or its connection, ask whether it lives once a second, and fail then
+// instead of at their 30 s deadline.
+TEST(NetProxy, DialersGiveUpOnAPeerThatIsGone) {
+  Context ctx;
+  ctx.commHash = 98;
+  ctx.rank = 0;
+  auto backend = makeSocketBackend(ctx);
+  ASSERT_TRUE(backend.isOk());
+  HandleExchange ex;
+  ex.send = [](int, const Handle&) { return Status::ok(); };
+  ex.tryRecv = [](int, Handle*) -> Result<bool> { return false; };  // its handle never comes
+  std::atomic<int> asked{0};
+  ex.peerAlive = [&](int peer) {
+    ++asked;
+    return errorf(Code::kRemoteError, "rank %d is gone (a test's answer)", peer);
+  };
+  FifoMemory out(1), in(1);
+  auto accept = listenFor(**backend, 0, 1, ex);
+  ASSERT_TRUE(accept.isOk());
+  Proxy proxy(0, 1000);
+  const auto start = Clock::now();
+  proxy.addSend(dialTo(**backend, 0, 1, ex), out.fifo, 30000);
+  proxy.addRecv(std::move(accept).value(), in.fifo, 30000);
+  auto deadline = start + std::chrono::seconds(10);
+  while ((closedOf(out.fifo) == kNetOpen || closedOf(in.fifo) == kNetOpen) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(closedOf(out.fifo), kNetPeerClosed);  // a remote error
+  EXPECT_EQ(closedOf(in.fifo), kNetPeerClosed);
+  EXPECT_NE(proxy.status(1, true).message().find("rank 1 is gone"), std::string::npos) << proxy.status(1, true).message();
+  EXPECT_NE(proxy.status(1, false).message().find("rank 1 is gone"), std::string::npos);
+  EXPECT_GE(asked.load(), 2);
+}
+
 TEST(NetProxy, ShutdownClosesEveryFifo) {
   Side sides[2];
   makeSides(sides);

@@ -7,15 +7,31 @@
 
 namespace loom::transport::net {
 
+namespace {
+
+// While a dialer waits for `peer`: once a second, whether its process is gone.
+Status checkPeer(const HandleExchange& exchange, int peer, Clock::time_point* next) {
+  if (!exchange.peerAlive) return Status::ok();
+  const auto now = Clock::now();
+  if (now < *next) return Status::ok();
+  *next = now + std::chrono::seconds(1);
+  return exchange.peerAlive(peer);
+}
+
+}  // namespace
+
 Result<RecvDialer> listenFor(Backend& backend, int dev, int peer, const HandleExchange& exchange) {
   Handle h;
   std::unique_ptr<ListenComm> listener;
   LOOM_TRY(backend.listen(dev, &h, &listener));
   LOOM_TRY(exchange.send(peer, h).withContext("sending the connection handle to rank " + std::to_string(peer)));
   std::shared_ptr<ListenComm> l(std::move(listener));
-  return RecvDialer([l, peer](std::unique_ptr<RecvComm>* comm) {
+  auto nextCheck = std::make_shared<Clock::time_point>(Clock::now() + std::chrono::seconds(1));
+  return RecvDialer([l, peer, nextCheck, &exchange](std::unique_ptr<RecvComm>* comm) {
     Status st = l->accept(comm);
-    return st ? st : st.withContext("accepting the connection from rank " + std::to_string(peer));
+    if (!st) return st.withContext("accepting the connection from rank " + std::to_string(peer));
+    if (!*comm) LOOM_TRY(checkPeer(exchange, peer, nextCheck.get()));
+    return Status::ok();
   });
 }
 
@@ -24,6 +40,7 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
     Handle handle;
     bool haveHandle = false;
     Backend* backend;
+    Clock::time_point nextCheck = Clock::now() + std::chrono::seconds(1);
     ~State() {
       if (haveHandle) backend->cancelConnect(&handle);  // a no-op once connected
     }
@@ -35,7 +52,7 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
       auto got = exchange.tryRecv(peer, &state->handle);
       if (!got) return got.status().withContext("receiving the connection handle of rank " + std::to_string(peer));
       state->haveHandle = *got;
-      if (!state->haveHandle) return Status::ok();
+      if (!state->haveHandle) return checkPeer(exchange, peer, &state->nextCheck);
     }
     Status st = state->backend->connect(dev, &state->handle, peer, comm);
     return st ? st : st.withContext("connecting to rank " + std::to_string(peer));
@@ -70,6 +87,7 @@ Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>&
     *h = it->second;
     return true;
   };
+  ex.peerAlive = exchange.peerAlive;
   std::vector<RecvDialer> accepts;
   for (int p : recvPeers) {
     LOOM_ASSIGN_OR_RETURN(RecvDialer d, listenFor(backend, dev, p, ex));

@@ -23,6 +23,11 @@ struct HandleExchange {
   std::function<Status(int peer, const Handle& handle)> send;
   // From the receiver `peer`: true once it has arrived (never waits).
   std::function<Result<bool>(int peer, Handle* handle)> tryRecv;
+  // Optional: an error when `peer`'s process is known to be gone (ok when alive or not
+  // known). A dialer still waiting for its peer asks it once a second, so a peer that
+  // died before its end of the connection existed costs a second, not LOOM_TIMEOUT_MS.
+  // Must return within a fraction of a second (the proxy thread calls it).
+  std::function<Status(int peer)> peerAlive;
 };
 
 // Called until it leaves a comm in its argument (or fails).
