@@ -55,6 +55,9 @@ TEST(GpuNetFault, OneRank) {
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);  // from LOOM_COMM_ID
   ncclComm_t comm;
   ASSERT_EQ(ncclCommInitRank(&comm, 2, id, rank), ncclSuccess) << ncclGetLastError(nullptr);
+  // "early": rank 1 goes before any connection exists (they are made at the first call).
+  const char* mode = std::getenv("LOOM_TEST_FAULT_MODE");
+  if (rank == 1 && mode && std::string(mode) == "early") _exit(0);
   const size_t count = 4 << 20;
   float* buf = nullptr;
   ASSERT_EQ(cudaMalloc(&buf, count * sizeof(float)), cudaSuccess);
@@ -102,8 +105,8 @@ TEST(GpuNetFault, OneRank) {
   EXPECT_NE(msg.find("rank " + std::to_string(1 - rank)), std::string::npos) << msg;
 }
 
-TEST(GpuNetFault, PeerKilledMidCollective) {
-  REQUIRE_GPUS(1);
+// Starts the two ranks (OneRank) with `mode`; their pids, and the logs they write.
+void spawnRanks(const std::string& mode, std::vector<pid_t>* pids, std::vector<std::string>* logs) {
   auto lo = loom::SocketAddress::parse("127.0.0.1:0");
   auto probe = loom::Socket::listen(*lo);
   ASSERT_TRUE(probe.isOk());
@@ -111,16 +114,15 @@ TEST(GpuNetFault, PeerKilledMidCollective) {
   probe->close();
   char exe[4096] = {0};
   ASSERT_GT(readlink("/proc/self/exe", exe, sizeof(exe) - 1), 0);
-  std::vector<pid_t> pids;
-  std::vector<std::string> logs;
   for (int r = 0; r < 2; ++r) {
-    logs.push_back("/tmp/loom_net_fault_" + std::to_string(getpid()) + "_" + std::to_string(r) + ".log");
+    logs->push_back("/tmp/loom_net_fault_" + std::to_string(getpid()) + "_" + std::to_string(r) + ".log");
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back("LOOM_TEST_FAULT_RANK=" + std::to_string(r));
     env.push_back("LOOM_COMM_ID=" + address);
     env.push_back("LOOM_HOST_ID=fault-host-" + std::to_string(r));
     env.push_back("LOOM_TIMEOUT_MS=20000");
+    env.push_back("LOOM_TEST_FAULT_MODE=" + mode);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -128,13 +130,34 @@ TEST(GpuNetFault, PeerKilledMidCollective) {
     char* argv[] = {exe, filter.data(), nullptr};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, logs->back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     pid_t pid = 0;
     ASSERT_EQ(posix_spawn(&pid, exe, &fa, nullptr, argv, envp.data()), 0);
     posix_spawn_file_actions_destroy(&fa);
-    pids.push_back(pid);
+    pids->push_back(pid);
   }
+}
+
+// Waits up to `limitMs` for `pid`; its wait status (-1: killed at the limit).
+int waitFor(pid_t pid, double limitMs, Clock::time_point from) {
+  int status = -1;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (msSince(from) > limitMs) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return status;
+}
+
+TEST(GpuNetFault, PeerKilledMidCollective) {
+  REQUIRE_GPUS(1);
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  spawnRanks("loop", &pids, &logs);
   // Both looping, then a few seconds of calls, then rank 1 dies.
   const auto setupDeadline = Clock::now() + std::chrono::seconds(60);
   while (readFile(logs[0]).find("looping") == std::string::npos || readFile(logs[1]).find("looping") == std::string::npos) {
@@ -145,22 +168,32 @@ TEST(GpuNetFault, PeerKilledMidCollective) {
   kill(pids[1], SIGKILL);
   const auto killed = Clock::now();
   waitpid(pids[1], nullptr, 0);
-  int status = -1;
-  while (waitpid(pids[0], &status, WNOHANG) != pids[0]) {
-    if (msSince(killed) > 60000) {
-      kill(pids[0], SIGKILL);
-      waitpid(pids[0], &status, 0);
-      ADD_FAILURE() << "rank 0 did not end within 60 s of rank 1's death";
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const int status = waitFor(pids[0], 60000, killed);
+  if (status == -1) ADD_FAILURE() << "rank 0 did not end within 60 s of rank 1's death";
   const double tookMs = msSince(killed);
   const std::string log = readFile(logs[0]);
   std::printf("rank 0 ended %.0f ms after rank 1 was killed; its output:\n%s\n", tookMs, log.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   // Well within LOOM_TIMEOUT_MS (20 s): the dead peer's sockets close at once.
   EXPECT_LT(tookMs, 10000.0);
+  for (const auto& l : logs) unlink(l.c_str());
+}
+
+// Rank 1 ends right after init, before the first call made any connection: rank 0's
+// first call must fail once its proxy learns the peer is gone (about a second), not at
+// LOOM_TIMEOUT_MS (20 s).
+TEST(GpuNetFault, PeerGoneBeforeConnections) {
+  REQUIRE_GPUS(1);
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  const auto start = Clock::now();
+  spawnRanks("early", &pids, &logs);
+  waitpid(pids[1], nullptr, 0);
+  const int status = waitFor(pids[0], 60000, start);
+  const std::string log = readFile(logs[0]);
+  std::printf("rank 0 ended %.0f ms after the start; its output:\n%s\n", msSince(start), log.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_LT(msSince(start), 15000.0);
   for (const auto& l : logs) unlink(l.c_str());
 }
 
