@@ -372,14 +372,21 @@ Result<RedOp> Communicator::resolveOp(int ncclOp, DataType type) const {
                   ncclOp, dataTypeName(u.type), dataTypeName(type));
   }
   r.kind = RedKind::kPreMulSum;
-  r.scalar = u.devicePtr ? readScalar(type, u.devicePtr) : u.scalar;
+  if (u.devicePtr) {
+    LOOM_ASSIGN_OR_RETURN(r.scalar, readScalar(type, u.devicePtr));
+  } else {
+    r.scalar = u.scalar;
+  }
   return r;
 }
 
-double Communicator::readScalar(DataType type, const void* p) const {
+Result<double> Communicator::readScalar(DataType type, const void* p) const {
   if (!isDeviceBuffer(p)) return loadAsDouble(type, p, 0);
   uint64_t v = 0;
-  if (!copyDeviceToHost(&v, p, dataTypeSize(type))) return 1.0;
+  if (!copyDeviceToHost(&v, p, dataTypeSize(type))) {
+    return errorf(Code::kCudaError, "PreMulSum: reading the %s scalar at %p from GPU memory failed "
+                  "(freed, or not a device pointer of this process)", dataTypeName(type), p);
+  }
   return loadAsDouble(type, &v, 0);
 }
 

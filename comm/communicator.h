@@ -127,7 +127,9 @@ class Communicator : public collectives::ConnectionProvider {
                              collectives::ExecArgs args);
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
   Status runOnDevice(const std::vector<Operation>& ops, size_t* i);
-  double readScalar(DataType type, const void* p) const;
+  // A PreMulSum scalar in host or device memory; an error when the copy fails (never a
+  // made-up value).
+  Result<double> readScalar(DataType type, const void* p) const;
   Result<int> selectTransport(int peer) const;
   void logTopologyChoices();
   void workerMain();
