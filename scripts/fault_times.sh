@@ -21,7 +21,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
 rows=()
 status=0
 run_case() {  # transport fault nranks
-  local transport=$1 fault=$2 n=$3 port=$((20000 + RANDOM % 20000))
+  local transport=$1 fault=$2 n=$3 port=$((20000 + RANDOM % 12000))  # below the ephemeral range
   local envs=(LOOM_COMM_ID=127.0.0.1:$port LOOM_NRANKS=$n LOOM_TIMEOUT_MS=$timeout_ms)
   [ "$transport" = tcp ] && envs+=(LOOM_SHM_DISABLE=1)
   local pids=()

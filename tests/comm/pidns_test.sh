@@ -14,8 +14,10 @@ if ! command -v unshare >/dev/null; then echo "SKIP: no unshare (util-linux)"; e
 if ! unshare --pid --fork true 2>/dev/null; then echo "SKIP: 'unshare --pid' refused here"; exit 77; fi
 tag="/tmp/loom-pidns-$$"
 trap 'rm -f $tag.*' EXIT
+# A port for the bootstrap root below the kernel's ephemeral range (32768 up), where the
+# other tests' own connections take theirs.
 run_pair() {  # rank_check args: starts rank 0 here and rank 1 in a PID namespace of its own
-  local port=$((20000 + RANDOM % 20000))
+  local port=$((20000 + RANDOM % 12000))
   local common=(env LOOM_COMM_ID="127.0.0.1:$port" LOOM_NRANKS=2 LOOM_TIMEOUT_MS=20000
                 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=INIT)
   "${common[@]}" LOOM_RANK=0 "$check" "$@" > "$tag.0" 2>&1 &
@@ -26,9 +28,13 @@ run_pair() {  # rank_check args: starts rank 0 here and rank 1 in a PID namespac
 rc=0
 # 1. Healthy: both pass, over shm, for 2 s of all-reduces, rank 1 waiting 300 ms on rank
 #    0 now and then (long enough for it to ask whether rank 0 is still there).
-run_pair --loop 2 --stagger-ms 300
-wait $r0; a=$?
-wait $r1; b=$?
+for attempt in 1 2 3; do
+  run_pair --loop 2 --stagger-ms 300
+  wait $r0; a=$?
+  wait $r1; b=$?
+  # Another program took the port first: try another.
+  grep -q "Address already in use" "$tag.0" || break
+done
 grep -h "passed\|right\|failed\|exited" "$tag.0" "$tag.1"
 if ((a != 0 || b != 0)); then echo "FAIL: healthy pair in two PID namespaces (rc $a, $b)"; rc=1; fi
 grep -q "via shm" "$tag.0" || { echo "FAIL: the pair did not use shared memory"; grep -h "connected to" "$tag.0"; rc=1; }
