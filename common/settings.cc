@@ -1,5 +1,7 @@
 #include "common/settings.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -218,14 +220,28 @@ int64_t getInt(const char* name) {
   return v;
 }
 
+namespace {
+
+// 1 / 0 for the spellings of a yes or a no (any case), -1 for anything else.
+int parseBool(std::string text) {
+  for (auto& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (text == "1" || text == "true" || text == "yes" || text == "on" || text == "y") return 1;
+  if (text == "0" || text == "false" || text == "no" || text == "off" || text == "n") return 0;
+  return -1;
+}
+
+}  // namespace
+
 bool getBool(const char* name) {
   auto [text, source] = raw(name);
-  if (text == "1" || text == "true" || text == "TRUE" || text == "yes") return true;
-  if (text == "0" || text == "false" || text == "FALSE" || text == "no" || text.empty()) {
-    return false;
-  }
-  warnOnce(name, std::string(source) + "='" + text + "' is not 0 or 1; using 0");
-  return false;
+  const int v = parseBool(text);
+  if (v >= 0) return v == 1;
+  // Not a yes or a no: the default, never a value the user did not ask for.
+  const Definition* def = find(name);
+  const bool dflt = def && parseBool(def->defaultValue) == 1;
+  warnOnce(name, std::string(source) + "='" + text + "' is not a yes or a no (1/0, true/false, "
+                 "yes/no, on/off); using the default, " + (dflt ? "1" : "0"));
+  return dflt;
 }
 
 std::string getString(const char* name) { return raw(name).first; }
