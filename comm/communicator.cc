@@ -70,15 +70,14 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   // Where the ranks are, for the message of a timeout: a port on the bootstrap's interface.
   secret_[0] = id.secret[0];
   secret_[1] = id.secret[1];
-  progressAddresses_.assign(nranks, SocketAddress{});
+  SocketAddress progressAddress;  // travels in PeerInfo (invalid: no port)
   if (auto server = ProgressServer::start(bootstrap_->address(rank), rank, secret_, &progress_)) {
     progressServer_ = std::move(server).value();
-    progressAddresses_[rank] = progressServer_->address();
+    progressAddress = progressServer_->address();
   } else {
     LOOM_INFO(kInit, "rank %d: no progress port (%s): a timeout will not say where this rank was",
               rank, server.status().message().c_str());
   }
-  LOOM_TRY(bootstrap_->allGather(progressAddresses_.data(), sizeof(SocketAddress)));
 
   cudaDev_ = options.cudaDev;
   transport::PeerInfo me;
@@ -86,6 +85,7 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   me.cudaDev = cudaDev_;
   me.pid = getpid();
   me.process = processToken();
+  me.progress = progressAddress;
   struct stat ns {};
   me.pidNs = stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<uint64_t>(ns.st_ino) : 0;
   me.hostHash = hostHash();
@@ -111,6 +111,8 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
       return errorf(Code::kInternalError, "peer table entry %d holds rank %d", r, peers_[r].rank);
     }
   }
+  progressAddresses_.resize(nranks);
+  for (int r = 0; r < nranks; ++r) progressAddresses_[r] = peers_[r].progress;
 
   LOOM_ASSIGN_OR_RETURN(topo_, buildTopologyView(*bootstrap_, peers_, rank_, cudaDev_));
 

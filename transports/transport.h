@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/socket.h"
 #include "common/status.h"
 
 namespace loom::transport {
@@ -39,6 +40,7 @@ struct PeerInfo {
   pid_t pid = 0;          // in its own PID namespace: for messages only
   uint64_t process = 0;   // processToken(): equal exactly for ranks of one process
   uint64_t pidNs = 0;     // the inode of its PID namespace: pids compare only where equal
+  SocketAddress progress;  // its progress port (comm/progress_report.h); invalid: none
   uint64_t hostHash = 0;  // equal for ranks that share memory (same host id)
   uint64_t shmDevHash = 0;  // identifies /dev/shm's filesystem (containers differ)
   char hostName[64] = {0};
