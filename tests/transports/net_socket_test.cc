@@ -126,12 +126,14 @@ void exchange(Pair& p, const std::vector<size_t>& sizes, size_t capacity, int de
 const std::vector<size_t> kSizes = {0, 1, 8, 4095, 65535, 65536, 65537, 200000, 1 << 20, (1 << 20) - 3, 77, 0, 524288};
 
 TEST(NetSocket, OneSocket) {
+  ScopedSetting t("LOOM_SOCKET_NTHREADS", "1");  // unset, GPU buffers get 4
   Pair p;
   connectPair(&p, [](const Handle&) {});
   exchange(p, kSizes, 1 << 20, 8);
 }
 
 TEST(NetSocket, ThreeSocketsStriped) {
+  ScopedSetting t("LOOM_SOCKET_NTHREADS", "1");  // the caller moves all three
   ScopedSetting s("LOOM_NSOCKS_PERTHREAD", "3");
   Pair p;
   connectPair(&p, [](const Handle&) {});
