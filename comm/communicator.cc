@@ -500,7 +500,8 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   if (device_) {
     Status st = device_->kernelError();
     if (!st) {
-      st = explainFailure(st);
+      // Every later call sees the same kernel error: the ranks are asked the first time.
+      if (asyncError_.load() == ncclSuccess) st = explainFailure(st);
       setAsyncError(st.code());
       std::lock_guard<std::mutex> lock(failureMutex_);
       if (failure_.empty()) failure_ = st.message();
