@@ -1,7 +1,6 @@
 #include "transports/net/proxy.h"
 
 #include <sched.h>
-#include <time.h>
 
 #include <algorithm>
 
@@ -17,12 +16,6 @@ void storeRelease(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store
 void setClosed(FifoHeader* h, uint32_t why) {
   uint32_t expected = kNetOpen;
   std::atomic_ref<uint32_t>(h->closed).compare_exchange_strong(expected, why, std::memory_order_release);
-}
-
-int64_t threadCpuNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 // Spin this long with the CPU's pause hint before yielding between polls.

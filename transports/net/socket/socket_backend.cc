@@ -18,7 +18,6 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,12 +94,6 @@ struct Helpers {
   int count = 0;
   std::shared_ptr<std::atomic<int64_t>> cpuNs = std::make_shared<std::atomic<int64_t>>(0);
 };
-
-int64_t threadCpuNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 }  // namespace
 
