@@ -21,7 +21,7 @@ void schedulePeers(const Schedule& schedule, std::vector<int>* sendPeers,
   recvPeers->clear();
   for (const auto& phase : schedule.phases) {
     for (const auto& st : phase) {
-      if (st.count == 0) continue;
+      if (st.count == 0 && !st.empty) continue;
       for (int i = 0; i < st.nsend; ++i) sendPeers->push_back(st.sendPeers[i]);
       for (int i = 0; i < st.nrecv; ++i) recvPeers->push_back(st.recvPeers[i]);
     }
@@ -51,6 +51,10 @@ namespace {
 // 70-80 us yielding first (docs/decisions.md). After kYieldUs a rank that still waits
 // is waiting on something slow, and blocks so that it costs nothing.
 constexpr int64_t kYieldUs = 2000;
+// After this long without progress, a rank waiting on memory transports sleeps 500 us
+// between looks: a wait that long is a peer that is slow or stuck, and half a millisecond
+// more on it costs nothing.
+constexpr int64_t kDozeUs = 50000;
 // How many pieces ahead a receiving step offers its destination to the connection.
 constexpr size_t kClaimDepth = 4;
 
@@ -62,7 +66,9 @@ void waitForPeers(int64_t idleUs, int64_t spinUs, std::vector<pollfd>* fds) {
   } else if (!fds->empty()) {
     ::poll(fds->data(), fds->size(), 1);
   } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // Memory offers nothing to poll: short sleeps, and longer ones once the wait is long
+    // enough to be a stuck or slow peer (20 us sleeps cost ~0.15 cores doing nothing).
+    std::this_thread::sleep_for(std::chrono::microseconds(idleUs < kDozeUs ? 20 : 500));
   }
 }
 
@@ -179,7 +185,7 @@ class PhaseRunner {
     for (size_t i = 0; i < phase.size(); ++i) {
       StepState& s = states_[i];
       s.step = &phase[i];
-      s.pieces = (s.step->count + pieceElems_ - 1) / pieceElems_;
+      s.pieces = s.step->empty ? 1 : (s.step->count + pieceElems_ - 1) / pieceElems_;
       if (s.pieces == 0) continue;
       for (int j = 0; j < s.step->nsend; ++j) {
         int p = s.step->sendPeers[j];

@@ -44,6 +44,10 @@ struct Step {
   // src already holds a partial result (this rank's earlier work), so the pre-op is not
   // applied to it again.
   bool srcPartial = false;
+  // One message of 0 bytes each way (count is 0): see emptyCall(). No piece of data is
+  // ever 0 bytes long, so a peer that expects data and gets this one (or the reverse)
+  // reports the mismatch at once.
+  bool empty = false;
 
   Step& recvFrom(int p) {
     recvPeers[nrecv++] = p;
@@ -116,6 +120,11 @@ Schedule roundsAllToAll(int rank, int n, size_t count, int peersPerPhase);
 // Every rank sends its `count` elements to every other rank at once; block q of the
 // output holds rank q's input. The first half of a one-shot all-reduce.
 Schedule directAllGather(int rank, int n, size_t count);
+// A collective called with a count of 0 moves no data, yet still sends one empty message
+// to its ring successor and takes one from its predecessor: a rank whose peers called the
+// same collective with another count is then told at once ("rank 2 sent 0 bytes where
+// 16384 were expected") instead of waiting for its timeout. It costs one hop.
+Schedule emptyCall(int rank, int n, const std::vector<int>* ring = nullptr);
 
 // The binary tree over positions 0..n-1 used by the tree schedules: parent (-1 for the
 // root) and children (0-2) of position p. Leaves are the even positions.

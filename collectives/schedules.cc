@@ -144,6 +144,19 @@ Schedule localOnly(size_t inCount, size_t outCount, size_t count, bool reduces) 
 
 }  // namespace
 
+Schedule emptyCall(int r, int n, const std::vector<int>* ring) {
+  Schedule s;
+  if (n < 2) return s;
+  const RingOrder ro = ringOrder(r, n, ring);
+  // Two steps, not one that forwards: a step waits for what it receives before it sends.
+  Step send, recv;
+  send.empty = recv.empty = true;
+  send.sendTo(ro.rankAt(ro.pos + 1));
+  recv.recvFrom(ro.rankAt(ro.pos - 1));
+  s.phases.push_back(Phase{send, recv});
+  return s;
+}
+
 bool isRingOrder(const std::vector<int>& ring, int n) {
   if (static_cast<int>(ring.size()) != n) return false;
   std::vector<bool> seen(n, false);

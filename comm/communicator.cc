@@ -563,7 +563,7 @@ Status Communicator::explainFailure(Status st) {
   }
   ProgressReply mine = progress_.snapshot(rank_);
   mine.failure[0] = '\0';  // say where it was, not that it failed
-  const std::string where = askWhereRanksAre(progressAddresses_, whom, rank_, secret_, mine, 1000);
+  const std::string where = askWhereRanksAre(progressAddresses_, whom, rank_, secret_, mine, kAnswerMs);
   return Status(st.code(), st.message() + "; " + where);
 }
 
@@ -581,6 +581,7 @@ const collectives::Schedule& Communicator::scheduleFor(const collectives::CollRe
 }
 
 Status Communicator::runCollective(const Operation& op) {
+  if (op.count == 0) return runEmptyCall(op);
   collectives::CollRequest req;
   req.type = op.type;
   req.count = op.count;
@@ -620,6 +621,23 @@ Status Communicator::runCollective(const Operation& op) {
     copy.assign(static_cast<const char*>(op.sendbuff), static_cast<const char*>(op.sendbuff) + bytes);
     args.input = copy.data();
   }
+  return collectives::runSchedule(args, *this);
+}
+
+Status Communicator::runEmptyCall(const Operation& op) {
+  if (nranks_ < 2) return Status::ok();
+  const collectives::Schedule sch = collectives::emptyCall(rank_, nranks_, &topo_.ring);
+  collectives::ExecArgs args;
+  args.schedule = &sch;
+  args.type = op.dtype;
+  args.rank = rank_;
+  args.pieceBytes = context_.fifo.slotBytes;
+  args.timeoutMs = timeoutMs_;
+  args.spinUs = spinUs_;
+  args.abortFlag = &abortFlag_;
+  args.coll = op.type;
+  args.algo = collectives::Algorithm::kRing;
+  args.count = 0;
   return collectives::runSchedule(args, *this);
 }
 

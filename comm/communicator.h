@@ -125,6 +125,8 @@ class Communicator : public collectives::ConnectionProvider {
                                            collectives::Algorithm algo);
   Status runOneShotAllReduce(const Operation& op, const collectives::Schedule& sch,
                              collectives::ExecArgs args);
+  // A count of 0 on host memory: one empty message around the ring (collectives::emptyCall).
+  Status runEmptyCall(const Operation& op);
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
   Status runOnDevice(const std::vector<Operation>& ops, size_t* i);
   // A PreMulSum scalar in host or device memory; an error when the copy fails (never a

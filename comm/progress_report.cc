@@ -20,7 +20,7 @@ namespace {
 constexpr uint64_t kQueryMagic = 0x3f65726568776d6cull;  // "lmwhere?"
 constexpr uint64_t kReplyMagic = 0x2165726568776d6cull;  // "lmwhere!"
 constexpr int64_t kHelloMs = 1000;  // a question must arrive this soon after connecting
-constexpr size_t kBatch = 64;       // ranks asked at once
+constexpr size_t kBatch = 128;      // ranks asked at once
 
 struct Query {
   uint64_t magic;

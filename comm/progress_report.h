@@ -81,12 +81,18 @@ class ProgressServer {
   std::thread thread_;
 };
 
+// How long a rank that timed out waits for the others' answers. A live rank's progress
+// thread answers within a millisecond or two (it is idle in poll()), so this is mostly
+// the time a stopped rank costs, on top of LOOM_TIMEOUT_MS; the reliability goal is the
+// timeout within 100 ms for a stopped peer.
+constexpr int64_t kAnswerMs = 80;
+
 // Asks every rank but `self` with `whom[r]` set (at `addresses`) where it is, each within
-// `deadlineMs`, 64 at a time, and returns one line such as
+// `deadlineMs`, 128 at a time, and returns one line such as
 //   "where the ranks are: rank 0 (this one): in AllReduce #12 (count 1024) for 30.0 s;
 //    ranks 1, 3: in AllReduce #12 (count 1024); rank 2: not in a call; its last,
 //    AllReduce #11 (count 1024), returned: it has not called #12; rank 4: no answer
-//    within 1000 ms (stopped, hung or cut off)"
+//    within 80 ms (stopped, hung or cut off)"
 std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses, const std::vector<char>& whom,
                              int self, const uint64_t secret[2], const ProgressReply& mine,
                              int64_t deadlineMs);

@@ -8,7 +8,7 @@
 # LOOM_SHM_DISABLE=1) it prints, per survivor, the time from the fault to its exit with
 # the error, and the CPU it used over that time (from /proc, sampled every 50 ms), as a
 # Markdown table (to OUT.md as well when given). LOOM_TIMEOUT_MS is 3000 here: a stopped
-# rank is reported at that timeout, plus the up to 1 s the survivors take to ask every
+# rank is reported at that timeout, plus the up to 80 ms the survivors take to ask every
 # rank where it is. A benchmark, not a test: it fails only when a survivor does not end.
 set -u
 check=$(realpath "$1")

@@ -191,6 +191,27 @@ std::vector<Case> cases() {
   };
 }
 
+TEST(Schedules, EmptyCallPassesOneEmptyMessageAroundTheRing) {
+  EXPECT_TRUE(emptyCall(0, 1).phases.empty());
+  const std::vector<int> ring = {0, 2, 1};
+  for (int r = 0; r < 3; ++r) {
+    const Schedule s = emptyCall(r, 3, &ring);
+    ASSERT_EQ(s.phases.size(), 1u);
+    ASSERT_EQ(s.phases[0].size(), 2u);
+    const Step& send = s.phases[0][0];
+    const Step& recv = s.phases[0][1];
+    EXPECT_TRUE(send.empty && recv.empty);
+    EXPECT_EQ(send.count + recv.count, 0u);
+    ASSERT_EQ(send.nsend, 1);
+    ASSERT_EQ(recv.nrecv, 1);
+    EXPECT_EQ(send.nrecv + recv.nsend, 0);
+    int pos = 0;
+    while (ring[pos] != r) ++pos;
+    EXPECT_EQ(send.sendPeers[0], ring[(pos + 1) % 3]);
+    EXPECT_EQ(recv.recvPeers[0], ring[(pos + 2) % 3]);
+  }
+}
+
 TEST(RingOrder, RejectsWhatIsNotAPermutation) {
   EXPECT_TRUE(isRingOrder({2, 0, 1}, 3));
   EXPECT_FALSE(isRingOrder({0, 0, 1}, 3));

@@ -242,14 +242,14 @@ TEST(ApiCollectives, TreeAndRingAgreeOnLargeCounts) {
 
 // Every collective over TCP, where sockets send results straight from user memory
 // (in place too, where a buffer is both read and written), for counts of one piece and
-// of many.
+// of many, and of 0 (one empty message around the ring).
 TEST(ApiCollectives, AllCollectivesOverTcp) {
   setenv("LOOM_TRANSPORTS", "tcp", 1);
   for (int n : {3, 4}) {
     Comms cm(n);
     for (Coll coll : {Coll::kAllReduce, Coll::kReduce, Coll::kBroadcast, Coll::kAllGather,
                       Coll::kReduceScatter, Coll::kAllToAll}) {
-      for (size_t count : {size_t{1}, size_t{1009}, size_t{300007}}) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{1009}, size_t{300007}}) {
         for (bool inPlace : {false, true}) {
           runCase(cm, coll, DataType::kFloat32, ncclSum, count, inPlace, n - 1);
           runCase(cm, coll, DataType::kFloat32, ncclAvg, count, inPlace, 0);

@@ -55,7 +55,7 @@ int child(int rank, int n, const std::string& address, Misbehave how,
         return 0;
       case Misbehave::kStop: raise(SIGSTOP); return 0;  // the parent kills it
       case Misbehave::kDie: _exit(0);
-      case Misbehave::kCountZero:  // a call that moves nothing, so nobody hears of it
+      case Misbehave::kCountZero:  // a call that moves no data
         ncclAllReduce(in.data(), out.data(), 0, ncclFloat32, ncclSum, comm, nullptr);
         std::this_thread::sleep_for(std::chrono::seconds(6));
         ncclCommAbort(comm);
@@ -105,16 +105,18 @@ TEST(ProgressReport, ARankThatSkipsACallIsNamed) {
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 
-// NCCL's count 0 is a call that does nothing: the others wait for their timeout, and the
-// message shows the counts disagree.
-TEST(ProgressReport, ACountOfZeroAgainstOthersIsShown) {
-  const auto codes = runRanks(3, Misbehave::kCountZero, {"(this one): in AllReduce #2 (count 4096)",
-                                                         "rank 2: not in a call; its last, AllReduce #2 (count 0)"});
+// NCCL's count 0 is a call that does nothing, so the others wait for their timeout. loom's
+// still passes an empty message around the ring, so the ranks with data hear at once
+// that the counts disagree (here well inside the 2 s timeout).
+TEST(ProgressReport, ACountOfZeroAgainstOthersFailsAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto codes = runRanks(3, Misbehave::kCountZero, {"were expected: the ranks called different operations or counts"});
   for (int c : codes) EXPECT_EQ(c, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
 }
 
 TEST(ProgressReport, AStoppedRankIsNamed) {
-  const auto codes = runRanks(3, Misbehave::kStop, {"where the ranks are", "rank 2: no answer within 1000 ms"});
+  const auto codes = runRanks(3, Misbehave::kStop, {"where the ranks are", "rank 2: no answer within 80 ms"});
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 
