@@ -27,6 +27,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/minmax.h"
+
 namespace loom {
 namespace detail {
 namespace {
@@ -224,24 +226,15 @@ struct ProdOp {
   }
 };
 
-// Max and min propagate NaN from either side (IEEE maximum, not maxNum): a comparison
-// with NaN is false, so a NaN b already wins the select; a NaN a needs the second one.
+// Max and min: common/minmax.h (one rule for host and device: NaN wins, -0 < +0).
 struct MaxOp {
   template <typename C>
-  C operator()(C a, C b) const {
-    const C r = a > b ? a : b;
-    if constexpr (std::is_floating_point_v<C>) return a != a ? a : r;
-    return r;
-  }
+  C operator()(C a, C b) const { return maxOf(a, b); }
 };
 
 struct MinOp {
   template <typename C>
-  C operator()(C a, C b) const {
-    const C r = a < b ? a : b;
-    if constexpr (std::is_floating_point_v<C>) return a != a ? a : r;
-    return r;
-  }
+  C operator()(C a, C b) const { return minOf(a, b); }
 };
 
 // PreMulSum's multiply. `s` is the scalar in the element's arithmetic, already rounded

@@ -14,6 +14,7 @@
 
 #include "collectives/device/mesh.h"
 #include "common/datatype.h"
+#include "common/minmax.h"
 
 namespace loom::collectives::device::detail {
 
@@ -73,8 +74,8 @@ struct Op {
   __device__ __forceinline__ C combine(C a, C b) const {
     switch (kind) {
       case RedKind::kProd: return a * b;
-      case RedKind::kMax: return b > a ? b : a;
-      case RedKind::kMin: return b < a ? b : a;
+      case RedKind::kMax: return maxOf(a, b);  // common/minmax.h: the host's rule
+      case RedKind::kMin: return minOf(a, b);
       default: return a + b;
     }
   }

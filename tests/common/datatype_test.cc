@@ -442,6 +442,41 @@ TEST(DatatypeKernels, Fp8SaturatesInArithmetic) {
   EXPECT_EQ(f, 0x7C);
 }
 
+TEST(DatatypeKernels, MaxMinDoNotDependOnOrder) {
+  // common/minmax.h: max(a, b) and max(b, a) give the same bits for every pair of special
+  // values (NaN gives the type's one quiet NaN, -0 is below +0), so no rank's result
+  // depends on the order in which it combines its peers.
+  for (DataType t : kFloatTypes) {
+    SCOPED_TRACE(dataTypeName(t));
+    const double vals[] = {kNaN, -kNaN, kInf, -kInf, 0.0, -0.0, 1.5, -2.0};
+    const size_t m = std::size(vals), n = m * m;
+    std::vector<unsigned char> a(n * 8), b(n * 8), ab(n * 8), ba(n * 8);
+    for (size_t i = 0; i < m; ++i) {
+      for (size_t j = 0; j < m; ++j) {
+        storeFromDouble(t, a.data(), i * m + j, vals[i]);
+        storeFromDouble(t, b.data(), i * m + j, vals[j]);
+      }
+    }
+    for (RedKind k : {RedKind::kMax, RedKind::kMin}) {
+      reduce(t, {k}, ab.data(), a.data(), b.data(), n);
+      reduce(t, {k}, ba.data(), b.data(), a.data(), n);
+      for (size_t e = 0; e < n; ++e) {
+        EXPECT_EQ(rawBits(t, ab.data(), e), rawBits(t, ba.data(), e))
+            << redKindName(k) << " of " << vals[e / m] << " and " << vals[e % m];
+      }
+      // Two zeros: max is +0 unless both are -0; min is -0 unless both are +0.
+      for (size_t i : {size_t{4}, size_t{5}}) {
+        for (size_t j : {size_t{4}, size_t{5}}) {
+          const double r = loadAsDouble(t, ab.data(), i * m + j);
+          const bool neg = k == RedKind::kMax ? (i == 5 && j == 5) : (i == 5 || j == 5);
+          EXPECT_EQ(r, 0.0);
+          EXPECT_EQ(std::signbit(r), neg) << redKindName(k) << " of " << vals[i] << " and " << vals[j];
+        }
+      }
+    }
+  }
+}
+
 TEST(DatatypeKernels, MaxMinPropagateNaN) {
   for (DataType t : kFloatTypes) {
     SCOPED_TRACE(dataTypeName(t));

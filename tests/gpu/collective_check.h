@@ -322,6 +322,89 @@ inline size_t everyCollectiveTypeAndOp(Ranks& R) {
   return wrong;
 }
 
+// Max and min on special values (common/minmax.h's rule: NaN from either side gives NaN,
+// -0 is below +0), every floating type, all-reduce, reduce-scatter and reduce, checked
+// against the host kernels (loom::reduce, which follow the same rule) on every rank, and
+// the all-reduce's result bitwise equal on every rank. Element i of rank r holds value
+// number (i / 8^r) % 8 of the list below, so each of its 8^n combinations (up to 4 ranks)
+// appears. `count` past the small-message forms too. Returns the wrong values found.
+inline size_t maxMinOnSpecialValues(Ranks& R, size_t count) {
+  const double nan = std::nan(""), inf = HUGE_VAL;
+  const double vals[] = {nan, inf, -inf, 0.0, -0.0, 1.0, -1.0, 2.5};
+  const int n = R.n();
+  size_t wrong = 0;
+  for (DataType t : kAllTypes) {
+    if (!loom::isFloatType(t)) continue;
+    const size_t es = loom::dataTypeSize(t);
+    for (ncclRedOp_t op : {ncclMax, ncclMin}) {
+      const loom::RedOp rop{op == ncclMax ? loom::RedKind::kMax : loom::RedKind::kMin};
+      for (Coll coll : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kReduce}) {
+        const size_t inCount = coll == Coll::kReduceScatter ? count * n : count;
+        std::vector<std::vector<char>> in(n);
+        for (int r = 0; r < n; ++r) {
+          in[r].resize(inCount * es);
+          size_t stride = 1;
+          for (int q = 0; q < r; ++q) stride *= 8;
+          for (size_t i = 0; i < inCount; ++i) loom::storeFromDouble(t, in[r].data(), i, vals[(i / stride) % 8]);
+        }
+        // The reference: rank order on the host.
+        std::vector<char> want = in[0];
+        for (int r = 1; r < n; ++r) loom::reduce(t, rop, want.data(), want.data(), in[r].data(), inCount);
+        const int root = n - 1;
+        std::vector<void*> src(n), out(n);
+        for (int r = 0; r < n; ++r) {
+          src[r] = R.buffer(r, 0, inCount * es);
+          out[r] = R.buffer(r, 1, inCount * es);
+          upload(R.dev(r), src[r], in[r]);
+        }
+        EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+        for (int r = 0; r < n; ++r) {
+          const auto dt = static_cast<ncclDataType_t>(t);
+          ncclResult_t res = ncclSuccess;
+          switch (coll) {
+            case Coll::kAllReduce: res = ncclAllReduce(src[r], out[r], count, dt, op, R.comms[r], R.streams[r]); break;
+            case Coll::kReduceScatter:
+              res = ncclReduceScatter(src[r], out[r], count, dt, op, R.comms[r], R.streams[r]);
+              break;
+            default: res = ncclReduce(src[r], out[r], count, dt, op, root, R.comms[r], R.streams[r]); break;
+          }
+          EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
+        }
+        EXPECT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+        R.sync();
+        std::vector<char> first;
+        for (int r = 0; r < n; ++r) {
+          if (coll == Coll::kReduce && r != root) continue;
+          const std::vector<char> got = download(R.dev(r), out[r], count * es);
+          if (coll == Coll::kAllReduce && r == 0) first = got;
+          if (coll == Coll::kAllReduce && r > 0 && got != first) {
+            ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << ": rank " << r
+                          << "'s result is not bitwise rank 0's";
+            ++wrong;
+          }
+          const size_t base = coll == Coll::kReduceScatter ? r * count : 0;
+          for (size_t i = 0; i < count; ++i) {
+            const double have = loom::loadAsDouble(t, got.data(), i);
+            const double ref = loom::loadAsDouble(t, want.data(), base + i);
+            const bool ok = std::isnan(ref) ? std::isnan(have)
+                                            : std::memcmp(got.data() + i * es, want.data() + (base + i) * es, es) == 0;
+            if (!ok) {
+              if (wrong < 5) {
+                ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << " count "
+                              << count << ": rank " << r << " element " << i << " is " << have
+                              << (std::signbit(have) ? " (sign set)" : "") << ", want " << ref
+                              << (std::signbit(ref) ? " (sign set)" : "");
+              }
+              ++wrong;
+            }
+          }
+        }
+      }
+    }
+  }
+  return wrong;
+}
+
 inline void replayAllReduceGraph(Ranks& R, int replays, int checkEvery, size_t* bad) {
   const int n = R.n();
   const size_t count = 300001;  // several blocks, odd

@@ -448,6 +448,26 @@ INSTANTIATE_TEST_SUITE_P(GpuCollectives, TwoShotReduce, ::testing::Values(2, 3, 
                            return std::to_string(info.param) + "ranks";
                          });
 
+// Max and min on NaN, +-Inf and +-0 (common/minmax.h), through the mesh's kernels: 2, 3
+// and 4 ranks, on GPUs of their own where there are enough, sharing them otherwise. Every
+// floating type; a count for the small-message forms and one past them.
+class MaxMinSpecialValues : public ::testing::TestWithParam<int> {};
+
+TEST_P(MaxMinSpecialValues, MatchTheHostOnEveryRank) {
+  REQUIRE_GPUS(1);
+  const int n = GetParam(), have = gpuCount();
+  Ranks R(n, {{"LOOM_P2P_SHARE_GPU", n > have ? "1" : "0"}, {"LOOM_TIMEOUT_MS", "60000"}},
+          roundRobinDevices(n));
+  for (size_t count : {size_t{4099}, (size_t{1} << 20) + 5}) {
+    EXPECT_EQ(maxMinOnSpecialValues(R, count), 0u) << n << " ranks on " << have << " GPU(s), count " << count;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuCollectives, MaxMinSpecialValues, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "ranks";
+                         });
+
 // Buffers from a stream-ordered pool (cudaMallocAsync) are not mapped by peer access (a
 // copy between GPUs into or out of one fails): the pulled all-reduce and the copy engines
 // must leave them to the kernels. A cudaMalloc input with a pool output takes the pulled

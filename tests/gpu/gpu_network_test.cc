@@ -40,6 +40,14 @@ TEST_P(OverTheNetwork, EveryCollectiveTypeAndOp) {
   EXPECT_EQ(everyCollectiveTypeAndOp(R), 0u);
 }
 
+// NaN, +-Inf and +-0 through max and min (common/minmax.h): the host's answer on every rank.
+TEST_P(OverTheNetwork, MaxMinOnSpecialValues) {
+  NETWORK_RANKS(R);
+  for (size_t count : {size_t{4099}, (size_t{1} << 20) + 5}) {
+    EXPECT_EQ(maxMinOnSpecialValues(R, count), 0u) << "count " << count;
+  }
+}
+
 TEST_P(OverTheNetwork, LargeCountsAndUnalignedBuffers) {
   NETWORK_RANKS(R);
   for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
