@@ -66,7 +66,7 @@ void rootMain(Socket listener, IdContents id, int64_t timeoutMs) {
     if (!accepted) {
       std::string missing;
       for (int r = 0; r < nranks; ++r) {
-        if (!seen[r]) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+        if (!seen[r]) missing.append(missing.empty() ? "" : ",").append(std::to_string(r));
       }
       std::string msg = "bootstrap root at " + id.root.toString() + ": only " +
                         std::to_string(joined) + " of " + std::to_string(nranks) +

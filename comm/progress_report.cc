@@ -57,7 +57,7 @@ std::string describe(const ProgressReply& r, uint64_t askerEntered, bool withTim
   }
   std::string s = "not in a call; its last, " + call + " (count " + std::to_string(r.count) + "), " +
                   (r.onDevice ? "was queued" : "returned");
-  if (withTime) s += " " + seconds(r.sinceMs) + " ago";
+  if (withTime) s.append(" ").append(seconds(r.sinceMs)).append(" ago");
   if (askerEntered > r.entered) s += ": it has not called #" + std::to_string(r.entered + 1);
   return s;
 }

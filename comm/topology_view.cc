@@ -329,7 +329,7 @@ void fallbackPlan(const std::vector<std::vector<int>>& hosts, int n, TopologyVie
 std::string ranksText(const std::vector<int>& ranks, size_t limit = 64) {
   std::string out;
   for (size_t i = 0; i < ranks.size() && i < limit; ++i)
-    out += (i ? " " : "") + std::to_string(ranks[i]);
+    out.append(i ? " " : "").append(std::to_string(ranks[i]));
   if (ranks.size() > limit) out += " ... (" + std::to_string(ranks.size()) + " ranks)";
   return out;
 }
@@ -339,7 +339,7 @@ std::string makeSummary(const std::vector<std::vector<int>>& hosts, int gpuRanks
   const int n = view.nranks;
   std::string sizes;
   for (size_t h = 0; h < hosts.size() && h < 8; ++h)
-    sizes += (h ? "+" : "") + std::to_string(hosts[h].size());
+    sizes.append(h ? "+" : "").append(std::to_string(hosts[h].size()));
   if (hosts.size() > 8) sizes += "+...";
   char line[512];
   std::snprintf(line, sizeof(line),

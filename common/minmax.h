@@ -18,16 +18,18 @@
 #include <cmath>
 #include <type_traits>
 
+#ifndef LOOM_HOST_DEVICE  // as collectives/device/mesh.h and net_plan.h define it
 #if defined(__CUDACC__)
-#define LOOM_HOST_DEVICE __host__ __device__ __forceinline__
+#define LOOM_HOST_DEVICE __host__ __device__
 #else
-#define LOOM_HOST_DEVICE inline
+#define LOOM_HOST_DEVICE
+#endif
 #endif
 
 namespace loom {
 
 template <typename C>
-LOOM_HOST_DEVICE C maxOf(C a, C b) {
+LOOM_HOST_DEVICE inline C maxOf(C a, C b) {
   if constexpr (std::is_floating_point_v<C>) {
     if (a != a || b != b) return static_cast<C>(NAN);
     // Equal: the same value, or two zeros, whose sum is +0 unless both are -0.
@@ -37,7 +39,7 @@ LOOM_HOST_DEVICE C maxOf(C a, C b) {
 }
 
 template <typename C>
-LOOM_HOST_DEVICE C minOf(C a, C b) {
+LOOM_HOST_DEVICE inline C minOf(C a, C b) {
   if constexpr (std::is_floating_point_v<C>) {
     if (a != a || b != b) return static_cast<C>(NAN);
     // Two zeros: -0 unless both are +0 (the negated sum of the negations).

@@ -105,7 +105,7 @@ loom::Result<topo::System> load(const Args& a, bool quiet) {
 
 std::string ranksText(const std::vector<int>& ranks) {
   std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? " " : "") + std::to_string(ranks[i]);
+  for (size_t i = 0; i < ranks.size(); ++i) out.append(i ? " " : "").append(std::to_string(ranks[i]));
   return out;
 }
 

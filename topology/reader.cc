@@ -172,7 +172,8 @@ Result<std::string> MapReader::readFile(const std::string& path) const {
 
 Result<std::vector<std::string>> MapReader::listDir(const std::string& path) const {
   LOOM_ASSIGN_OR_RETURN(std::string real, realPath(path));
-  std::string prefix = real == "/" ? "/" : real + "/";
+  std::string prefix = real;
+  if (prefix != "/") prefix += '/';
   std::set<std::string> names;
   bool found = dirs_.count(real) > 0;
   auto collect = [&](const std::string& p) {

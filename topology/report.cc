@@ -118,7 +118,7 @@ std::string cpuListFromMask(const std::string& mask) {
     while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
     if (!out.empty()) out += ",";
     out += std::to_string(cpus[i]);
-    if (j > i) out += "-" + std::to_string(cpus[j]);
+    if (j > i) out.append("-").append(std::to_string(cpus[j]));
     i = j + 1;
   }
   return out;
@@ -311,7 +311,11 @@ std::string formatMatrix(const System& system, const Graph& graph) {
     const Net& net = *nodes[n].net;
     out << "  " << graph.nodeName(n) << ": " << net.name;
     if (net.port > 0) out << " port " << net.port;
-    out << ", " << net.speedMbps / 1000.0 << " Gb/s";
+    if (net.speedMbps > 0) {
+      out << ", " << net.speedMbps / 1000.0 << " Gb/s";
+    } else {
+      out << ", speed unknown (planned as 10 Gb/s)";
+    }
     std::string layer = net.attr("link_layer");
     if (!layer.empty()) out << ", " << layer;
     if (net.gdr) out << ", GDR";

@@ -186,7 +186,7 @@ void signPci(const PciNode& pci, std::string& out) {
       if (!p.access) out += "x" + p.target;  // pairs without peer access change the paths
   }
   if (pci.nic) {
-    for (const Net& n : pci.nic->nets) out += "n" + std::to_string(n.speedMbps) + "/" + std::to_string(n.dev);
+    for (const Net& n : pci.nic->nets) out.append("n").append(std::to_string(n.speedMbps)).append("/").append(std::to_string(n.dev));
   }
   out += "(";
   for (const PciNode& c : pci.children) signPci(c, out);
@@ -196,10 +196,10 @@ void signPci(const PciNode& pci, std::string& out) {
 std::string signature(const System& s) {
   std::string out;
   for (const Cpu& cpu : s.cpus) {
-    out += "c" + std::to_string(cpu.numaId) + cpu.vendor + cpu.arch + std::to_string(cpu.modelId);
+    out.append("c").append(std::to_string(cpu.numaId)).append(cpu.vendor).append(cpu.arch).append(std::to_string(cpu.modelId));
     for (const PciNode& p : cpu.pcis) signPci(p, out);
     for (const Nic& nic : cpu.nics)
-      for (const Net& n : nic.nets) out += "v" + std::to_string(n.speedMbps);
+      for (const Net& n : nic.nets) out.append("v").append(std::to_string(n.speedMbps));
   }
   return out;
 }

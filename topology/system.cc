@@ -58,7 +58,7 @@ Result<std::string> normalizeBusId(const std::string& busId) {
     }
     // Keep four digits as sysfs and NCCL do; NVML's leading zeros go.
     while (domain.size() > 4 && domain[0] == '0') domain.erase(0, 1);
-    while (domain.size() < 4) domain.insert(0, "0");
+    if (domain.size() < 4) domain = std::string(4 - domain.size(), '0').append(domain);
   }
   std::string rest = s.substr(last + 1);
   std::string bus = s.substr(first == last ? 0 : first + 1, last - (first == last ? 0 : first + 1));

@@ -81,15 +81,18 @@ loom_setup() {
   mapfile -t missing < <(loom_missing_packages "$@")
   if ((${#missing[@]} > 0)); then
     if loom_is_root; then
-      loom_log "installing: ${missing[*]}"
+      # apt's output goes to a log of its own; the terminal gets one line per step.
+      local aptlog="${TMPDIR:-/tmp}/loom-setup.log"
+      loom_log "installing: ${missing[*]} (apt-get's output: $aptlog)"
       export DEBIAN_FRONTEND=noninteractive
       # Update the lists only when something is missing (a second run stays offline).
-      if ! { apt-get update -qq >&2 &&
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }; then
+      if ! { apt-get update -qq >"$aptlog" 2>&1 &&
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$aptlog" 2>&1; }; then
         if loom_only_optional "${missing[@]}"; then
-          loom_log "could not install ${missing[*]} (optional); going on without"
+          loom_log "could not install ${missing[*]} (optional); going on without (see $aptlog)"
         else
-          loom_die "apt-get could not install: ${missing[*]}"
+          tail -n 20 "$aptlog" >&2
+          loom_die "apt-get could not install: ${missing[*]}; the whole log is $aptlog"
         fi
       fi
     elif loom_only_optional "${missing[@]}"; then

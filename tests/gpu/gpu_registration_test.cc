@@ -219,7 +219,9 @@ TEST(GpuRegistration, OneRank) {
   // registered theirs (before that, the one-shot form).
   void* hd = nullptr;
   for (int both : {0, 1}) {
-    if (rank == both) NCCL_OK(ncclCommRegister(comm, d, big, &hd));
+    if (rank == both) {
+      NCCL_OK(ncclCommRegister(comm, d, big, &hd));
+    }
     for (size_t bytes : {size_t(8) << 20, size_t(2) << 20}) {
       n = bytes / sizeof(float) - 1;
       upload(a + 1, rank, n, 40 + both);
