@@ -14,7 +14,14 @@ namespace loom::settings {
 
 enum class Type { kInt, kString, kBool };
 
+// Who a setting is for: kUser, what a user may need to set (logging, bootstrap, network
+// interfaces, timeouts); kTuning, knobs that exist for measurements, tuning and tests,
+// whose defaults were chosen from measurements (docs/perf/) and which a user should not
+// need to touch.
+enum class Use { kUser, kTuning };
+
 struct Definition {
+  Use use;
   const char* name;       // "LOOM_TIMEOUT_MS"
   const char* ncclAlias;  // "NCCL_..." or nullptr
   Type type;
