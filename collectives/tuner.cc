@@ -212,7 +212,17 @@ size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes,
 }
 
 size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes) {
-  return hostPieceBytes(type, bytes, nranks, slotBytes, /*network=*/false);
+  const size_t piece = hostPieceBytes(type, bytes, nranks, slotBytes, /*network=*/false);
+  // Broadcast and reduce stream their pieces through every hop, and on this path each
+  // piece costs flag and proxy round trips that pieces below 256 KiB do not earn back by
+  // pipelining. Measured on one H200, processes as hosts under MPS (2026-12-02,
+  // LOOM_CHUNK_BYTES sweeps, docs/perf/crosshost.md): 2 hosts, reduce 128 KiB - 2 MiB
+  // 34-163 us with 256 KiB pieces against 76-220 with the quarter-step rule (16-128 KiB),
+  // broadcast 20-123 against 64-240; 4 hosts likewise (reduce 256 KiB 136 against 369 us).
+  if (type == CollType::kBroadcast || type == CollType::kReduce) {
+    return std::min(slotBytes, std::max<size_t>(piece, 256 * 1024));
+  }
+  return piece;
 }
 
 Schedule buildSchedule(const CollRequest& req, Algorithm algo) {

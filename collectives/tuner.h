@@ -48,7 +48,8 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const std::string& force
 
 // The piece size (bytes) of a collective on device buffers over the network: as
 // hostPieceBytes, but up to the whole slot (the network executor's slots are larger, and
-// its kernels, not a CPU thread, combine the pieces). `bytes` is one lane's share.
+// its kernels, not a CPU thread, combine the pieces), and broadcast and reduce in pieces
+// of at least 256 KiB (or the slot). `bytes` is one lane's share.
 size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes);
 
 Schedule buildSchedule(const CollRequest& req, Algorithm algo);

@@ -36,6 +36,7 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<trans
   o.slotBytes = static_cast<uint64_t>(buff / steps);
   o.lanes = static_cast<int>(settings::getInt("LOOM_NET_LANES"));
   o.proxySpinUs = settings::getInt("LOOM_PROXY_SPIN_US");
+  o.pieceBytes = static_cast<uint64_t>(std::max<int64_t>(0, settings::getInt("LOOM_CHUNK_BYTES")));
   // Every rank must cut pieces and lanes alike: a difference would show as a piece of
   // the wrong size, or a wait on a connection the peer never makes.
   struct Geometry {

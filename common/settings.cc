@@ -148,7 +148,8 @@ const std::vector<Definition> kDefinitions = {
      "force a protocol: simple, ll (GPU all-reduce, reduce and reduce-scatter up to 1 MiB per "
      "peer) or ll128 (up to 8 MiB per peer on 2 ranks, 2 MiB above)"},
     {Use::kTuning, "LOOM_CHUNK_BYTES", nullptr, Type::kInt, "0",
-     "pipeline chunk size for host collectives (0: automatic)"},
+     "pipeline chunk size of host collectives, and the piece size of GPU buffers over the "
+     "network (the same on every rank; 0: automatic)"},
     {Use::kTuning, "LOOM_LAUNCH_THREADS", nullptr, Type::kBool, "1",
      "a group that spans several GPU ranks of this process launches each rank's work from its "
      "own thread, all at once (0: one after another in the calling thread)"},

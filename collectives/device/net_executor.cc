@@ -300,7 +300,8 @@ Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, Da
   const int lanes = req.type == CollType::kAllToAll
                         ? 1
                         : static_cast<int>(std::clamp<size_t>(stepBytes / kMinLaneBytes, 1, options_.lanes));
-  const size_t piece = netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
+  const size_t piece = options_.pieceBytes > 0 ? options_.pieceBytes
+                                               : netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
   req.pieceElems = std::max<size_t>(1, std::min<size_t>(piece, options_.slotBytes) / req.elemSize);
   req.network = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice choice, chooseNetAlgorithm(req, algoText));

@@ -38,6 +38,7 @@ struct NetOptions {
   int lanes = 4;                    // at most (LOOM_NET_LANES)
   int threads = 512;                // per block of the kernel
   int64_t proxySpinUs = 5000;       // LOOM_PROXY_SPIN_US
+  uint64_t pieceBytes = 0;          // LOOM_CHUNK_BYTES: pieces of this size (0: netPieceBytes)
   const std::atomic<bool>* abortFlag = nullptr;
 };
 

@@ -444,5 +444,16 @@ TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {
   EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 100001 * 3, 3, slot) % 64, 0u);
 }
 
+TEST(Tuner, NetworkBroadcastAndReduceTakeLargePieces) {
+  const size_t slot = 1 << 20;
+  // GPU buffers over the network: broadcast and reduce in pieces of at least 256 KiB (one
+  // piece when the message is smaller), at most a slot; the ring collectives as on hosts.
+  EXPECT_EQ(netPieceBytes(CollType::kBroadcast, 1 << 20, 4, slot), 256u * 1024);
+  EXPECT_EQ(netPieceBytes(CollType::kReduce, 64 * 1024, 2, slot), 256u * 1024);
+  EXPECT_EQ(netPieceBytes(CollType::kBroadcast, 64 << 20, 2, slot), slot);
+  EXPECT_EQ(netPieceBytes(CollType::kReduce, 1 << 20, 2, 128 * 1024), 128u * 1024);
+  EXPECT_EQ(netPieceBytes(CollType::kAllReduce, 1 << 20, 4, slot), hostPieceBytes(CollType::kAllReduce, 1 << 20, 4, slot));
+}
+
 }  // namespace
 }  // namespace loom::collectives
