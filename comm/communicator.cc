@@ -34,7 +34,7 @@ uint64_t connectTag(int sender, int receiver) {
 }  // namespace
 
 uint64_t hostHash() {
-  std::string id = settings::getString("LOOM_HOST_ID");
+  std::string id = settings::get(settings::kHostId);
   if (id.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -58,8 +58,8 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   options_ = options;
   rank_ = rank;
   nranks_ = nranks;
-  timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
-  forcedAlgo_ = settings::getString("LOOM_ALGO");
+  timeoutMs_ = settings::get(settings::kTimeoutMs);
+  forcedAlgo_ = settings::get(settings::kAlgo);
   log::RankScope scope(rank);
   if (rank == 0 && id.fromEnv) {
     IdContents rootId = id;
@@ -117,12 +117,12 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   LOOM_ASSIGN_OR_RETURN(topo_, buildTopologyView(*bootstrap_, peers_, rank_, cudaDev_));
 
   context_.self = me;
-  int64_t buff = settings::getInt("LOOM_BUFFSIZE");
-  int64_t steps = std::clamp<int64_t>(settings::getInt("LOOM_STEPS"), 2, 64);
+  int64_t buff = settings::get(settings::kBuffsize);
+  int64_t steps = std::clamp<int64_t>(settings::get(settings::kSteps), 2, 64);
   if (buff < 4096 * steps) buff = 4096 * steps;
   context_.fifo.slots = static_cast<int>(steps);
   context_.fifo.slotBytes = static_cast<size_t>(buff / steps) / 64 * 64;
-  int64_t chunk = settings::getInt("LOOM_CHUNK_BYTES");
+  int64_t chunk = settings::get(settings::kChunkBytes);
   if (chunk > 0 && static_cast<size_t>(chunk) < context_.fifo.slotBytes) {
     context_.fifo.slotBytes = static_cast<size_t>(chunk) / 64 * 64 + 64;
   }
@@ -133,13 +133,13 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   // 4.77 us yielding at once against 6.28 spinning 1 us first (Open MPI 5.45); 2 MiB 655
   // against 752 us (Open MPI 1158). The cores are those the host's ranks may run on
   // (their CPU affinity), not all the machine's.
-  spinUs_ = settings::getInt("LOOM_SPIN_US");
-  launchThreads_ = settings::getBool("LOOM_LAUNCH_THREADS");
+  spinUs_ = settings::get(settings::kSpinUs);
+  launchThreads_ = settings::get(settings::kLaunchThreads);
   if (spinUs_ < 0) spinUs_ = ranksHaveOwnCpus(peers_, rank_) ? 50 : 0;
   context_.commHash = fnv(std::to_string(id.secret[0]) + ":" + std::to_string(id.secret[1]));
 
   // Transports, in order of preference.
-  std::string allowed = settings::getString("LOOM_TRANSPORTS");
+  std::string allowed = settings::get(settings::kTransports);
   auto want = [&](const char* name) {
     if (allowed.empty()) return true;
     return ("," + allowed + ",").find(std::string(",") + name + ",") != std::string::npos;
@@ -749,7 +749,7 @@ SpinWorker& Communicator::launcher() {
   std::lock_guard<std::mutex> lock(workMutex_);
   if (!launcher_) {
     launcher_ = std::make_unique<SpinWorker>(
-        std::max<int64_t>(0, settings::getInt("LOOM_LAUNCH_SPIN_US")));
+        std::max<int64_t>(0, settings::get(settings::kLaunchSpinUs)));
   }
   return *launcher_;
 }

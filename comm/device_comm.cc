@@ -130,15 +130,15 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   // LOOM_P2P_SHARE_GPU: ranks of this process may share a GPU (to run the mesh's kernels
   // for more ranks than there are GPUs; slow, for testing). Their kernels must all be
   // resident at once, since each waits for its peers: fewer blocks, no early launches.
-  const bool shareGpu = settings::getBool("LOOM_P2P_SHARE_GPU");
+  const bool shareGpu = settings::get(settings::kP2pShareGpu);
   transport::p2p::checkReachable(&gpus[rank], gpus, shareGpu);
   const int sharing = shareGpu ? transport::p2p::ranksPerGpu(gpus) : 1;
 
   MeshAgreement mine;
   mine.reachable = gpus[rank].reachable;
   std::snprintf(mine.why, sizeof(mine.why), "%s", gpus[rank].why);
-  std::string allowed = settings::getString("LOOM_TRANSPORTS");
-  if (settings::getBool("LOOM_P2P_DISABLE")) {
+  std::string allowed = settings::get(settings::kTransports);
+  if (settings::get(settings::kP2pDisable)) {
     mine.reachable = 0;
     std::snprintf(mine.why, sizeof(mine.why), "LOOM_P2P_DISABLE/NCCL_P2P_DISABLE is set");
   } else if (!allowed.empty() && ("," + allowed + ",").find(",p2p,") == std::string::npos) {
@@ -151,12 +151,12 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   }
   dev::Geometry geo;
   geo.nranks = nranks_;
-  int64_t blocks = settings::getInt("LOOM_P2P_BLOCKS");
+  int64_t blocks = settings::get(settings::kP2pBlocks);
   if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
   if (sharing > 1) capForSharedGpu(gpus, rank, sharing, &blocks);
   geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
-  geo.slots = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_SLOTS"), 2, 16));
-  int64_t slot = settings::getInt("LOOM_P2P_SLOT_BYTES");
+  geo.slots = static_cast<int>(std::clamp<int64_t>(settings::get(settings::kP2pSlots), 2, 16));
+  int64_t slot = settings::get(settings::kP2pSlotBytes);
   if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
   geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
   mine.shareGpu = shareGpu ? 1 : 0;
@@ -164,24 +164,24 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   mine.slots = geo.slots;
   mine.slotBytes = geo.slotBytes;
   mine.threads =
-      static_cast<int32_t>(std::clamp<int64_t>(settings::getInt("LOOM_P2P_THREADS"), 64, 512)) /
+      static_cast<int32_t>(std::clamp<int64_t>(settings::get(settings::kP2pThreads), 64, 512)) /
       32 * 32;
-  mine.llBytes = settings::getInt("LOOM_P2P_LL_BYTES");
-  mine.ll128Bytes = settings::getInt("LOOM_P2P_LL128_BYTES");
-  mine.oneShotBytes = settings::getInt("LOOM_P2P_ONESHOT_BYTES");
-  mine.ceBytes = settings::getInt("LOOM_P2P_CE_BYTES");
-  mine.reduceDirectBytes = settings::getInt("LOOM_P2P_REDUCE_DIRECT_BYTES");
-  mine.pullBytes = settings::getInt("LOOM_P2P_PULL_BYTES");
-  mine.pullReduceBytes = settings::getInt("LOOM_P2P_PULL_REDUCE_BYTES");
-  mine.twoShotReduceBytes = settings::getInt("LOOM_P2P_TWOSHOT_REDUCE_BYTES");
-  mine.cePullBytes = settings::getInt("LOOM_P2P_CE_PULL_BYTES");
-  mine.chunkBytes = settings::getInt("LOOM_P2P_CE_REDUCE_BYTES");
-  mine.chunkAllReduceBytes = settings::getInt("LOOM_P2P_CE_ALLREDUCE_BYTES");
-  mine.chunkSize = settings::getInt("LOOM_P2P_CE_CHUNK_BYTES");
-  mine.scratchBytes = settings::getInt("LOOM_P2P_CE_SCRATCH_BYTES");
+  mine.llBytes = settings::get(settings::kP2pLlBytes);
+  mine.ll128Bytes = settings::get(settings::kP2pLl128Bytes);
+  mine.oneShotBytes = settings::get(settings::kP2pOneshotBytes);
+  mine.ceBytes = settings::get(settings::kP2pCeBytes);
+  mine.reduceDirectBytes = settings::get(settings::kP2pReduceDirectBytes);
+  mine.pullBytes = settings::get(settings::kP2pPullBytes);
+  mine.pullReduceBytes = settings::get(settings::kP2pPullReduceBytes);
+  mine.twoShotReduceBytes = settings::get(settings::kP2pTwoshotReduceBytes);
+  mine.cePullBytes = settings::get(settings::kP2pCePullBytes);
+  mine.chunkBytes = settings::get(settings::kP2pCeReduceBytes);
+  mine.chunkAllReduceBytes = settings::get(settings::kP2pCeAllreduceBytes);
+  mine.chunkSize = settings::get(settings::kP2pCeChunkBytes);
+  mine.scratchBytes = settings::get(settings::kP2pCeScratchBytes);
   if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
-  std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::getString("LOOM_ALGO").c_str());
-  std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::getString("LOOM_PROTO").c_str());
+  std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::get(settings::kAlgo).c_str());
+  std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::get(settings::kProto).c_str());
   std::vector<MeshAgreement> all(nranks_);
   all[rank] = mine;
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
@@ -257,7 +257,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     llLimit_ = std::min(llLimit_, size_t(geo.maxBlocks) * dev::kLLPayload);
     ll128Limit_ = std::min(ll128Limit_, size_t(geo.maxBlocks) * 16 * 1024);
   }
-  timeoutMs_ = settings::getInt("LOOM_TIMEOUT_MS");
+  timeoutMs_ = settings::get(settings::kTimeoutMs);
   bool oneProcess = true;
   for (const auto& g : gpus)
     oneProcess = oneProcess && g.process == gpus[0].process && g.hostHash == gpus[0].hostHash;
@@ -331,7 +331,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   const bool pdlBuilt = dev::kernelsWaitForPredecessor();
   // A kernel launched early holds SM slots while it waits: with ranks sharing a GPU those
   // may be the slots a peer's kernel needs to finish.
-  ctx_.pdl = pdlBuilt && settings::getBool("LOOM_PDL") && sharing == 1;
+  ctx_.pdl = pdlBuilt && settings::get(settings::kPdl) && sharing == 1;
   // Every rank's window must be mapped before anyone writes into it.
   LOOM_TRY(bootstrap.barrier());
   LOOM_INFO(kInit,
@@ -793,7 +793,7 @@ Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t str
 }  // namespace detail
 
 int currentDevice() {
-  if (settings::getString("LOOM_DEVICE") == "cpu") return -1;
+  if (settings::get(settings::kDevice) == "cpu") return -1;
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
     cudaGetLastError();

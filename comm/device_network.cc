@@ -30,13 +30,13 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<trans
   o.device = device_;
   o.timeoutMs = timeoutMs_;
   // The communicator's FIFO geometry (LOOM_BUFFSIZE, LOOM_STEPS), the same on every rank.
-  const int64_t steps = std::clamp<int64_t>(settings::getInt("LOOM_STEPS"), 2, transport::net::kFifoMaxSlots);
-  const int64_t buff = std::max<int64_t>(settings::getInt("LOOM_NET_BUFFSIZE"), steps * 4096);
+  const int64_t steps = std::clamp<int64_t>(settings::get(settings::kSteps), 2, transport::net::kFifoMaxSlots);
+  const int64_t buff = std::max<int64_t>(settings::get(settings::kNetBuffsize), steps * 4096);
   o.slots = static_cast<uint32_t>(steps);
   o.slotBytes = static_cast<uint64_t>(buff / steps);
-  o.lanes = static_cast<int>(settings::getInt("LOOM_NET_LANES"));
-  o.proxySpinUs = settings::getInt("LOOM_PROXY_SPIN_US");
-  o.pieceBytes = static_cast<uint64_t>(std::max<int64_t>(0, settings::getInt("LOOM_CHUNK_BYTES")));
+  o.lanes = static_cast<int>(settings::get(settings::kNetLanes));
+  o.proxySpinUs = settings::get(settings::kProxySpinUs);
+  o.pieceBytes = static_cast<uint64_t>(std::max<int64_t>(0, settings::get(settings::kChunkBytes)));
   // Every rank must cut pieces and lanes alike: a difference would show as a piece of
   // the wrong size, or a wait on a connection the peer never makes.
   struct Geometry {

@@ -49,7 +49,7 @@ extern "C" __attribute__((visibility("default"))) ncclResult_t loomCommInitFromE
   int rank = 0, nranks = 0;
   ncclResult_t r = loomRankFromEnv(&rank, &nranks);
   if (r != ncclSuccess) return r;
-  if (loom::settings::getString("LOOM_COMM_ID").empty()) {
+  if (loom::settings::get(loom::settings::kCommId).empty()) {
     const char* addr = std::getenv("MASTER_ADDR");
     const char* port = std::getenv("MASTER_PORT");
     if (!addr || !port) {

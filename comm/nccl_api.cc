@@ -177,13 +177,13 @@ ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
 }
 
 ncclResult_t makeId(ncclUniqueId* id) {
-  std::string env = loom::settings::getString("LOOM_COMM_ID");
+  std::string env = loom::settings::get(loom::settings::kCommId);
   if (!env.empty()) {
     auto addr = loom::SocketAddress::parse(env);
     if (!addr) {
       return fail(addr.status().withContext("LOOM_COMM_ID/NCCL_COMM_ID"));
     }
-    const std::string secret = loom::settings::getString("LOOM_COMM_SECRET");
+    const std::string secret = loom::settings::get(loom::settings::kCommSecret);
     if (secret.empty()) {
       static std::once_flag warned;
       std::call_once(warned, [&] {
@@ -203,7 +203,7 @@ ncclResult_t makeId(ncclUniqueId* id) {
   c.root = ifs->front().address;
   c.root.setPort(0);
   Status st = loom::comm::randomSecret(c.secret);
-  if (st) st = loom::comm::startRoot(&c, loom::settings::getInt("LOOM_TIMEOUT_MS"));
+  if (st) st = loom::comm::startRoot(&c, loom::settings::get(loom::settings::kTimeoutMs));
   if (!st) return fail(st.withContext("ncclGetUniqueId"));
   LOOM_INFO(kBootstrap, "ncclGetUniqueId: bootstrap root on %s (%s)", c.root.toString().c_str(),
             ifs->front().name.c_str());
@@ -228,7 +228,7 @@ ncclResult_t destroyComm(ncclComm_t comm, bool abort) {
                        "communicator instead of freeing memory in use");
       return ncclSuccess;
     }
-  } else if (!comm->impl->waitIdle(loom::settings::getInt("LOOM_TIMEOUT_MS"))) {
+  } else if (!comm->impl->waitIdle(loom::settings::get(loom::settings::kTimeoutMs))) {
     return fail(errorf(Code::kInvalidUsage, "ncclCommDestroy: the communicator is still in use"));
   }
   comm->magic = 0;
@@ -288,7 +288,7 @@ LOOM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* de
     if (!lo) return fail(lo.status());
     c.root = *lo;
     Status st = loom::comm::randomSecret(c.secret);
-    if (st) st = loom::comm::startRoot(&c, loom::settings::getInt("LOOM_TIMEOUT_MS"));
+    if (st) st = loom::comm::startRoot(&c, loom::settings::get(loom::settings::kTimeoutMs));
     if (!st) return fail(st.withContext("ncclCommInitAll"));
     loom::comm::encodeId(c, &id);
     std::vector<ncclResult_t> results(ndev, ncclSuccess);
@@ -375,7 +375,7 @@ LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
       c.root = bs.address(me);
       c.root.setPort(0);
       st = loom::comm::randomSecret(c.secret);
-      if (st) st = loom::comm::startRoot(&c, loom::settings::getInt("LOOM_TIMEOUT_MS"));
+      if (st) st = loom::comm::startRoot(&c, loom::settings::get(loom::settings::kTimeoutMs));
       if (!st) return fail(st.withContext("ncclCommSplit"));
       loom::comm::encodeId(c, &id);
       for (size_t i = 1; i < members.size(); ++i) {

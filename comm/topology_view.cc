@@ -55,7 +55,7 @@ LocalTopology detectHost(const TopologyViewOptions& options) {
   topology::DetectOptions detectOptions;
   detectOptions.gpuSource = options.gpuSource;
   const std::string file = topology::topoFileSetting();
-  const std::string fileVar = settings::sourceOf("LOOM_TOPO_FILE");
+  const std::string fileVar = settings::sourceOf(settings::kTopoFile);
   LocalTopology out;
 
   auto detected = topology::detectLocal(reader, detectOptions);
@@ -366,23 +366,23 @@ std::string makeSummary(const std::vector<std::vector<int>>& hosts, int gpuRanks
 void writeDumps(const TopologyView& view, const std::vector<std::vector<int>>& hosts,
                 const std::vector<RankRecord>& records, int rank, const transport::PeerInfo& me) {
   const int h = view.hostOf[rank];
-  std::string topoDump = settings::getString("LOOM_TOPO_DUMP_FILE");
+  std::string topoDump = settings::get(settings::kTopoDumpFile);
   if (!topoDump.empty() && hosts[h].front() == rank) {
     if (static_cast<HostState>(records[rank].state) != HostState::kDetected) {
       LOOM_WARN(kInit, "topology: %s not written: this host's topology was not detected",
-                settings::sourceOf("LOOM_TOPO_DUMP_FILE").c_str());
+                settings::sourceOf(settings::kTopoDumpFile).c_str());
     } else {
       std::string path = expandDumpPath(topoDump, me.hostName, rank, static_cast<int>(getpid()));
       Status st = topology::writeXmlFile(view.cluster.hosts[h], path);
       if (!st) {
-        LOOM_WARN(kInit, "topology: %s: %s", settings::sourceOf("LOOM_TOPO_DUMP_FILE").c_str(),
+        LOOM_WARN(kInit, "topology: %s: %s", settings::sourceOf(settings::kTopoDumpFile).c_str(),
                   st.message().c_str());
       } else {
         LOOM_INFO(kInit, "topology: host %d's topology written to %s", h, path.c_str());
       }
     }
   }
-  std::string graphDump = settings::getString("LOOM_GRAPH_DUMP_FILE");
+  std::string graphDump = settings::get(settings::kGraphDumpFile);
   if (!graphDump.empty() && rank == 0) {
     std::string path = expandDumpPath(graphDump, me.hostName, rank, static_cast<int>(getpid()));
     std::ofstream f(path);
@@ -390,7 +390,7 @@ void writeDumps(const TopologyView& view, const std::vector<std::vector<int>>& h
     f.close();
     if (!f) {
       LOOM_WARN(kInit, "topology: %s: cannot write %s",
-                settings::sourceOf("LOOM_GRAPH_DUMP_FILE").c_str(), path.c_str());
+                settings::sourceOf(settings::kGraphDumpFile).c_str(), path.c_str());
     } else {
       LOOM_INFO(kInit, "topology: rings and trees written to %s", path.c_str());
     }

@@ -88,9 +88,9 @@ void init() {
   s.host = host;
   if (char* dot = std::strchr(host, '.')) *dot = '\0';
   s.host = host;
-  s.level = parseLevel(settings::getString("LOOM_DEBUG"));
-  s.subsys = parseSubsys(settings::getString("LOOM_DEBUG_SUBSYS"));
-  std::string file = settings::getString("LOOM_DEBUG_FILE");
+  s.level = parseLevel(settings::get(settings::kDebug));
+  s.subsys = parseSubsys(settings::get(settings::kDebugSubsys));
+  std::string file = settings::get(settings::kDebugFile);
   if (!file.empty()) {
     std::string path = expandFileName(file, s.host);
     if (FILE* f = std::fopen(path.c_str(), "w")) {
@@ -145,8 +145,8 @@ void write(Level level, uint32_t subsys, const char* file, int line, const char*
 void reload() {
   State& s = state();
   std::call_once(s.once, init);
-  s.level = parseLevel(settings::getString("LOOM_DEBUG"));
-  s.subsys = parseSubsys(settings::getString("LOOM_DEBUG_SUBSYS"));
+  s.level = parseLevel(settings::get(settings::kDebug));
+  s.subsys = parseSubsys(settings::get(settings::kDebugSubsys));
 }
 
 RankScope::RankScope(int rank) : previous_(tlsRank) { tlsRank = rank; }

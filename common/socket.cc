@@ -186,8 +186,8 @@ Result<std::vector<NetInterface>> findInterfaces(const std::string& filter,
 }
 
 Result<std::vector<NetInterface>> findInterfacesFromSettings() {
-  return findInterfaces(settings::getString("LOOM_SOCKET_IFNAME"),
-                        settings::getString("LOOM_SOCKET_FAMILY"));
+  return findInterfaces(settings::get(settings::kSocketIfname),
+                        settings::get(settings::kSocketFamily));
 }
 
 Result<NetInterface> findInterfaceMatching(const SocketAddress& remote) {

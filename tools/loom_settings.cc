@@ -1,5 +1,5 @@
 // loom-settings: every environment variable loom reads, from the one registry
-// (common/settings.cc).
+// (common/settings_list.h).
 //
 //   loom-settings              each setting with its value here and now, and where the
 //                              value came from (default, LOOM_*, NCCL_*)
@@ -24,15 +24,6 @@ const char* typeName(Type t) {
     case Type::kString: return "string";
   }
   return "?";
-}
-
-std::string valueOf(const Definition& d) {
-  switch (d.type) {
-    case Type::kInt: return std::to_string(loom::settings::getInt(d.name));
-    case Type::kBool: return loom::settings::getBool(d.name) ? "1" : "0";
-    case Type::kString: return loom::settings::getString(d.name);
-  }
-  return "";
 }
 
 // A table cell: no line breaks, and a literal '|' escaped.
@@ -68,7 +59,7 @@ void table(Use use) {
 void markdown() {
   std::printf(
       "# Environment reference\n\n"
-      "Written by `loom-settings --markdown` from the settings registry (common/settings.cc); "
+      "Written by `loom-settings --markdown` from the settings registry (common/settings_list.h); "
       "do not edit by hand. Where a setting has an NCCL name, either works and the `LOOM_` "
       "one wins. Booleans take 1/0, on/off, yes/no, true/false in any case; a value that "
       "does not parse keeps the default, with a warning. `loom-settings` prints each "
@@ -86,7 +77,7 @@ void current() {
   std::printf("%-32s %-10s %-12s %s\n", "setting", "for", "from", "value");
   for (const Definition& d : loom::settings::all()) {
     std::printf("%-32s %-10s %-12s %s\n", d.name, d.use == Use::kUser ? "users" : "tuning",
-                loom::settings::sourceOf(d.name).c_str(), valueOf(d).c_str());
+                loom::settings::sourceOf(d).c_str(), loom::settings::valueText(d).c_str());
   }
 }
 

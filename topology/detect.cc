@@ -349,7 +349,7 @@ int smFromDeviceId(const std::string& deviceId) {
 }
 
 std::string detectHostId(const Reader& reader) {
-  if (std::string env = settings::getString("LOOM_HOST_ID"); !env.empty()) return env;
+  if (std::string env = settings::get(settings::kHostId); !env.empty()) return env;
   std::string host = reader.readTrimmed("/proc/sys/kernel/hostname", "unknown-host");
   std::string boot = reader.readTrimmed("/proc/sys/kernel/random/boot_id", "");
   // FNV-1a over hostname and boot id: short, stable, and differs when either does.
@@ -380,7 +380,7 @@ Result<Detected> detectLocal(const Reader& reader, const DetectOptions& options)
   return out;
 }
 
-std::string topoFileSetting() { return settings::getString("LOOM_TOPO_FILE"); }
+std::string topoFileSetting() { return settings::get(settings::kTopoFile); }
 
 Status overlayTopoFile(Detected& detected, const std::string& path) {
   LOOM_ASSIGN_OR_RETURN(XmlReadResult loaded, readXmlFile(path));
@@ -399,7 +399,7 @@ Result<Detected> detectWithEnvironment(const Reader& reader, const DetectOptions
   if (std::string file = topoFileSetting(); !file.empty()) {
     LOOM_TRY(overlayTopoFile(detected, file));
   }
-  if (std::string dump = settings::getString("LOOM_TOPO_DUMP_FILE"); !dump.empty()) {
+  if (std::string dump = settings::get(settings::kTopoDumpFile); !dump.empty()) {
     LOOM_TRY(writeXmlFile(detected.system, dump));
   }
   return detected;

@@ -163,8 +163,8 @@ std::string tempDir(const std::string& name) {
 
 TEST(TopologyView, HostMemoryTwoHostsGroupsRanksAndWritesDumps) {
   std::string dir = tempDir("dumps");
-  ScopedSetting topoDump("LOOM_TOPO_DUMP_FILE", dir + "/topo_%r.xml");
-  ScopedSetting graphDump("LOOM_GRAPH_DUMP_FILE", dir + "/graph_%r.json");
+  ScopedSetting topoDump(settings::kTopoDumpFile, dir + "/topo_%r.xml");
+  ScopedSetting graphDump(settings::kGraphDumpFile, dir + "/graph_%r.json");
   topology::DirReader reader(fixture("sysfs/cpu_only_2nic"));
   TopologyViewOptions options;
   options.reader = &reader;
@@ -327,7 +327,7 @@ TEST(TopologyView, MalformedTopoFileFailsEveryRankWithItsLine) {
 }
 
 TEST(TopologyView, MissingTopoFileIsIgnoredWithAWarning) {
-  ScopedSetting file("LOOM_TOPO_FILE", "/nonexistent/loom-topo.xml");
+  ScopedSetting file(settings::kTopoFile, "/nonexistent/loom-topo.xml");
   topology::DirReader reader(fixture("sysfs/dgx_h100"));
   TopologyViewOptions options;
   options.reader = &reader;
@@ -339,7 +339,7 @@ TEST(TopologyView, MissingTopoFileIsIgnoredWithAWarning) {
 
 TEST(TopologyView, TopoFileLaidOverDetection) {
   // A CPU-only machine told by the file that it has a DGX's GPUs.
-  ScopedSetting file("LOOM_TOPO_FILE", fixture("dgx_h100.xml"));
+  ScopedSetting file(settings::kTopoFile, fixture("dgx_h100.xml"));
   topology::DirReader reader(fixture("sysfs/cpu_only_2nic"));
   TopologyViewOptions options;
   options.reader = &reader;

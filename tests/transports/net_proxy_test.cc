@@ -142,8 +142,8 @@ void runBothWays(uint64_t n) {
 TEST(NetProxy, MessagesBothWays) { runBothWays(300); }
 
 TEST(NetProxy, StripedOverHelperThreads) {
-  settings::ScopedSetting t("LOOM_SOCKET_NTHREADS", "2");
-  settings::ScopedSetting k("LOOM_NSOCKS_PERTHREAD", "2");
+  settings::ScopedSetting t(settings::kSocketNthreads, "2");
+  settings::ScopedSetting k(settings::kNsocksPerthread, "2");
   runBothWays(300);
 }
 

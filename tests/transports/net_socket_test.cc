@@ -126,23 +126,23 @@ void exchange(Pair& p, const std::vector<size_t>& sizes, size_t capacity, int de
 const std::vector<size_t> kSizes = {0, 1, 8, 4095, 65535, 65536, 65537, 200000, 1 << 20, (1 << 20) - 3, 77, 0, 524288};
 
 TEST(NetSocket, OneSocket) {
-  ScopedSetting t("LOOM_SOCKET_NTHREADS", "1");  // unset, GPU buffers get 4
+  ScopedSetting t(settings::kSocketNthreads, "1");  // unset, GPU buffers get 4
   Pair p;
   connectPair(&p, [](const Handle&) {});
   exchange(p, kSizes, 1 << 20, 8);
 }
 
 TEST(NetSocket, ThreeSocketsStriped) {
-  ScopedSetting t("LOOM_SOCKET_NTHREADS", "1");  // the caller moves all three
-  ScopedSetting s("LOOM_NSOCKS_PERTHREAD", "3");
+  ScopedSetting t(settings::kSocketNthreads, "1");  // the caller moves all three
+  ScopedSetting s(settings::kNsocksPerthread, "3");
   Pair p;
   connectPair(&p, [](const Handle&) {});
   exchange(p, kSizes, 1 << 20, 8);
 }
 
 TEST(NetSocket, HelperThreads) {
-  ScopedSetting t("LOOM_SOCKET_NTHREADS", "2");
-  ScopedSetting s("LOOM_NSOCKS_PERTHREAD", "2");
+  ScopedSetting t(settings::kSocketNthreads, "2");
+  ScopedSetting s(settings::kNsocksPerthread, "2");
   Pair p;
   connectPair(&p, [](const Handle&) {});
   std::vector<size_t> many;
@@ -154,7 +154,7 @@ TEST(NetSocket, HelperThreads) {
 // than the request window, between large ones, must neither reuse a slot a helper has not
 // stepped over nor wait for one to wake.
 TEST(NetSocket, HelperThreadsRunsOfSmallMessages) {
-  ScopedSetting t("LOOM_SOCKET_NTHREADS", "4");
+  ScopedSetting t(settings::kSocketNthreads, "4");
   Pair p;
   connectPair(&p, [](const Handle&) {});
   std::vector<size_t> sizes;
@@ -265,11 +265,11 @@ TEST(NetSocket, PeerThatClosesIsARemoteError) {
 }
 
 TEST(NetSocket, UnknownBackendIsAnErrorThatSaysWhatThereIs) {
-  ScopedSetting s("LOOM_NET", "IB");
+  ScopedSetting s(settings::kNet, "IB");
   auto b = makeBackend(Context{});
   ASSERT_FALSE(b.isOk());
   EXPECT_NE(b.status().message().find("Socket"), std::string::npos) << b.status().message();
-  ScopedSetting t("LOOM_NET", "Socket");  // NCCL's spelling
+  ScopedSetting t(settings::kNet, "Socket");  // NCCL's spelling
   EXPECT_TRUE(makeBackend(Context{}).isOk());
 }
 

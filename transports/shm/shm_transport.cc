@@ -237,7 +237,7 @@ class ShmTransport : public Transport {
 
   Capability canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
     Capability c;
-    if (settings::getBool("LOOM_SHM_DISABLE")) {
+    if (settings::get(settings::kShmDisable)) {
       c.reason = "disabled by LOOM_SHM_DISABLE/NCCL_SHM_DISABLE";
     } else if (self.hostHash != peer.hostHash) {
       c.reason = "different hosts";

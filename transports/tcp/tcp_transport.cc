@@ -365,8 +365,8 @@ class TcpTransport : public Transport {
       : ctx_(ctx), listener_(std::move(listener)), address_(address),
         arrivals_(&listener_, sizeof(Hello), 5000, "tcp rank " + std::to_string(ctx.self.rank)),
         rng_(std::random_device{}()) {
-    nsocks_ = static_cast<int>(std::clamp<int64_t>(settings::getInt("LOOM_NSOCKS_PERTHREAD") *
-                                                       settings::getInt("LOOM_SOCKET_NTHREADS"),
+    nsocks_ = static_cast<int>(std::clamp<int64_t>(settings::get(settings::kNsocksPerthread) *
+                                                       settings::get(settings::kSocketNthreads),
                                                    1, kMaxSocks));
   }
   const char* name() const override { return "tcp"; }

@@ -521,7 +521,7 @@ class SocketBackend final : public Backend {
     if (!h.stage) {
       h.stage = new ConnectStage();
       h.stage->socks.resize(h.nsocks);
-      h.stage->deadline = Clock::now() + std::chrono::milliseconds(settings::getInt("LOOM_TIMEOUT_MS"));
+      h.stage->deadline = Clock::now() + std::chrono::milliseconds(settings::get(settings::kTimeoutMs));
       std::memcpy(handle->data, &h, sizeof(h));
     }
     Status st = advance(h, peerRank, comm);
@@ -633,10 +633,10 @@ class SocketBackend final : public Backend {
 Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx) {
   LOOM_ASSIGN_OR_RETURN(auto ifs, findInterfacesFromSettings());
   // Unset, GPU buffers get kDefaultThreads (the host buffers' tcp transport keeps 1).
-  const int64_t threads = settings::sourceOf("LOOM_SOCKET_NTHREADS") == "default"
+  const int64_t threads = settings::sourceOf(settings::kSocketNthreads) == "default"
                               ? kDefaultThreads
-                              : std::max<int64_t>(1, settings::getInt("LOOM_SOCKET_NTHREADS"));
-  const int64_t perThread = std::max<int64_t>(1, settings::getInt("LOOM_NSOCKS_PERTHREAD"));
+                              : std::max<int64_t>(1, settings::get(settings::kSocketNthreads));
+  const int64_t perThread = std::max<int64_t>(1, settings::get(settings::kNsocksPerthread));
   const int nsocks = static_cast<int>(std::min<int64_t>(kMaxSocks, threads * perThread));
   // One thread: the proxy's test() moves the bytes; more: the proxy moves socket 0's and
   // a helper per further thread its share of the others.
@@ -648,12 +648,12 @@ Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx) {
 }
 
 Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx) {
-  std::string name = settings::getString("LOOM_NET");
+  std::string name = settings::get(settings::kNet);
   for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (name.empty() || name == "socket") return makeSocketBackend(ctx);
   return errorf(Code::kInvalidUsage,
                 "LOOM_NET/NCCL_NET=%s: no such network backend in this build (there is: Socket)",
-                settings::getString("LOOM_NET").c_str());
+                settings::get(settings::kNet).c_str());
 }
 
 }  // namespace loom::transport::net
