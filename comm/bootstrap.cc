@@ -270,11 +270,18 @@ Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
     }
     // A short wait, then look again: another thread may have taken our message in.
     Result<Arrival> a = Status(Code::kSystemError, "");
+    const Deadline shortWait = Deadline::afterMs(std::min(d.remainingMs(20), 20), abortFlag_);
     {
       std::lock_guard<std::mutex> lock(arrivalsMutex_);
-      a = arrivals_->next(Deadline::afterMs(std::min(d.remainingMs(20), 20), abortFlag_));
+      a = arrivals_->next(shortWait);
     }
-    if (!a) continue;
+    if (!a) {
+      // Nothing arrived in the short wait: look again. Anything else (accept() failing
+      // for want of file descriptors, say) is this host's problem, not a late peer's.
+      if (shortWait.expired() || shortWait.aborted()) continue;
+      return a.status().withContext("bootstrap: rank " + std::to_string(rank_) + " waiting for a message from rank " +
+                                    std::to_string(peer));
+    }
     LOOM_TRY(readMessage(std::move(a).value()));
   }
 }

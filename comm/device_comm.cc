@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "comm/cuda_device_comm.h"
@@ -795,8 +796,18 @@ Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t str
 int currentDevice() {
   if (settings::get(settings::kDevice) == "cpu") return -1;
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
+  if (const cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess || n <= 0) {
     cudaGetLastError();
+    // No GPU, or no driver: host memory, as asked of a machine without GPUs. Any other
+    // error (a driver older than this runtime, say) is said once, since the communicators
+    // then work on host memory where the caller may expect its GPUs.
+    static std::once_flag said;
+    if (e != cudaSuccess && e != cudaErrorNoDevice && e != cudaErrorInsufficientDriver) {
+      std::call_once(said, [e] {
+        LOOM_WARN(kInit, "CUDA cannot count the GPUs (%s: %s): communicators use host memory",
+                  cudaGetErrorName(e), cudaGetErrorString(e));
+      });
+    }
     return -1;
   }
   int d = -1;

@@ -1,6 +1,8 @@
 // loomCommInitFromEnv: a communicator from launcher variables (see include/loom/launch.h).
 #include "loom/launch.h"
 
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <string>
 
@@ -10,14 +12,17 @@
 
 namespace {
 
-bool readInt(const char* name, int* out) {
+// 1: `name` holds an int (in *out); 0: it is unset; -1: it is set to something else
+// (never taken as unset: another launcher's variables would then give another rank).
+int readInt(const char* name, int* out) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return false;
+  if (!v || !*v) return 0;
   char* end = nullptr;
+  errno = 0;
   long x = std::strtol(v, &end, 10);
-  if (*end != '\0') return false;
+  if (errno != 0 || *end != '\0' || x < INT_MIN || x > INT_MAX) return -1;
   *out = static_cast<int>(x);
-  return true;
+  return 1;
 }
 
 }  // namespace
@@ -32,7 +37,13 @@ extern "C" __attribute__((visibility("default"))) ncclResult_t loomRankFromEnv(i
                                     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
                                     {"PMI_RANK", "PMI_SIZE"}};
   for (const auto& p : kPairs) {
-    if (readInt(p[0], rank) && readInt(p[1], nranks)) {
+    const int hasRank = readInt(p[0], rank), hasSize = readInt(p[1], nranks);
+    if (hasRank < 0 || hasSize < 0) {
+      const char* bad = hasRank < 0 ? p[0] : p[1];
+      return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument, "%s='%s' is not an integer", bad,
+                                           std::getenv(bad)));
+    }
+    if (hasRank && hasSize) {
       if (*nranks < 1 || *rank < 0 || *rank >= *nranks) {
         return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument,
                                              "%s=%d and %s=%d are inconsistent", p[0], *rank, p[1], *nranks));

@@ -1,5 +1,8 @@
 #include "topology/reader.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -109,12 +112,24 @@ Result<std::string> DirReader::hostPath(const std::string& path) const {
 
 Result<std::string> DirReader::readFile(const std::string& path) const {
   LOOM_ASSIGN_OR_RETURN(std::string real, hostPath(path));
-  std::ifstream in(real, std::ios::binary);
-  if (!in) return sysError(errno, "cannot read %s%s", root_.c_str(), path.c_str());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return sysError(errno, "reading %s%s", root_.c_str(), path.c_str());
-  return ss.str();
+  // read(2) itself: a stream would turn a failing read (sysfs answers some with EINVAL
+  // or EIO) into an empty file.
+  const int fd = ::open(real.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return sysError(errno, "cannot read %s%s", root_.c_str(), path.c_str());
+  std::string text;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      text.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    const int err = errno;
+    ::close(fd);
+    if (n < 0) return sysError(err, "reading %s%s", root_.c_str(), path.c_str());
+    return text;
+  }
 }
 
 Result<std::vector<std::string>> DirReader::listDir(const std::string& path) const {

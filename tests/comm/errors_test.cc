@@ -314,3 +314,27 @@ TEST(Split, ByParity) {
 }
 
 }  // namespace
+
+#include <loom/launch.h>
+
+namespace {
+
+// A rank variable that is set but is not a number is an error naming it, not "unset" (the
+// next launcher's variables would then give this process another rank).
+TEST(Launch, RankVariablesThatDoNotParseAreErrors) {
+  setenv("LOOM_RANK", "3x", 1);
+  setenv("LOOM_NRANKS", "4", 1);
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  int rank = -1, nranks = -1;
+  EXPECT_EQ(loomRankFromEnv(&rank, &nranks), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("LOOM_RANK='3x' is not an integer"), std::string::npos)
+      << ncclGetLastError(nullptr);
+  setenv("LOOM_RANK", "2", 1);
+  EXPECT_EQ(loomRankFromEnv(&rank, &nranks), ncclSuccess);
+  EXPECT_EQ(rank, 2);
+  EXPECT_EQ(nranks, 4);
+  for (const char* v : {"LOOM_RANK", "LOOM_NRANKS", "RANK", "WORLD_SIZE"}) unsetenv(v);
+}
+
+}  // namespace

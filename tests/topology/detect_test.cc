@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "tests/topology/fixtures.h"
+#include "topology/reader.h"
 
 namespace loom::topology {
 namespace {
@@ -45,6 +46,16 @@ void expectSamePaths(const Graph& a, const Graph& b) {
       EXPECT_EQ(pa.nvlinks, pb.nvlinks);
     }
   }
+}
+
+// A read that fails after the open (here /proc/self/mem at address 0: EIO) is an error,
+// not an empty file (a stream used to report it as "").
+TEST(Reader, AFailingReadIsAnError) {
+  DirReader reader("/");
+  auto text = reader.readFile("/proc/self/mem");
+  EXPECT_FALSE(text.isOk());
+  if (!text.isOk()) EXPECT_NE(text.status().message().find("reading"), std::string::npos) << text.status().message();
+  EXPECT_TRUE(reader.readFile("/proc/self/stat").isOk());
 }
 
 TEST(Detect, DgxH100FromRecordedTree) {

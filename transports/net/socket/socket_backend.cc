@@ -123,8 +123,19 @@ class SocketComm {
     for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = std::move(socks[k]);
     const int threads = std::clamp(helpers.count, 0, static_cast<int>(nsocks_) - 1);
     // Before any helper starts: they read both.
-    for (int t = 0; t < threads; ++t) wakeFds_.push_back(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    threaded_ = threads > 0;
+    for (int t = 0; t < threads; ++t) {
+      const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (fd < 0) {  // no helpers then: the caller moves every socket (slower, still right)
+        LOOM_WARN(kNet, "socket backend: eventfd: %s; %s runs without helper threads", std::strerror(errno),
+                  what_.c_str());
+        for (int w : wakeFds_) ::close(w);
+        wakeFds_.clear();
+        break;
+      }
+      wakeFds_.push_back(fd);
+    }
+    threaded_ = !wakeFds_.empty();
+    if (!threaded_) return;
     for (int t = 0; t < threads; ++t) helpers_.emplace_back([this, t, threads] { helperMain(t, threads); });
   }
   ~SocketComm() {
