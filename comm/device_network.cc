@@ -36,24 +36,32 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<trans
   o.slotBytes = static_cast<uint64_t>(buff / steps);
   o.lanes = static_cast<int>(settings::get(settings::kNetLanes));
   o.proxySpinUs = settings::get(settings::kProxySpinUs);
-  o.pieceBytes = static_cast<uint64_t>(std::max<int64_t>(0, settings::get(settings::kChunkBytes)));
+  // LOOM_CHUNK_BYTES: pieces of that size (at least 4 KiB, a multiple of 64 bytes; 0: the
+  // tuner's rule).
+  if (const int64_t chunk = settings::get(settings::kChunkBytes); chunk > 0) {
+    o.pieceBytes = static_cast<uint64_t>(std::max<int64_t>(chunk, 4096)) / 64 * 64;
+  }
   // Every rank must cut pieces and lanes alike: a difference would show as a piece of
   // the wrong size, or a wait on a connection the peer never makes.
   struct Geometry {
     uint64_t slotBytes;
+    uint64_t pieceBytes;
     uint32_t slots;
     int32_t lanes;
   };
   std::vector<Geometry> all(nranks_);
-  all[rank_] = {o.slotBytes, o.slots, o.lanes};
+  all[rank_] = {o.slotBytes, o.pieceBytes, o.slots, o.lanes};
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(Geometry)));
   for (int r = 0; r < nranks_; ++r) {
-    if (all[r].slotBytes != o.slotBytes || all[r].slots != o.slots || all[r].lanes != o.lanes) {
+    if (all[r].slotBytes != o.slotBytes || all[r].slots != o.slots || all[r].lanes != o.lanes ||
+        all[r].pieceBytes != o.pieceBytes) {
       return errorf(Code::kInvalidUsage,
-                    "rank %d has LOOM_NET_BUFFSIZE/LOOM_STEPS/LOOM_NET_LANES giving %u slots of %llu "
-                    "bytes and %d lanes, rank %d %u of %llu and %d: set them alike on every rank",
-                    r, all[r].slots, (unsigned long long)all[r].slotBytes, all[r].lanes, rank_, o.slots,
-                    (unsigned long long)o.slotBytes, o.lanes);
+                    "rank %d has LOOM_NET_BUFFSIZE/LOOM_STEPS/LOOM_NET_LANES/LOOM_CHUNK_BYTES giving %u "
+                    "slots of %llu bytes, %d lanes and pieces of %llu (0: automatic), rank %d %u of %llu, "
+                    "%d and %llu: set them alike on every rank",
+                    r, all[r].slots, (unsigned long long)all[r].slotBytes, all[r].lanes,
+                    (unsigned long long)all[r].pieceBytes, rank_, o.slots, (unsigned long long)o.slotBytes,
+                    o.lanes, (unsigned long long)o.pieceBytes);
     }
   }
   o.abortFlag = context_.abortFlag;

@@ -193,10 +193,16 @@ std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses, const 
                              int64_t deadlineMs) {
   const int n = static_cast<int>(addresses.size());
   std::vector<std::string> said(n);
-  for (int first = 0; first < n; first += static_cast<int>(kBatch)) {
+  std::vector<int> asked;
+  for (int r = 0; r < n; ++r) {
+    if (r != self && whom[r]) asked.push_back(r);
+  }
+  // kBatch of the ranks asked at a time (not of rank numbers: beyond 128 ranks those asked
+  // are scattered, and each batch costs up to one deadline).
+  for (size_t first = 0; first < asked.size(); first += kBatch) {
     std::vector<std::thread> askers;
-    for (int r = first; r < std::min(n, first + static_cast<int>(kBatch)); ++r) {
-      if (r == self || !whom[r]) continue;
+    for (size_t i = first; i < std::min(asked.size(), first + kBatch); ++i) {
+      const int r = asked[i];
       askers.emplace_back([&, r] { said[r] = ask(addresses[r], self, secret, mine.entered, deadlineMs); });
     }
     for (auto& t : askers) t.join();

@@ -3,9 +3,11 @@
 // functions, so host and GPU memory give the same answers.
 //
 // The rule, for floating-point values (IEEE 754-2019 maximum and minimum):
-// - a NaN on either side gives NaN, and always the same one (the type's quiet NaN), so
-//   neither which rank holds it nor the order in which a rank combines its peers changes
-//   a bit of the result;
+// - a NaN on either side gives NaN, and always the same one (the compute type's quiet
+//   NaN), so neither which rank holds it nor the order in which a rank combines its peers
+//   changes a bit of the result (the narrow types' encoders then store it as their own
+//   quiet NaN, which differs between the host's and CUDA's for fp16, bf16 and e5m2: every
+//   rank of a collective takes the same path, so the ranks still agree bit for bit);
 // - -0 is below +0 (max(-0, +0) is +0, min is -0), again whichever side each is on.
 // So max and min are commutative and associative bit for bit, and every rank of a
 // collective gets the same bits whatever the algorithm. NCCL's kernels use fmaxf/fminf
