@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <mutex>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -37,11 +39,21 @@ uint64_t hostHash() {
   std::string id = settings::get(settings::kHostId);
   if (id.empty()) {
     char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
+    if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
     id = host;
     std::ifstream boot("/proc/sys/kernel/random/boot_id");
     std::string b;
-    if (boot >> b) id += ":" + b;
+    if (boot >> b) {
+      id.append(":").append(b);
+    } else {
+      // The hostname alone: two machines that share one (containers with a copied
+      // hostname) would count as one host. Said once; LOOM_HOST_ID settles it.
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        LOOM_WARN(kInit, "cannot read /proc/sys/kernel/random/boot_id: ranks are grouped into hosts by "
+                         "hostname (%s) alone; set LOOM_HOST_ID where machines share a hostname", host);
+      });
+    }
   }
   return fnv(id);
 }

@@ -107,7 +107,7 @@ Status peerAlive(const PeerInfo& self, const PeerInfo& peer, int fd, off_t byte)
   const Presence p = presenceOf(fd, byte);
   if (p == Presence::kThere) return Status::ok();
   bool dead = p == Presence::kGone;
-  if (!dead && peer.pidNs == self.pidNs && peer.pid > 0) {
+  if (!dead && peer.pidNs != 0 && peer.pidNs == self.pidNs && peer.pid > 0) {
     dead = kill(peer.pid, 0) != 0 && errno == ESRCH;
     if (!dead) {
       char path[64];
