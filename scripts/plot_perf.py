@@ -4,8 +4,9 @@
 Reads one or more JSON files written by all_reduce_perf and friends (`-J FILE`), usually
 run with `--compare nccl` so that each row also holds NVIDIA NCCL's figures, and
 
-  * writes a PNG of bus bandwidth (GB/s) against message size (log2 axis) with one line per
-    input file and library ("all_reduce loom", "all_reduce NCCL"), or
+  * writes a PNG with one panel per collective: bus bandwidth (GB/s) against message size
+    (log2 axis), loom solid and NCCL dashed, a colour per way of running (`-g 2`,
+    `mpirun -np 2`, from each report's config), and under it the ratio loom / NCCL, or
   * with --table, prints a markdown table per input (size, loom time and busbw, NCCL time and
     busbw, loom/NCCL ratio) for pasting into docs/.
 
@@ -69,6 +70,7 @@ class Series:
     nranks: Optional[int]
     nccl_version: Optional[int]  # the compared library's, when there was one
     points: List[Point] = field(default_factory=list)
+    mode: str = ""  # how it ran: "-g 2", "mpirun -np 2"
 
     @property
     def has_nccl(self) -> bool:
@@ -130,6 +132,16 @@ def collective_name(report: dict) -> str:
     return program or str(report.get("collective", "?")).lower()
 
 
+def run_mode(config: dict) -> str:
+    """How the binary ran, as its command line says it: "-g 2", "-t 2 -g 1", "mpirun -np 2 -R 1"."""
+    nprocs = config.get("nprocs") or 1
+    registered = " -R 1" if config.get("local_register") else ""
+    if nprocs > 1:
+        return f"mpirun -np {nprocs}{registered}"
+    threads, gpus = config.get("nthreads") or 1, config.get("ngpus") or 1
+    return (f"-t {threads} " if threads > 1 else "") + f"-g {gpus}{registered}"
+
+
 def series_from_report(report: dict, source: str, placement: str = "out_of_place") -> List[Series]:
     """The series of one report for one placement, in the order their rows first appear."""
     if placement not in PLACEMENTS:
@@ -151,7 +163,7 @@ def series_from_report(report: dict, source: str, placement: str = "out_of_place
     for (dtype, redop), sizes in groups.items():
         s = Series(source=source, collective=collective_name(report), dtype=dtype, redop=redop,
                    placement=placement, nranks=config.get("nranks"),
-                   nccl_version=compare.get("nccl_version"))
+                   nccl_version=compare.get("nccl_version"), mode=run_mode(config))
         for size in sorted(sizes):
             loom_list, nccl_list = sizes[size]
             s.points.append(Point(size, _mean(loom_list), _mean(nccl_list) if nccl_list else None))
@@ -233,41 +245,68 @@ def size_ticks(sizes: List[int], max_ticks: int = 12) -> List[int]:
 
 
 def plot(series: List[Series], out: str, title: str) -> None:
-    """Writes the bus-bandwidth plot to `out` (PNG). Needs matplotlib."""
+    """Writes the plot to `out` (PNG): one panel per collective, loom (solid) against NCCL
+    (dashed) in bus bandwidth, one colour per way of running it (`-g 2`, `mpirun -np 2`),
+    and under each panel the ratio loom / NCCL. Needs matplotlib."""
     import matplotlib  # pylint: disable=import-outside-toplevel
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    collectives: List[str] = []
+    for s in series:
+        if s.collective not in collectives:
+            collectives.append(s.collective)
+    modes: List[str] = []
+    for s in series:
+        if s.mode not in modes:
+            modes.append(s.mode)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    all_sizes = []
-    for i, (s, label) in enumerate(zip(series, series_labels(series))):
-        color = colors[i % len(colors)]
-        points = [p for p in s.points if p.size > 0]  # a log axis has no place for 0 B rows
-        all_sizes.extend(p.size for p in points)
-        ax.plot([p.size for p in points], [p.loom.bus_bw for p in points], color=color,
-                marker="o", markersize=3, linestyle="-", label=f"{label} loom")
-        nccl = [p for p in points if p.nccl is not None]
-        if nccl:
-            ax.plot([p.size for p in nccl], [p.nccl.bus_bw for p in nccl], color=color,
-                    marker="s", markersize=3, linestyle="--", label=f"{label} NCCL")
-    ax.set_xscale("log", base=2)
-    if all_sizes:
-        ticks = size_ticks(all_sizes)
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([format_size(t) for t in ticks])
-        ax.minorticks_off()
-    ax.set_xlabel("message size (bytes per rank)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    placement = {s.placement for s in series}
-    subtitle = " / ".join(p.replace("_", "-") for p in sorted(placement))
-    ax.set_title(f"{title} ({subtitle})" if title else subtitle)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
+    ncols = min(4, len(collectives))
+    nrows = (len(collectives) + ncols - 1) // ncols
+    fig, axes = plt.subplots(2 * nrows, ncols, figsize=(4.2 * ncols, 4.6 * nrows), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1] * nrows})
+    for k, coll in enumerate(collectives):
+        top, bottom = axes[2 * (k // ncols)][k % ncols], axes[2 * (k // ncols) + 1][k % ncols]
+        sizes: List[int] = []
+        for s in (s for s in series if s.collective == coll):
+            color = colors[modes.index(s.mode) % len(colors)]
+            kind = f" {s.dtype} {s.redop}" if len({(t.dtype, t.redop) for t in series if t.collective == coll}) > 1 else ""
+            points = [p for p in s.points if p.size > 0]
+            sizes.extend(p.size for p in points)
+            top.plot([p.size for p in points], [p.loom.bus_bw for p in points], color=color, linestyle="-",
+                     marker="o", markersize=2, label=f"loom {s.mode}{kind}")
+            nccl = [p for p in points if p.nccl is not None]
+            if nccl:
+                top.plot([p.size for p in nccl], [p.nccl.bus_bw for p in nccl], color=color, linestyle="--",
+                         marker="s", markersize=2, label=f"NCCL {s.mode}{kind}")
+                ratio = [p for p in nccl if p.ratio is not None]
+                bottom.plot([p.size for p in ratio], [p.ratio for p in ratio], color=color, marker="o",
+                            markersize=2)
+        bottom.axhline(1.0, color="gray", linewidth=0.8)
+        top.set_title(coll)
+        top.set_ylim(bottom=0)
+        top.grid(True, alpha=0.3)
+        bottom.grid(True, alpha=0.3)
+        bottom.set_ylim(bottom=0)
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            if sizes:
+                ticks = size_ticks(sizes, max_ticks=6)
+                ax.set_xticks(ticks)
+                ax.set_xticklabels([format_size(t) for t in ticks] if ax is bottom else [], fontsize="x-small")
+                ax.minorticks_off()
+        if k % ncols == 0:
+            top.set_ylabel("busbw (GB/s)")
+            bottom.set_ylabel("loom / NCCL")
+        top.legend(fontsize="x-small")
+    for k in range(len(collectives), nrows * ncols):
+        axes[2 * (k // ncols)][k % ncols].axis("off")
+        axes[2 * (k // ncols) + 1][k % ncols].axis("off")
+    placement = " / ".join(p.replace("_", "-") for p in sorted({s.placement for s in series}))
+    fig.suptitle(f"{title} ({placement}; x: bytes per rank)" if title else placement)
     fig.tight_layout()
-    fig.savefig(out, dpi=150)
+    fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
