@@ -20,13 +20,7 @@
 #include <cmath>
 #include <type_traits>
 
-#ifndef LOOM_HOST_DEVICE  // as collectives/device/mesh.h and net_plan.h define it
-#if defined(__CUDACC__)
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
-#endif
-#endif
+#include "common/host_device.h"
 
 namespace loom {
 

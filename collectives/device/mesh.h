@@ -16,13 +16,9 @@
 #include <cstdint>
 
 #include "common/datatype.h"
+#include "common/host_device.h"
 #include "nccl.h"  // cudaStream_t
 
-#if defined(__CUDACC__)
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
-#endif
 
 namespace loom::collectives::device {
 

@@ -18,15 +18,9 @@
 
 #include "collectives/schedule.h"
 #include "collectives/tuner.h"
+#include "common/host_device.h"
 #include "common/status.h"
 
-#ifndef LOOM_HOST_DEVICE
-#if defined(__CUDACC__)
-#define LOOM_HOST_DEVICE __host__ __device__
-#else
-#define LOOM_HOST_DEVICE
-#endif
-#endif
 
 namespace loom::collectives::device {
 
