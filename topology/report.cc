@@ -297,7 +297,9 @@ std::string formatMatrix(const System& system, const Graph& graph) {
            "  NV#  = Connection traversing a bonded set of # NVLinks (directly or through NVSwitch)\n"
            "  NVB# = Connection traversing # NVLinks through an intermediate GPU\n";
   }
-  out << "\nCPUs:\n";
+  // Only the sections that have something to show (no empty "CPUs:" on a machine whose
+  // NUMA nodes could not be read, no "NIC Legend:" without NICs).
+  if (!graph.cpus().empty()) out << "\nCPUs:\n";
   for (int n : graph.cpus()) {
     const Cpu& c = *nodes[n].cpuInfo;
     std::string list = cpuListFromMask(c.affinity);
@@ -305,8 +307,11 @@ std::string formatMatrix(const System& system, const Graph& graph) {
         << ", CPUs " << (list.empty() ? "N/A" : list) << ", " << (c.vendor.empty() ? "unknown vendor" : c.vendor)
         << " " << c.arch << "\n";
   }
-  out << "\nNIC Legend:\n\n";
-  if (graph.nets().empty()) out << "  (no NICs)\n";
+  if (graph.nets().empty()) {
+    out << "\nNo NIC found on this host.\n";
+  } else {
+    out << "\nNIC Legend:\n\n";
+  }
   for (int n : graph.nets()) {
     const Net& net = *nodes[n].net;
     out << "  " << graph.nodeName(n) << ": " << net.name;

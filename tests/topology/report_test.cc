@@ -79,6 +79,22 @@ TEST(Report, MatrixLooksLikeNvidiaSmi) {
   EXPECT_NE(cpuMatrix.find("CPU1: NUMA 1"), std::string::npos);
 }
 
+// A machine with nothing to show (no GPU, no NIC, no NUMA information) gets no empty
+// "Legend:", "CPUs:" or "NIC Legend:" heading.
+TEST(Report, OnlySectionsWithContent) {
+  System empty;
+  std::string m = formatMatrix(empty, buildGraph(empty));
+  EXPECT_NE(m.find("No GPU found"), std::string::npos) << m;
+  EXPECT_NE(m.find("No NIC found"), std::string::npos) << m;
+  EXPECT_EQ(m.find("Legend:"), std::string::npos) << m;
+  EXPECT_EQ(m.find("CPUs:"), std::string::npos) << m;
+
+  System cpu = loadXml("cpu_only_2nic.xml");
+  std::string withNics = formatMatrix(cpu, buildGraph(cpu));
+  EXPECT_NE(withNics.find("NIC Legend:"), std::string::npos);
+  EXPECT_NE(withNics.find("CPUs:"), std::string::npos);
+}
+
 TEST(Report, CpuListFromMask) {
   EXPECT_EQ(cpuListFromMask("0000ffff"), "0-15");
   EXPECT_EQ(cpuListFromMask("ff000000,00000000"), "56-63");
