@@ -129,14 +129,14 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   LOOM_ASSIGN_OR_RETURN(topo_, buildTopologyView(*bootstrap_, peers_, rank_, cudaDev_));
 
   context_.self = me;
-  int64_t buff = settings::get(settings::kBuffsize);
+  int64_t buff = static_cast<int64_t>(std::min<uint64_t>(settings::get(settings::kBuffsize).orAuto(0), 1 << 30));
   int64_t steps = std::clamp<int64_t>(settings::get(settings::kSteps), 2, 64);
   if (buff < 4096 * steps) buff = 4096 * steps;
   context_.fifo.slots = static_cast<int>(steps);
   context_.fifo.slotBytes = static_cast<size_t>(buff / steps) / 64 * 64;
-  int64_t chunk = settings::get(settings::kChunkBytes);
-  if (chunk > 0 && static_cast<size_t>(chunk) < context_.fifo.slotBytes) {
-    context_.fifo.slotBytes = static_cast<size_t>(chunk) / 64 * 64 + 64;
+  const settings::Amount chunk = settings::get(settings::kChunkBytes);
+  if (!chunk.isAuto() && chunk.value > 0 && chunk.value < context_.fifo.slotBytes) {
+    context_.fifo.slotBytes = static_cast<size_t>(chunk.value) / 64 * 64 + 64;
   }
   context_.abortFlag = &abortFlag_;
   // Busy-polling only pays when every rank of this host has a core of its own; with
@@ -145,9 +145,10 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   // 4.77 us yielding at once against 6.28 spinning 1 us first (Open MPI 5.45); 2 MiB 655
   // against 752 us (Open MPI 1158). The cores are those the host's ranks may run on
   // (their CPU affinity), not all the machine's.
-  spinUs_ = settings::get(settings::kSpinUs);
+  const settings::Amount spin = settings::get(settings::kSpinUs);
+  spinUs_ = spin.isAuto() ? (ranksHaveOwnCpus(peers_, rank_) ? 50 : 0)
+                          : static_cast<int64_t>(std::min<uint64_t>(spin.value, 10'000'000));
   launchThreads_ = settings::get(settings::kLaunchThreads);
-  if (spinUs_ < 0) spinUs_ = ranksHaveOwnCpus(peers_, rank_) ? 50 : 0;
   context_.commHash = fnv(std::to_string(id.secret[0]) + ":" + std::to_string(id.secret[1]));
 
   // Transports, in order of preference.

@@ -123,19 +123,20 @@ struct MeshAgreement {
   int32_t slots = 0;
   int32_t threads = 0;
   uint64_t slotBytes = 0;
-  int64_t llBytes = 0;
-  int64_t ll128Bytes = 0;
-  int64_t oneShotBytes = 0;
-  int64_t ceBytes = 0;
-  int64_t reduceDirectBytes = 0;
-  int64_t pullBytes = 0;
-  int64_t pullReduceBytes = 0;
-  int64_t twoShotReduceBytes = 0;
-  int64_t cePullBytes = 0;
-  int64_t chunkBytes = 0;
-  int64_t chunkAllReduceBytes = 0;
-  int64_t chunkSize = 0;
-  int64_t scratchBytes = 0;
+  // The sizes below as LOOM_P2P_* resolve them for this rank count (device_comm.cc).
+  uint64_t llBytes = 0;
+  uint64_t ll128Bytes = 0;
+  uint64_t oneShotBytes = 0;
+  uint64_t ceBytes = 0;
+  uint64_t reduceDirectBytes = 0;
+  uint64_t pullBytes = 0;
+  uint64_t pullReduceBytes = 0;
+  uint64_t twoShotReduceBytes = 0;
+  uint64_t cePullBytes = 0;
+  uint64_t chunkBytes = 0;
+  uint64_t chunkAllReduceBytes = 0;
+  uint64_t chunkSize = 0;
+  uint64_t scratchBytes = 0;
   uint64_t token = 0;
   char algo[24] = {0};
   char proto[24] = {0};
@@ -349,7 +350,7 @@ class CudaDeviceComm final : public DeviceComm {
   // `later` waits for what was queued on `earlier` so far.
   Status join(cudaStream_t earlier, cudaStream_t later);
 
-  static bool capturing(cudaStream_t s);
+  static Result<bool> capturing(cudaStream_t s);
 
   Status recordDone(cudaStream_t stream, bool cap);
 

@@ -152,14 +152,14 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   }
   dev::Geometry geo;
   geo.nranks = nranks_;
-  int64_t blocks = settings::get(settings::kP2pBlocks);
-  if (blocks <= 0) blocks = nranks_ <= 2 ? 128 : 64;
+  int64_t blocks = static_cast<int64_t>(
+      std::min<uint64_t>(settings::get(settings::kP2pBlocks).orAuto(nranks_ <= 2 ? 128 : 64), 128));
   if (sharing > 1) capForSharedGpu(gpus, rank, sharing, &blocks);
   geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
   geo.slots = static_cast<int>(std::clamp<int64_t>(settings::get(settings::kP2pSlots), 2, 16));
-  int64_t slot = settings::get(settings::kP2pSlotBytes);
-  if (slot <= 0) slot = nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024;
-  geo.slotBytes = static_cast<size_t>(std::clamp<int64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
+  const uint64_t slot = settings::get(settings::kP2pSlotBytes)
+                           .orAuto(nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024);
+  geo.slotBytes = static_cast<size_t>(std::clamp<uint64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
   mine.shareGpu = shareGpu ? 1 : 0;
   mine.blocks = geo.maxBlocks;
   mine.slots = geo.slots;
@@ -167,22 +167,30 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   mine.threads =
       static_cast<int32_t>(std::clamp<int64_t>(settings::get(settings::kP2pThreads), 64, 512)) /
       32 * 32;
-  mine.llBytes = settings::get(settings::kP2pLlBytes);
-  mine.ll128Bytes = settings::get(settings::kP2pLl128Bytes);
-  mine.oneShotBytes = settings::get(settings::kP2pOneshotBytes);
-  mine.ceBytes = settings::get(settings::kP2pCeBytes);
-  mine.reduceDirectBytes = settings::get(settings::kP2pReduceDirectBytes);
-  mine.pullBytes = settings::get(settings::kP2pPullBytes);
-  mine.pullReduceBytes = settings::get(settings::kP2pPullReduceBytes);
-  mine.twoShotReduceBytes = settings::get(settings::kP2pTwoshotReduceBytes);
-  mine.cePullBytes = settings::get(settings::kP2pCePullBytes);
-  mine.chunkBytes = settings::get(settings::kP2pCeReduceBytes);
-  mine.chunkAllReduceBytes = settings::get(settings::kP2pCeAllreduceBytes);
-  mine.chunkSize = settings::get(settings::kP2pCeChunkBytes);
-  mine.scratchBytes = settings::get(settings::kP2pCeScratchBytes);
+  // Each size as this communicator uses it, auto resolved for its rank count: "up to"
+  // limits are 0 when off and UINT64_MAX for any size, "from" thresholds UINT64_MAX when
+  // off (docs/environment.md gives each default).
+  using settings::get;
+  const bool two = nranks_ == 2;
+  const uint64_t never = UINT64_MAX;
+  const size_t llRegion = dev::kLLBlocks * dev::kLLPayload;
+  mine.llBytes = get(settings::kP2pLlBytes).upTo(nranks_ <= 2 ? llRegion : 256 << 10);
+  mine.ll128Bytes = get(settings::kP2pLl128Bytes).upTo(0);
+  mine.oneShotBytes = get(settings::kP2pOneshotBytes).upTo(nranks_ <= 2 ? 4 << 20 : 256 << 10);
+  mine.ceBytes = get(settings::kP2pCeBytes).from(16 << 20);
+  mine.reduceDirectBytes = get(settings::kP2pReduceDirectBytes).upTo(0);
+  mine.pullBytes = get(settings::kP2pPullBytes).upTo(0);
+  mine.pullReduceBytes = get(settings::kP2pPullReduceBytes).upTo(0);
+  mine.twoShotReduceBytes = get(settings::kP2pTwoshotReduceBytes).upTo(0);
+  mine.cePullBytes = get(settings::kP2pCePullBytes).from(never);
+  mine.chunkBytes = get(settings::kP2pCeReduceBytes).from(two ? 2 << 20 : never);
+  mine.chunkAllReduceBytes = get(settings::kP2pCeAllreduceBytes).from(two ? 256 << 20 : never);
+  mine.chunkSize = get(settings::kP2pCeChunkBytes).orAuto(0);
+  mine.scratchBytes = get(settings::kP2pCeScratchBytes).orAuto(0);
   if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
   std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::get(settings::kAlgo).c_str());
-  std::snprintf(mine.proto, sizeof(mine.proto), "%s", settings::get(settings::kProto).c_str());
+  const std::string forcedProto = settings::get(settings::kProto);
+  std::snprintf(mine.proto, sizeof(mine.proto), "%s", forcedProto == "auto" ? "" : forcedProto.c_str());
   std::vector<MeshAgreement> all(nranks_);
   all[rank] = mine;
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
@@ -211,11 +219,11 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "LOOM_P2P_PULL_BYTES, LOOM_P2P_PULL_REDUCE_BYTES, LOOM_P2P_TWOSHOT_REDUCE_BYTES, "
           "LOOM_P2P_CE_PULL_BYTES, "
           "LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
-          "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%lld/%lld/%lld "
-          "against \"%s\"/\"%s\"/%lld/%lld/%lld): every rank must pick the same GPU algorithm",
-          r, rank, all[r].algo, all[r].proto, (long long)all[r].llBytes,
-          (long long)all[r].oneShotBytes, (long long)all[r].ceBytes, mine.algo, mine.proto,
-          (long long)mine.llBytes, (long long)mine.oneShotBytes, (long long)mine.ceBytes);
+          "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%llu/%llu/%llu "
+          "against \"%s\"/\"%s\"/%llu/%llu/%llu): every rank must pick the same GPU algorithm",
+          r, rank, all[r].algo, all[r].proto, (unsigned long long)all[r].llBytes,
+          (unsigned long long)all[r].oneShotBytes, (unsigned long long)all[r].ceBytes, mine.algo, mine.proto,
+          (unsigned long long)mine.llBytes, (unsigned long long)mine.oneShotBytes, (unsigned long long)mine.ceBytes);
     }
     if (all[r].shareGpu != mine.shareGpu) {
       return errorf(Code::kInvalidUsage,
@@ -377,7 +385,9 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
     const bool outMapped =
         ask && ((reduce && o.root != rank_) ||
                 (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff)));
-    const bool captured = chunked && capturing(o.stream);
+    // A stream that cannot be asked fails the call itself, in run().
+    const Result<bool> cap = chunked ? capturing(o.stream) : Result<bool>(false);
+    const bool captured = cap.isOk() && cap.value();
     mine.push_back({o.type, o.count, o.dtype, o.root, o.ncclOp, o.sendbuff, o.recvbuff, inMapped,
                     outMapped, captured});
   }
@@ -478,7 +488,8 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
     req.reader = in.writer;
     LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
     if (form != 0) {
-      if (capturing(op.stream)) importsInGraph_ = true;  // its mappings stay until the end
+      LOOM_ASSIGN_OR_RETURN(const bool inGraph, capturing(op.stream));
+      if (inGraph) importsInGraph_ = true;  // its mappings stay until the end
       if (form == 2) {
         for (int r = 0; r < nranks_; ++r) in.outputs[r] = const_cast<void*>(in.inputs[r]);
         return launchPull(call, in, op.stream,
@@ -528,7 +539,8 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
     dev::PullInputs in;
     LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
     if (form != 0) {
-      if (capturing(op.stream)) importsInGraph_ = true;
+      LOOM_ASSIGN_OR_RETURN(const bool inGraph, capturing(op.stream));
+      if (inGraph) importsInGraph_ = true;
       return launchCopies(call,
                           dev::planPulls(call.kind, rank_, nranks_, op.root, block, in.inputs,
                                          op.recvbuff),
@@ -589,7 +601,7 @@ Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, s
     return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
                   rank_, selfSends.size(), selfRecvs.size());
   }
-  const bool cap = capturing(stream);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   for (size_t k = 0; k < selfSends.size(); ++k) {
     size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
@@ -623,36 +635,27 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   // 11.6 against 16.1, a 2 MiB reduce-scatter 12.7-12.9 against 17.4-17.5), 256 KiB above
   // (unmeasured).
   const size_t region = dev::kLLBlocks * dev::kLLPayload;
-  const int64_t ll = s.llBytes < 0 ? (nranks_ <= 2 ? int64_t(region) : int64_t(256) << 10) : s.llBytes;
   llLimit_ = proto == "simple" || protoLL128 ? 0
              : protoLL_ ? region
-                        : std::min<size_t>(static_cast<size_t>(std::max<int64_t>(0, ll)), region);
+                        : std::min<size_t>(s.llBytes, region);
   // LL128 above the LL limit (LOOM_PROTO=ll128: from 0; simple and ll turn it off).
   const size_t capacity = ctx_.geo.ll128Capacity();
-  const int64_t ll128 = std::max<int64_t>(0, s.ll128Bytes);
   ll128Limit_ = proto == "simple" || protoLL_ ? 0
                 : protoLL128 ? capacity
-                             : std::min<size_t>(static_cast<size_t>(ll128), capacity);
-  oneShotMax_ = s.oneShotBytes < 0 ? (nranks_ <= 2 ? size_t(4) << 20 : size_t(256) << 10)
-                                   : static_cast<size_t>(s.oneShotBytes);
-  ceMin_ = s.ceBytes < 0    ? size_t(16) << 20
-           : s.ceBytes == 0 ? SIZE_MAX
-                            : static_cast<size_t>(s.ceBytes);
-  reduceDirectMax_ = static_cast<size_t>(std::max<int64_t>(0, s.reduceDirectBytes));
-  pullMax_ = static_cast<size_t>(std::max<int64_t>(0, s.pullBytes));
-  pullReduceMax_ = s.pullReduceBytes < 0 ? SIZE_MAX : static_cast<size_t>(s.pullReduceBytes);
-  twoShotReduceMax_ = static_cast<size_t>(std::max<int64_t>(0, s.twoShotReduceBytes));
-  cePullMin_ = s.cePullBytes <= 0 ? SIZE_MAX : static_cast<size_t>(s.cePullBytes);
-  // -1: the sizes measured on 2 ranks (docs/perf/h200x2.md), and never on more (unmeasured).
-  auto threshold = [&](int64_t v, size_t twoRanks) -> size_t {
-    if (v < 0) return nranks_ == 2 ? twoRanks : SIZE_MAX;
-    return v == 0 ? SIZE_MAX : static_cast<size_t>(v);
-  };
-  chunkReduceMin_ = threshold(s.chunkBytes, size_t(2) << 20);
-  chunkAllReduceMin_ = threshold(s.chunkAllReduceBytes, size_t(256) << 20);
-  chunkSize_ = static_cast<size_t>(std::max<int64_t>(0, s.chunkSize));
+                             : std::min<size_t>(s.ll128Bytes, capacity);
+  // The agreed sizes are resolved already (auto for this rank count, off, any).
+  oneShotMax_ = s.oneShotBytes;
+  ceMin_ = s.ceBytes;
+  reduceDirectMax_ = s.reduceDirectBytes;
+  pullMax_ = s.pullBytes;
+  pullReduceMax_ = s.pullReduceBytes;
+  twoShotReduceMax_ = s.twoShotReduceBytes;
+  cePullMin_ = s.cePullBytes;
+  chunkReduceMin_ = s.chunkBytes;
+  chunkAllReduceMin_ = s.chunkAllReduceBytes;
+  chunkSize_ = s.chunkSize;
   // Slots per peer; a chunk is a multiple of 64 KiB.
-  const size_t scratch = static_cast<size_t>(std::max<int64_t>(0, s.scratchBytes));
+  const size_t scratch = s.scratchBytes;
   chunkMax_ =
       nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
   if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
@@ -748,16 +751,21 @@ Status CudaDeviceComm::order(cudaStream_t stream, bool cap) {
 }
 
 Status CudaDeviceComm::join(cudaStream_t earlier, cudaStream_t later) {
-  if (capturing(earlier) != capturing(later)) return Status::ok();
+  LOOM_ASSIGN_OR_RETURN(const bool earlierCapturing, capturing(earlier));
+  LOOM_ASSIGN_OR_RETURN(const bool laterCapturing, capturing(later));
+  if (earlierCapturing != laterCapturing) return Status::ok();
   LOOM_TRY(cudaStatus(cudaEventRecord(joinEvent_, earlier), "cudaEventRecord"));
   return cudaStatus(cudaStreamWaitEvent(later, joinEvent_, 0), "cudaStreamWaitEvent");
 }
 
-bool CudaDeviceComm::capturing(cudaStream_t s) {
+Result<bool> CudaDeviceComm::capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+  if (const cudaError_t e = cudaStreamIsCapturing(s, &st); e != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    // Not "not capturing": a stream that cannot be asked (destroyed, of another context,
+    // or a device in error) would fail later with a message further from the cause.
+    return errorf(Code::kInvalidArgument, "cudaStreamIsCapturing on the caller's stream failed: %s "
+                  "(is the stream valid, and of this communicator's device?)", cudaGetErrorString(e));
   }
   return st != cudaStreamCaptureStatusNone;
 }
@@ -772,7 +780,7 @@ Status CudaDeviceComm::recordDone(cudaStream_t stream, bool cap) {
 
 Status CudaDeviceComm::launch(const dev::MeshCall& call, cudaStream_t stream, const char* why) {
   DeviceGuard guard(device_);
-  const bool cap = capturing(stream);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   return launchOrdered(call, stream, cap, nullptr, why);
 }

@@ -31,15 +31,16 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<trans
   o.timeoutMs = timeoutMs_;
   // The communicator's FIFO geometry (LOOM_BUFFSIZE, LOOM_STEPS), the same on every rank.
   const int64_t steps = std::clamp<int64_t>(settings::get(settings::kSteps), 2, transport::net::kFifoMaxSlots);
-  const int64_t buff = std::max<int64_t>(settings::get(settings::kNetBuffsize), steps * 4096);
+  const int64_t buff = std::max<int64_t>(
+      static_cast<int64_t>(settings::get(settings::kNetBuffsize).orAuto(0)), steps * 4096);
   o.slots = static_cast<uint32_t>(steps);
   o.slotBytes = static_cast<uint64_t>(buff / steps);
   o.lanes = static_cast<int>(settings::get(settings::kNetLanes));
   o.proxySpinUs = settings::get(settings::kProxySpinUs);
   // LOOM_CHUNK_BYTES: pieces of that size (at least 4 KiB, a multiple of 64 bytes; 0: the
   // tuner's rule).
-  if (const int64_t chunk = settings::get(settings::kChunkBytes); chunk > 0) {
-    o.pieceBytes = static_cast<uint64_t>(std::max<int64_t>(chunk, 4096)) / 64 * 64;
+  if (const settings::Amount chunk = settings::get(settings::kChunkBytes); !chunk.isAuto()) {
+    o.pieceBytes = std::max<uint64_t>(chunk.value, 4096) / 64 * 64;
   }
   // Every rank must cut pieces and lanes alike: a difference would show as a piece of
   // the wrong size, or a wait on a connection the peer never makes.
@@ -97,7 +98,7 @@ Status CudaDeviceComm::runNet(const Operation& op, const DeviceRedOp& red) {
   ++cursor_;
   if (op.count == 0) return Status::ok();
   DeviceGuard guard(device_);
-  const bool cap = capturing(op.stream);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
   LOOM_TRY(order(op.stream, cap));
   collectives::CollRequest req;
   req.type = op.type;
@@ -135,7 +136,7 @@ Status CudaDeviceComm::runNetP2p(const std::vector<Operation>& ops, size_t begin
   for (size_t i = begin; i < end; ++i) {
     if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
   }
-  const bool cap = capturing(stream);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;

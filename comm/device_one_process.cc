@@ -97,7 +97,7 @@ bool CudaDeviceComm::allInPlace(const std::vector<dev::RankBuffers>& all) {
 Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInputs& in,
                                   cudaStream_t stream, const char* form, bool twoShot) {
   DeviceGuard guard(device_);
-  const bool cap = capturing(stream);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
     const int at = in.writer >= 0 ? in.writer : rank_;
@@ -116,7 +116,7 @@ Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
                                     const std::vector<dev::CopyStep>& steps, cudaStream_t stream,
                                     const char* form) {
   DeviceGuard guard(device_);
-  const bool cap = capturing(stream);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,
@@ -129,7 +129,8 @@ Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
   for (const auto& s : steps) local = local || s.peer == rank_;
   // A side stream that joined a capture stays in it until the capture ends: while it
   // does, local copies go on the caller's stream instead.
-  local = local && !capturing(side_);
+  LOOM_ASSIGN_OR_RETURN(const bool sideCapturing, capturing(side_));
+  local = local && !sideCapturing;
   if (local) {
     LOOM_TRY(cudaStatus(cudaEventRecord(forkEvent_, stream), "cudaEventRecord"));
     LOOM_TRY(cudaStatus(cudaStreamWaitEvent(side_, forkEvent_, 0), "cudaStreamWaitEvent"));

@@ -88,7 +88,9 @@ void init() {
   s.host = host;
   if (char* dot = std::strchr(host, '.')) *dot = '\0';
   s.host = host;
-  s.level = parseLevel(settings::get(settings::kDebug));
+  // Not settings::get: its warning about a bad value would log, and so come back here.
+  const std::optional<std::string> level = settings::tryGet(settings::kDebug);
+  s.level = parseLevel(level.value_or("WARN"));
   s.subsys = parseSubsys(settings::get(settings::kDebugSubsys));
   std::string file = settings::get(settings::kDebugFile);
   if (!file.empty()) {
@@ -99,6 +101,7 @@ void init() {
     }
   }
   s.ready.store(true, std::memory_order_release);
+  if (!level) (void)settings::get(settings::kDebug);  // now it may warn
 }
 
 const char* levelName(Level level) {

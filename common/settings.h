@@ -17,7 +17,11 @@
 
 namespace loom::settings {
 
-enum class Type { kInt, kString, kBool };
+// kInt: an integer. kCount: a whole number >= 0, or one of the setting's words ("auto").
+// kSize: bytes, with an optional K, M, G or T (powers of 1024; "4M", "256KiB"), or one of
+// the setting's words ("auto", "off", "any"). kChoice: one of the setting's words, in any
+// case. kBool: yes or no. kString: free text.
+enum class Type { kInt, kCount, kSize, kBool, kChoice, kString };
 
 // Who a setting is for: kUser, what a user may need to set (logging, bootstrap, network
 // interfaces, timeouts); kTuning, knobs that exist for measurements, tuning and tests,
@@ -31,7 +35,40 @@ struct Definition {
   const char* ncclAlias;  // "NCCL_..." or nullptr
   Type type;
   const char* defaultValue;
+  const char* words;  // the words a kCount, kSize or kChoice takes, '|'-separated ("auto|off")
   const char* doc;
+};
+
+// The value of a kCount or kSize setting: a number, or what one of its words says.
+struct Amount {
+  enum class Kind { kValue, kAuto, kOff, kAny };
+  Kind kind = Kind::kValue;
+  uint64_t value = 0;  // kValue only
+
+  bool isAuto() const { return kind == Kind::kAuto; }
+  // A number, with `automatic` for auto (counts, and sizes without off or any).
+  uint64_t orAuto(uint64_t automatic) const { return kind == Kind::kValue ? value : automatic; }
+  // The limit of an "up to this size" setting: off is 0, any is no limit.
+  uint64_t upTo(uint64_t automatic) const {
+    switch (kind) {
+      case Kind::kValue: return value;
+      case Kind::kAuto: return automatic;
+      case Kind::kOff: return 0;
+      case Kind::kAny: return UINT64_MAX;
+    }
+    return value;
+  }
+  // The start of a "from this size" setting: off never starts (UINT64_MAX), any is 0.
+  uint64_t from(uint64_t automatic) const {
+    switch (kind) {
+      case Kind::kValue: return value;
+      case Kind::kAuto: return automatic;
+      case Kind::kOff: return UINT64_MAX;
+      case Kind::kAny: return 0;
+    }
+    return value;
+  }
+  bool operator==(const Amount&) const = default;
 };
 
 // A setting as code names it: one handle per line of settings_list.h, so a misspelt
@@ -41,10 +78,14 @@ struct Setting {
   const char* name;
 };
 using IntSetting = Setting<Type::kInt>;
+using CountSetting = Setting<Type::kCount>;
+using SizeSetting = Setting<Type::kSize>;
 using BoolSetting = Setting<Type::kBool>;
+using ChoiceSetting = Setting<Type::kChoice>;
 using StringSetting = Setting<Type::kString>;
 
-#define LOOM_SETTING_HANDLE(use, id, name, alias, type, dflt, doc) inline constexpr Setting<Type::type> id{name};
+#define LOOM_SETTING_HANDLE(use, id, name, alias, type, dflt, words, doc) \
+  inline constexpr Setting<Type::type> id{name};
 LOOM_SETTINGS(LOOM_SETTING_HANDLE)
 #undef LOOM_SETTING_HANDLE
 
@@ -54,7 +95,14 @@ const std::vector<Definition>& all();
 // The current value; the LOOM_ name wins over the NCCL_ alias. A value that does not
 // parse as the declared type falls back to the default (with a warning logged once).
 int64_t get(IntSetting s);
+Amount get(CountSetting s);
+Amount get(SizeSetting s);
 bool get(BoolSetting s);
+// A choice comes back spelt as in the setting's words ("ll128" for LOOM_PROTO=LL128).
+std::string get(ChoiceSetting s);
+// The same without the warning: nullopt where the value is not one of the words (the log
+// reads LOOM_DEBUG through it, before it can warn).
+std::optional<std::string> tryGet(ChoiceSetting s);
 std::string get(StringSetting s);
 // Where the value came from: "LOOM_X", "NCCL_X" or "default".
 namespace detail {
@@ -65,8 +113,15 @@ std::string sourceOf(Setting<T> s) {
   return detail::sourceOf(s.name);
 }
 std::string sourceOf(const Definition& d);
-// The current value of a registry entry as text (tools that walk all()).
+// The current value of a registry entry as text (tools that walk all()): sizes as
+// "64M" where that is exact.
 std::string valueText(const Definition& d);
+// What a setting of this type takes, in words (the reference's "type" column).
+std::string syntaxOf(const Definition& d);
+
+// The parsers behind get(), for tests: nullopt where the text does not parse.
+std::optional<Amount> parseAmount(const std::string& text, const char* words, bool size);
+std::optional<std::string> parseChoice(const std::string& text, const char* words);
 
 // Forgets which values were warned about (tests).
 void reloadForTest();

@@ -186,8 +186,8 @@ Result<std::vector<NetInterface>> findInterfaces(const std::string& filter,
 }
 
 Result<std::vector<NetInterface>> findInterfacesFromSettings() {
-  return findInterfaces(settings::get(settings::kSocketIfname),
-                        settings::get(settings::kSocketFamily));
+  const std::string family = settings::get(settings::kSocketFamily);
+  return findInterfaces(settings::get(settings::kSocketIfname), family == "auto" ? "" : family);
 }
 
 Result<NetInterface> findInterfaceMatching(const SocketAddress& remote) {

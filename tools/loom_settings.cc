@@ -17,15 +17,6 @@ using loom::settings::Definition;
 using loom::settings::Type;
 using loom::settings::Use;
 
-const char* typeName(Type t) {
-  switch (t) {
-    case Type::kInt: return "integer";
-    case Type::kBool: return "boolean";
-    case Type::kString: return "string";
-  }
-  return "?";
-}
-
 // A table cell: no line breaks, and a literal '|' escaped.
 std::string cell(const std::string& text) {
   std::string out;
@@ -42,7 +33,7 @@ std::string cell(const std::string& text) {
 }
 
 void table(Use use) {
-  std::printf("| variable | NCCL name | type | default | what it does |\n");
+  std::printf("| variable | NCCL name | takes | default | what it does |\n");
   std::printf("| --- | --- | --- | --- | --- |\n");
   for (const Definition& d : loom::settings::all()) {
     if (d.use != use) continue;
@@ -51,7 +42,8 @@ void table(Use use) {
     if (*d.defaultValue) def = std::string("`").append(cell(d.defaultValue)).append("`");
     std::string alias;
     if (d.ncclAlias) alias.append("`").append(d.ncclAlias).append("`");
-    std::printf("| `%s` | %s | %s | %s | %s |\n", d.name, alias.c_str(), typeName(d.type), def.c_str(),
+    std::printf("| `%s` | %s | %s | %s | %s |\n", d.name, alias.c_str(),
+                cell(loom::settings::syntaxOf(d)).c_str(), def.c_str(),
                 cell(d.doc).c_str());
   }
 }
@@ -61,7 +53,10 @@ void markdown() {
       "# Environment reference\n\n"
       "Written by `loom-settings --markdown` from the settings registry (common/settings_list.h); "
       "do not edit by hand. Where a setting has an NCCL name, either works and the `LOOM_` "
-      "one wins. Booleans take 1/0, on/off, yes/no, true/false in any case; a value that "
+      "one wins. Booleans take 1/0, on/off, yes/no, true/false in any case. Sizes are bytes, "
+      "or a number with K, M, G or T (powers of 1024: `4M`, `256KiB`); where a setting "
+      "lists them, `auto` is the measured default for the machine and rank count, `off` "
+      "turns the form off and `any` means no limit. Choices take any case. A value that "
       "does not parse keeps the default, with a warning. `loom-settings` prints each "
       "setting's value in the current environment and where it came from.\n\n"
       "## Settings for users\n\n");

@@ -31,11 +31,14 @@ class RelaxedCapture {
   cudaStreamCaptureMode mode_;
 };
 
-bool capturing(cudaStream_t s) {
+Result<bool> capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+  if (const cudaError_t e = cudaStreamIsCapturing(s, &st); e != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    // Not "not capturing": a stream that cannot be asked (destroyed, of another context,
+    // or a device in error) would fail later with a message further from the cause.
+    return errorf(Code::kInvalidArgument, "cudaStreamIsCapturing on the caller's stream failed: %s "
+                  "(is the stream valid, and of this communicator's device?)", cudaGetErrorString(e));
   }
   return st != cudaStreamCaptureStatusNone;
 }
@@ -345,7 +348,7 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
   sch.phases.push_back(std::move(phase));
   LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes, makeNetPlan(splitByConnection(sch), options_.slotBytes));
   const auto* h = reinterpret_cast<const NetPlanHeader*>(bytes.data());
-  const bool cap = capturing(stream);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   // A plan whose last kernel is done is reused (eager calls); a captured one is kept.
   Plan* plan = nullptr;
   const size_t size = bytes.size() * sizeof(uint64_t);

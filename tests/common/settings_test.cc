@@ -3,6 +3,7 @@
 // PDL off).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -84,6 +85,123 @@ TEST(Settings, HandlesAndTableAgree) {
     EXPECT_EQ(settings::sourceOf(settings::kNetLanes), "LOOM_NET_LANES");
   }
   EXPECT_EQ(settings::get(settings::kNetLanes), 4);
+}
+
+}  // namespace
+
+namespace {
+
+using settings::Amount;
+
+TEST(Settings, SizesTakeUnitsAndTheirWords) {
+  const char* words = "auto|off|any";
+  auto size = [&](const char* text) { return settings::parseAmount(text, words, true); };
+  EXPECT_EQ(size("4096")->value, 4096u);
+  EXPECT_EQ(size("4k")->value, 4096u);
+  EXPECT_EQ(size("256KiB")->value, 256u << 10);
+  EXPECT_EQ(size("64M")->value, 64u << 20);
+  EXPECT_EQ(size("64mb")->value, 64u << 20);
+  EXPECT_EQ(size("2G")->value, uint64_t(2) << 30);
+  EXPECT_EQ(size("0")->value, 0u);
+  EXPECT_EQ(size("AUTO")->kind, Amount::Kind::kAuto);
+  EXPECT_EQ(size("off")->kind, Amount::Kind::kOff);
+  EXPECT_EQ(size("any")->kind, Amount::Kind::kAny);
+  // The old spellings of auto and never are not sizes: -1 and the like must not pass for one.
+  for (const char* bad : {"-1", "", "M", "4X", "4 M", "1.5M", "99999999999999999999", "16E",
+                          "9000000T", "never"}) {
+    EXPECT_FALSE(size(bad).has_value()) << bad;
+  }
+  // A word the setting does not list is not taken.
+  EXPECT_FALSE(settings::parseAmount("off", "auto", true).has_value());
+  // Counts take no unit.
+  EXPECT_FALSE(settings::parseAmount("4k", "auto", false).has_value());
+  EXPECT_EQ(settings::parseAmount("12", "auto", false)->value, 12u);
+}
+
+TEST(Settings, UpToAndFromReadOffAndAnyTheRightWay) {
+  const Amount off{Amount::Kind::kOff, 0}, any{Amount::Kind::kAny, 0}, autoAmount{Amount::Kind::kAuto, 0},
+      four{Amount::Kind::kValue, 4};
+  EXPECT_EQ(off.upTo(7), 0u);
+  EXPECT_EQ(off.from(7), UINT64_MAX);
+  EXPECT_EQ(any.upTo(7), UINT64_MAX);
+  EXPECT_EQ(any.from(7), 0u);
+  EXPECT_EQ(autoAmount.upTo(7), 7u);
+  EXPECT_EQ(autoAmount.from(7), 7u);
+  EXPECT_EQ(four.upTo(7), 4u);
+  EXPECT_EQ(four.from(7), 4u);
+}
+
+TEST(Settings, SizeSettingsReadTheirWordsAndKeepTheDefaultOtherwise) {
+  {
+    Env e("LOOM_P2P_CE_BYTES", "off");
+    EXPECT_EQ(settings::get(settings::kP2pCeBytes).kind, Amount::Kind::kOff);
+  }
+  {
+    Env e("LOOM_P2P_CE_BYTES", "32M");
+    EXPECT_EQ(settings::get(settings::kP2pCeBytes).value, 32u << 20);
+  }
+  {
+    Env e("LOOM_P2P_CE_BYTES", "-1");  // was auto; now not a size: the default, auto
+    EXPECT_TRUE(settings::get(settings::kP2pCeBytes).isAuto());
+  }
+  {
+    Env e("NCCL_BUFFSIZE", "4194304");  // NCCL's plain byte count
+    EXPECT_EQ(settings::get(settings::kBuffsize).value, 4u << 20);
+  }
+  {
+    Env e("LOOM_SPIN_US", "0");  // 0 is a value here (yield at once), not auto
+    EXPECT_EQ(settings::get(settings::kSpinUs), (Amount{Amount::Kind::kValue, 0}));
+  }
+  EXPECT_TRUE(settings::get(settings::kSpinUs).isAuto());
+  EXPECT_EQ(settings::get(settings::kP2pPullReduceBytes).kind, Amount::Kind::kAny);
+  EXPECT_EQ(settings::valueText(*std::find_if(settings::all().begin(), settings::all().end(),
+                                             [](const auto& d) {
+                                               return std::string(d.name) == "LOOM_P2P_PULL_BYTES";
+                                             })),
+            "64M");
+}
+
+TEST(Settings, ChoicesInAnyCaseComeBackInTheirOwnSpelling) {
+  {
+    Env e("NCCL_DEBUG", "info");
+    EXPECT_EQ(settings::get(settings::kDebug), "INFO");
+  }
+  {
+    Env e("LOOM_PROTO", "LL128");
+    EXPECT_EQ(settings::get(settings::kProto), "ll128");
+  }
+  {
+    Env e("LOOM_SOCKET_FAMILY", "af_inet6");
+    EXPECT_EQ(settings::get(settings::kSocketFamily), "AF_INET6");
+  }
+  {
+    Env e("LOOM_DEVICE", "gpu");  // not a choice: the default, and tryGet says so
+    EXPECT_EQ(settings::get(settings::kDevice), "auto");
+    EXPECT_FALSE(settings::tryGet(settings::kDevice).has_value());
+  }
+  {
+    Env e("LOOM_PROTO", "LL,LL128");  // NCCL's lists: loom forces one protocol or none
+    EXPECT_EQ(settings::get(settings::kProto), "auto");
+  }
+}
+
+// Every default parses as its own type, and every word list belongs to a type that takes
+// words.
+TEST(Settings, EveryDefaultParses) {
+  for (const auto& d : settings::all()) {
+    const std::string words = d.words;
+    switch (d.type) {
+      case settings::Type::kCount:
+      case settings::Type::kSize:
+        EXPECT_TRUE(settings::parseAmount(d.defaultValue, d.words, d.type == settings::Type::kSize))
+            << d.name;
+        break;
+      case settings::Type::kChoice:
+        EXPECT_TRUE(settings::parseChoice(d.defaultValue, d.words)) << d.name;
+        break;
+      default: EXPECT_EQ(words, "") << d.name << ": only counts, sizes and choices take words";
+    }
+  }
 }
 
 }  // namespace

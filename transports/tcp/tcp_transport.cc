@@ -365,9 +365,10 @@ class TcpTransport : public Transport {
       : ctx_(ctx), listener_(std::move(listener)), address_(address),
         arrivals_(&listener_, sizeof(Hello), 5000, "tcp rank " + std::to_string(ctx.self.rank)),
         rng_(std::random_device{}()) {
-    nsocks_ = static_cast<int>(std::clamp<int64_t>(settings::get(settings::kNsocksPerthread) *
-                                                       settings::get(settings::kSocketNthreads),
-                                                   1, kMaxSocks));
+    const int64_t threads = static_cast<int64_t>(
+        std::min<uint64_t>(settings::get(settings::kSocketNthreads).orAuto(1), kMaxSocks));
+    nsocks_ = static_cast<int>(
+        std::clamp<int64_t>(settings::get(settings::kNsocksPerthread) * threads, 1, kMaxSocks));
   }
   const char* name() const override { return "tcp"; }
   Capability canConnect(const PeerInfo& self, const PeerInfo& peer) const override {

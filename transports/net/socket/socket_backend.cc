@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -643,10 +644,9 @@ class SocketBackend final : public Backend {
 
 Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx) {
   LOOM_ASSIGN_OR_RETURN(auto ifs, findInterfacesFromSettings());
-  // Unset, GPU buffers get kDefaultThreads (the host buffers' tcp transport keeps 1).
-  const int64_t threads = settings::sourceOf(settings::kSocketNthreads) == "default"
-                              ? kDefaultThreads
-                              : std::max<int64_t>(1, settings::get(settings::kSocketNthreads));
+  // auto: GPU buffers get kDefaultThreads (the host buffers' tcp transport keeps 1).
+  const int64_t threads = static_cast<int64_t>(
+      std::clamp<uint64_t>(settings::get(settings::kSocketNthreads).orAuto(kDefaultThreads), 1, kMaxSocks));
   const int64_t perThread = std::max<int64_t>(1, settings::get(settings::kNsocksPerthread));
   const int nsocks = static_cast<int>(std::min<int64_t>(kMaxSocks, threads * perThread));
   // One thread: the proxy's test() moves the bytes; more: the proxy moves socket 0's and
@@ -659,12 +659,13 @@ Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx) {
 }
 
 Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx) {
-  std::string name = settings::get(settings::kNet);
-  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (name.empty() || name == "socket") return makeSocketBackend(ctx);
+  const std::string name = settings::get(settings::kNet);
+  if (strcasecmp(name.c_str(), "auto") == 0 || strcasecmp(name.c_str(), "socket") == 0) {
+    return makeSocketBackend(ctx);
+  }
   return errorf(Code::kInvalidUsage,
                 "LOOM_NET/NCCL_NET=%s: no such network backend in this build (there is: Socket)",
-                settings::get(settings::kNet).c_str());
+                name.c_str());
 }
 
 }  // namespace loom::transport::net
