@@ -8,4 +8,6 @@ __global__ void emptyKernel(int* p) {
 
 }  // namespace
 
-void launchEmptyKernel(cudaStream_t stream) { emptyKernel<<<1, 64, 0, stream>>>(nullptr); }
+void launchEmptyKernel(cudaStream_t stream) {
+  emptyKernel<<<1, 64, 0, stream>>>(nullptr);
+}

@@ -27,16 +27,18 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    auto e_ = (x);                                                                 \
-    if (e_ != 0) {                                                                 \
+#define CHECK(x)                                                                        \
+  do {                                                                                  \
+    auto e_ = (x);                                                                      \
+    if (e_ != 0) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, (int)e_); \
-      std::exit(1);                                                                \
-    }                                                                              \
+      std::exit(1);                                                                     \
+    }                                                                                   \
   } while (0)
 
-void row(const char* what, double us) { std::printf("%-62s %8.2f us\n", what, us); }
+void row(const char* what, double us) {
+  std::printf("%-62s %8.2f us\n", what, us);
+}
 
 // Host time per call of `f`, and the wall time per call once `sync` returns.
 void timeLoop(const char* what, int iters, const std::function<void()>& f,
@@ -65,7 +67,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   const char* lt = std::getenv("LOOM_LAUNCH_THREADS");
-  std::printf("# gpu_launch_probe, %d iterations, LOOM_LAUNCH_THREADS=%s\n", iters, lt ? lt : "(unset)");
+  std::printf("# gpu_launch_probe, %d iterations, LOOM_LAUNCH_THREADS=%s\n", iters,
+              lt ? lt : "(unset)");
   cudaStream_t s[2];
   cudaEvent_t ev[2];
   void* buf[2];
@@ -81,44 +84,65 @@ int main(int argc, char** argv) {
   };
   CHECK(cudaSetDevice(0));
   // The CUDA calls of loom's small all-reduce, one GPU.
-  timeLoop("empty kernel, 1 GPU", iters, [&] { launchEmptyKernel(s[0]); }, syncAll);
-  timeLoop("cudaEventRecord", iters, [&] { CHECK(cudaEventRecord(ev[0], s[0])); }, syncAll);
-  timeLoop("cudaStreamIsCapturing", iters, [&] {
-    cudaStreamCaptureStatus st;
-    CHECK(cudaStreamIsCapturing(s[0], &st));
-  }, syncAll);
-  timeLoop("cudaGetDevice + cudaSetDevice (same)", iters, [&] {
-    int d;
-    CHECK(cudaGetDevice(&d));
-    CHECK(cudaSetDevice(d));
-  }, syncAll);
-  timeLoop("cudaSetDevice 0 then 1", iters, [&] {
-    CHECK(cudaSetDevice(0));
-    CHECK(cudaSetDevice(1));
-  }, syncAll);
-  timeLoop("cuPointerGetAttributes (memory type, managed)", iters,
-           [&] { (void)loom::cuda::isDevicePointer(buf[0]); }, syncAll);
+  timeLoop(
+      "empty kernel, 1 GPU", iters, [&] { launchEmptyKernel(s[0]); }, syncAll);
+  timeLoop(
+      "cudaEventRecord", iters, [&] { CHECK(cudaEventRecord(ev[0], s[0])); }, syncAll);
+  timeLoop(
+      "cudaStreamIsCapturing", iters,
+      [&] {
+        cudaStreamCaptureStatus st;
+        CHECK(cudaStreamIsCapturing(s[0], &st));
+      },
+      syncAll);
+  timeLoop(
+      "cudaGetDevice + cudaSetDevice (same)", iters,
+      [&] {
+        int d;
+        CHECK(cudaGetDevice(&d));
+        CHECK(cudaSetDevice(d));
+      },
+      syncAll);
+  timeLoop(
+      "cudaSetDevice 0 then 1", iters,
+      [&] {
+        CHECK(cudaSetDevice(0));
+        CHECK(cudaSetDevice(1));
+      },
+      syncAll);
+  timeLoop(
+      "cuPointerGetAttributes (memory type, managed)", iters,
+      [&] { (void)loom::cuda::isDevicePointer(buf[0]); }, syncAll);
   // Two GPUs: from one thread, and from one thread per GPU.
-  timeLoop("empty kernel on each of 2 GPUs, one thread", iters, [&] {
-    for (int d = 0; d < 2; ++d) {
-      CHECK(cudaSetDevice(d));
-      launchEmptyKernel(s[d]);
-    }
-  }, syncAll);
+  timeLoop(
+      "empty kernel on each of 2 GPUs, one thread", iters,
+      [&] {
+        for (int d = 0; d < 2; ++d) {
+          CHECK(cudaSetDevice(d));
+          launchEmptyKernel(s[d]);
+        }
+      },
+      syncAll);
   {
     loom::comm::SpinWorker worker(1000);
     worker.post([] { CHECK(cudaSetDevice(1)); });
     worker.wait();
     CHECK(cudaSetDevice(0));
-    timeLoop("empty kernel on each of 2 GPUs, a thread per GPU", iters, [&] {
-      worker.post([&] { launchEmptyKernel(s[1]); });
-      launchEmptyKernel(s[0]);
-      worker.wait();
-    }, syncAll);
-    timeLoop("hand-over to a spinning thread and back (no CUDA)", iters, [&] {
-      worker.post([] {});
-      worker.wait();
-    }, syncAll);
+    timeLoop(
+        "empty kernel on each of 2 GPUs, a thread per GPU", iters,
+        [&] {
+          worker.post([&] { launchEmptyKernel(s[1]); });
+          launchEmptyKernel(s[0]);
+          worker.wait();
+        },
+        syncAll);
+    timeLoop(
+        "hand-over to a spinning thread and back (no CUDA)", iters,
+        [&] {
+          worker.post([] {});
+          worker.wait();
+        },
+        syncAll);
   }
   // loom's all-reduce of 8 bytes, as all_reduce_perf -g 2 issues it.
   ncclComm_t comms[2];
@@ -133,14 +157,17 @@ int main(int argc, char** argv) {
     CHECK(ncclGroupEnd());
   };
   timeLoop("loom all-reduce 8 B, group of 2 ranks", iters, allReduce, syncAll);
-  timeLoop("loom all-reduce 8 B, each rank's call on its own, one after the other", iters / 10, [&] {
-    CHECK(ncclGroupStart());
-    CHECK(ncclAllReduce(buf[0], static_cast<char*>(buf[0]) + 1024, 2, ncclFloat, ncclSum,
-                        comms[0], s[0]));
-    CHECK(ncclGroupEnd());
-    CHECK(ncclAllReduce(buf[1], static_cast<char*>(buf[1]) + 1024, 2, ncclFloat, ncclSum,
-                        comms[1], s[1]));
-  }, syncAll);
+  timeLoop(
+      "loom all-reduce 8 B, each rank's call on its own, one after the other", iters / 10,
+      [&] {
+        CHECK(ncclGroupStart());
+        CHECK(ncclAllReduce(buf[0], static_cast<char*>(buf[0]) + 1024, 2, ncclFloat, ncclSum,
+                            comms[0], s[0]));
+        CHECK(ncclGroupEnd());
+        CHECK(ncclAllReduce(buf[1], static_cast<char*>(buf[1]) + 1024, 2, ncclFloat, ncclSum,
+                            comms[1], s[1]));
+      },
+      syncAll);
   // The same, captured in a graph per GPU and replayed: the GPUs' time per call.
   const int perGraph = 100;
   cudaGraphExec_t exec[2];

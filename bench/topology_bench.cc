@@ -10,7 +10,9 @@ namespace topo = loom::topology;
 
 namespace {
 
-std::string fixtures() { return LOOM_TOPO_FIXTURES; }
+std::string fixtures() {
+  return LOOM_TOPO_FIXTURES;
+}
 
 topo::System dgx() {
   auto r = topo::readXmlFile(fixtures() + "/dgx_h100.xml");

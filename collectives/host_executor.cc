@@ -76,7 +76,7 @@ struct StepState {
   const Step* step = nullptr;
   size_t pieces = 0;
   size_t done = 0;
-  size_t claimed = 0;  // pieces up to this one were offered to claimRecv (intoMemory steps)
+  size_t claimed = 0;       // pieces up to this one were offered to claimRecv (intoMemory steps)
   bool intoMemory = false;  // received pieces land straight in dst (see claimAhead)
   transport::SendConnection* send[kMaxStepPeers] = {};
   transport::RecvConnection* recv[kMaxStepPeers] = {};
@@ -115,9 +115,14 @@ Scratch& threadScratch() {
 class PhaseRunner {
  public:
   PhaseRunner(const ExecArgs& a, ConnectionProvider& c, Scratch& scratch)
-      : args_(a), conns_(c), states_(scratch.states), queues_(scratch.queues),
-        nqueues_(scratch.nqueues), activeSends_(scratch.activeSends),
-        activeRecvs_(scratch.activeRecvs), fds_(scratch.fds) {
+      : args_(a),
+        conns_(c),
+        states_(scratch.states),
+        queues_(scratch.queues),
+        nqueues_(scratch.nqueues),
+        activeSends_(scratch.activeSends),
+        activeRecvs_(scratch.activeRecvs),
+        fds_(scratch.fds) {
     esize_ = dataTypeSize(a.type);
     pieceElems_ = std::max<size_t>(1, a.pieceBytes / esize_);
   }
@@ -161,7 +166,8 @@ class PhaseRunner {
         lastProgress = now;
         if (lastCheck == Clock::time_point{}) lastCheck = now;
       }
-      auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(now - lastProgress).count();
+      auto idleUs =
+          std::chrono::duration_cast<std::chrono::microseconds>(now - lastProgress).count();
       fds_.clear();
       if (idleUs >= kYieldUs && allPollable_) {
         for (auto* sc : activeSends_) sc->addPollFds(&fds_);
@@ -231,7 +237,6 @@ class PhaseRunner {
     if (std::find(v->begin(), v->end(), p) == v->end()) v->push_back(p);
   }
 
-
   // Steps sharing a connection use it in phase order.
   bool eligible(size_t i) const {
     const StepState& s = states_[i];
@@ -253,7 +258,8 @@ class PhaseRunner {
 
   char* bufferAt(const Region& r) const {
     switch (r.buffer) {
-      case Buffer::kInput: return const_cast<char*>(static_cast<const char*>(args_.input)) + r.offset * esize_;
+      case Buffer::kInput:
+        return const_cast<char*>(static_cast<const char*>(args_.input)) + r.offset * esize_;
       case Buffer::kOutput: return static_cast<char*>(args_.output) + r.offset * esize_;
       case Buffer::kAbsolute: return reinterpret_cast<char*>(r.offset);
       default: return nullptr;
@@ -322,7 +328,8 @@ class PhaseRunner {
   // not use such steps).
   bool receivesIntoMemory(const StepState& s) const {
     const Step& st = *s.step;
-    if (st.nrecv != 1 || st.src.buffer != Buffer::kNone || st.dst.buffer == Buffer::kNone) return false;
+    if (st.nrecv != 1 || st.src.buffer != Buffer::kNone || st.dst.buffer == Buffer::kNone)
+      return false;
     if (!s.recv[0]->recvsIntoMemory()) return false;
     if (args_.schedule->reduces && st.final && hasPostOp(args_.op)) return false;
     for (int j = 0; j < st.nsend; ++j) {
@@ -387,7 +394,8 @@ class PhaseRunner {
         if (target != recv[0]) std::memcpy(target, recv[0], bytes);
         r0 = 1;
       }
-      for (int j = r0; j < st.nrecv; ++j) reduce(args_.type, args_.op, target, target, recv[j], elems);
+      for (int j = r0; j < st.nrecv; ++j)
+        reduce(args_.type, args_.op, target, target, recv[j], elems);
       if (st.final && hasPostOp(args_.op)) applyPostOp(args_.type, args_.op, target, target, elems);
     } else {
       const void* from = src ? static_cast<const void*>(src) : recv[0];
@@ -410,12 +418,12 @@ class PhaseRunner {
     }
     auto idleMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - lastProgress).count();
     if (args_.timeoutMs >= 0 && idleMs > args_.timeoutMs) {
-      return errorf(Code::kRemoteError,
-                    "%s on rank %d: no progress for %lld ms while %s rank %d (LOOM_TIMEOUT_MS=%lld); "
-                    "that rank may be stuck, dead, or calling a different operation",
-                    describe(args_).c_str(), args_.rank, (long long)idleMs,
-                    waitingSend_ ? "sending to" : "receiving from", waitingOn_,
-                    (long long)args_.timeoutMs);
+      return errorf(
+          Code::kRemoteError,
+          "%s on rank %d: no progress for %lld ms while %s rank %d (LOOM_TIMEOUT_MS=%lld); "
+          "that rank may be stuck, dead, or calling a different operation",
+          describe(args_).c_str(), args_.rank, (long long)idleMs,
+          waitingSend_ ? "sending to" : "receiving from", waitingOn_, (long long)args_.timeoutMs);
     }
     return Status::ok();
   }
@@ -433,7 +441,6 @@ class PhaseRunner {
   bool allPollable_ = false;
   int waitingOn_ = -1;
   bool waitingSend_ = false;
-
 };
 
 }  // namespace
@@ -469,7 +476,8 @@ Status runSchedule(const ExecArgs& args, ConnectionProvider& conns) {
     while (!sc->flushed()) {
       LOOM_TRY(sc->progress());
       if (sc->flushed()) break;
-      auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+      auto idleUs =
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
       fds.clear();
       if (idleUs >= kYieldUs) sc->addPollFds(&fds);
       waitForPeers(idleUs, args.spinUs, &fds);

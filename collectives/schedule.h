@@ -93,7 +93,8 @@ void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
 // chunks fit one slot each, which keeps a ring of bounded FIFOs from deadlocking.
 // Rings follow `ring` (the ranks in ring order, a permutation of 0..n-1, e.g. the
 // topology's) or rank order when it is null or not a permutation of n ranks.
-Schedule ringAllReduce(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
+Schedule ringAllReduce(int rank, int n, size_t count, size_t piece,
+                       const std::vector<int>* ring = nullptr);
 Schedule treeAllReduce(int rank, int n, size_t count, size_t piece);  // double binary tree
 // Recursive doubling: in round j every rank swaps its partial result with rank ^ 2^j and
 // adds the two; log2(n) rounds of one message each, for n a power of two (otherwise the
@@ -104,8 +105,10 @@ Schedule doublingAllReduce(int rank, int n, size_t count, size_t piece);
 // its own chunk and sends the result to every rank. Two hops a block against the ring's
 // 2(n-1), the same bytes, and every rank talks to every other, whatever the pairing.
 Schedule directAllReduce(int rank, int n, size_t count, size_t piece);
-Schedule ringAllGather(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
-Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece, const std::vector<int>* ring = nullptr);
+Schedule ringAllGather(int rank, int n, size_t count, size_t piece,
+                       const std::vector<int>* ring = nullptr);
+Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece,
+                           const std::vector<int>* ring = nullptr);
 // True when `ring` lists each of 0..n-1 exactly once.
 bool isRingOrder(const std::vector<int>& ring, int n);
 Schedule chainBroadcast(int rank, int n, size_t count, int root);

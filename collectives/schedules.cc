@@ -40,12 +40,20 @@ void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size) {
 
 namespace {
 
-int mod(int a, int n) { return ((a % n) + n) % n; }
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
-Region in(size_t off) { return {Buffer::kInput, off}; }
-Region out(size_t off) { return {Buffer::kOutput, off}; }
+Region in(size_t off) {
+  return {Buffer::kInput, off};
+}
+Region out(size_t off) {
+  return {Buffer::kOutput, off};
+}
 
-Phase single(const Step& s) { return Phase{s}; }
+Phase single(const Step& s) {
+  return Phase{s};
+}
 
 // One ring pass over n chunks (each at most one piece, so a step is one FIFO slot and
 // steps can run one after another without the ring deadlocking on a full FIFO).
@@ -274,7 +282,8 @@ Schedule directAllReduce(int r, int n, size_t count, size_t piece) {
   return s;
 }
 
-Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece, const std::vector<int>* ring) {
+Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece,
+                           const std::vector<int>* ring) {
   if (n == 1) return localOnly(recvcount, recvcount, recvcount, true);
   const RingOrder ro = ringOrder(r, n, ring);
   Schedule s;
@@ -285,8 +294,8 @@ Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece, const s
     size_t bc = std::min(piece, recvcount - base);
     ringPass(
         &s, ro, n, RingMode::kReduceScatter,
-        [&](int c) { return static_cast<size_t>(c) * recvcount + base; },
-        [&](int) { return base; }, [&](int) { return bc; });
+        [&](int c) { return static_cast<size_t>(c) * recvcount + base; }, [&](int) { return base; },
+        [&](int) { return bc; });
   }
   return s;
 }
@@ -308,8 +317,7 @@ Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece, const std::
     size_t bc = std::min(piece, sendcount - base);
     ringPass(
         &s, ringOrder(r, n, ring), n, RingMode::kAllGather, [&](int) { return base; },
-        [&](int c) { return static_cast<size_t>(c) * sendcount + base; },
-        [&](int) { return bc; });
+        [&](int c) { return static_cast<size_t>(c) * sendcount + base; }, [&](int) { return bc; });
   }
   return s;
 }
@@ -511,7 +519,9 @@ Schedule directExchange(int r, int n, size_t count, bool sameInputForAll) {
 
 }  // namespace
 
-Schedule directAllToAll(int r, int n, size_t count) { return directExchange(r, n, count, false); }
+Schedule directAllToAll(int r, int n, size_t count) {
+  return directExchange(r, n, count, false);
+}
 
 Schedule roundsAllToAll(int r, int n, size_t count, int peersPerPhase) {
   Schedule all = directExchange(r, n, count, false);
@@ -534,6 +544,8 @@ Schedule roundsAllToAll(int r, int n, size_t count, int peersPerPhase) {
   return s;
 }
 
-Schedule directAllGather(int r, int n, size_t count) { return directExchange(r, n, count, true); }
+Schedule directAllGather(int r, int n, size_t count) {
+  return directExchange(r, n, count, true);
+}
 
 }  // namespace loom::collectives

@@ -36,7 +36,8 @@ bool algoAllowed(const std::string& forced, const char* name) {
   size_t pos = 0;
   while (pos <= list.size()) {
     size_t comma = list.find(',', pos);
-    std::string tok = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string tok =
+        list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (strcasecmp(tok.c_str(), name) == 0) listed = true;
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -60,14 +61,16 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
     while (pos <= f.size()) {
       size_t comma = f.find(',', pos);
       std::string tok = f.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      static const char* kKnown[] = {"ring", "tree", "chain", "direct", "oneshot", "doubling", "nvls",
-                                     "nvlstree", "collnetdirect", "collnetchain", "pat"};
+      static const char* kKnown[] = {"ring",          "tree",         "chain", "direct",
+                                     "oneshot",       "doubling",     "nvls",  "nvlstree",
+                                     "collnetdirect", "collnetchain", "pat"};
       bool ok = false;
       for (const char* k : kKnown) ok = ok || strcasecmp(tok.c_str(), k) == 0;
       if (!ok) {
         return errorf(Code::kInvalidArgument,
                       "LOOM_ALGO/NCCL_ALGO names unknown algorithm '%s' (loom knows ring, tree, "
-                      "chain, oneshot, doubling, direct)", tok.c_str());
+                      "chain, oneshot, doubling, direct)",
+                      tok.c_str());
       }
       if (comma == std::string::npos) break;
       pos = comma + 1;
@@ -89,8 +92,8 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
       const bool oneShot = n > 1 && algoAllowed(forced, "oneshot");
       if (small && doubling && (req.network || !oneShot)) {
         c.algo = Algorithm::kDoubling;
-        c.reason = req.network ? "small message over sockets: recursive doubling"
-                               : "forced by LOOM_ALGO";
+        c.reason =
+            req.network ? "small message over sockets: recursive doubling" : "forced by LOOM_ALGO";
         break;
       }
       if (small && oneShot) {
@@ -200,11 +203,11 @@ size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes,
   size_t want = total / (static_cast<size_t>(std::max(nranks, 1)) * (streams ? 4 : 1));
   // Over sockets all-reduce, all-gather and reduce-scatter pipeline better in pieces of at
   // most 128 KiB: the kernel copies a piece into and out of the sockets while the next is
-  // reduced. 4 ranks over loopback TCP on the 2-core VM (2026-11-30, interleaved runs): all-reduce 8 MiB
-  // 8.0-9.1 ms against 9.5-11.2 with the 256 KiB slots (6 runs), 2-32 MiB 10-37 % faster
-  // (3 runs); all-gather 2-32 MiB faster in every run; reduce-scatter faster in 2 of 3. Over
-  // shared memory the same pieces were slower (512 KiB - 8 MiB, 5-46 % in 2 runs of 3), and
-  // broadcast and reduce over TCP were mixed, so those keep theirs.
+  // reduced. 4 ranks over loopback TCP on the 2-core VM (2026-11-30, interleaved runs): all-reduce
+  // 8 MiB 8.0-9.1 ms against 9.5-11.2 with the 256 KiB slots (6 runs), 2-32 MiB 10-37 % faster (3
+  // runs); all-gather 2-32 MiB faster in every run; reduce-scatter faster in 2 of 3. Over shared
+  // memory the same pieces were slower (512 KiB - 8 MiB, 5-46 % in 2 runs of 3), and broadcast and
+  // reduce over TCP were mixed, so those keep theirs.
   if (network && !streams) want = std::min<size_t>(want, 128 * 1024);
   want = std::max<size_t>(want, 16 * 1024);
   want = (want + 63) / 64 * 64;
@@ -235,7 +238,8 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
       return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems)
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kAllGather: return ringAllGather(r, n, req.count, req.pieceElems, req.ring);
-    case CollType::kReduceScatter: return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);
+    case CollType::kReduceScatter:
+      return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kBroadcast:
       return algo == Algorithm::kTree ? treeBroadcast(r, n, req.count, req.root)
                                       : chainBroadcast(r, n, req.count, req.root);

@@ -13,12 +13,12 @@ namespace loom::collectives {
 
 struct CollRequest {
   CollType type = CollType::kAllReduce;
-  size_t count = 0;       // as the C API counts
+  size_t count = 0;  // as the C API counts
   size_t elemSize = 4;
   int nranks = 1;
   int rank = 0;
   int root = 0;
-  size_t pieceElems = 131072;  // elements per FIFO slot
+  size_t pieceElems = 131072;              // elements per FIFO slot
   const std::vector<int>* ring = nullptr;  // ring order (the topology's), or rank order
   // Some peer is reached through sockets, where every message costs its sender a trip
   // through the network stack (on one host: both ends of loopback TCP).
@@ -60,6 +60,7 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo);
 // one block at a time, each step one hop, so a message takes as many blocks as it needs
 // and no more: one block while nranks pieces fit a slot each. Broadcast and reduce
 // stream through their hops, so they get several pieces per rank.
-size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes, bool network = false);
+size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes,
+                      bool network = false);
 
 }  // namespace loom::collectives

@@ -93,9 +93,9 @@ void rootMain(Socket listener, IdContents id, int64_t timeoutMs) {
       conns.resize(table.size());
     }
     if (req.nranks != nranks || req.rank < 0 || req.rank >= nranks || seen[req.rank]) {
-      std::string msg = "bootstrap: rank " + std::to_string(req.rank) + " joined with nranks=" +
-                        std::to_string(req.nranks) + " but the communicator has nranks=" +
-                        std::to_string(nranks) +
+      std::string msg = "bootstrap: rank " + std::to_string(req.rank) +
+                        " joined with nranks=" + std::to_string(req.nranks) +
+                        " but the communicator has nranks=" + std::to_string(nranks) +
                         (req.rank >= 0 && req.rank < nranks && seen[req.rank]
                              ? " and that rank already joined (duplicate rank)"
                              : "");
@@ -112,8 +112,11 @@ void rootMain(Socket listener, IdContents id, int64_t timeoutMs) {
   for (int r = 0; r < nranks; ++r) {
     Deadline d = Deadline::afterMs(timeoutMs);
     Status st = conns[r].sendAll(&ok, sizeof(ok), d, "joining rank");
-    if (st) st = conns[r].sendAll(table.data(), table.size() * sizeof(SocketAddress), d, "joining rank");
-    if (!st) LOOM_WARN(kBootstrap, "bootstrap root: could not answer rank %d: %s", r, st.message().c_str());
+    if (st)
+      st = conns[r].sendAll(table.data(), table.size() * sizeof(SocketAddress), d, "joining rank");
+    if (!st)
+      LOOM_WARN(kBootstrap, "bootstrap root: could not answer rank %d: %s", r,
+                st.message().c_str());
   }
   LOOM_INFO(kBootstrap, "bootstrap root %s served %d ranks", id.root.toString().c_str(), nranks);
 }
@@ -151,7 +154,9 @@ Result<std::unique_ptr<Bootstrap>> Bootstrap::join(const IdContents& id, int ran
 
   Deadline deadline = b->deadline();
   auto conn = Socket::connect(id.root, deadline);
-  if (!conn) return conn.status().withContext("rank " + std::to_string(rank) + " joining the bootstrap root");
+  if (!conn)
+    return conn.status().withContext("rank " + std::to_string(rank) +
+                                     " joining the bootstrap root");
   JoinRequest req{kMsgMagic, {id.secret[0], id.secret[1]}, rank, nranks, bound};
   LOOM_TRY(conn->sendAll(&req, sizeof(req), deadline, "bootstrap root"));
   JoinReplyHeader h{};
@@ -159,7 +164,8 @@ Result<std::unique_ptr<Bootstrap>> Bootstrap::join(const IdContents& id, int ran
   // a little longer than it does so that message arrives.
   Deadline replyDeadline = Deadline::afterMs(timeoutMs + 3000, abortFlag);
   Status st = conn->recvAll(&h, sizeof(h), replyDeadline, "bootstrap root");
-  if (!st) return st.withContext("rank " + std::to_string(rank) + " waiting for the other ranks to join");
+  if (!st)
+    return st.withContext("rank " + std::to_string(rank) + " waiting for the other ranks to join");
   if (h.magic != kMsgMagic) return errorf(Code::kRemoteError, "bootstrap root sent garbage");
   if (h.code != 0) {
     std::string msg(std::min<uint32_t>(h.messageBytes, 4096), '\0');
@@ -181,8 +187,9 @@ Status Bootstrap::send(int peer, uint64_t tag, const void* data, size_t size) {
   auto s = Socket::connect(addresses_[peer], d, /*retryRefused=*/false);
   if (!s) {
     if (s.status().code() == Code::kRemoteError) {
-      return errorf(Code::kRemoteError, "bootstrap: rank %d is gone (its listener at %s refuses connections)",
-                    peer, addresses_[peer].toString().c_str());
+      return errorf(Code::kRemoteError,
+                    "bootstrap: rank %d is gone (its listener at %s refuses connections)", peer,
+                    addresses_[peer].toString().c_str());
     }
     return s.status().withContext("bootstrap message to " + what);
   }
@@ -211,8 +218,8 @@ Result<bool> Bootstrap::takeUnexpected(int peer, uint64_t tag, void* data, size_
 Status Bootstrap::readMessage(Arrival a) {
   MsgHeader h{};
   std::memcpy(&h, a.hello.data(), sizeof(h));
-  if (h.magic != kMsgMagic || !secretMatches(h.secret, secret_) || h.from < 0 || h.from >= nranks_ ||
-      h.size > (1ull << 30)) {
+  if (h.magic != kMsgMagic || !secretMatches(h.secret, secret_) || h.from < 0 ||
+      h.from >= nranks_ || h.size > (1ull << 30)) {
     arrivals_->drop(a, "no valid header with this communicator's secret");
     return Status::ok();
   }
@@ -231,11 +238,13 @@ Status Bootstrap::readMessage(Arrival a) {
 // its connection handles while another thread of this rank may be in a long recv.
 Status Bootstrap::probe(int peer, int64_t ms) {
   if (peer == rank_) return Status::ok();
-  auto s = Socket::connect(addresses_[peer], Deadline::afterMs(ms, abortFlag_), /*retryRefused=*/false);
+  auto s =
+      Socket::connect(addresses_[peer], Deadline::afterMs(ms, abortFlag_), /*retryRefused=*/false);
   if (!s) {
     if (s.status().code() == Code::kRemoteError) {
-      return errorf(Code::kRemoteError, "rank %d is gone (its bootstrap listener at %s refuses connections)",
-                    peer, addresses_[peer].toString().c_str());
+      return errorf(Code::kRemoteError,
+                    "rank %d is gone (its bootstrap listener at %s refuses connections)", peer,
+                    addresses_[peer].toString().c_str());
     }
     return Status::ok();  // slow or unreachable for now: not known to be gone
   }
@@ -252,8 +261,9 @@ Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
     if (got) return Status::ok();
     if (d.aborted() || d.expired()) {
       if (d.aborted()) {
-        return errorf(Code::kSystemError, "bootstrap: rank %d waiting for a message from rank %d: aborted",
-                      rank_, peer);
+        return errorf(Code::kSystemError,
+                      "bootstrap: rank %d waiting for a message from rank %d: aborted", rank_,
+                      peer);
       }
       return errorf(Code::kRemoteError,
                     "bootstrap: rank %d waiting for a message from rank %d: no connection arrived "
@@ -279,8 +289,8 @@ Status Bootstrap::recv(int peer, uint64_t tag, void* data, size_t size) {
       // Nothing arrived in the short wait: look again. Anything else (accept() failing
       // for want of file descriptors, say) is this host's problem, not a late peer's.
       if (shortWait.expired() || shortWait.aborted()) continue;
-      return a.status().withContext("bootstrap: rank " + std::to_string(rank_) + " waiting for a message from rank " +
-                                    std::to_string(peer));
+      return a.status().withContext("bootstrap: rank " + std::to_string(rank_) +
+                                    " waiting for a message from rank " + std::to_string(peer));
     }
     LOOM_TRY(readMessage(std::move(a).value()));
   }

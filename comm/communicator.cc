@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <mutex>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "collectives/tuner.h"
@@ -50,8 +50,10 @@ uint64_t hostHash() {
       // hostname) would count as one host. Said once; LOOM_HOST_ID settles it.
       static std::once_flag said;
       std::call_once(said, [&] {
-        LOOM_WARN(kInit, "cannot read /proc/sys/kernel/random/boot_id: ranks are grouped into hosts by "
-                         "hostname (%s) alone; set LOOM_HOST_ID where machines share a hostname", host);
+        LOOM_WARN(kInit,
+                  "cannot read /proc/sys/kernel/random/boot_id: ranks are grouped into hosts by "
+                  "hostname (%s) alone; set LOOM_HOST_ID where machines share a hostname",
+                  host);
       });
     }
   }
@@ -59,8 +61,7 @@ uint64_t hostHash() {
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::create(const IdContents& id, int rank,
-                                                           int nranks,
-                                                           const CommOptions& options) {
+                                                           int nranks, const CommOptions& options) {
   std::unique_ptr<Communicator> c(new Communicator());
   LOOM_TRY(c->init(id, rank, nranks, options));
   return c;
@@ -129,7 +130,8 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   LOOM_ASSIGN_OR_RETURN(topo_, buildTopologyView(*bootstrap_, peers_, rank_, cudaDev_));
 
   context_.self = me;
-  int64_t buff = static_cast<int64_t>(std::min<uint64_t>(settings::get(settings::kBuffsize).orAuto(0), 1 << 30));
+  int64_t buff = static_cast<int64_t>(
+      std::min<uint64_t>(settings::get(settings::kBuffsize).orAuto(0), 1 << 30));
   int64_t steps = std::clamp<int64_t>(settings::get(settings::kSteps), 2, 64);
   if (buff < 4096 * steps) buff = 4096 * steps;
   context_.fifo.slots = static_cast<int>(steps);
@@ -184,7 +186,9 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
     dc.abortFlag = &abortFlag_;
     dc.commHash = context_.commHash;
     auto device = DeviceComm::create(*bootstrap_, peers_, rank_, cudaDev_, dc);
-    if (!device) return device.status().withContext("rank " + std::to_string(rank) + " on GPU " + std::to_string(cudaDev_));
+    if (!device)
+      return device.status().withContext("rank " + std::to_string(rank) + " on GPU " +
+                                         std::to_string(cudaDev_));
     device_ = std::move(device).value();
   }
   return Status::ok();
@@ -195,10 +199,11 @@ void Communicator::logTopologyChoices() {
   std::ostringstream ring;
   for (size_t i = 0; i < topo_.ring.size(); ++i) ring << topo_.ring[i] << " -> ";
   if (!topo_.ring.empty()) ring << topo_.ring[0];
-  LOOM_INFO(kInit, "ring: %s (from the topology; host ring collectives follow it)", ring.str().c_str());
+  LOOM_INFO(kInit, "ring: %s (from the topology; host ring collectives follow it)",
+            ring.str().c_str());
   auto t = collectives::binaryTree(rank_, nranks_);
-  LOOM_INFO(kInit, "tree 0: parent %d, children %d %d; tree 1 mirrors it", t.parent,
-            t.children[0], t.children[1]);
+  LOOM_INFO(kInit, "tree 0: parent %d, children %d %d; tree 1 mirrors it", t.parent, t.children[0],
+            t.children[1]);
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_) continue;
     auto sel = selectTransport(p);
@@ -230,15 +235,19 @@ Result<int> Communicator::selectTransport(int peer) const {
     if (cap.reachable) return static_cast<int>(i);
     reasons += std::string(" ") + transports_[i]->name() + ": " + cap.reason + ";";
   }
-  return errorf(Code::kInvalidUsage, "no transport can reach rank %d from rank %d:%s "
-                "(check LOOM_TRANSPORTS)", peer, rank_, reasons.c_str());
+  return errorf(Code::kInvalidUsage,
+                "no transport can reach rank %d from rank %d:%s "
+                "(check LOOM_TRANSPORTS)",
+                peer, rank_, reasons.c_str());
 }
 
 Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
                                      const std::vector<int>& recvPeers) {
   std::vector<int> needSend, needRecv;
-  for (int p : sendPeers) if (!sends_[p]) needSend.push_back(p);
-  for (int p : recvPeers) if (!recvs_[p]) needRecv.push_back(p);
+  for (int p : sendPeers)
+    if (!sends_[p]) needSend.push_back(p);
+  for (int p : recvPeers)
+    if (!recvs_[p]) needRecv.push_back(p);
   if (needSend.empty() && needRecv.empty()) return Status::ok();
   Deadline deadline = Deadline::afterMs(timeoutMs_, &abortFlag_);
   // 1. Receivers prepare and tell their senders how to reach them.
@@ -248,7 +257,8 @@ Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
     int p = needRecv[i];
     LOOM_ASSIGN_OR_RETURN(int t, selectTransport(p));
     auto setup = transports_[t]->listen(peers_[p], deadline);
-    if (!setup) return setup.status().withContext("preparing the connection from rank " + std::to_string(p));
+    if (!setup)
+      return setup.status().withContext("preparing the connection from rank " + std::to_string(p));
     setups[i] = std::move(setup).value();
     setupTransport[i] = t;
     ConnectMessage msg{t, setups[i]->blob()};
@@ -270,7 +280,8 @@ Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
     if (msg.transport < 0 || msg.transport >= static_cast<int>(transports_.size())) {
       return errorf(Code::kRemoteError,
                     "rank %d chose transport #%d, which rank %d does not have (LOOM_TRANSPORTS "
-                    "must be the same on every rank)", p, msg.transport, rank_);
+                    "must be the same on every rank)",
+                    p, msg.transport, rank_);
     }
     auto conn = transports_[msg.transport]->connect(peers_[p], msg.blob, deadline);
     if (!conn) return conn.status().withContext("connecting to rank " + std::to_string(p));
@@ -285,7 +296,8 @@ Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
   for (size_t i = 0; i < needRecv.size(); ++i) {
     int p = needRecv[i];
     auto conn = setups[i]->accept(deadline);
-    if (!conn) return conn.status().withContext("accepting the connection from rank " + std::to_string(p));
+    if (!conn)
+      return conn.status().withContext("accepting the connection from rank " + std::to_string(p));
     {
       std::lock_guard<std::mutex> lock(connMutex_);
       recvs_[p] = std::move(conn).value();
@@ -333,8 +345,10 @@ Status Communicator::destroyRedOp(int op) {
   std::lock_guard<std::mutex> lock(opsMutex_);
   size_t i = static_cast<size_t>(op - ncclNumOps);
   if (op < ncclNumOps || i >= userOps_.size() || !userOps_[i].live) {
-    return errorf(Code::kInvalidArgument, "ncclRedOpDestroy: op %d was not created on this "
-                  "communicator (or is already destroyed)", op);
+    return errorf(Code::kInvalidArgument,
+                  "ncclRedOpDestroy: op %d was not created on this "
+                  "communicator (or is already destroyed)",
+                  op);
   }
   userOps_[i].live = false;
   return Status::ok();
@@ -345,8 +359,8 @@ Status Communicator::checkOpType(int ncclOp, DataType type) const {
   std::lock_guard<std::mutex> lock(opsMutex_);
   const size_t i = static_cast<size_t>(ncclOp - ncclNumOps);
   if (i < userOps_.size() && userOps_[i].live && userOps_[i].type != type) {
-    return errorf(Code::kInvalidArgument, "PreMulSum op %d was created for %s but used with %s", ncclOp,
-                  dataTypeName(userOps_[i].type), dataTypeName(type));
+    return errorf(Code::kInvalidArgument, "PreMulSum op %d was created for %s but used with %s",
+                  ncclOp, dataTypeName(userOps_[i].type), dataTypeName(type));
   }
   return Status::ok();
 }
@@ -379,7 +393,8 @@ Result<RedOp> Communicator::resolveOp(int ncclOp, DataType type) const {
   std::lock_guard<std::mutex> lock(opsMutex_);
   size_t i = static_cast<size_t>(ncclOp - ncclNumOps);
   if (ncclOp < ncclNumOps || i >= userOps_.size() || !userOps_[i].live) {
-    return errorf(Code::kInvalidArgument, "reduction op %d is not valid on this communicator", ncclOp);
+    return errorf(Code::kInvalidArgument, "reduction op %d is not valid on this communicator",
+                  ncclOp);
   }
   const UserOp& u = userOps_[i];
   if (u.type != type) {
@@ -399,8 +414,10 @@ Result<double> Communicator::readScalar(DataType type, const void* p) const {
   if (!isDeviceBuffer(p)) return loadAsDouble(type, p, 0);
   uint64_t v = 0;
   if (!copyDeviceToHost(&v, p, dataTypeSize(type))) {
-    return errorf(Code::kCudaError, "PreMulSum: reading the %s scalar at %p from GPU memory failed "
-                  "(freed, or not a device pointer of this process)", dataTypeName(type), p);
+    return errorf(Code::kCudaError,
+                  "PreMulSum: reading the %s scalar at %p from GPU memory failed "
+                  "(freed, or not a device pointer of this process)",
+                  dataTypeName(type), p);
   }
   return loadAsDouble(type, &v, 0);
 }
@@ -462,8 +479,9 @@ Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
       if (k < userOps_.size() && userOps_[k].live && userOps_[k].devicePtr &&
           isDeviceBuffer(userOps_[k].devicePtr)) {
         if (userOps_[k].type != op.dtype) {
-          return errorf(Code::kInvalidArgument, "PreMulSum op %d was created for %s but used with %s",
-                        op.ncclOp, dataTypeName(userOps_[k].type), dataTypeName(op.dtype));
+          return errorf(Code::kInvalidArgument,
+                        "PreMulSum op %d was created for %s but used with %s", op.ncclOp,
+                        dataTypeName(userOps_[k].type), dataTypeName(op.dtype));
         }
         red.op.kind = RedKind::kPreMulSum;
         red.scalarDevice = userOps_[k].devicePtr;
@@ -507,7 +525,9 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   // The group's postings are good for this run only.
   struct EndGroup {
     DeviceComm* d;
-    ~EndGroup() { if (d) d->endGroup(); }
+    ~EndGroup() {
+      if (d) d->endGroup();
+    }
   } endGroup{device_.get()};
   if (abortFlag_.load()) return errorf(Code::kInvalidUsage, "the communicator was aborted");
   if (device_) {
@@ -524,12 +544,14 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   if (asyncError_.load() != ncclSuccess) {
     return errorf(static_cast<Code>(asyncError_.load()),
                   "rank %d: the communicator failed earlier (ncclCommGetAsyncError) and can "
-                  "only be destroyed or aborted", rank_);
+                  "only be destroyed or aborted",
+                  rank_);
   }
   size_t i = 0;
   while (i < ops.size()) {
     Status st;
-    progress_.enter(static_cast<int>(ops[i].type), ops[i].count, ops[i].root, device_ && ops[i].onDevice);
+    progress_.enter(static_cast<int>(ops[i].type), ops[i].count, ops[i].root,
+                    device_ && ops[i].onDevice);
     if (device_ && ops[i].onDevice) {
       st = runOnDevice(ops, &i);
     } else if (ops[i].type == collectives::CollType::kSendRecv) {
@@ -549,8 +571,10 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
         if (failure_.empty()) failure_ = st.message();
       }
       // Tell every connected peer, so nobody waits on us until its timeout.
-      for (auto& s : sends_) if (s) s->abort();
-      for (auto& r : recvs_) if (r) r->abort();
+      for (auto& s : sends_)
+        if (s) s->abort();
+      for (auto& r : recvs_)
+        if (r) r->abort();
       LOOM_WARN(kColl, "%s", st.message().c_str());
       return st;
     }
@@ -576,14 +600,15 @@ Status Communicator::explainFailure(Status st) {
   }
   ProgressReply mine = progress_.snapshot(rank_);
   mine.failure[0] = '\0';  // say where it was, not that it failed
-  const std::string where = askWhereRanksAre(progressAddresses_, whom, rank_, secret_, mine, kAnswerMs);
+  const std::string where =
+      askWhereRanksAre(progressAddresses_, whom, rank_, secret_, mine, kAnswerMs);
   return Status(st.code(), st.message() + "; " + where);
 }
 
 // A loop calls the same collective again and again: the last schedule is kept and
 // reused when the call matches it (the ring order never changes).
 const collectives::Schedule& Communicator::scheduleFor(const collectives::CollRequest& req,
-                                                      collectives::Algorithm algo) {
+                                                       collectives::Algorithm algo) {
   ScheduleKey key{req.type, algo, req.count, req.elemSize, req.root, req.pieceElems};
   if (!(haveSchedule_ && key == scheduleKey_)) {
     schedule_ = collectives::buildSchedule(req, algo);
@@ -631,7 +656,8 @@ Status Communicator::runCollective(const Operation& op) {
   std::vector<char> copy;
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff && op.count > 0) {
     size_t bytes = op.count * nranks_ * req.elemSize;
-    copy.assign(static_cast<const char*>(op.sendbuff), static_cast<const char*>(op.sendbuff) + bytes);
+    copy.assign(static_cast<const char*>(op.sendbuff),
+                static_cast<const char*>(op.sendbuff) + bytes);
     args.input = copy.data();
   }
   return collectives::runSchedule(args, *this);
@@ -706,7 +732,10 @@ Status Communicator::runP2p(const std::vector<Operation>& ops, size_t begin, siz
     const Operation& op = ops[begin + i];
     uintptr_t addr = op.isSend ? reinterpret_cast<uintptr_t>(op.sendbuff)
                                : reinterpret_cast<uintptr_t>(op.recvbuff);
-    if (op.isSend) phase[i].src.offset = addr; else phase[i].dst.offset = addr;
+    if (op.isSend)
+      phase[i].src.offset = addr;
+    else
+      phase[i].dst.offset = addr;
   }
   sch.phases.push_back(std::move(phase));
   collectives::ExecArgs args;
@@ -733,8 +762,10 @@ void Communicator::abort() {
   if (device_) device_->abort();
   // Another thread may be connecting (ensureConnected) while we look at the connections.
   std::lock_guard<std::mutex> lock(connMutex_);
-  for (auto& s : sends_) if (s) s->abort();
-  for (auto& r : recvs_) if (r) r->abort();
+  for (auto& s : sends_)
+    if (s) s->abort();
+  for (auto& r : recvs_)
+    if (r) r->abort();
 }
 
 void Communicator::leave() {
@@ -761,8 +792,8 @@ void Communicator::executeAsync(std::vector<Operation> ops, std::function<void(S
 SpinWorker& Communicator::launcher() {
   std::lock_guard<std::mutex> lock(workMutex_);
   if (!launcher_) {
-    launcher_ = std::make_unique<SpinWorker>(
-        std::max<int64_t>(0, settings::get(settings::kLaunchSpinUs)));
+    launcher_ =
+        std::make_unique<SpinWorker>(std::max<int64_t>(0, settings::get(settings::kLaunchSpinUs)));
   }
   return *launcher_;
 }

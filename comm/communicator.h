@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "collectives/host_executor.h"
-#include "collectives/tuner.h"
 #include "collectives/schedule.h"
+#include "collectives/tuner.h"
 #include "comm/bootstrap.h"
 #include "comm/device_comm.h"
 #include "comm/progress_report.h"
@@ -110,7 +110,8 @@ class Communicator : public collectives::ConnectionProvider {
   bool waitIdle(int64_t ms);
 
   // ConnectionProvider.
-  Status ensureConnected(const std::vector<int>& sendPeers, const std::vector<int>& recvPeers) override;
+  Status ensureConnected(const std::vector<int>& sendPeers,
+                         const std::vector<int>& recvPeers) override;
   transport::SendConnection* sendConnection(int peer) override;
   transport::RecvConnection* recvConnection(int peer) override;
 
@@ -174,7 +175,7 @@ class Communicator : public collectives::ConnectionProvider {
   ScheduleKey scheduleKey_{};
   bool haveSchedule_ = false;
   collectives::Schedule schedule_;  // the last host schedule built (scheduleFor)
-  std::vector<char> scratch_;  // one-shot all-reduce's gathered blocks
+  std::vector<char> scratch_;       // one-shot all-reduce's gathered blocks
   ConnectMessage selfMessage_;
   std::unique_ptr<DeviceComm> device_;  // null for host-memory communicators
   TopologyView topo_;
@@ -205,7 +206,9 @@ class Communicator : public collectives::ConnectionProvider {
 };
 
 // Converts between internal codes and the C API.
-inline ncclResult_t toNccl(Code c) { return static_cast<ncclResult_t>(c); }
+inline ncclResult_t toNccl(Code c) {
+  return static_cast<ncclResult_t>(c);
+}
 
 // A stable 64-bit hash of this host's identity (LOOM_HOST_ID, else hostname + boot id).
 uint64_t hostHash();

@@ -190,12 +190,12 @@ class CudaDeviceComm final : public DeviceComm {
     bool opened = false;  // cudaIpcOpenMemHandle (closed when replaced, or at the end)
   };
 
-  // Between processes of one host, a call that may read its peers' inputs where they lie (the pulled all-reduce, the pulled reduce)
-  // posts where its own input lies on the post board (transports/p2p/post_board.h) and
-  // reads every rank's post; when every rank whose input is read posted a registered one,
-  // `in` gets every rank's input as mapped here (IPC handles opened at first use, cached)
-  // and the call returns the form: 1 the pulled one-shot all-reduce or reduce, 2 the
-  // pulled two-shot all-reduce in place (every rank's output its input), 3 the same out of
+  // Between processes of one host, a call that may read its peers' inputs where they lie (the
+  // pulled all-reduce, the pulled reduce) posts where its own input lies on the post board
+  // (transports/p2p/post_board.h) and reads every rank's post; when every rank whose input is read
+  // posted a registered one, `in` gets every rank's input as mapped here (IPC handles opened at
+  // first use, cached) and the call returns the form: 1 the pulled one-shot all-reduce or reduce, 2
+  // the pulled two-shot all-reduce in place (every rank's output its input), 3 the same out of
   // place (every rank's output registered too: `in` gets the outputs). 0: run the call
   // as if nothing were registered (the same on every rank). `reader`: the rank that reads
   // (reduce's root), or -1 for every rank (all-reduce).
@@ -313,8 +313,9 @@ class CudaDeviceComm final : public DeviceComm {
   // write, the second that everything written into ours has landed.
   Status launchCopies(const dev::MeshCall& call, const std::vector<dev::CopyStep>& steps,
                       cudaStream_t stream,
-                      const char* form = "every rank's buffers known in this group, size >= "
-                                         "LOOM_P2P_CE_BYTES");
+                      const char* form =
+                          "every rank's buffers known in this group, size >= "
+                          "LOOM_P2P_CE_BYTES");
 
   // Every rank's scratch for the chunked forms, allocated for all of them at the first
   // call that needs it; empty when that failed (the kernels then, on every rank alike).
@@ -402,7 +403,7 @@ class CudaDeviceComm final : public DeviceComm {
   // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
   static constexpr size_t chunkSlots_ = 2;  // slots per peer (reduce; the scratch's size)
   int arSlots_ = 2;                         // the all-reduce's: 4 where each holds 64 MiB
-  bool memopOk_ = true;  // cuStreamWriteValue64 has not failed
+  bool memopOk_ = true;                     // cuStreamWriteValue64 has not failed
   static constexpr int kChunkAllReduceBlocks = 48;
   static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;
   size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
@@ -427,10 +428,10 @@ class CudaDeviceComm final : public DeviceComm {
   size_t netScratchBytes_ = 0;
   // Registration between processes (null board: one process, or the board failed).
   std::unique_ptr<transport::p2p::PostBoard> board_;
-  uint64_t boardSeq_ = 0;  // calls that exchanged posts so far (the same count on every rank)
-  size_t pullReduceMax_ = 0;  // LOOM_P2P_PULL_REDUCE_BYTES
+  uint64_t boardSeq_ = 0;        // calls that exchanged posts so far (the same count on every rank)
+  size_t pullReduceMax_ = 0;     // LOOM_P2P_PULL_REDUCE_BYTES
   size_t cePullMin_ = SIZE_MAX;  // LOOM_P2P_CE_PULL_BYTES
-  std::mutex regMutex_;       // registrations may come from another thread than the calls
+  std::mutex regMutex_;          // registrations may come from another thread than the calls
   std::vector<std::unique_ptr<Registration>> registrations_;
   std::vector<ExportRef> exports_;
   std::map<std::pair<int, uint32_t>, Import> imports_;  // (rank, entry)

@@ -94,11 +94,12 @@ CudaDeviceComm::~CudaDeviceComm() {
 // kernel must be resident at once, since each waits for its peers. Caps the blocks (the
 // same on every rank: from every rank's GPU), and warns where CUDA's hardware queues may
 // be too few.
-void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus,
-                                     int rank, int sharing, int64_t* blocks) {
+void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus, int rank,
+                                     int sharing, int64_t* blocks) {
   const int64_t cap = transport::p2p::sharedGpuBlockCap(gpus);
   if (cap > 0 && *blocks > cap) {
-    LOOM_INFO(kInit, "GPU %d: %d ranks share it (LOOM_P2P_SHARE_GPU): %lld blocks per kernel "
+    LOOM_INFO(kInit,
+              "GPU %d: %d ranks share it (LOOM_P2P_SHARE_GPU): %lld blocks per kernel "
               "instead of %lld, so that every rank's kernel fits on the GPU at once",
               device_, sharing, (long long)cap, (long long)*blocks);
     *blocks = cap;
@@ -110,7 +111,8 @@ void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdenti
   const int asked = env ? std::atoi(env) : 0;
   const int connections = asked > 0 ? asked : 8;
   if (rank == 0 && 3 * sharing > connections) {
-    LOOM_WARN(kInit, "%d ranks share a GPU (LOOM_P2P_SHARE_GPU) with %d hardware queues "
+    LOOM_WARN(kInit,
+              "%d ranks share a GPU (LOOM_P2P_SHARE_GPU) with %d hardware queues "
               "(CUDA_DEVICE_MAX_CONNECTIONS): their kernels may queue behind each other and "
               "wait until LOOM_TIMEOUT_MS; set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts",
               sharing, connections);
@@ -158,8 +160,11 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   geo.maxBlocks = static_cast<int>(std::clamp<int64_t>(blocks, 1, 128));
   geo.slots = static_cast<int>(std::clamp<int64_t>(settings::get(settings::kP2pSlots), 2, 16));
   const uint64_t slot = settings::get(settings::kP2pSlotBytes)
-                           .orAuto(nranks_ <= 2 ? 256 * 1024 : nranks_ <= 4 ? 128 * 1024 : 64 * 1024);
-  geo.slotBytes = static_cast<size_t>(std::clamp<uint64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
+                            .orAuto(nranks_ <= 2   ? 256 * 1024
+                                    : nranks_ <= 4 ? 128 * 1024
+                                                   : 64 * 1024);
+  geo.slotBytes =
+      static_cast<size_t>(std::clamp<uint64_t>(slot, 16 * 1024, 16 << 20)) / 4096 * 4096;
   mine.shareGpu = shareGpu ? 1 : 0;
   mine.blocks = geo.maxBlocks;
   mine.slots = geo.slots;
@@ -190,7 +195,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
   std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::get(settings::kAlgo).c_str());
   const std::string forcedProto = settings::get(settings::kProto);
-  std::snprintf(mine.proto, sizeof(mine.proto), "%s", forcedProto == "auto" ? "" : forcedProto.c_str());
+  std::snprintf(mine.proto, sizeof(mine.proto), "%s",
+                forcedProto == "auto" ? "" : forcedProto.c_str());
   std::vector<MeshAgreement> all(nranks_);
   all[rank] = mine;
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
@@ -202,15 +208,14 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
       break;
     }
     if (all[r].llBytes != mine.llBytes || all[r].ll128Bytes != mine.ll128Bytes ||
-        all[r].oneShotBytes != mine.oneShotBytes ||
-        all[r].ceBytes != mine.ceBytes || all[r].reduceDirectBytes != mine.reduceDirectBytes ||
-        all[r].pullBytes != mine.pullBytes || all[r].pullReduceBytes != mine.pullReduceBytes ||
+        all[r].oneShotBytes != mine.oneShotBytes || all[r].ceBytes != mine.ceBytes ||
+        all[r].reduceDirectBytes != mine.reduceDirectBytes || all[r].pullBytes != mine.pullBytes ||
+        all[r].pullReduceBytes != mine.pullReduceBytes ||
         all[r].twoShotReduceBytes != mine.twoShotReduceBytes ||
-        all[r].cePullBytes != mine.cePullBytes ||
-        all[r].chunkBytes != mine.chunkBytes ||
-        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes || all[r].chunkSize != mine.chunkSize ||
-        all[r].scratchBytes != mine.scratchBytes || std::strcmp(all[r].algo, mine.algo) != 0 ||
-        std::strcmp(all[r].proto, mine.proto) != 0) {
+        all[r].cePullBytes != mine.cePullBytes || all[r].chunkBytes != mine.chunkBytes ||
+        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes ||
+        all[r].chunkSize != mine.chunkSize || all[r].scratchBytes != mine.scratchBytes ||
+        std::strcmp(all[r].algo, mine.algo) != 0 || std::strcmp(all[r].proto, mine.proto) != 0) {
       return errorf(
           Code::kInvalidUsage,
           "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
@@ -222,8 +227,9 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%llu/%llu/%llu "
           "against \"%s\"/\"%s\"/%llu/%llu/%llu): every rank must pick the same GPU algorithm",
           r, rank, all[r].algo, all[r].proto, (unsigned long long)all[r].llBytes,
-          (unsigned long long)all[r].oneShotBytes, (unsigned long long)all[r].ceBytes, mine.algo, mine.proto,
-          (unsigned long long)mine.llBytes, (unsigned long long)mine.oneShotBytes, (unsigned long long)mine.ceBytes);
+          (unsigned long long)all[r].oneShotBytes, (unsigned long long)all[r].ceBytes, mine.algo,
+          mine.proto, (unsigned long long)mine.llBytes, (unsigned long long)mine.oneShotBytes,
+          (unsigned long long)mine.ceBytes);
     }
     if (all[r].shareGpu != mine.shareGpu) {
       return errorf(Code::kInvalidUsage,
@@ -316,7 +322,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   // without effect.
   bool ownProcesses = true;
   for (int a = 0; a < nranks_; ++a) {
-    for (int b = a + 1; b < nranks_; ++b) ownProcesses = ownProcesses && gpus[a].process != gpus[b].process;
+    for (int b = a + 1; b < nranks_; ++b)
+      ownProcesses = ownProcesses && gpus[a].process != gpus[b].process;
   }
   if (ownProcesses && nranks_ > 1) {
     auto board = transport::p2p::PostBoard::createShared(
@@ -324,8 +331,10 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     if (board) {
       board_ = std::move(board).value();
     } else {
-      LOOM_WARN(kInit, "rank %d: no registration post board (%s): ncclCommRegister will have no "
-                "effect", rank, board.status().message().c_str());
+      LOOM_WARN(kInit,
+                "rank %d: no registration post board (%s): ncclCommRegister will have no "
+                "effect",
+                rank, board.status().message().c_str());
     }
   }
   LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the mesh set-up"));
@@ -348,10 +357,10 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
             "bytes per peer and block (%.1f MiB window); programmatic dependent launch %s",
             device_, self.busId, nranks_, geo.maxBlocks, ctx_.threads, geo.slots, geo.slotBytes,
             geo.windowBytes() / 1048576.0,
-            ctx_.pdl       ? "on"
-            : sharing > 1  ? "off (ranks share a GPU)"
-            : pdlBuilt     ? "off (LOOM_PDL=0)"
-                           : "off (it needs compute capability 9.0, in the GPU and in the build)");
+            ctx_.pdl      ? "on"
+            : sharing > 1 ? "off (ranks share a GPU)"
+            : pdlBuilt    ? "off (LOOM_PDL=0)"
+                          : "off (it needs compute capability 9.0, in the GPU and in the build)");
   if (clique_) {
     LOOM_INFO(kInit,
               "GPU %d: every rank is in this process: when the ranks' calls meet in one group, "
@@ -383,8 +392,9 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
                      (reduce && twoShotReduceSize(bytes)) || bytes >= ceMin_ || chunked;
     const bool inMapped = ask && cuda::isPeerMappableDevicePointer(o.sendbuff);
     const bool outMapped =
-        ask && ((reduce && o.root != rank_) ||
-                (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff)));
+        ask &&
+        ((reduce && o.root != rank_) ||
+         (o.recvbuff == o.sendbuff ? inMapped : cuda::isPeerMappableDevicePointer(o.recvbuff)));
     // A stream that cannot be asked fails the call itself, in run().
     const Result<bool> cap = chunked ? capturing(o.stream) : Result<bool>(false);
     const bool captured = cap.isOk() && cap.value();
@@ -459,9 +469,8 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
     in.writer = op.root;
     for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
     in.outputs[op.root] = all[op.root].out;
-    return failCliqueOn(launchPull(call, in, op.stream,
-                                   "ranks of one process, size <= LOOM_P2P_TWOSHOT_REDUCE_BYTES",
-                                   true));
+    return failCliqueOn(launchPull(
+        call, in, op.stream, "ranks of one process, size <= LOOM_P2P_TWOSHOT_REDUCE_BYTES", true));
   }
   // Large all-reduce and reduce, every rank's buffers known and none in a graph capture:
   // the copy engines move the data in chunks, kernels reduce them locally. A user's
@@ -519,14 +528,16 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
     }
     const bool apart = outputsApart(all, block), inPlace = allInPlace(all);
     if (outMapped && (apart || inPlace)) {
-      return failCliqueOn(launchPull(call, in, op.stream,
-                                     inPlace ? "ranks of one process, in place, size <= LOOM_P2P_PULL_BYTES"
-                                             : "ranks of one process, out of place, size <= LOOM_P2P_PULL_BYTES",
-                                     true));
+      return failCliqueOn(
+          launchPull(call, in, op.stream,
+                     inPlace ? "ranks of one process, in place, size <= LOOM_P2P_PULL_BYTES"
+                             : "ranks of one process, out of place, size <= LOOM_P2P_PULL_BYTES",
+                     true));
     }
     if (apart) {
-      return failCliqueOn(launchPull(call, in, op.stream, "ranks of one process, out of place, output "
-                                                          "not mapped, size <= LOOM_P2P_PULL_BYTES"));
+      return failCliqueOn(launchPull(call, in, op.stream,
+                                     "ranks of one process, out of place, output "
+                                     "not mapped, size <= LOOM_P2P_PULL_BYTES"));
     }
   }
   // Copies only, ranks in several processes, inputs registered: each rank's copy engine
@@ -541,12 +552,11 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
     if (form != 0) {
       LOOM_ASSIGN_OR_RETURN(const bool inGraph, capturing(op.stream));
       if (inGraph) importsInGraph_ = true;
-      return launchCopies(call,
-                          dev::planPulls(call.kind, rank_, nranks_, op.root, block, in.inputs,
-                                         op.recvbuff),
-                          op.stream,
-                          "registered inputs pulled between processes, size >= "
-                          "LOOM_P2P_CE_PULL_BYTES");
+      return launchCopies(
+          call, dev::planPulls(call.kind, rank_, nranks_, op.root, block, in.inputs, op.recvbuff),
+          op.stream,
+          "registered inputs pulled between processes, size >= "
+          "LOOM_P2P_CE_PULL_BYTES");
     }
   }
   // Copies only, every rank's buffers known (ranks of this process): the copy engines,
@@ -636,13 +646,13 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   // (unmeasured).
   const size_t region = dev::kLLBlocks * dev::kLLPayload;
   llLimit_ = proto == "simple" || protoLL128 ? 0
-             : protoLL_ ? region
-                        : std::min<size_t>(s.llBytes, region);
+             : protoLL_                      ? region
+                                             : std::min<size_t>(s.llBytes, region);
   // LL128 above the LL limit (LOOM_PROTO=ll128: from 0; simple and ll turn it off).
   const size_t capacity = ctx_.geo.ll128Capacity();
   ll128Limit_ = proto == "simple" || protoLL_ ? 0
-                : protoLL128 ? capacity
-                             : std::min<size_t>(s.ll128Bytes, capacity);
+                : protoLL128                  ? capacity
+                                              : std::min<size_t>(s.ll128Bytes, capacity);
   // The agreed sizes are resolved already (auto for this rank count, off, any).
   oneShotMax_ = s.oneShotBytes;
   ceMin_ = s.ceBytes;
@@ -659,7 +669,8 @@ void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
   chunkMax_ =
       nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
   if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
-  arSlots_ = chunkSlots_ * chunkMax_ / 4 >= kChunkAllReduceBytes ? 4 : static_cast<int>(chunkSlots_);
+  arSlots_ =
+      chunkSlots_ * chunkMax_ / 4 >= kChunkAllReduceBytes ? 4 : static_cast<int>(chunkSlots_);
 }
 
 dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** why) const {
@@ -764,8 +775,10 @@ Result<bool> CudaDeviceComm::capturing(cudaStream_t s) {
     cudaGetLastError();
     // Not "not capturing": a stream that cannot be asked (destroyed, of another context,
     // or a device in error) would fail later with a message further from the cause.
-    return errorf(Code::kInvalidArgument, "cudaStreamIsCapturing on the caller's stream failed: %s "
-                  "(is the stream valid, and of this communicator's device?)", cudaGetErrorString(e));
+    return errorf(Code::kInvalidArgument,
+                  "cudaStreamIsCapturing on the caller's stream failed: %s "
+                  "(is the stream valid, and of this communicator's device?)",
+                  cudaGetErrorString(e));
   }
   return st != cudaStreamCaptureStatusNone;
 }
@@ -794,7 +807,8 @@ Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t str
               shape.tileElems, why);
   }
   if (int e = dev::launchMesh(ctx_, call, stream, p2p); e != 0) {
-    return launchStatus(e, (std::string("the ") + dev::meshKindName(call.kind) + " kernel").c_str());
+    return launchStatus(e,
+                        (std::string("the ") + dev::meshKindName(call.kind) + " kernel").c_str());
   }
   return recordDone(stream, cap);
 }

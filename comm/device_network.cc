@@ -15,22 +15,26 @@ namespace {
 
 // The bootstrap tag of the handle that listener `receiver` sends to `sender` for a lane.
 uint64_t netHandleTag(int sender, int receiver, int lane) {
-  return (3ull << 60) | (static_cast<uint64_t>(lane) << 56) | (static_cast<uint64_t>(sender) << 28) |
-         static_cast<uint64_t>(receiver);
+  return (3ull << 60) | (static_cast<uint64_t>(lane) << 56) |
+         (static_cast<uint64_t>(sender) << 28) | static_cast<uint64_t>(receiver);
 }
 
 }  // namespace
 
-Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers) {
-  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
-  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap,
+                                   const std::vector<transport::PeerInfo>& peers) {
+  LOOM_TRY(
+      cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(
+      cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
   dev::NetOptions o;
   o.rank = rank_;
   o.nranks = nranks_;
   o.device = device_;
   o.timeoutMs = timeoutMs_;
   // The communicator's FIFO geometry (LOOM_BUFFSIZE, LOOM_STEPS), the same on every rank.
-  const int64_t steps = std::clamp<int64_t>(settings::get(settings::kSteps), 2, transport::net::kFifoMaxSlots);
+  const int64_t steps =
+      std::clamp<int64_t>(settings::get(settings::kSteps), 2, transport::net::kFifoMaxSlots);
   const int64_t buff = std::max<int64_t>(
       static_cast<int64_t>(settings::get(settings::kNetBuffsize).orAuto(0)), steps * 4096);
   o.slots = static_cast<uint32_t>(steps);
@@ -56,13 +60,14 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap, const std::vector<trans
   for (int r = 0; r < nranks_; ++r) {
     if (all[r].slotBytes != o.slotBytes || all[r].slots != o.slots || all[r].lanes != o.lanes ||
         all[r].pieceBytes != o.pieceBytes) {
-      return errorf(Code::kInvalidUsage,
-                    "rank %d has LOOM_NET_BUFFSIZE/LOOM_STEPS/LOOM_NET_LANES/LOOM_CHUNK_BYTES giving %u "
-                    "slots of %llu bytes, %d lanes and pieces of %llu (0: automatic), rank %d %u of %llu, "
-                    "%d and %llu: set them alike on every rank",
-                    r, all[r].slots, (unsigned long long)all[r].slotBytes, all[r].lanes,
-                    (unsigned long long)all[r].pieceBytes, rank_, o.slots, (unsigned long long)o.slotBytes,
-                    o.lanes, (unsigned long long)o.pieceBytes);
+      return errorf(
+          Code::kInvalidUsage,
+          "rank %d has LOOM_NET_BUFFSIZE/LOOM_STEPS/LOOM_NET_LANES/LOOM_CHUNK_BYTES giving %u "
+          "slots of %llu bytes, %d lanes and pieces of %llu (0: automatic), rank %d %u of %llu, "
+          "%d and %llu: set them alike on every rank",
+          r, all[r].slots, (unsigned long long)all[r].slotBytes, all[r].lanes,
+          (unsigned long long)all[r].pieceBytes, rank_, o.slots, (unsigned long long)o.slotBytes,
+          o.lanes, (unsigned long long)o.pieceBytes);
     }
   }
   o.abortFlag = context_.abortFlag;
@@ -112,8 +117,9 @@ Status CudaDeviceComm::runNet(const Operation& op, const DeviceRedOp& red) {
     // The direct exchange reads blocks it also overwrites: from a copy.
     const size_t bytes = op.count * req.elemSize * nranks_;
     LOOM_ASSIGN_OR_RETURN(void* copy, netScratch(bytes));
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(copy, op.sendbuff, bytes, cudaMemcpyDeviceToDevice, op.stream),
-                        "cudaMemcpyAsync (in-place all-to-all)"));
+    LOOM_TRY(
+        cudaStatus(cudaMemcpyAsync(copy, op.sendbuff, bytes, cudaMemcpyDeviceToDevice, op.stream),
+                   "cudaMemcpyAsync (in-place all-to-all)"));
     in = copy;
   }
   dev::NetReduction r;
@@ -148,7 +154,8 @@ Status CudaDeviceComm::runNetP2p(const std::vector<Operation>& ops, size_t begin
       (o.isSend ? selfSends : selfRecvs).push_back(&o);
       continue;
     }
-    list.push_back({o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff, bytes, o.root, o.isSend});
+    list.push_back(
+        {o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff, bytes, o.root, o.isSend});
   }
   if (selfSends.size() != selfRecvs.size()) {
     return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
@@ -158,8 +165,8 @@ Status CudaDeviceComm::runNetP2p(const std::vector<Operation>& ops, size_t begin
     const size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
     const size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
     if (sb != rb) {
-      return errorf(Code::kInvalidUsage, "rank %d: send to itself of %zu bytes meets a receive of %zu",
-                    rank_, sb, rb);
+      return errorf(Code::kInvalidUsage,
+                    "rank %d: send to itself of %zu bytes meets a receive of %zu", rank_, sb, rb);
     }
     LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
                                         cudaMemcpyDeviceToDevice, stream),

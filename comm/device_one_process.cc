@@ -119,11 +119,12 @@ Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   if (log::enabled(log::kInfo, log::kColl)) {
-    LOOM_INFO(kColl,
-              "GPU copy-engine %s: %zu x %s, %zu copies (%s)",
-              dev::meshKindName(call.kind), call.count, dataTypeName(call.type), steps.size(), form);
+    LOOM_INFO(kColl, "GPU copy-engine %s: %zu x %s, %zu copies (%s)", dev::meshKindName(call.kind),
+              call.count, dataTypeName(call.type), steps.size(), form);
   }
-  auto barrier = [&]() { return launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier"); };
+  auto barrier = [&]() {
+    return launchStatus(dev::launchMeshBarrier(ctx_, stream), "the mesh barrier");
+  };
   LOOM_TRY(barrier());
   bool local = false;
   for (const auto& s : steps) local = local || s.peer == rank_;
@@ -262,7 +263,8 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
         if (!needed) break;
         dev::ChunkFlags wait;
         for (int p = 0; p < n; ++p) wait.wait[p] = s.wait[p];
-        LOOM_TRY(launchStatus(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
+        LOOM_TRY(
+            launchStatus(dev::launchChunkFlags(ctx_, wait, pushStream_), "the chunk counters"));
         break;
       }
       case K::kPush:

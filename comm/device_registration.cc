@@ -47,18 +47,21 @@ Result<void*> CudaDeviceComm::registerBuffer(void* buff, size_t bytes) {
       int entry = -1;
       if (e != cudaSuccess) {
         cudaGetLastError();
-        LOOM_INFO(kInit, "rank %d: ncclCommRegister(%p, %zu): cudaIpcGetMemHandle failed (%s); "
-                  "registered without effect", rank_, buff, bytes, cudaErrorText(e).c_str());
+        LOOM_INFO(kInit,
+                  "rank %d: ncclCommRegister(%p, %zu): cudaIpcGetMemHandle failed (%s); "
+                  "registered without effect",
+                  rank_, buff, bytes, cudaErrorText(e).c_str());
       } else {
         static_assert(sizeof(handle) == transport::p2p::kHandleBytes, "IPC handle size");
         entry = board_->publish(a.base, a.bytes, reinterpret_cast<const unsigned char*>(&handle),
                                 &generation);
         if (entry < 0 && !warnedExportsFull_) {
           warnedExportsFull_ = true;  // once: an allocator hook may register many more
-          LOOM_WARN(kInit, "rank %d: ncclCommRegister(%p, %zu): %d allocations are registered "
+          LOOM_WARN(kInit,
+                    "rank %d: ncclCommRegister(%p, %zu): %d allocations are registered "
                     "already (the most loom shares with its peers at once); this one and any "
-                    "further ones are kept without effect until some are deregistered", rank_,
-                    buff, bytes, transport::p2p::kExportSlots);
+                    "further ones are kept without effect until some are deregistered",
+                    rank_, buff, bytes, transport::p2p::kExportSlots);
         }
       }
       if (entry >= 0) {
@@ -75,8 +78,8 @@ Result<void*> CudaDeviceComm::registerBuffer(void* buff, size_t bytes) {
   } else {
     LOOM_INFO(kInit, "rank %d: ncclCommRegister(%p, %zu): kept without effect (%s)", rank_, buff,
               bytes,
-              !board_ ? "the ranks are not in several processes of one GPU mesh"
-              : !device ? "not device memory"
+              !board_        ? "the ranks are not in several processes of one GPU mesh"
+              : !device      ? "not device memory"
               : !a.legacyIpc ? "not cudaMalloc memory, which CUDA IPC exports"
                              : "the range runs past its allocation");
   }
@@ -96,7 +99,8 @@ Status CudaDeviceComm::deregisterBuffer(void* handle) {
   }
   return errorf(Code::kInvalidArgument,
                 "handle %p was not returned by ncclCommRegister on this communicator (or was "
-                "deregistered already)", handle);
+                "deregistered already)",
+                handle);
 }
 
 Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t generation) {
@@ -106,7 +110,8 @@ Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t gener
   if (!board_->read(r, static_cast<int>(entry), generation, &x)) {
     return errorf(Code::kInvalidUsage,
                   "rank %d deregistered the buffer it posted for this call before the call ran "
-                  "here (deregister only after the calls that use a buffer completed)", r);
+                  "here (deregister only after the calls that use a buffer completed)",
+                  r);
   }
   if (im.base) {
     // The entry now holds another allocation: the old mapping goes first.
@@ -119,9 +124,10 @@ Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t gener
   cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return errorf(Code::kCudaError, "mapping rank %d's registered buffer of %llu bytes "
-                  "(cudaIpcOpenMemHandle) failed: %s", r, (unsigned long long)x.bytes,
-                  cudaErrorText(e).c_str());
+    return errorf(Code::kCudaError,
+                  "mapping rank %d's registered buffer of %llu bytes "
+                  "(cudaIpcOpenMemHandle) failed: %s",
+                  r, (unsigned long long)x.bytes, cudaErrorText(e).c_str());
   }
   im.base = static_cast<char*>(p);
   im.opened = true;
@@ -139,8 +145,8 @@ Result<char*> CudaDeviceComm::postedAt(int r, uint32_t entry, uint64_t generatio
   if (offset + bytes > size) {
     return errorf(Code::kInvalidUsage,
                   "rank %d posted an %s of %zu bytes at offset %llu of a registered "
-                  "allocation of %llu bytes", r, what, bytes, (unsigned long long)offset,
-                  (unsigned long long)size);
+                  "allocation of %llu bytes",
+                  r, what, bytes, (unsigned long long)offset, (unsigned long long)size);
   }
   return base + offset;
 }
@@ -206,7 +212,8 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
                    op.count;
   // The registered allocation that holds [ptr, ptr + n): its export entry, generation and
   // the offset of ptr in it. False when none does.
-  auto find = [&](const void* ptr, size_t n, uint32_t* entry, uint64_t* generation, uint64_t* offset) {
+  auto find = [&](const void* ptr, size_t n, uint32_t* entry, uint64_t* generation,
+                  uint64_t* offset) {
     const auto at = reinterpret_cast<uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(regMutex_);
     for (const auto& reg : registrations_) {
@@ -240,15 +247,16 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
     mine.writable = 1;
   }
   auto stop = [this] { return reinterpret_cast<volatile int*>(hostFlags_)[0] != 0; };
-  LOOM_ASSIGN_OR_RETURN(bool active, board_->exchange(boardSeq_++, mine, &posts_, timeoutMs_, stop));
+  LOOM_ASSIGN_OR_RETURN(bool active,
+                        board_->exchange(boardSeq_++, mine, &posts_, timeoutMs_, stop));
   if (!active) return 0;
   for (int r = 0; r < nranks_; ++r) {
     if (posts_[r].signature != mine.signature) {
       return errorf(Code::kInvalidUsage,
                     "rank %d: rank %d's call %llu on this communicator is another collective "
                     "(type, count, type of data, root or op differ): every rank must issue the "
-                    "same collectives in the same order", rank_, r,
-                    (unsigned long long)(boardSeq_ - 1));
+                    "same collectives in the same order",
+                    rank_, r, (unsigned long long)(boardSeq_ - 1));
     }
   }
   // The form: a reduce's root reads every other rank's input, a broadcast every rank its
@@ -283,7 +291,8 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
     }
     in->inputs[r] = input.value();
     if (form != 3) continue;
-    auto output = postedAt(r, post.outEntry, post.outGeneration, post.outOffset, outBytes, "output");
+    auto output =
+        postedAt(r, post.outEntry, post.outGeneration, post.outOffset, outBytes, "output");
     if (!output) {
       st = output.status();
       continue;

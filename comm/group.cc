@@ -47,7 +47,7 @@ std::set<const ncclComm*>& registry() {
 // calls enqueue or groupEnd. The lists keep the largest group's capacity.
 struct GroupScratch {
   std::vector<ncclComm*> comms;
-  std::vector<std::vector<Operation>> calls;  // calls[k]: comms[k]'s; more may be kept
+  std::vector<std::vector<Operation>> calls;             // calls[k]: comms[k]'s; more may be kept
   std::vector<std::pair<ncclComm*, Operation>> single;   // enqueue() outside a group
   std::vector<std::pair<ncclComm*, Operation>> grouped;  // groupEnd()'s, swapped with tlsGroup.ops
 };
@@ -99,7 +99,8 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
     for (size_t i = 0; i < comms.size(); ++i) jobs[i] = {comms[i], &calls[i], Status()};
     for (size_t i = 1; i < comms.size(); ++i) {
       // One pointer: the closure fits in std::function without an allocation.
-      comms[i]->impl->launcher().post([j = &jobs[i]] { j->result = j->comm->impl->execute(*j->ops); });
+      comms[i]->impl->launcher().post(
+          [j = &jobs[i]] { j->result = j->comm->impl->execute(*j->ops); });
     }
     jobs[0].result = comms[0]->impl->execute(calls[0]);
     for (size_t i = 1; i < comms.size(); ++i) comms[i]->impl->launcher().wait();
@@ -198,9 +199,13 @@ const char* lastError(const ncclComm* comm) {
   copy = processLastError();
   return copy.c_str();
 }
-void clearLastError() { tlsLastError.clear(); }
+void clearLastError() {
+  tlsLastError.clear();
+}
 
-void groupStart() { ++tlsGroup.depth; }
+void groupStart() {
+  ++tlsGroup.depth;
+}
 
 void deferInit(ncclComm* handle, std::function<Status()> init) {
   auto p = std::make_unique<PendingInit>();
@@ -209,8 +214,12 @@ void deferInit(ncclComm* handle, std::function<Status()> init) {
   p->thread = std::thread([raw, init = std::move(init)] { raw->result = init(); });
   tlsGroup.inits.push_back(std::move(p));
 }
-bool inGroup() { return tlsGroup.depth > 0; }
-int groupDepth() { return tlsGroup.depth; }
+bool inGroup() {
+  return tlsGroup.depth > 0;
+}
+int groupDepth() {
+  return tlsGroup.depth;
+}
 
 ncclResult_t groupEnd() {
   if (tlsGroup.depth <= 0) {
@@ -246,7 +255,8 @@ ncclResult_t groupEnd() {
     if (std::find(held.begin(), held.end(), c) != held.end()) continue;
     CommHold h;
     if (!h.take(c)) {
-      return fail(errorf(Code::kInvalidArgument, "a communicator used in this group was destroyed"));
+      return fail(
+          errorf(Code::kInvalidArgument, "a communicator used in this group was destroyed"));
     }
     held.push_back(c);
     holds.push_back(std::move(h));

@@ -30,7 +30,8 @@ int readInt(const char* name, int* out) {
 extern "C" __attribute__((visibility("default"))) ncclResult_t loomRankFromEnv(int* rank,
                                                                                int* nranks) {
   if (!rank || !nranks) {
-    return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument, "loomRankFromEnv: NULL argument"));
+    return loom::comm::fail(
+        loom::errorf(loom::Code::kInvalidArgument, "loomRankFromEnv: NULL argument"));
   }
   static const char* kPairs[][2] = {{"LOOM_RANK", "LOOM_NRANKS"},
                                     {"RANK", "WORLD_SIZE"},
@@ -40,13 +41,14 @@ extern "C" __attribute__((visibility("default"))) ncclResult_t loomRankFromEnv(i
     const int hasRank = readInt(p[0], rank), hasSize = readInt(p[1], nranks);
     if (hasRank < 0 || hasSize < 0) {
       const char* bad = hasRank < 0 ? p[0] : p[1];
-      return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument, "%s='%s' is not an integer", bad,
-                                           std::getenv(bad)));
+      return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument,
+                                           "%s='%s' is not an integer", bad, std::getenv(bad)));
     }
     if (hasRank && hasSize) {
       if (*nranks < 1 || *rank < 0 || *rank >= *nranks) {
         return loom::comm::fail(loom::errorf(loom::Code::kInvalidArgument,
-                                             "%s=%d and %s=%d are inconsistent", p[0], *rank, p[1], *nranks));
+                                             "%s=%d and %s=%d are inconsistent", p[0], *rank, p[1],
+                                             *nranks));
       }
       return ncclSuccess;
     }
@@ -56,7 +58,8 @@ extern "C" __attribute__((visibility("default"))) ncclResult_t loomRankFromEnv(i
                                        "RANK/WORLD_SIZE (torchrun) or launch with mpirun"));
 }
 
-extern "C" __attribute__((visibility("default"))) ncclResult_t loomCommInitFromEnv(ncclComm_t* comm) {
+extern "C" __attribute__((visibility("default"))) ncclResult_t loomCommInitFromEnv(
+    ncclComm_t* comm) {
   int rank = 0, nranks = 0;
   ncclResult_t r = loomRankFromEnv(&rank, &nranks);
   if (r != ncclSuccess) return r;

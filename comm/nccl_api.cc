@@ -18,11 +18,11 @@
 
 using loom::Code;
 using loom::DataType;
-using loom::Status;
 using loom::errorf;
+using loom::Status;
 using loom::collectives::CollType;
-using loom::comm::Operation;
 using loom::comm::fail;
+using loom::comm::Operation;
 
 namespace {
 
@@ -44,8 +44,8 @@ ncclResult_t guarded(const char* fn, F&& body) {
 Status checkComm(const char* fn, const ncclComm* comm, loom::comm::CommHold* hold) {
   if (!comm) return errorf(Code::kInvalidArgument, "%s: comm is NULL", fn);
   if (!hold->take(comm)) {
-    return errorf(Code::kInvalidArgument, "%s: comm %p is not a live communicator (destroyed?)",
-                  fn, static_cast<const void*>(comm));
+    return errorf(Code::kInvalidArgument, "%s: comm %p is not a live communicator (destroyed?)", fn,
+                  static_cast<const void*>(comm));
   }
   return Status::ok();
 }
@@ -60,8 +60,8 @@ int rawEnum(const void* e) {
 
 Status checkType(const char* fn, const ncclDataType_t& t) {
   if (!loom::isValidDataType(rawEnum(&t))) {
-    return errorf(Code::kInvalidArgument, "%s: invalid datatype %d (valid: 0..%d)", fn,
-                  rawEnum(&t), ncclNumTypes - 1);
+    return errorf(Code::kInvalidArgument, "%s: invalid datatype %d (valid: 0..%d)", fn, rawEnum(&t),
+                  ncclNumTypes - 1);
   }
   return Status::ok();
 }
@@ -74,7 +74,8 @@ Status checkBuffer(const char* fn, const char* name, const void* p, size_t count
     return errorf(Code::kInvalidUsage,
                   "%s: %s is GPU memory but the communicator was made for host memory (no GPU "
                   "was current at init, or LOOM_DEVICE=cpu): create it with a CUDA device "
-                  "current, or pass host buffers", fn, name);
+                  "current, or pass host buffers",
+                  fn, name);
   }
   return Status::ok();
 }
@@ -83,14 +84,15 @@ Status checkBytes(const char* fn, size_t count, size_t multiplier, size_t elem) 
   size_t total;
   if (__builtin_mul_overflow(count, multiplier, &total) ||
       __builtin_mul_overflow(total, elem, &total) || total > (size_t{1} << 62)) {
-    return errorf(Code::kInvalidArgument, "%s: count %zu overflows the addressable size", fn, count);
+    return errorf(Code::kInvalidArgument, "%s: count %zu overflows the addressable size", fn,
+                  count);
   }
   return Status::ok();
 }
 
 ncclResult_t submit(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
-                    ncclDataType_t datatype, int op, int root, ncclComm_t comm,
-                    cudaStream_t stream, CollType type, bool reduces) {
+                    ncclDataType_t datatype, int op, int root, ncclComm_t comm, cudaStream_t stream,
+                    CollType type, bool reduces) {
   return guarded(fn, [&]() -> ncclResult_t {
     loom::comm::CommHold hold;
     Status st = checkComm(fn, comm, &hold);
@@ -160,7 +162,8 @@ ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
     auto* handle = new ncclComm{0, nullptr};
     loom::comm::deferInit(handle, [handle, c = *contents, rank, nranks, options]() -> Status {
       auto made = loom::comm::Communicator::create(c, rank, nranks, options);
-      if (!made) return made.status().withContext("ncclCommInitRank(rank " + std::to_string(rank) + ")");
+      if (!made)
+        return made.status().withContext("ncclCommInitRank(rank " + std::to_string(rank) + ")");
       handle->impl = std::move(made).value();
       handle->magic = loom::comm::kCommMagic;
       return Status::ok();
@@ -169,7 +172,8 @@ ncclResult_t initRank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int r
     return ncclSuccess;
   }
   auto c = loom::comm::Communicator::create(*contents, rank, nranks, options);
-  if (!c) return fail(c.status().withContext("ncclCommInitRank(rank " + std::to_string(rank) + ")"));
+  if (!c)
+    return fail(c.status().withContext("ncclCommInitRank(rank " + std::to_string(rank) + ")"));
   auto* handle = new ncclComm{loom::comm::kCommMagic, std::move(c).value()};
   loom::comm::registerComm(handle);
   *out = handle;
@@ -213,19 +217,22 @@ ncclResult_t makeId(ncclUniqueId* id) {
 
 ncclResult_t destroyComm(ncclComm_t comm, bool abort) {
   const char* fn = abort ? "ncclCommAbort" : "ncclCommDestroy";
-  if (!comm) return abort ? ncclSuccess : fail(errorf(Code::kInvalidArgument, "%s: comm is NULL", fn));
+  if (!comm)
+    return abort ? ncclSuccess : fail(errorf(Code::kInvalidArgument, "%s: comm is NULL", fn));
   // Unregistering is the check: of two threads destroying one communicator, one wins; from
   // here on no call can take a hold on it, and the holds already taken are waited for.
   if (!loom::comm::unregisterComm(comm)) {
-    return fail(errorf(Code::kInvalidArgument, "%s: comm %p is not a live communicator (destroyed?)",
-                       fn, static_cast<const void*>(comm)));
+    return fail(errorf(Code::kInvalidArgument,
+                       "%s: comm %p is not a live communicator (destroyed?)", fn,
+                       static_cast<const void*>(comm)));
   }
   if (abort) {
     comm->impl->abort();
     // A call still running on another thread sees the abort within ~100 ms.
     if (!comm->impl->waitIdle(10000)) {
-      LOOM_WARN(kInit, "ncclCommAbort: an operation did not stop within 10 s; leaking the "
-                       "communicator instead of freeing memory in use");
+      LOOM_WARN(kInit,
+                "ncclCommAbort: an operation did not stop within 10 s; leaking the "
+                "communicator instead of freeing memory in use");
       return ncclSuccess;
     }
   } else if (!comm->impl->waitIdle(loom::settings::get(loom::settings::kTimeoutMs))) {
@@ -256,15 +263,19 @@ LOOM_API ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId) LOOM_ALIAS(ncclGe
 
 LOOM_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
                                              int rank, ncclConfig_t* config) {
-  return guarded("ncclCommInitRankConfig", [&] { return initRank(comm, nranks, commId, rank, config, true); });
+  return guarded("ncclCommInitRankConfig",
+                 [&] { return initRank(comm, nranks, commId, rank, config, true); });
 }
 LOOM_API ncclResult_t pncclCommInitRankConfig(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*)
     LOOM_ALIAS(ncclCommInitRankConfig);
 
-LOOM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return guarded("ncclCommInitRank", [&] { return initRank(comm, nranks, commId, rank, nullptr, true); });
+LOOM_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+                                       int rank) {
+  return guarded("ncclCommInitRank",
+                 [&] { return initRank(comm, nranks, commId, rank, nullptr, true); });
 }
-LOOM_API ncclResult_t pncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int) LOOM_ALIAS(ncclCommInitRank);
+LOOM_API ncclResult_t pncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int)
+    LOOM_ALIAS(ncclCommInitRank);
 
 LOOM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                                ncclUniqueId* commIds, ncclConfig_t* config) {
@@ -274,8 +285,8 @@ LOOM_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, 
   return guarded("ncclCommInitRankScalable",
                  [&] { return initRank(newcomm, nranks, commIds[0], myrank, config, true); });
 }
-LOOM_API ncclResult_t pncclCommInitRankScalable(ncclComm_t*, int, int, int, ncclUniqueId*, ncclConfig_t*)
-    LOOM_ALIAS(ncclCommInitRankScalable);
+LOOM_API ncclResult_t pncclCommInitRankScalable(ncclComm_t*, int, int, int, ncclUniqueId*,
+                                                ncclConfig_t*) LOOM_ALIAS(ncclCommInitRankScalable);
 
 LOOM_API ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   return guarded("ncclCommInitAll", [&]() -> ncclResult_t {
@@ -349,13 +360,17 @@ LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
     if (!newcomm) return fail(errorf(Code::kInvalidArgument, "ncclCommSplit: newcomm is NULL"));
     *newcomm = nullptr;
     if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
-      return fail(errorf(Code::kInvalidArgument, "ncclCommSplit: color %d must be >= 0 or "
-                         "NCCL_SPLIT_NOCOLOR", color));
+      return fail(errorf(Code::kInvalidArgument,
+                         "ncclCommSplit: color %d must be >= 0 or "
+                         "NCCL_SPLIT_NOCOLOR",
+                         color));
     }
     auto& impl = *comm->impl;
     auto& bs = impl.bootstrap();
     const int n = impl.nranks(), me = impl.rank();
-    struct Entry { int color, key, rank; };
+    struct Entry {
+      int color, key, rank;
+    };
     std::vector<Entry> all(n);
     all[me] = {color, key, me};
     st = bs.allGather(all.data(), sizeof(Entry));
@@ -363,12 +378,14 @@ LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
     uint64_t idTag = bs.nextTag();
     if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
     std::vector<Entry> members;
-    for (const auto& e : all) if (e.color == color) members.push_back(e);
+    for (const auto& e : all)
+      if (e.color == color) members.push_back(e);
     std::stable_sort(members.begin(), members.end(), [](const Entry& a, const Entry& b) {
       return a.key != b.key ? a.key < b.key : a.rank < b.rank;
     });
     int newRank = 0;
-    for (size_t i = 0; i < members.size(); ++i) if (members[i].rank == me) newRank = static_cast<int>(i);
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i].rank == me) newRank = static_cast<int>(i);
     ncclUniqueId id;
     if (newRank == 0) {
       loom::comm::IdContents c;
@@ -402,9 +419,11 @@ LOOM_API ncclResult_t pncclCommShrink(ncclComm_t, int*, int, ncclComm_t*, ncclCo
 LOOM_API const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
     case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with LOOM_DEBUG=INFO for details)";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (run with LOOM_DEBUG=INFO for details)";
     case ncclSystemError: return "unhandled system error (run with LOOM_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the loom developers";
+    case ncclInternalError:
+      return "internal error - please report this issue to the loom developers";
     case ncclInvalidArgument: return "invalid argument (run with LOOM_DEBUG=WARN for details)";
     case ncclInvalidUsage: return "invalid usage (run with LOOM_DEBUG=WARN for details)";
     case ncclRemoteError: return "remote process exited or there was a network error";
@@ -414,18 +433,22 @@ LOOM_API const char* ncclGetErrorString(ncclResult_t result) {
 }
 LOOM_API const char* pncclGetErrorString(ncclResult_t) LOOM_ALIAS(ncclGetErrorString);
 
-LOOM_API const char* ncclGetLastError(ncclComm_t comm) { return loom::comm::lastError(comm); }
+LOOM_API const char* ncclGetLastError(ncclComm_t comm) {
+  return loom::comm::lastError(comm);
+}
 LOOM_API const char* pncclGetLastError(ncclComm_t) LOOM_ALIAS(ncclGetLastError);
 
 LOOM_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   loom::comm::CommHold hold;
   Status st = checkComm("ncclCommGetAsyncError", comm, &hold);
   if (!st) return fail(st);
-  if (!asyncError) return fail(errorf(Code::kInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL"));
+  if (!asyncError)
+    return fail(errorf(Code::kInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL"));
   *asyncError = comm->impl->asyncError();
   return ncclSuccess;
 }
-LOOM_API ncclResult_t pncclCommGetAsyncError(ncclComm_t, ncclResult_t*) LOOM_ALIAS(ncclCommGetAsyncError);
+LOOM_API ncclResult_t pncclCommGetAsyncError(ncclComm_t, ncclResult_t*)
+    LOOM_ALIAS(ncclCommGetAsyncError);
 
 LOOM_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   loom::comm::CommHold hold;
@@ -457,20 +480,23 @@ LOOM_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 }
 LOOM_API ncclResult_t pncclCommUserRank(const ncclComm_t, int*) LOOM_ALIAS(ncclCommUserRank);
 
-LOOM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+LOOM_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size,
+                                       void** handle) {
   loom::comm::CommHold hold;
   Status st = checkComm("ncclCommRegister", comm, &hold);
   if (!st) return fail(st);
   if (!handle) return fail(errorf(Code::kInvalidArgument, "ncclCommRegister: handle is NULL"));
   if (!buff && size > 0) {
-    return fail(errorf(Code::kInvalidArgument, "ncclCommRegister: buff is NULL with size %zu", size));
+    return fail(
+        errorf(Code::kInvalidArgument, "ncclCommRegister: buff is NULL with size %zu", size));
   }
   auto h = comm->impl->registerBuffer(buff, size);
   if (!h) return fail(h.status().withContext("ncclCommRegister"));
   *handle = h.value();
   return ncclSuccess;
 }
-LOOM_API ncclResult_t pncclCommRegister(const ncclComm_t, void*, size_t, void**) LOOM_ALIAS(ncclCommRegister);
+LOOM_API ncclResult_t pncclCommRegister(const ncclComm_t, void*, size_t, void**)
+    LOOM_ALIAS(ncclCommRegister);
 
 LOOM_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
   loom::comm::CommHold hold;
@@ -491,10 +517,12 @@ LOOM_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t
   if (!win) return fail(errorf(Code::kInvalidArgument, "ncclCommWindowRegister: win is NULL"));
   *win = nullptr;
   if (!buff && size > 0) {
-    return fail(errorf(Code::kInvalidArgument, "ncclCommWindowRegister: buff is NULL with size %zu", size));
+    return fail(
+        errorf(Code::kInvalidArgument, "ncclCommWindowRegister: buff is NULL with size %zu", size));
   }
   if (winFlags & ~NCCL_WIN_COLL_SYMMETRIC) {
-    return fail(errorf(Code::kInvalidArgument, "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags));
+    return fail(
+        errorf(Code::kInvalidArgument, "ncclCommWindowRegister: unknown winFlags 0x%x", winFlags));
   }
   auto h = comm->impl->registerBuffer(buff, size);
   if (!h) return fail(h.status().withContext("ncclCommWindowRegister"));
@@ -511,7 +539,8 @@ LOOM_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win
   st = comm->impl->deregisterBuffer(win);
   return st ? ncclSuccess : fail(st.withContext("ncclCommWindowDeregister"));
 }
-LOOM_API ncclResult_t pncclCommWindowDeregister(ncclComm_t, ncclWindow_t) LOOM_ALIAS(ncclCommWindowDeregister);
+LOOM_API ncclResult_t pncclCommWindowDeregister(ncclComm_t, ncclWindow_t)
+    LOOM_ALIAS(ncclCommWindowDeregister);
 
 LOOM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   if (!ptr) return fail(errorf(Code::kInvalidArgument, "ncclMemAlloc: ptr is NULL"));
@@ -519,12 +548,14 @@ LOOM_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   // host-memory communicators' buffers).
   if (loom::comm::currentDevice() >= 0) {
     *ptr = loom::comm::deviceAlloc(size);
-    if (!*ptr) return fail(errorf(Code::kCudaError, "ncclMemAlloc: cudaMalloc of %zu bytes failed", size));
+    if (!*ptr)
+      return fail(errorf(Code::kCudaError, "ncclMemAlloc: cudaMalloc of %zu bytes failed", size));
     return ncclSuccess;
   }
   size_t rounded = (size + 4095) / 4096 * 4096;
   *ptr = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
-  if (!*ptr) return fail(errorf(Code::kSystemError, "ncclMemAlloc: cannot allocate %zu bytes", size));
+  if (!*ptr)
+    return fail(errorf(Code::kSystemError, "ncclMemAlloc: cannot allocate %zu bytes", size));
   return ncclSuccess;
 }
 LOOM_API ncclResult_t pncclMemAlloc(void**, size_t) LOOM_ALIAS(ncclMemAlloc);
@@ -539,7 +570,8 @@ LOOM_API ncclResult_t ncclMemFree(void* ptr) {
 }
 LOOM_API ncclResult_t pncclMemFree(void*) LOOM_ALIAS(ncclMemFree);
 
-LOOM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+LOOM_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
+                                               ncclDataType_t datatype,
                                                ncclScalarResidence_t residence, ncclComm_t comm) {
   return guarded("ncclRedOpCreatePreMulSum", [&]() -> ncclResult_t {
     loom::comm::CommHold hold;
@@ -572,8 +604,8 @@ LOOM_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
 LOOM_API ncclResult_t pncclRedOpDestroy(ncclRedOp_t, ncclComm_t) LOOM_ALIAS(ncclRedOpDestroy);
 
 LOOM_API ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                 ncclDataType_t datatype, ncclRedOp_t op, int root,
-                                 ncclComm_t comm, cudaStream_t stream) {
+                                 ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                                 cudaStream_t stream) {
   return submit("ncclReduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream,
                 CollType::kReduce, true);
 }
@@ -631,16 +663,18 @@ LOOM_API ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t 
 LOOM_API ncclResult_t pncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
                                     cudaStream_t) LOOM_ALIAS(ncclAlltoAll);
 
-LOOM_API ncclResult_t ncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+LOOM_API ncclResult_t ncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                                 cudaStream_t) {
   return fail(errorf(Code::kInvalidUsage, "ncclGather is not implemented in loom yet"));
 }
-LOOM_API ncclResult_t pncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
-    LOOM_ALIAS(ncclGather);
-LOOM_API ncclResult_t ncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) {
+LOOM_API ncclResult_t pncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                                  cudaStream_t) LOOM_ALIAS(ncclGather);
+LOOM_API ncclResult_t ncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                                  cudaStream_t) {
   return fail(errorf(Code::kInvalidUsage, "ncclScatter is not implemented in loom yet"));
 }
-LOOM_API ncclResult_t pncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)
-    LOOM_ALIAS(ncclScatter);
+LOOM_API ncclResult_t pncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                                   cudaStream_t) LOOM_ALIAS(ncclScatter);
 
 namespace {
 ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t datatype, int peer,
@@ -649,7 +683,8 @@ ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t d
     loom::comm::CommHold hold;
     Status st = checkComm(fn, comm, &hold);
     if (st) st = checkType(fn, datatype);
-    if (st) st = checkBuffer(fn, isSend ? "sendbuff" : "recvbuff", buf, count, comm->impl->cudaDevice());
+    if (st)
+      st = checkBuffer(fn, isSend ? "sendbuff" : "recvbuff", buf, count, comm->impl->cudaDevice());
     if (st) st = checkBytes(fn, count, 1, loom::dataTypeSize(static_cast<DataType>(datatype)));
     if (!st) return fail(st);
     if (peer < 0 || peer >= comm->impl->nranks()) {
@@ -671,8 +706,8 @@ ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t d
 }
 }  // namespace
 
-LOOM_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                               ncclComm_t comm, cudaStream_t stream) {
+LOOM_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
+                               int peer, ncclComm_t comm, cudaStream_t stream) {
   return p2p("ncclSend", sendbuff, count, datatype, peer, comm, stream, true);
 }
 LOOM_API ncclResult_t pncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)

@@ -55,8 +55,8 @@ std::string describe(const ProgressReply& r, uint64_t askerEntered, bool withTim
     if (withTime) s += " for " + seconds(r.sinceMs);
     return s;
   }
-  std::string s = "not in a call; its last, " + call + " (count " + std::to_string(r.count) + "), " +
-                  (r.onDevice ? "was queued" : "returned");
+  std::string s = "not in a call; its last, " + call + " (count " + std::to_string(r.count) +
+                  "), " + (r.onDevice ? "was queued" : "returned");
   if (withTime) s.append(" ").append(seconds(r.sinceMs)).append(" ago");
   if (askerEntered > r.entered) s += ": it has not called #" + std::to_string(r.entered + 1);
   return s;
@@ -83,14 +83,16 @@ std::string ask(const SocketAddress& address, int self, const uint64_t secret[2]
   const Deadline deadline = Deadline::afterMs(deadlineMs);
   auto sock = Socket::connect(address, deadline, /*retryRefused=*/false);
   if (!sock) {
-    if (sock.status().code() == Code::kRemoteError) return "gone (its progress port refuses connections)";
+    if (sock.status().code() == Code::kRemoteError)
+      return "gone (its progress port refuses connections)";
     return "no answer within " + std::to_string(deadlineMs) + " ms (stopped, hung or cut off)";
   }
   Query q{kQueryMagic, {secret[0], secret[1]}, self, 0};
   ProgressReply r;
   if (!sock->sendAll(&q, sizeof(q), deadline) || !sock->recvAll(&r, sizeof(r), deadline)) {
-    return deadline.expired() ? "no answer within " + std::to_string(deadlineMs) + " ms (stopped, hung or cut off)"
-                              : "closed the connection without an answer (ending, or gone)";
+    return deadline.expired()
+               ? "no answer within " + std::to_string(deadlineMs) + " ms (stopped, hung or cut off)"
+               : "closed the connection without an answer (ending, or gone)";
   }
   if (r.magic != kReplyMagic) return "answered with something that is not a progress report";
   r.failure[sizeof(r.failure) - 1] = '\0';
@@ -160,7 +162,8 @@ ProgressServer::~ProgressServer() {
 }
 
 void ProgressServer::run() {
-  Arrivals arrivals(&listener_, sizeof(Query), kHelloMs, "progress port of rank " + std::to_string(rank_));
+  Arrivals arrivals(&listener_, sizeof(Query), kHelloMs,
+                    "progress port of rank " + std::to_string(rank_));
   while (true) {
     pollfd fds[2] = {{listener_.fd(), POLLIN, 0}, {stopFd_, POLLIN, 0}};
     // Connections that have not said their question yet are read by arrivals.poll(): look
@@ -183,14 +186,16 @@ void ProgressServer::run() {
       }
       const ProgressReply r = record_->snapshot(rank_);
       Status st = a.sock.sendAll(&r, sizeof(r), Deadline::afterMs(kHelloMs), "the asking rank");
-      if (!st) LOOM_INFO(kInit, "rank %d: progress port: answering rank %d: %s", rank_, q.asker, st.message().c_str());
+      if (!st)
+        LOOM_INFO(kInit, "rank %d: progress port: answering rank %d: %s", rank_, q.asker,
+                  st.message().c_str());
     }
   }
 }
 
-std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses, const std::vector<char>& whom,
-                             int self, const uint64_t secret[2], const ProgressReply& mine,
-                             int64_t deadlineMs) {
+std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses,
+                             const std::vector<char>& whom, int self, const uint64_t secret[2],
+                             const ProgressReply& mine, int64_t deadlineMs) {
   const int n = static_cast<int>(addresses.size());
   std::vector<std::string> said(n);
   std::vector<int> asked;
@@ -203,7 +208,8 @@ std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses, const 
     std::vector<std::thread> askers;
     for (size_t i = first; i < std::min(asked.size(), first + kBatch); ++i) {
       const int r = asked[i];
-      askers.emplace_back([&, r] { said[r] = ask(addresses[r], self, secret, mine.entered, deadlineMs); });
+      askers.emplace_back(
+          [&, r] { said[r] = ask(addresses[r], self, secret, mine.entered, deadlineMs); });
     }
     for (auto& t : askers) t.join();
   }
@@ -216,15 +222,16 @@ std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses, const 
       ++skipped;
       continue;
     }
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == said[r]; });
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == said[r]; });
     if (it == groups.end()) {
       groups.push_back({said[r], {r}});
     } else {
       it->second.push_back(r);
     }
   }
-  std::string out = "where the ranks are: rank " + std::to_string(self) + " (this one): " +
-                    describe(mine, 0, true);
+  std::string out = "where the ranks are: rank " + std::to_string(self) +
+                    " (this one): " + describe(mine, 0, true);
   for (const auto& [state, ranks] : groups) out += "; " + rankList(ranks) + ": " + state;
   if (skipped > 0) out += "; " + std::to_string(skipped) + " other rank(s) not asked";
   return out;

@@ -35,9 +35,9 @@ namespace loom::comm {
 struct ProgressReply {
   uint64_t magic = 0;
   int32_t rank = -1;
-  int32_t type = -1;        // collectives::CollType of the last call entered; -1: none yet
-  uint64_t entered = 0;     // sequence number of that call (1 = the first)
-  uint64_t returned = 0;    // the last call that returned (== entered: not in a call)
+  int32_t type = -1;      // collectives::CollType of the last call entered; -1: none yet
+  uint64_t entered = 0;   // sequence number of that call (1 = the first)
+  uint64_t returned = 0;  // the last call that returned (== entered: not in a call)
   uint64_t count = 0;
   int32_t root = -1;
   int32_t onDevice = 0;     // 1: GPU buffers (returned = queued on the stream)
@@ -93,9 +93,9 @@ constexpr int64_t kAnswerMs = 80;
 //    ranks 1, 3: in AllReduce #12 (count 1024); rank 2: not in a call; its last,
 //    AllReduce #11 (count 1024), returned: it has not called #12; rank 4: no answer
 //    within 80 ms (stopped, hung or cut off)"
-std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses, const std::vector<char>& whom,
-                             int self, const uint64_t secret[2], const ProgressReply& mine,
-                             int64_t deadlineMs);
+std::string askWhereRanksAre(const std::vector<SocketAddress>& addresses,
+                             const std::vector<char>& whom, int self, const uint64_t secret[2],
+                             const ProgressReply& mine, int64_t deadlineMs);
 
 // Whether `st` is a wait that ran out of time (LOOM_TIMEOUT_MS).
 bool isTimeout(const Status& st);

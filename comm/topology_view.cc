@@ -238,10 +238,11 @@ bool assignGpuRanks(const std::vector<std::vector<int>>& hosts,
         if (bus.empty()) {
           // The index names the same GPU only where CUDA and the topology count devices
           // alike (not under a CUDA_VISIBLE_DEVICES that reorders them): say so.
-          view.warnings.push_back(which + " reports no PCI bus id: matched to the topology's GPU " +
-                                  std::to_string(rec.cudaDev) +
-                                  " by its CUDA index, which is wrong if CUDA_VISIBLE_DEVICES reorders "
-                                  "the GPUs");
+          view.warnings.push_back(
+              which + " reports no PCI bus id: matched to the topology's GPU " +
+              std::to_string(rec.cudaDev) +
+              " by its CUDA index, which is wrong if CUDA_VISIBLE_DEVICES reorders "
+              "the GPUs");
         }
       }
     }

@@ -10,10 +10,10 @@ namespace loom::cuda {
 namespace {
 
 // Values from the CUDA driver API (cuda.h); declared here so no CUDA header is needed.
-constexpr int kAttrMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-constexpr int kAttrBufferId = 7;    // CU_POINTER_ATTRIBUTE_BUFFER_ID
-constexpr int kAttrIsManaged = 8;   // CU_POINTER_ATTRIBUTE_IS_MANAGED
-constexpr int kAttrLegacyIpc = 10;  // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+constexpr int kAttrMemoryType = 2;   // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kAttrBufferId = 7;     // CU_POINTER_ATTRIBUTE_BUFFER_ID
+constexpr int kAttrIsManaged = 8;    // CU_POINTER_ATTRIBUTE_IS_MANAGED
+constexpr int kAttrLegacyIpc = 10;   // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
 constexpr int kAttrRangeStart = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
 constexpr int kAttrRangeSize = 12;   // CU_POINTER_ATTRIBUTE_RANGE_SIZE
 constexpr unsigned kMemoryTypeDevice = 2;
@@ -31,7 +31,7 @@ using CuDeviceGetP2PAttribute = int (*)(int*, int, int, int);
 using CuStreamWriteValue64 = int (*)(void*, uintptr_t, uint64_t, unsigned);
 
 struct Driver {
-  CuPointerGetAttribute getAttribute = nullptr;  // null: no usable driver (see `error`)
+  CuPointerGetAttribute getAttribute = nullptr;    // null: no usable driver (see `error`)
   CuPointerGetAttributes getAttributes = nullptr;  // one call for both attributes
   CuDeviceGet deviceGet = nullptr;
   CuDeviceGetPCIBusId busId = nullptr;
@@ -123,7 +123,8 @@ bool allocationOf(const void* ptr, Allocation* out) {
   uintptr_t base = 0;
   size_t bytes = 0;
   int legacy = 0;
-  if (d.getAttribute(&base, kAttrRangeStart, p) != 0 || d.getAttribute(&bytes, kAttrRangeSize, p) != 0 ||
+  if (d.getAttribute(&base, kAttrRangeStart, p) != 0 ||
+      d.getAttribute(&bytes, kAttrRangeSize, p) != 0 ||
       d.getAttribute(&id, kAttrBufferId, p) != 0) {
     return false;
   }
@@ -138,7 +139,8 @@ bool allocationOf(const void* ptr, Allocation* out) {
 uint64_t bufferIdOf(const void* ptr) {
   const Driver& d = driver();
   unsigned long long id = 0;
-  if (!ptr || !d.getAttribute || d.getAttribute(&id, kAttrBufferId, reinterpret_cast<uintptr_t>(ptr)) != 0) {
+  if (!ptr || !d.getAttribute ||
+      d.getAttribute(&id, kAttrBufferId, reinterpret_cast<uintptr_t>(ptr)) != 0) {
     return 0;
   }
   return id;

@@ -229,12 +229,16 @@ struct ProdOp {
 // Max and min: common/minmax.h (one rule for host and device: NaN wins, -0 < +0).
 struct MaxOp {
   template <typename C>
-  C operator()(C a, C b) const { return maxOf(a, b); }
+  C operator()(C a, C b) const {
+    return maxOf(a, b);
+  }
 };
 
 struct MinOp {
   template <typename C>
-  C operator()(C a, C b) const { return minOf(a, b); }
+  C operator()(C a, C b) const {
+    return minOf(a, b);
+  }
 };
 
 // PreMulSum's multiply. `s` is the scalar in the element's arithmetic, already rounded

@@ -10,7 +10,10 @@
 namespace loom {
 
 Arrivals::Arrivals(Socket* listener, size_t helloBytes, int64_t perConnectionMs, std::string what)
-    : listener_(listener), helloBytes_(helloBytes), perConnectionMs_(perConnectionMs), what_(std::move(what)) {}
+    : listener_(listener),
+      helloBytes_(helloBytes),
+      perConnectionMs_(perConnectionMs),
+      what_(std::move(what)) {}
 
 Status Arrivals::takeNew() {
   while (true) {
@@ -51,7 +54,8 @@ std::optional<Arrival> Arrivals::advance() {
       if (now > p.deadline) why = "said no hello in time";
     }
     if (why) {
-      LOOM_WARN(kNet, "%s: dropped a connection from %s: it %s", what_.c_str(), p.from.c_str(), why);
+      LOOM_WARN(kNet, "%s: dropped a connection from %s: it %s", what_.c_str(), p.from.c_str(),
+                why);
       pending_.erase(pending_.begin() + i);
       continue;
     }

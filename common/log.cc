@@ -46,9 +46,9 @@ uint32_t parseSubsys(const std::string& v) {
   static const struct {
     const char* name;
     uint32_t bit;
-  } kNames[] = {{"INIT", kInit}, {"COLL", kColl},   {"P2P", kP2p},         {"SHM", kShm},
-                {"NET", kNet},   {"BOOTSTRAP", kBootstrap}, {"GRAPH", kGraph},
-                {"TUNING", kTuning}, {"ENV", kEnv}, {"ALLOC", kAlloc},     {"ALL", kAll}};
+  } kNames[] = {{"INIT", kInit}, {"COLL", kColl},           {"P2P", kP2p},     {"SHM", kShm},
+                {"NET", kNet},   {"BOOTSTRAP", kBootstrap}, {"GRAPH", kGraph}, {"TUNING", kTuning},
+                {"ENV", kEnv},   {"ALLOC", kAlloc},         {"ALL", kAll}};
   bool invert = !v.empty() && v[0] == '^';
   uint32_t mask = invert ? static_cast<uint32_t>(kAll) : 0u;
   size_t pos = invert ? 1 : 0;
@@ -69,11 +69,18 @@ std::string expandFileName(const std::string& pattern, const std::string& host) 
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size()) {
       char c = pattern[++i];
-      if (c == 'h') out += host;
-      else if (c == 'p') out += std::to_string(getpid());
-      else if (c == 'r') out += std::to_string(tlsRank);
-      else if (c == '%') out += '%';
-      else { out += '%'; out += c; }
+      if (c == 'h')
+        out += host;
+      else if (c == 'p')
+        out += std::to_string(getpid());
+      else if (c == 'r')
+        out += std::to_string(tlsRank);
+      else if (c == '%')
+        out += '%';
+      else {
+        out += '%';
+        out += c;
+      }
     } else {
       out += pattern[i];
     }
@@ -137,8 +144,8 @@ void write(Level level, uint32_t subsys, const char* file, int line, const char*
   std::lock_guard<std::mutex> lock(s.mutex);
   if (level == kTrace) {
     const char* base = std::strrchr(file, '/');
-    std::fprintf(s.out, "%s:%d:%ld [%d] loom %s %s:%d %s\n", s.host.c_str(), getpid(), tid,
-                 tlsRank, levelName(level), base ? base + 1 : file, line, msg);
+    std::fprintf(s.out, "%s:%d:%ld [%d] loom %s %s:%d %s\n", s.host.c_str(), getpid(), tid, tlsRank,
+                 levelName(level), base ? base + 1 : file, line, msg);
   } else {
     std::fprintf(s.out, "%s:%d:%ld [%d] loom %s %s\n", s.host.c_str(), getpid(), tid, tlsRank,
                  levelName(level), msg);
@@ -152,7 +159,11 @@ void reload() {
   s.subsys = parseSubsys(settings::get(settings::kDebugSubsys));
 }
 
-RankScope::RankScope(int rank) : previous_(tlsRank) { tlsRank = rank; }
-RankScope::~RankScope() { tlsRank = previous_; }
+RankScope::RankScope(int rank) : previous_(tlsRank) {
+  tlsRank = rank;
+}
+RankScope::~RankScope() {
+  tlsRank = previous_;
+}
 
 }  // namespace loom::log

@@ -44,11 +44,11 @@ class RankScope {
 
 }  // namespace loom::log
 
-#define LOOM_LOG(level, subsys, ...)                                              \
-  do {                                                                            \
-    if (::loom::log::enabled(level, ::loom::log::subsys)) {                       \
+#define LOOM_LOG(level, subsys, ...)                                                   \
+  do {                                                                                 \
+    if (::loom::log::enabled(level, ::loom::log::subsys)) {                            \
       ::loom::log::write(level, ::loom::log::subsys, __FILE__, __LINE__, __VA_ARGS__); \
-    }                                                                             \
+    }                                                                                  \
   } while (0)
 #define LOOM_WARN(subsys, ...) LOOM_LOG(::loom::log::kWarn, subsys, __VA_ARGS__)
 #define LOOM_INFO(subsys, ...) LOOM_LOG(::loom::log::kInfo, subsys, __VA_ARGS__)

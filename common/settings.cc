@@ -65,7 +65,9 @@ void warnOnce(const std::string& name, const std::string& text) {
 
 }  // namespace
 
-const std::vector<Definition>& all() { return kDefinitions; }
+const std::vector<Definition>& all() {
+  return kDefinitions;
+}
 
 namespace {
 
@@ -127,8 +129,10 @@ bool getBool(const char* name) {
   // Not a yes or a no: the default, never a value the user did not ask for.
   const Definition* def = find(name);
   const bool dflt = def && parseBool(def->defaultValue) == 1;
-  warnOnce(name, std::string(source) + "='" + text + "' is not a yes or a no (1/0, true/false, "
-                 "yes/no, on/off); using the default, " + (dflt ? "1" : "0"));
+  warnOnce(name, std::string(source) + "='" + text +
+                     "' is not a yes or a no (1/0, true/false, "
+                     "yes/no, on/off); using the default, " +
+                     (dflt ? "1" : "0"));
   return dflt;
 }
 
@@ -138,8 +142,8 @@ Amount getAmount(const char* name, bool size) {
   auto [text, source] = raw(name);
   if (auto v = parseAmount(text, words, size)) return *v;
   const char* dflt = def ? def->defaultValue : "0";
-  warnOnce(name, std::string(source) + "='" + text + "' is not " + syntaxOf(*def) + "; using the default, " +
-                     dflt);
+  warnOnce(name, std::string(source) + "='" + text + "' is not " + syntaxOf(*def) +
+                     "; using the default, " + dflt);
   // The defaults parse (Settings.EveryDefaultParses).
   return parseAmount(dflt, words, size).value_or(Amount{});
 }
@@ -155,7 +159,9 @@ std::string getChoice(const char* name) {
   return dflt;
 }
 
-std::string getString(const char* name) { return raw(name).first; }
+std::string getString(const char* name) {
+  return raw(name).first;
+}
 
 // "64M" where the number is a whole count of KiB, MiB, GiB or TiB.
 std::string sizeText(uint64_t v) {
@@ -243,22 +249,38 @@ std::string syntaxOf(const Definition& d) {
   return "";
 }
 
-int64_t get(IntSetting s) { return getInt(s.name); }
-Amount get(CountSetting s) { return getAmount(s.name, false); }
-Amount get(SizeSetting s) { return getAmount(s.name, true); }
-bool get(BoolSetting s) { return getBool(s.name); }
-std::string get(ChoiceSetting s) { return getChoice(s.name); }
+int64_t get(IntSetting s) {
+  return getInt(s.name);
+}
+Amount get(CountSetting s) {
+  return getAmount(s.name, false);
+}
+Amount get(SizeSetting s) {
+  return getAmount(s.name, true);
+}
+bool get(BoolSetting s) {
+  return getBool(s.name);
+}
+std::string get(ChoiceSetting s) {
+  return getChoice(s.name);
+}
 std::optional<std::string> tryGet(ChoiceSetting s) {
   const Definition* def = find(s.name);
   return parseChoice(raw(s.name).first, def ? def->words : "");
 }
-std::string get(StringSetting s) { return getString(s.name); }
+std::string get(StringSetting s) {
+  return getString(s.name);
+}
 
 namespace detail {
-std::string sourceOf(const char* name) { return raw(name).second; }
+std::string sourceOf(const char* name) {
+  return raw(name).second;
+}
 }  // namespace detail
 
-std::string sourceOf(const Definition& d) { return raw(d.name).second; }
+std::string sourceOf(const Definition& d) {
+  return raw(d.name).second;
+}
 
 std::string valueText(const Definition& d) {
   switch (d.type) {

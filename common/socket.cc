@@ -65,8 +65,7 @@ Result<SocketAddress> SocketAddress::parse(const std::string& text) {
     host = text.substr(1, close - 1);
     if (close + 1 < text.size()) {
       if (text[close + 1] != ':') {
-        return errorf(Code::kInvalidArgument, "address '%s': expected ':' after ']'",
-                      text.c_str());
+        return errorf(Code::kInvalidArgument, "address '%s': expected ':' after ']'", text.c_str());
       }
       port = text.substr(close + 2);
     }
@@ -91,8 +90,8 @@ Result<SocketAddress> SocketAddress::parse(const std::string& text) {
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
   if (rc != 0 || !res) {
-    return errorf(Code::kInvalidArgument, "address '%s': cannot resolve '%s': %s",
-                  text.c_str(), host.c_str(), gai_strerror(rc));
+    return errorf(Code::kInvalidArgument, "address '%s': cannot resolve '%s': %s", text.c_str(),
+                  host.c_str(), gai_strerror(rc));
   }
   SocketAddress a;
   std::memcpy(&a.u, res->ai_addr, std::min<size_t>(res->ai_addrlen, sizeof(a.u)));
@@ -130,8 +129,7 @@ bool matchInterface(const std::string& filter, const std::string& name) {
 
 namespace {
 bool isVirtualDefaultExcluded(const std::string& name) {
-  return name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0 ||
-         name.rfind("br-", 0) == 0;
+  return name.rfind("docker", 0) == 0 || name.rfind("virbr", 0) == 0 || name.rfind("br-", 0) == 0;
 }
 }  // namespace
 
@@ -255,12 +253,14 @@ Result<Socket> Socket::listen(const SocketAddress& address, int backlog) {
   if (::bind(fd, &address.u.sa, address.length()) != 0) {
     return sysError(errno, "bind to %s", address.toString().c_str());
   }
-  if (::listen(fd, backlog) != 0) return sysError(errno, "listen on %s", address.toString().c_str());
+  if (::listen(fd, backlog) != 0)
+    return sysError(errno, "listen on %s", address.toString().c_str());
   LOOM_TRY(s.setNonBlocking(true));
   return s;
 }
 
-Result<Socket> Socket::connect(const SocketAddress& address, const Deadline& deadline, bool retryRefused) {
+Result<Socket> Socket::connect(const SocketAddress& address, const Deadline& deadline,
+                               bool retryRefused) {
   int backoffMs = 1;
   while (true) {
     int fd = ::socket(address.u.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -274,8 +274,8 @@ Result<Socket> Socket::connect(const SocketAddress& address, const Deadline& dea
         int prc = ::poll(&p, 1, std::min(deadline.remainingMs(100), 100));
         if (prc > 0) break;
         if (prc < 0 && errno != EINTR) return sysError(errno, "poll while connecting");
-        if (deadline.aborted()) return errorf(Code::kSystemError, "connect to %s aborted",
-                                              address.toString().c_str());
+        if (deadline.aborted())
+          return errorf(Code::kSystemError, "connect to %s aborted", address.toString().c_str());
         if (deadline.expired()) {
           return errorf(Code::kSystemError, "connect to %s timed out after %lld ms",
                         address.toString().c_str(), (long long)deadline.totalMs());
@@ -299,8 +299,8 @@ Result<Socket> Socket::connect(const SocketAddress& address, const Deadline& dea
       return errorf(Code::kSystemError, "connect to %s aborted", address.toString().c_str());
     }
     if (deadline.expired()) {
-      return sysError(err, "connect to %s: still failing after %lld ms",
-                      address.toString().c_str(), (long long)deadline.totalMs());
+      return sysError(err, "connect to %s: still failing after %lld ms", address.toString().c_str(),
+                      (long long)deadline.totalMs());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
     backoffMs = std::min(backoffMs * 2, 100);
@@ -375,8 +375,8 @@ Status waitFd(int fd, short events, const Deadline& deadline, const char* verb, 
     return errorf(Code::kSystemError, "%s %s aborted", verb, what);
   }
   if (deadline.expired()) {
-    return errorf(Code::kSystemError, "%s %s timed out after %lld ms (%zu of %zu bytes done)",
-                  verb, what, (long long)deadline.totalMs(), done, total);
+    return errorf(Code::kSystemError, "%s %s timed out after %lld ms (%zu of %zu bytes done)", verb,
+                  what, (long long)deadline.totalMs(), done, total);
   }
   pollfd p{fd, events, 0};
   ::poll(&p, 1, std::min(deadline.remainingMs(100), 100));
@@ -384,8 +384,7 @@ Status waitFd(int fd, short events, const Deadline& deadline, const char* verb, 
 }
 }  // namespace
 
-Status Socket::sendAll(const void* data, size_t bytes, const Deadline& deadline,
-                       const char* what) {
+Status Socket::sendAll(const void* data, size_t bytes, const Deadline& deadline, const char* what) {
   const char* p = static_cast<const char*>(data);
   size_t done = 0;
   while (done < bytes) {

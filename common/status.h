@@ -59,7 +59,7 @@ Status sysError(int errnum, const char* fmt, ...) __attribute__((format(printf, 
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {}  // NOLINT
   bool isOk() const { return status_.isOk(); }
   explicit operator bool() const { return isOk(); }
@@ -82,9 +82,9 @@ class [[nodiscard]] Result {
 #define LOOM_CONCAT(a, b) LOOM_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function when it is an error.
-#define LOOM_TRY(expr)                            \
-  do {                                            \
-    ::loom::Status loom_try_status_ = (expr);     \
+#define LOOM_TRY(expr)                                     \
+  do {                                                     \
+    ::loom::Status loom_try_status_ = (expr);              \
     if (!loom_try_status_.isOk()) return loom_try_status_; \
   } while (0)
 

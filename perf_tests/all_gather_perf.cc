@@ -23,7 +23,16 @@ ncclResult_t run(const RunArgs& a) {
 }  // namespace
 
 const CollectiveSpec kAllGatherSpec = {
-    "all_gather_perf", "AllGather", /*hasOp=*/false, /*hasRoot=*/false, /*checkInPlace=*/true,
-    counts, factorRanks, factorRing, expect, run};
+    .program = "all_gather_perf",
+    .name = "AllGather",
+    .hasOp = false,
+    .hasRoot = false,
+    .checkInPlace = true,
+    .counts = counts,
+    .algFactor = factorRanks,
+    .busFactor = factorRing,
+    .expect = expect,
+    .run = run,
+};
 
 }  // namespace loom::perf

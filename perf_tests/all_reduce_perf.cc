@@ -4,9 +4,13 @@
 namespace loom::perf {
 namespace {
 
-CollCounts counts(size_t count, int) { return {count, count, count, 0, 0}; }
+CollCounts counts(size_t count, int) {
+  return {count, count, count, 0, 0};
+}
 
-Source expect(const RankLayout&, size_t j) { return Source::reduce(j); }
+Source expect(const RankLayout&, size_t j) {
+  return Source::reduce(j);
+}
 
 ncclResult_t run(const RunArgs& a) {
   return a.nccl->allReduce(a.sendbuff, a.recvbuff, a.count, a.type, a.op, a.comm, a.stream);
@@ -15,7 +19,16 @@ ncclResult_t run(const RunArgs& a) {
 }  // namespace
 
 const CollectiveSpec kAllReduceSpec = {
-    "all_reduce_perf", "AllReduce", /*hasOp=*/true, /*hasRoot=*/false, /*checkInPlace=*/true,
-    counts, factorOne, factorAllReduce, expect, run};
+    .program = "all_reduce_perf",
+    .name = "AllReduce",
+    .hasOp = true,
+    .hasRoot = false,
+    .checkInPlace = true,
+    .counts = counts,
+    .algFactor = factorOne,
+    .busFactor = factorAllReduce,
+    .expect = expect,
+    .run = run,
+};
 
 }  // namespace loom::perf

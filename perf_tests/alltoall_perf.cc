@@ -46,7 +46,16 @@ ncclResult_t run(const RunArgs& a) {
 }  // namespace
 
 const CollectiveSpec kAllToAllSpec = {
-    "alltoall_perf", "AlltoAll", /*hasOp=*/false, /*hasRoot=*/false, /*checkInPlace=*/false,
-    counts, factorRanks, factorRing, expect, run};
+    .program = "alltoall_perf",
+    .name = "AlltoAll",
+    .hasOp = false,
+    .hasRoot = false,
+    .checkInPlace = false,
+    .counts = counts,
+    .algFactor = factorRanks,
+    .busFactor = factorRing,
+    .expect = expect,
+    .run = run,
+};
 
 }  // namespace loom::perf

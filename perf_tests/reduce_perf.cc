@@ -5,7 +5,9 @@
 namespace loom::perf {
 namespace {
 
-CollCounts counts(size_t count, int) { return {count, count, count, 0, 0}; }
+CollCounts counts(size_t count, int) {
+  return {count, count, count, 0, 0};
+}
 
 Source expect(const RankLayout& l, size_t j) {
   return l.rank == l.root ? Source::reduce(j) : Source::unchecked();
@@ -18,7 +20,16 @@ ncclResult_t run(const RunArgs& a) {
 }  // namespace
 
 const CollectiveSpec kReduceSpec = {
-    "reduce_perf", "Reduce", /*hasOp=*/true, /*hasRoot=*/true, /*checkInPlace=*/true,
-    counts, factorOne, factorOne, expect, run};
+    .program = "reduce_perf",
+    .name = "Reduce",
+    .hasOp = true,
+    .hasRoot = true,
+    .checkInPlace = true,
+    .counts = counts,
+    .algFactor = factorOne,
+    .busFactor = factorOne,
+    .expect = expect,
+    .run = run,
+};
 
 }  // namespace loom::perf

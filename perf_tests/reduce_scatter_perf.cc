@@ -22,7 +22,16 @@ ncclResult_t run(const RunArgs& a) {
 }  // namespace
 
 const CollectiveSpec kReduceScatterSpec = {
-    "reduce_scatter_perf", "ReduceScatter", /*hasOp=*/true, /*hasRoot=*/false,
-    /*checkInPlace=*/true, counts, factorRanks, factorRing, expect, run};
+    .program = "reduce_scatter_perf",
+    .name = "ReduceScatter",
+    .hasOp = true,
+    .hasRoot = false,
+    .checkInPlace = true,
+    .counts = counts,
+    .algFactor = factorRanks,
+    .busFactor = factorRing,
+    .expect = expect,
+    .run = run,
+};
 
 }  // namespace loom::perf

@@ -5,7 +5,9 @@
 namespace loom::perf {
 namespace {
 
-CollCounts counts(size_t count, int) { return {count, count, count, 0, 0}; }
+CollCounts counts(size_t count, int) {
+  return {count, count, count, 0, 0};
+}
 
 Source expect(const RankLayout& l, size_t j) {
   return Source::copy((l.rank - 1 + l.nranks) % l.nranks, j);
@@ -26,7 +28,16 @@ ncclResult_t run(const RunArgs& a) {
 }  // namespace
 
 const CollectiveSpec kSendRecvSpec = {
-    "sendrecv_perf", "SendRecv", /*hasOp=*/false, /*hasRoot=*/false, /*checkInPlace=*/true,
-    counts, factorOne, factorOne, expect, run};
+    .program = "sendrecv_perf",
+    .name = "SendRecv",
+    .hasOp = false,
+    .hasRoot = false,
+    .checkInPlace = true,
+    .counts = counts,
+    .algFactor = factorOne,
+    .busFactor = factorOne,
+    .expect = expect,
+    .run = run,
+};
 
 }  // namespace loom::perf

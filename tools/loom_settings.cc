@@ -43,8 +43,7 @@ void table(Use use) {
     std::string alias;
     if (d.ncclAlias) alias.append("`").append(d.ncclAlias).append("`");
     std::printf("| `%s` | %s | %s | %s | %s |\n", d.name, alias.c_str(),
-                cell(loom::settings::syntaxOf(d)).c_str(), def.c_str(),
-                cell(d.doc).c_str());
+                cell(loom::settings::syntaxOf(d)).c_str(), def.c_str(), cell(d.doc).c_str());
   }
 }
 

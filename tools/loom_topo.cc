@@ -27,15 +27,19 @@ struct Args {
 };
 
 void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: loom-topo [--topo-file FILE | --sysfs-root DIR] [--format matrix|xml|json]\n"
-               "                 [--nodes N] [--record DIR] [--bench]\n"
-               "  --topo-file FILE   load a topology XML (NCCL's NCCL_TOPO_DUMP_FILE format) instead of detecting\n"
-               "  --sysfs-root DIR   detect against a recorded tree (DIR/sys, DIR/proc, DIR/loom/nvml.json)\n"
-               "  --format F         matrix (default, like nvidia-smi topo -m), xml, or json\n"
-               "  --nodes N          show the cross-host rings and trees for N hosts like this one\n"
-               "  --record DIR       copy what detection reads from this machine into DIR (for bug reports)\n"
-               "  --bench            time detection, path computation and the search\n");
+  std::fprintf(
+      out,
+      "usage: loom-topo [--topo-file FILE | --sysfs-root DIR] [--format matrix|xml|json]\n"
+      "                 [--nodes N] [--record DIR] [--bench]\n"
+      "  --topo-file FILE   load a topology XML (NCCL's NCCL_TOPO_DUMP_FILE format) instead of "
+      "detecting\n"
+      "  --sysfs-root DIR   detect against a recorded tree (DIR/sys, DIR/proc, "
+      "DIR/loom/nvml.json)\n"
+      "  --format F         matrix (default, like nvidia-smi topo -m), xml, or json\n"
+      "  --nodes N          show the cross-host rings and trees for N hosts like this one\n"
+      "  --record DIR       copy what detection reads from this machine into DIR (for bug "
+      "reports)\n"
+      "  --bench            time detection, path computation and the search\n");
 }
 
 bool parseArgs(int argc, char** argv, Args& a) {
@@ -57,7 +61,8 @@ bool parseArgs(int argc, char** argv, Args& a) {
     } else if (arg == "--format") {
       if (!value(a.format)) return false;
       if (a.format != "matrix" && a.format != "xml" && a.format != "json") {
-        std::fprintf(stderr, "loom-topo: --format wants matrix, xml or json, not '%s'\n", a.format.c_str());
+        std::fprintf(stderr, "loom-topo: --format wants matrix, xml or json, not '%s'\n",
+                     a.format.c_str());
         return false;
       }
     } else if (arg == "--nodes") {
@@ -65,7 +70,8 @@ bool parseArgs(int argc, char** argv, Args& a) {
       char* end = nullptr;
       long n = std::strtol(v.c_str(), &end, 10);
       if (*end != '\0' || n < 1 || n > 100000) {
-        std::fprintf(stderr, "loom-topo: --nodes wants a number from 1 to 100000, not '%s'\n", v.c_str());
+        std::fprintf(stderr, "loom-topo: --nodes wants a number from 1 to 100000, not '%s'\n",
+                     v.c_str());
         return false;
       }
       a.nodes = static_cast<int>(n);
@@ -105,7 +111,8 @@ loom::Result<topo::System> load(const Args& a, bool quiet) {
 
 std::string ranksText(const std::vector<int>& ranks) {
   std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) out.append(i ? " " : "").append(std::to_string(ranks[i]));
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out.append(i ? " " : "").append(std::to_string(ranks[i]));
   return out;
 }
 
@@ -121,9 +128,10 @@ void printGraphs(const topo::Rings& rings, const topo::Trees& trees, int nodes) 
   std::printf("\nTrees (%zu channels; parent of each rank, -1 = root):\n", trees.channels.size());
   for (size_t c = 0; c < trees.channels.size(); ++c) {
     const auto& t = trees.channels[c];
-    std::printf("  %2zu: root %d%s, parents %s\n", c, t.root,
-                nodes > 1 ? (t.crossHostTree ? " (cross-host tree 1)" : " (cross-host tree 0)") : "",
-                t.parent.size() <= 64 ? ranksText(t.parent).c_str() : "(long; use --format json)");
+    std::printf(
+        "  %2zu: root %d%s, parents %s\n", c, t.root,
+        nodes > 1 ? (t.crossHostTree ? " (cross-host tree 1)" : " (cross-host tree 0)") : "",
+        t.parent.size() <= 64 ? ranksText(t.parent).c_str() : "(long; use --format json)");
   }
 }
 
@@ -155,9 +163,11 @@ int bench(const Args& a) {
     searchMs += msSince(t0);
     system = std::move(*s);
   }
-  std::printf("host (%d GPUs, %d NICs): load/detect %.2f ms, graph+paths %.2f ms, rings+trees %.2f ms "
-              "(mean of %d)\n",
-              topo::gpuCount(system), topo::netCount(system), detectMs / reps, graphMs / reps, searchMs / reps, reps);
+  std::printf(
+      "host (%d GPUs, %d NICs): load/detect %.2f ms, graph+paths %.2f ms, rings+trees %.2f ms "
+      "(mean of %d)\n",
+      topo::gpuCount(system), topo::netCount(system), detectMs / reps, graphMs / reps,
+      searchMs / reps, reps);
   const int hosts = a.nodes > 1 ? a.nodes : 1024;
   topo::ClusterView cluster = topo::replicateHost(system, hosts);
   auto t0 = clock::now();
@@ -169,8 +179,8 @@ int bench(const Args& a) {
                  (!rings ? rings.status() : trees.status()).message().c_str());
     return 1;
   }
-  std::printf("cluster of %d hosts: rings+trees %.1f ms (%zu ring channels, %zu tree channels)\n", hosts,
-              clusterMs, rings->channels.size(), trees->channels.size());
+  std::printf("cluster of %d hosts: rings+trees %.1f ms (%zu ring channels, %zu tree channels)\n",
+              hosts, clusterMs, rings->channels.size(), trees->channels.size());
   return 0;
 }
 
@@ -185,8 +195,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "loom-topo: %s\n", s.message().c_str());
       return 1;
     }
-    std::printf("recorded this machine into %s (detect from it with --sysfs-root %s)\n", a.record.c_str(),
-                a.record.c_str());
+    std::printf("recorded this machine into %s (detect from it with --sysfs-root %s)\n",
+                a.record.c_str(), a.record.c_str());
     return 0;
   }
   if (a.bench) return bench(a);
@@ -201,11 +211,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "loom-topo: %s\n", graph.status().message().c_str());
     return 1;
   }
-  topo::ClusterView cluster = a.nodes > 1 ? topo::replicateHost(*system, a.nodes) : topo::ClusterView{{*system}};
+  topo::ClusterView cluster =
+      a.nodes > 1 ? topo::replicateHost(*system, a.nodes) : topo::ClusterView{{*system}};
   auto rings = topo::searchRings(cluster);
   auto trees = topo::searchTrees(cluster);
   if (!rings || !trees) {
-    std::fprintf(stderr, "loom-topo: search failed: %s\n", (!rings ? rings.status() : trees.status()).message().c_str());
+    std::fprintf(stderr, "loom-topo: search failed: %s\n",
+                 (!rings ? rings.status() : trees.status()).message().c_str());
     return 1;
   }
   if (a.format == "xml") {

@@ -66,9 +66,10 @@ class Recorder {
     std::string real = fs::canonical(path, ec).string();
     if (ec) return;
     link(path, real);
-    for (fs::path p = real; p.string().rfind("/sys/devices/pci", 0) == 0 && p.has_filename(); p = p.parent_path()) {
-      for (const char* f : {"class", "vendor", "device", "subsystem_vendor", "subsystem_device", "max_link_speed",
-                            "max_link_width", "numa_node"}) {
+    for (fs::path p = real; p.string().rfind("/sys/devices/pci", 0) == 0 && p.has_filename();
+         p = p.parent_path()) {
+      for (const char* f : {"class", "vendor", "device", "subsystem_vendor", "subsystem_device",
+                            "max_link_speed", "max_link_width", "numa_node"}) {
         copyFile(p.string() + "/" + f);
       }
     }
@@ -101,7 +102,8 @@ std::string trim(std::string s) {
 Status recordMachine(const std::string& dirArg) {
   std::error_code ec;
   fs::create_directories(dirArg, ec);
-  if (ec) return errorf(Code::kSystemError, "cannot create %s: %s", dirArg.c_str(), ec.message().c_str());
+  if (ec)
+    return errorf(Code::kSystemError, "cannot create %s: %s", dirArg.c_str(), ec.message().c_str());
   std::string root = fs::canonical(dirArg, ec).string();
   Recorder r(root);
 
@@ -112,7 +114,8 @@ Status recordMachine(const std::string& dirArg) {
   r.copyFile("/sys/devices/system/cpu/online");
   for (const auto& e : fs::directory_iterator("/sys/devices/system/node", ec)) {
     std::string name = e.path().filename().string();
-    if (name.rfind("node", 0) == 0 && name.size() > 4 && std::isdigit(static_cast<unsigned char>(name[4]))) {
+    if (name.rfind("node", 0) == 0 && name.size() > 4 &&
+        std::isdigit(static_cast<unsigned char>(name[4]))) {
       r.copyFile(e.path().string() + "/cpumap");
     }
   }
@@ -125,7 +128,8 @@ Status recordMachine(const std::string& dirArg) {
     std::string bdf = e.path().filename().string();
     std::string cls = trim(readLive(e.path().string() + "/class"));
     std::string vendor = trim(readLive(e.path().string() + "/vendor"));
-    if (vendor == "0x10de" && (cls.rfind("0x03", 0) == 0 || cls.rfind("0x0680", 0) == 0)) r.pciDevice(bdf);
+    if (vendor == "0x10de" && (cls.rfind("0x03", 0) == 0 || cls.rfind("0x0680", 0) == 0))
+      r.pciDevice(bdf);
   }
   r.dir("/sys/class/infiniband");
   for (const auto& e : fs::directory_iterator("/sys/class/infiniband", ec)) {
@@ -162,7 +166,8 @@ Status recordMachine(const std::string& dirArg) {
     if (!ec) {
       r.link(d + "/device", dev);
       // The PCI function may sit above the device (virtio: .../0000:00:03.0/virtio2).
-      for (fs::path p = dev; dev.rfind("/sys/devices/pci", 0) == 0 && p.has_filename(); p = p.parent_path()) {
+      for (fs::path p = dev; dev.rfind("/sys/devices/pci", 0) == 0 && p.has_filename();
+           p = p.parent_path()) {
         std::string name = p.filename().string();
         if (name.size() == 12 && name[4] == ':' && name[7] == ':' && name[10] == '.') {
           r.pciDevice(name);

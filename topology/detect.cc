@@ -64,20 +64,23 @@ Result<PciNode*> PciTreeBuilder::insert(const std::string& busId) {
   for (size_t i = 1; i + 1 < chain.size(); i += 2) kept.push_back(chain[i]);
   kept.push_back(busId);
 
-  int numa = std::atoi(reader_.readTrimmed("/sys/bus/pci/devices/" + busId + "/numa_node", "-1").c_str());
+  int numa =
+      std::atoi(reader_.readTrimmed("/sys/bus/pci/devices/" + busId + "/numa_node", "-1").c_str());
   Cpu* cpu = nullptr;
   for (Cpu& c : system_.cpus)
     if (c.numaId == numa) cpu = &c;
   if (!cpu) {
-    warnings_.add("numa-device", "PCI devices report no usable NUMA node (numa_node " + std::to_string(numa) +
-                                     " for " + busId + "); attaching them to NUMA node " +
+    warnings_.add("numa-device", "PCI devices report no usable NUMA node (numa_node " +
+                                     std::to_string(numa) + " for " + busId +
+                                     "); attaching them to NUMA node " +
                                      std::to_string(system_.cpus.front().numaId));
     cpu = &system_.cpus.front();
   }
   std::vector<PciNode>* level = &cpu->pcis;
   PciNode* node = nullptr;
   for (const std::string& bus : kept) {
-    auto it = std::find_if(level->begin(), level->end(), [&](const PciNode& p) { return p.busId == bus; });
+    auto it = std::find_if(level->begin(), level->end(),
+                           [&](const PciNode& p) { return p.busId == bus; });
     if (it == level->end()) {
       level->push_back(describe(bus));
       it = level->end() - 1;
@@ -158,8 +161,10 @@ const char* compiledArch() {
 }
 
 void detectCpus(const Reader& reader, System& system, Warnings& warnings) {
-  std::string cpuinfo = reader.readFile("/proc/cpuinfo").isOk() ? reader.readFile("/proc/cpuinfo").value() : "";
-  if (cpuinfo.empty()) warnings.add("cpuinfo", "cannot read /proc/cpuinfo: CPU vendor and model unknown");
+  std::string cpuinfo =
+      reader.readFile("/proc/cpuinfo").isOk() ? reader.readFile("/proc/cpuinfo").value() : "";
+  if (cpuinfo.empty())
+    warnings.add("cpuinfo", "cannot read /proc/cpuinfo: CPU vendor and model unknown");
   Cpu proto;
   proto.arch = reader.readTrimmed("/proc/sys/kernel/arch", "");
   if (proto.arch.empty()) proto.arch = reader.isLive() ? compiledArch() : "x86_64";
@@ -183,11 +188,14 @@ void detectCpus(const Reader& reader, System& system, Warnings& warnings) {
   for (int id : ids) {
     Cpu cpu = proto;
     cpu.numaId = id;
-    cpu.affinity = reader.readTrimmed("/sys/devices/system/node/node" + std::to_string(id) + "/cpumap");
+    cpu.affinity =
+        reader.readTrimmed("/sys/devices/system/node/node" + std::to_string(id) + "/cpumap");
     system.cpus.push_back(std::move(cpu));
   }
   if (system.cpus.empty()) {
-    warnings.add("numa", "no NUMA information (/sys/devices/system/node missing): one CPU node with unknown NUMA id");
+    warnings.add("numa",
+                 "no NUMA information (/sys/devices/system/node missing): one CPU node with "
+                 "unknown NUMA id");
     Cpu cpu = proto;
     cpu.affinity = maskFromList(reader.readTrimmed("/sys/devices/system/cpu/online"));
     system.cpus.push_back(std::move(cpu));
@@ -285,7 +293,8 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
   }
   for (const GpuRecord& r : records) {
     if (std::find(busIds.begin(), busIds.end(), r.busId) == busIds.end()) {
-      warnings.add("nvml-only", "GPU " + r.busId + " is known to NVML but not in sysfs; placing it under CPU " +
+      warnings.add("nvml-only", "GPU " + r.busId +
+                                    " is known to NVML but not in sysfs; placing it under CPU " +
                                     std::to_string(system.cpus.front().numaId));
       busIds.push_back(r.busId);
     }
@@ -293,9 +302,10 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
   std::sort(busIds.begin(), busIds.end());
   const bool gdr = gpuDirectRdma(reader);
   for (size_t i = 0; i < busIds.size(); ++i) {
-    LOOM_ASSIGN_OR_RETURN(PciNode* node, tree.insert(busIds[i]));
+    LOOM_ASSIGN_OR_RETURN(PciNode * node, tree.insert(busIds[i]));
     Gpu gpu;
-    auto rec = std::find_if(records.begin(), records.end(), [&](const GpuRecord& r) { return r.busId == busIds[i]; });
+    auto rec = std::find_if(records.begin(), records.end(),
+                            [&](const GpuRecord& r) { return r.busId == busIds[i]; });
     if (rec != records.end()) {
       gpu.dev = rec->index;
       gpu.sm = rec->sm;
@@ -310,7 +320,8 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
           case NvLinkPeer::kCpu: link.targetClass = kClassCpu; break;
           case NvLinkPeer::kGpu:
           case NvLinkPeer::kUnknown: {
-            std::string cls = reader.readTrimmed("/sys/bus/pci/devices/" + l.remoteBusId + "/class");
+            std::string cls =
+                reader.readTrimmed("/sys/bus/pci/devices/" + l.remoteBusId + "/class");
             link.targetClass = !cls.empty() ? cls : (l.peer == NvLinkPeer::kGpu ? kClassGpu3d : "");
             break;
           }
@@ -329,7 +340,9 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
   }
   if (answered) reportP2p(busIds, records, *source, warnings);
   if (!busIds.empty() && !gdr) {
-    warnings.add("gdr", "GPUDirect RDMA unavailable (no nvidia_peermem module): GPU-NIC traffic goes through host memory");
+    warnings.add("gdr",
+                 "GPUDirect RDMA unavailable (no nvidia_peermem module): GPU-NIC traffic goes "
+                 "through host memory");
   }
   return Status::ok();
 }
@@ -338,11 +351,12 @@ Status detectGpus(const Reader& reader, const DetectOptions& options, detail::Pc
 
 int smFromDeviceId(const std::string& deviceId) {
   static const std::map<std::string, int> kTable = {
-      {"0x15f8", 60}, {"0x15f9", 60}, {"0x1db1", 70}, {"0x1db4", 70}, {"0x1db5", 70}, {"0x1db6", 70},
-      {"0x20b0", 80}, {"0x20b2", 80}, {"0x20b3", 80}, {"0x20b5", 80}, {"0x20f1", 80}, {"0x20f3", 80},
-      {"0x2230", 86}, {"0x2235", 86}, {"0x26b5", 89}, {"0x26b9", 89}, {"0x27b8", 89}, {"0x2321", 90},
-      {"0x2324", 90}, {"0x2330", 90}, {"0x2331", 90}, {"0x2335", 90}, {"0x2339", 90}, {"0x233a", 90},
-      {"0x233b", 90}, {"0x2342", 90}, {"0x2901", 100}, {"0x2941", 100},
+      {"0x15f8", 60}, {"0x15f9", 60},  {"0x1db1", 70},  {"0x1db4", 70}, {"0x1db5", 70},
+      {"0x1db6", 70}, {"0x20b0", 80},  {"0x20b2", 80},  {"0x20b3", 80}, {"0x20b5", 80},
+      {"0x20f1", 80}, {"0x20f3", 80},  {"0x2230", 86},  {"0x2235", 86}, {"0x26b5", 89},
+      {"0x26b9", 89}, {"0x27b8", 89},  {"0x2321", 90},  {"0x2324", 90}, {"0x2330", 90},
+      {"0x2331", 90}, {"0x2335", 90},  {"0x2339", 90},  {"0x233a", 90}, {"0x233b", 90},
+      {"0x2342", 90}, {"0x2901", 100}, {"0x2941", 100},
   };
   auto it = kTable.find(deviceId);
   return it == kTable.end() ? 0 : it->second;
@@ -380,7 +394,9 @@ Result<Detected> detectLocal(const Reader& reader, const DetectOptions& options)
   return out;
 }
 
-std::string topoFileSetting() { return settings::get(settings::kTopoFile); }
+std::string topoFileSetting() {
+  return settings::get(settings::kTopoFile);
+}
 
 Status overlayTopoFile(Detected& detected, const std::string& path) {
   LOOM_ASSIGN_OR_RETURN(XmlReadResult loaded, readXmlFile(path));

@@ -1,11 +1,11 @@
 // NIC detection: RDMA devices from /sys/class/infiniband (what libibverbs itself reads),
 // checked against libibverbs loaded with dlopen on a live machine; network interfaces
 // from /sys/class/net, virtual ones marked.
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -106,7 +106,8 @@ std::map<std::string, std::string> interfaceAddresses() {
     if (a->ifa_addr->sa_family == AF_INET) {
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof(buf));
     } else if (a->ifa_addr->sa_family == AF_INET6) {
-      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf, sizeof(buf));
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf,
+                sizeof(buf));
     } else {
       continue;
     }
@@ -118,7 +119,8 @@ std::map<std::string, std::string> interfaceAddresses() {
 
 const char* virtualKind(const std::string& name, bool bridge) {
   if (bridge) return "bridge";
-  for (const char* prefix : {"veth", "docker", "virbr", "br-", "cni", "flannel", "cali", "tun", "tap", "vxlan", "lxc"})
+  for (const char* prefix :
+       {"veth", "docker", "virbr", "br-", "cni", "flannel", "cali", "tun", "tap", "vxlan", "lxc"})
     if (name.rfind(prefix, 0) == 0) return prefix;
   return "virtual";
 }
@@ -144,8 +146,9 @@ void describeGids(const Reader& reader, const std::string& dev, const std::strin
   if (chosen < 0) {
     if (roce) {
       warnings.add("gid-" + dev + "/" + port,
-                   where + " has no populated GID (no IP address on its interface?): "
-                           "RoCE peers cannot address it");
+                   where +
+                       " has no populated GID (no IP address on its interface?): "
+                       "RoCE peers cannot address it");
     }
     return;
   }
@@ -172,20 +175,23 @@ Status detectNics(const Reader& reader, const DetectOptions& options, PciTreeBui
   std::vector<Found> found;
   std::map<std::string, bool> rdmaFunctions;  // PCI functions that carry an RDMA device
   const bool gdr = reader.exists("/sys/kernel/mm/memory_peers/nv_mem/version") ||
-                   reader.exists("/sys/module/nvidia_peermem") || reader.exists("/sys/module/nv_peer_mem");
+                   reader.exists("/sys/module/nvidia_peermem") ||
+                   reader.exists("/sys/module/nv_peer_mem");
 
   auto ibDevices = reader.listDir("/sys/class/infiniband");
   if (!ibDevices || ibDevices.value().empty()) {
     warnings.add("ib", "no RDMA devices (/sys/class/infiniband is " +
-                           std::string(ibDevices ? "empty" : "missing") + "): network over sockets only");
+                           std::string(ibDevices ? "empty" : "missing") +
+                           "): network over sockets only");
   }
   VerbsInfo verbs;
   bool haveIb = ibDevices && !ibDevices.value().empty();
   if (haveIb && reader.isLive() && options.probeIbverbs) {
     verbs = probeVerbs();
     if (!verbs.loaded) {
-      warnings.add("ibverbs", "RDMA devices present but libibverbs.so.1 cannot be loaded (" + verbs.error +
-                                  "): install rdma-core/libibverbs1; the IB transport is unavailable");
+      warnings.add("ibverbs",
+                   "RDMA devices present but libibverbs.so.1 cannot be loaded (" + verbs.error +
+                       "): install rdma-core/libibverbs1; the IB transport is unavailable");
     }
   }
   if (haveIb) {
@@ -200,8 +206,9 @@ Status detectNics(const Reader& reader, const DetectOptions& options, PciTreeBui
         const std::string pdir = dir + "/ports/" + p;
         std::string state = reader.readTrimmed(pdir + "/state");
         if (state.find("ACTIVE") == std::string::npos) {
-          warnings.add("ib-down-" + dev + "/" + p, dev + " port " + p + " is " +
-                                                       (state.empty() ? "in an unknown state" : state) + ": not used");
+          warnings.add("ib-down-" + dev + "/" + p,
+                       dev + " port " + p + " is " +
+                           (state.empty() ? "in an unknown state" : state) + ": not used");
           continue;
         }
         Net net;
@@ -217,7 +224,8 @@ Status detectNics(const Reader& reader, const DetectOptions& options, PciTreeBui
         describeGids(reader, dev, p, pdir, layer, net, warnings);
         net.setAttr("state", "up");
         if (reader.isLive() && options.probeIbverbs && verbs.loaded && qp == verbs.maxQp.end()) {
-          warnings.add("ibverbs-open-" + dev, "libibverbs cannot open " + dev + ": the IB transport will skip it");
+          warnings.add("ibverbs-open-" + dev,
+                       "libibverbs cannot open " + dev + ": the IB transport will skip it");
           net.setAttr("verbs", "0");
         }
         found.push_back(Found{bus, std::move(net)});
@@ -229,7 +237,8 @@ Status detectNics(const Reader& reader, const DetectOptions& options, PciTreeBui
   if (reader.isLive()) addresses = interfaceAddresses();
   auto ifaces = reader.listDir("/sys/class/net");
   if (!ifaces) {
-    warnings.add("netdev", "cannot list /sys/class/net (" + ifaces.status().message() + "): no network interfaces");
+    warnings.add("netdev", "cannot list /sys/class/net (" + ifaces.status().message() +
+                               "): no network interfaces");
   } else {
     std::vector<Found> physical, virt;
     for (const std::string& name : ifaces.value()) {
@@ -267,10 +276,11 @@ Status detectNics(const Reader& reader, const DetectOptions& options, PciTreeBui
     Found& f = found[i];
     f.net.dev = static_cast<int>(i);
     if (f.net.speedMbps == 0 && f.net.attr("virtual") != "1") {
-      warnings.add("speed-" + f.net.name, f.net.name + " reports no link speed; assuming 10 Gb/s for planning");
+      warnings.add("speed-" + f.net.name,
+                   f.net.name + " reports no link speed; assuming 10 Gb/s for planning");
     }
     if (!f.busId.empty()) {
-      LOOM_ASSIGN_OR_RETURN(PciNode* node, tree.insert(f.busId));
+      LOOM_ASSIGN_OR_RETURN(PciNode * node, tree.insert(f.busId));
       if (!node->nic) node->nic = Nic{};
       node->nic->nets.push_back(std::move(f.net));
     } else {

@@ -83,10 +83,10 @@ class NvmlSource : public GpuSource {
     link.remoteBusId = bus.value();
     int type = -1;
     if (getRemoteType_ && getRemoteType_(dev, l, &type) == kNvmlSuccess) {
-      link.peer = type == 0 ? NvLinkPeer::kGpu
-                : type == 1 ? NvLinkPeer::kCpu
-                : type == 2 ? NvLinkPeer::kSwitch
-                            : NvLinkPeer::kUnknown;
+      link.peer = type == 0   ? NvLinkPeer::kGpu
+                  : type == 1 ? NvLinkPeer::kCpu
+                  : type == 2 ? NvLinkPeer::kSwitch
+                              : NvLinkPeer::kUnknown;
     }
     r.nvlinks.push_back(link);
   }
@@ -124,7 +124,8 @@ class NvmlSource : public GpuSource {
     sym(getRemotePci_, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
     sym(getRemoteType_, "nvmlDeviceGetNvLinkRemoteDeviceType");
     if (!init_ || !shutdown_ || !getCount_ || !getHandle_ || !getPci_) {
-      return errorf(Code::kSystemError, "libnvidia-ml.so.1 lacks nvmlInit_v2 or device queries (driver too old)");
+      return errorf(Code::kSystemError,
+                    "libnvidia-ml.so.1 lacks nvmlInit_v2 or device queries (driver too old)");
     }
     LOOM_TRY(check(init_(), "nvmlInit"));
     initialized_ = true;
@@ -150,7 +151,8 @@ class NvmlSource : public GpuSource {
 
 class RecordedSource : public GpuSource {
  public:
-  RecordedSource(const Reader& reader, std::string path) : reader_(reader), path_(std::move(path)) {}
+  RecordedSource(const Reader& reader, std::string path)
+      : reader_(reader), path_(std::move(path)) {}
   std::string name() const override { return "recorded NVML answers (" + path_ + ")"; }
   Result<std::vector<GpuRecord>> query() override {
     LOOM_ASSIGN_OR_RETURN(std::string text, reader_.readFile(path_));
@@ -176,7 +178,9 @@ const char* peerName(NvLinkPeer p) {
 
 }  // namespace
 
-std::unique_ptr<GpuSource> makeNvmlSource() { return std::make_unique<NvmlSource>(); }
+std::unique_ptr<GpuSource> makeNvmlSource() {
+  return std::make_unique<NvmlSource>();
+}
 
 std::unique_ptr<GpuSource> makeRecordedGpuSource(const Reader& reader, std::string path) {
   return std::make_unique<RecordedSource>(reader, std::move(path));
@@ -236,7 +240,8 @@ std::string gpuRecordsToJson(const std::vector<GpuRecord>& records) {
 namespace {
 Result<std::vector<GpuRecord>> parseGpuRecords(const std::string& text) {
   nlohmann::json root = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded() || !root.is_object() || !root.contains("gpus") || !root["gpus"].is_array()) {
+  if (root.is_discarded() || !root.is_object() || !root.contains("gpus") ||
+      !root["gpus"].is_array()) {
     return errorf(Code::kInvalidArgument, "not a recorded NVML answer (want {\"gpus\": [...]})");
   }
   std::vector<GpuRecord> out;
@@ -257,10 +262,10 @@ Result<std::vector<GpuRecord>> parseGpuRecords(const std::string& text) {
         link.link = l.value("link", 0);
         LOOM_ASSIGN_OR_RETURN(link.remoteBusId, normalizeBusId(l["remote"].get<std::string>()));
         std::string peer = l.value("peer", "unknown");
-        link.peer = peer == "gpu" ? NvLinkPeer::kGpu
-                  : peer == "nvswitch" ? NvLinkPeer::kSwitch
-                  : peer == "cpu" ? NvLinkPeer::kCpu
-                                  : NvLinkPeer::kUnknown;
+        link.peer = peer == "gpu"        ? NvLinkPeer::kGpu
+                    : peer == "nvswitch" ? NvLinkPeer::kSwitch
+                    : peer == "cpu"      ? NvLinkPeer::kCpu
+                                         : NvLinkPeer::kUnknown;
         r.nvlinks.push_back(link);
       }
     }

@@ -26,10 +26,10 @@ struct NvLinkRecord {
 };
 
 struct GpuRecord {
-  int index = -1;           // NVML index
-  std::string busId;        // normalized
-  std::string name;         // "NVIDIA H200"
-  int sm = 0;               // 90
+  int index = -1;     // NVML index
+  std::string busId;  // normalized
+  std::string name;   // "NVIDIA H200"
+  int sm = 0;         // 90
   uint64_t memoryBytes = 0;
   std::vector<NvLinkRecord> nvlinks;  // active links only
   // CUDA's peer access to the other GPUs it sees, by their bus id; nullopt when not

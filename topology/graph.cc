@@ -39,12 +39,12 @@ const char* nodeKindName(NodeKind kind) {
 
 double nvlinkBandwidth(int sm) {
   // Per link, per direction, from the published aggregate figures of each generation.
-  if (sm >= 100) return 50.0;              // NVLink 5: 1.8 TB/s over 18 links
-  if (sm >= 90) return 25.0;               // NVLink 4: 900 GB/s over 18 links
+  if (sm >= 100) return 50.0;                            // NVLink 5: 1.8 TB/s over 18 links
+  if (sm >= 90) return 25.0;                             // NVLink 4: 900 GB/s over 18 links
   if (sm == 86 || sm == 87 || sm == 89) return 14.0625;  // GA10x bridges: 112.5 GB/s over 4
-  if (sm >= 70) return 25.0;               // NVLink 2 and 3
-  if (sm >= 60) return 20.0;               // NVLink 1
-  return 25.0;                             // unknown generation
+  if (sm >= 70) return 25.0;                             // NVLink 2 and 3
+  if (sm >= 60) return 20.0;                             // NVLink 1
+  return 25.0;                                           // unknown generation
 }
 
 double pciBandwidth(const std::string& linkSpeed, int linkWidth) {
@@ -66,11 +66,13 @@ double smpBandwidth(const Cpu& cpu) {
 
 namespace {
 
-constexpr double kLocBandwidth = 5000.0;     // a device to itself
+constexpr double kLocBandwidth = 5000.0;       // a device to itself
 constexpr double kDefaultPciBandwidth = 31.5;  // PCIe Gen4 x16, when sysfs says nothing
 constexpr double kDefaultNetBandwidth = 1.25;  // 10 Gb/s, when a net has no speed
 
-bool isSwitchClass(const std::string& cls) { return cls.rfind("0x0604", 0) == 0; }
+bool isSwitchClass(const std::string& cls) {
+  return cls.rfind("0x0604", 0) == 0;
+}
 
 class Builder {
  public:
@@ -335,9 +337,14 @@ void Graph::computePaths() {
           }
         }
         if (seen) continue;
-        Label next{link.to, std::max(cur.type, hopType(u, v, link)), std::min(cur.bw, link.bw),
-                   cur.hops + 1, cur.nvlinks, li};
-        if (cur.node != src && u.kind == NodeKind::kGpu) next.type = std::max(next.type, PathType::kNvb);
+        Label next{link.to,
+                   std::max(cur.type, hopType(u, v, link)),
+                   std::min(cur.bw, link.bw),
+                   cur.hops + 1,
+                   cur.nvlinks,
+                   li};
+        if (cur.node != src && u.kind == NodeKind::kGpu)
+          next.type = std::max(next.type, PathType::kNvb);
         if (link.kind == LinkKind::kNvLink) next.nvlinks = std::min(next.nvlinks, link.nvlinks);
         auto& f = front[link.to];
         bool dominated = std::any_of(f.begin(), f.end(), [&](int o) {

@@ -42,18 +42,18 @@ const char* nodeKindName(NodeKind kind);
 enum class LinkKind : int { kNvLink, kPci, kSmp, kNet };
 
 struct Link {
-  int to = -1;            // node index
+  int to = -1;  // node index
   LinkKind kind = LinkKind::kPci;
-  double bw = 0;          // GB/s
-  int nvlinks = 0;        // number of NVLinks aggregated (kNvLink only)
+  double bw = 0;    // GB/s
+  int nvlinks = 0;  // number of NVLinks aggregated (kNvLink only)
 };
 
 struct Node {
   NodeKind kind = NodeKind::kCpu;
-  int index = 0;          // index among nodes of its kind: GPU<index>, NIC<index>, CPU<index>
-  std::string busId;      // PCI nodes
-  int cpu = -1;           // the CPU (index) whose PCI tree holds this node
-  int topLevel = -1;      // node index of this node's top-level PCI ancestor (itself if top)
+  int index = 0;             // index among nodes of its kind: GPU<index>, NIC<index>, CPU<index>
+  std::string busId;         // PCI nodes
+  int cpu = -1;              // the CPU (index) whose PCI tree holds this node
+  int topLevel = -1;         // node index of this node's top-level PCI ancestor (itself if top)
   const Gpu* gpu = nullptr;  // kGpu: points into the System the graph was built from
   const Net* net = nullptr;  // kNet
   const Cpu* cpuInfo = nullptr;  // kCpu

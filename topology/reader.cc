@@ -35,8 +35,9 @@ std::string normalizePath(const std::string& path) {
 namespace {
 
 // Resolves symlinks component by component; `link` returns a link's target or nullopt.
-Result<std::string> resolve(const std::string& path,
-                            const std::function<std::optional<std::string>(const std::string&)>& link) {
+Result<std::string> resolve(
+    const std::string& path,
+    const std::function<std::optional<std::string>(const std::string&)>& link) {
   std::string pending = normalizePath(path);
   for (int round = 0; round < 64; ++round) {
     std::string done;
@@ -168,7 +169,9 @@ void MapReader::addFile(const std::string& path, std::string contents) {
 void MapReader::addLink(const std::string& path, const std::string& target) {
   links_[normalizePath(path)] = target;
 }
-void MapReader::addDir(const std::string& path) { dirs_[normalizePath(path)] = true; }
+void MapReader::addDir(const std::string& path) {
+  dirs_[normalizePath(path)] = true;
+}
 
 Result<std::string> MapReader::realPath(const std::string& path) const {
   return resolve(path, [&](const std::string& p) -> std::optional<std::string> {

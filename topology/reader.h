@@ -57,7 +57,7 @@ class DirReader : public Reader {
   std::string host(const std::string& path) const { return root_ + path; }
   // Where `path` is on this machine's file system (root included), links resolved.
   Result<std::string> hostPath(const std::string& path) const;
-  std::string root_;  // "" for "/", else without a trailing slash
+  std::string root_;                 // "" for "/", else without a trailing slash
   std::shared_ptr<DirCache> cache_;  // resolved directories (recorded trees only)
 };
 

@@ -4,9 +4,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace loom::topology {
 namespace {
@@ -19,7 +18,9 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
-double round3(double v) { return static_cast<double>(static_cast<long long>(v * 1000 + 0.5)) / 1000; }
+double round3(double v) {
+  return static_cast<double>(static_cast<long long>(v * 1000 + 0.5)) / 1000;
+}
 
 ordered_json ringsJson(const Rings& rings) {
   ordered_json out = ordered_json::array();
@@ -55,7 +56,9 @@ ordered_json treesJson(const Trees& trees) {
   return out;
 }
 
-std::string dump(const ordered_json& j, int indent) { return j.dump(indent) + "\n"; }
+std::string dump(const ordered_json& j, int indent) {
+  return j.dump(indent) + "\n";
+}
 
 // The GPU's P2P answers, peers named by their GPU id (by bus id when not in the graph).
 ordered_json p2pJson(const Graph& graph, const Gpu& gpu) {
@@ -108,7 +111,8 @@ std::string cpuListFromMask(const std::string& mask) {
   std::vector<int> cpus;
   int bit = 0;
   for (auto it = digits.rbegin(); it != digits.rend(); ++it, bit += 4) {
-    int v = std::isdigit(static_cast<unsigned char>(*it)) ? *it - '0' : (std::tolower(*it) - 'a' + 10);
+    int v =
+        std::isdigit(static_cast<unsigned char>(*it)) ? *it - '0' : (std::tolower(*it) - 'a' + 10);
     for (int b = 0; b < 4; ++b)
       if (v & (1 << b)) cpus.push_back(bit + b);
   }
@@ -124,8 +128,8 @@ std::string cpuListFromMask(const std::string& mask) {
   return out;
 }
 
-std::string toJson(const System& system, const Graph& graph, const Rings* rings,
-                   const Trees* trees, int indent) {
+std::string toJson(const System& system, const Graph& graph, const Rings* rings, const Trees* trees,
+                   int indent) {
   const auto& nodes = graph.nodes();
   ordered_json root;
   root["version"] = 1;
@@ -162,7 +166,8 @@ std::string toJson(const System& system, const Graph& graph, const Rings* rings,
     ordered_json links = ordered_json::array();
     for (const Link& l : nodes[n].links) {
       if (l.kind != LinkKind::kNvLink) continue;
-      links.push_back({{"target", graph.nodeName(l.to)}, {"count", l.nvlinks}, {"bw_gbps", round3(l.bw)}});
+      links.push_back(
+          {{"target", graph.nodeName(l.to)}, {"count", l.nvlinks}, {"bw_gbps", round3(l.bw)}});
     }
     j["nvlinks"] = links;
     int net = graph.closestNet(i);
@@ -242,7 +247,9 @@ std::string graphToJson(const Rings& rings, const Trees& trees, int indent) {
 
 namespace {
 
-std::string rootBus(const std::string& busId) { return busId.substr(0, 7); }  // "dddd:bb"
+std::string rootBus(const std::string& busId) {
+  return busId.substr(0, 7);
+}  // "dddd:bb"
 
 std::string cell(const Graph& graph, int a, int b) {
   if (a == b) return "X";
@@ -271,7 +278,9 @@ std::string formatMatrix(const System& system, const Graph& graph) {
   std::ostringstream out;
   if (graph.gpuCount() == 0) out << "No GPU found on this host.\n\n";
   if (!ends.empty()) {
-    auto pad = [](const std::string& s, size_t w) { return s + std::string(w > s.size() ? w - s.size() : 1, ' '); };
+    auto pad = [](const std::string& s, size_t w) {
+      return s + std::string(w > s.size() ? w - s.size() : 1, ' ');
+    };
     out << pad("", 8);
     for (int n : ends) out << pad(graph.nodeName(n), 8);
     if (graph.gpuCount() > 0) out << pad("CPU Affinity", 16) << "NUMA Affinity";
@@ -282,19 +291,24 @@ std::string formatMatrix(const System& system, const Graph& graph) {
       if (nodes[a].kind == NodeKind::kGpu) {
         const Cpu& cpu = *nodes[graph.cpus()[nodes[a].cpu]].cpuInfo;
         std::string list = cpuListFromMask(cpu.affinity);
-        out << pad(list.empty() ? "N/A" : list, 16) << (cpu.numaId >= 0 ? std::to_string(cpu.numaId) : "N/A");
+        out << pad(list.empty() ? "N/A" : list, 16)
+            << (cpu.numaId >= 0 ? std::to_string(cpu.numaId) : "N/A");
       }
       out << "\n";
     }
     if (std::string line = p2pLine(graph); !line.empty()) out << "\n" << line;
     out << "\nLegend:\n\n"
            "  X    = Self\n"
-           "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes\n"
-           "  NODE = Connection traversing PCIe as well as the interconnect between PCIe root buses within a NUMA node\n"
+           "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA "
+           "nodes\n"
+           "  NODE = Connection traversing PCIe as well as the interconnect between PCIe root "
+           "buses within a NUMA node\n"
            "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n"
-           "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n"
+           "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host "
+           "Bridge)\n"
            "  PIX  = Connection traversing at most a single PCIe bridge\n"
-           "  NV#  = Connection traversing a bonded set of # NVLinks (directly or through NVSwitch)\n"
+           "  NV#  = Connection traversing a bonded set of # NVLinks (directly or through "
+           "NVSwitch)\n"
            "  NVB# = Connection traversing # NVLinks through an intermediate GPU\n";
   }
   // Only the sections that have something to show (no empty "CPUs:" on a machine whose
@@ -303,8 +317,9 @@ std::string formatMatrix(const System& system, const Graph& graph) {
   for (int n : graph.cpus()) {
     const Cpu& c = *nodes[n].cpuInfo;
     std::string list = cpuListFromMask(c.affinity);
-    out << "  " << graph.nodeName(n) << ": NUMA " << (c.numaId >= 0 ? std::to_string(c.numaId) : "N/A")
-        << ", CPUs " << (list.empty() ? "N/A" : list) << ", " << (c.vendor.empty() ? "unknown vendor" : c.vendor)
+    out << "  " << graph.nodeName(n) << ": NUMA "
+        << (c.numaId >= 0 ? std::to_string(c.numaId) : "N/A") << ", CPUs "
+        << (list.empty() ? "N/A" : list) << ", " << (c.vendor.empty() ? "unknown vendor" : c.vendor)
         << " " << c.arch << "\n";
   }
   if (graph.nets().empty()) {

@@ -13,8 +13,8 @@ namespace loom::topology {
 // JSON with `host_id`, `cpus`, `gpus` (with `p2p`), `nics` (with `gids`), `paths`, and
 // (when given) `rings` and `trees`. `graph` must have been built from `system`.
 // Pretty-printed with `indent` spaces; -1 writes one line.
-std::string toJson(const System& system, const Graph& graph, const Rings* rings,
-                   const Trees* trees, int indent = 2);
+std::string toJson(const System& system, const Graph& graph, const Rings* rings, const Trees* trees,
+                   int indent = 2);
 
 // JSON for the rings and trees alone (LOOM_GRAPH_DUMP_FILE).
 std::string graphToJson(const Rings& rings, const Trees& trees, int indent = 2);

@@ -11,8 +11,8 @@ namespace {
 
 constexpr double kEps = 1e-9;
 // Per-channel bandwidths tried, GB/s; the search keeps the one moving the most in total.
-constexpr double kLadder[] = {40, 30, 25, 24, 20, 16, 15, 12, 10, 8,   6,   5,
-                              4,  3,  2,  1.5, 1,  0.5, 0.25, 0.1, 0.05, 0.01};
+constexpr double kLadder[] = {40, 30, 25, 24, 20,  16, 15,  12,   10,  8,    6,
+                              5,  4,  3,  2,  1.5, 1,  0.5, 0.25, 0.1, 0.05, 0.01};
 
 // One directed link, as (node, index into node.links).
 struct Slot {
@@ -101,7 +101,8 @@ class RingSearch {
     const auto& nodes = graph_.nodes();
     capacity_.assign(offset_.back(), 0);
     for (size_t n = 0; n < nodes.size(); ++n)
-      for (size_t l = 0; l < nodes[n].links.size(); ++l) capacity_[offset_[n] + l] = nodes[n].links[l].bw;
+      for (size_t l = 0; l < nodes[n].links.size(); ++l)
+        capacity_[offset_[n] + l] = nodes[n].links[l].bw;
   }
   bool fits(int a, int b, double speed) const {
     // A hop that crosses a link twice needs twice the speed there; hops are short paths
@@ -112,7 +113,8 @@ class RingSearch {
   }
   double remaining(int a, int b) const {
     double r = 1e300;
-    for (const Slot& s : hops_[a * gpus_.size() + b]) r = std::min(r, capacity_[offset_[s.node] + s.link]);
+    for (const Slot& s : hops_[a * gpus_.size() + b])
+      r = std::min(r, capacity_[offset_[s.node] + s.link]);
     return r;
   }
   void take(int a, int b, double amount) {
@@ -181,12 +183,14 @@ void signPci(const PciNode& pci, std::string& out) {
   out += std::to_string(pci.linkWidth);
   if (pci.gpu) {
     out += "g" + std::to_string(pci.gpu->sm) + "/" + std::to_string(pci.gpu->dev);
-    for (const NvLink& l : pci.gpu->nvlinks) out += l.target + l.targetClass + std::to_string(l.count);
+    for (const NvLink& l : pci.gpu->nvlinks)
+      out += l.target + l.targetClass + std::to_string(l.count);
     for (const P2pPeer& p : pci.gpu->p2p)
       if (!p.access) out += "x" + p.target;  // pairs without peer access change the paths
   }
   if (pci.nic) {
-    for (const Net& n : pci.nic->nets) out.append("n").append(std::to_string(n.speedMbps)).append("/").append(std::to_string(n.dev));
+    for (const Net& n : pci.nic->nets)
+      out.append("n").append(std::to_string(n.speedMbps)).append("/").append(std::to_string(n.dev));
   }
   out += "(";
   for (const PciNode& c : pci.children) signPci(c, out);
@@ -196,7 +200,11 @@ void signPci(const PciNode& pci, std::string& out) {
 std::string signature(const System& s) {
   std::string out;
   for (const Cpu& cpu : s.cpus) {
-    out.append("c").append(std::to_string(cpu.numaId)).append(cpu.vendor).append(cpu.arch).append(std::to_string(cpu.modelId));
+    out.append("c")
+        .append(std::to_string(cpu.numaId))
+        .append(cpu.vendor)
+        .append(cpu.arch)
+        .append(std::to_string(cpu.modelId));
     for (const PciNode& p : cpu.pcis) signPci(p, out);
     for (const Nic& nic : cpu.nics)
       for (const Net& n : nic.nets) out.append("v").append(std::to_string(n.speedMbps));
@@ -218,7 +226,8 @@ class Prepared {
     // Ranks: explicit when any GPU has one, else host-major.
     bool explicitRanks = false;
     for (const System& s : cluster.hosts)
-      forEachPci(s, [&](const PciNode& p, const Cpu&) { explicitRanks |= p.gpu && p.gpu->rank >= 0; });
+      forEachPci(s,
+                 [&](const PciNode& p, const Cpu&) { explicitRanks |= p.gpu && p.gpu->rank >= 0; });
     int next = 0;
     for (const System& s : cluster.hosts) {
       std::string sig = signature(s);
@@ -248,7 +257,8 @@ class Prepared {
       for (int i : local) planKey += std::to_string(i) + ",";
       auto pit = plans_.find(planKey);
       if (pit == plans_.end()) {
-        pit = plans_.emplace(planKey, std::make_unique<HostPlan>(planHost(g, local, options))).first;
+        pit =
+            plans_.emplace(planKey, std::make_unique<HostPlan>(planHost(g, local, options))).first;
       }
       h.plan = pit->second.get();
       std::set<int> nets;
@@ -267,7 +277,8 @@ class Prepared {
       if (seen[i] != static_cast<int>(i)) {
         return errorf(Code::kInvalidArgument,
                       "GPU ranks in the cluster view are not 0..%zu each once (rank %d %s)",
-                      seen.size() - 1, seen[i], i > 0 && seen[i] == seen[i - 1] ? "repeats" : "is out of place");
+                      seen.size() - 1, seen[i],
+                      i > 0 && seen[i] == seen[i - 1] ? "repeats" : "is out of place");
       }
     }
     nranks_ = static_cast<int>(seen.size());
@@ -319,7 +330,9 @@ class Prepared {
 
 }  // namespace
 
-std::string hostShapeKey(const System& system) { return signature(system); }
+std::string hostShapeKey(const System& system) {
+  return signature(system);
+}
 
 HostPlan planHost(const Graph& graph, std::vector<int> gpus, const SearchOptions& options) {
   if (gpus.empty()) {
@@ -353,7 +366,8 @@ ClusterView replicateHost(const System& host, int count) {
   // Local GPU order is the graph's (by CUDA device index); ranks are host-major in it.
   std::map<std::string, int> localIndex;
   if (auto built = Graph::build(host)) {
-    for (int i = 0; i < built->gpuCount(); ++i) localIndex[built->nodes()[built->gpus()[i]].busId] = i;
+    for (int i = 0; i < built->gpuCount(); ++i)
+      localIndex[built->nodes()[built->gpus()[i]].busId] = i;
   }
   for (int h = 0; h < count; ++h) {
     System s = host;

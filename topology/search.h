@@ -47,10 +47,10 @@ struct SearchOptions {
 
 // The plan for one host, in local GPU indices (Graph::gpus() order).
 struct HostPlan {
-  std::vector<int> gpus;                 // participating GPUs (local indices)
-  std::vector<std::vector<int>> rings;   // cyclic orders of local GPU indices
-  double channelBw = 0;                  // GB/s per ring inside the host
-  PathType worstType = PathType::kLoc;   // worst hop path type over the rings
+  std::vector<int> gpus;                // participating GPUs (local indices)
+  std::vector<std::vector<int>> rings;  // cyclic orders of local GPU indices
+  double channelBw = 0;                 // GB/s per ring inside the host
+  PathType worstType = PathType::kLoc;  // worst hop path type over the rings
 };
 
 // What a host's Graph depends on (CPUs, PCI tree, GPUs with their NVLinks, NIC speeds)

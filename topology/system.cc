@@ -24,19 +24,24 @@ void putAttr(Attrs& attrs, const std::string& key, std::string value) {
 }
 
 bool allHex(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
-    return std::isxdigit(c) != 0;
-  });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isxdigit(c) != 0; });
 }
 
 }  // namespace
 
-std::string Net::attr(const std::string& key) const { return getAttr(extra, key); }
+std::string Net::attr(const std::string& key) const {
+  return getAttr(extra, key);
+}
 void Net::setAttr(const std::string& key, std::string value) {
   putAttr(extra, key, std::move(value));
 }
-std::string System::hostId() const { return getAttr(extra, "host_id"); }
-void System::setHostId(std::string id) { putAttr(extra, "host_id", std::move(id)); }
+std::string System::hostId() const {
+  return getAttr(extra, "host_id");
+}
+void System::setHostId(std::string id) {
+  putAttr(extra, "host_id", std::move(id));
+}
 
 Result<std::string> normalizeBusId(const std::string& busId) {
   // [domain:]bus:device.function, hex; domain up to 8 digits (NVML writes 8).
@@ -53,8 +58,7 @@ Result<std::string> normalizeBusId(const std::string& busId) {
   if (first != last) {
     domain = s.substr(0, first);
     if (!allHex(domain) || domain.size() > 8) {
-      return errorf(Code::kInvalidArgument, "'%s' is not a PCI bus id (bad domain)",
-                    busId.c_str());
+      return errorf(Code::kInvalidArgument, "'%s' is not a PCI bus id (bad domain)", busId.c_str());
     }
     // Keep four digits as sysfs and NCCL do; NVML's leading zeros go.
     while (domain.size() > 4 && domain[0] == '0') domain.erase(0, 1);
@@ -64,8 +68,7 @@ Result<std::string> normalizeBusId(const std::string& busId) {
   std::string bus = s.substr(first == last ? 0 : first + 1, last - (first == last ? 0 : first + 1));
   size_t dot = rest.find('.');
   if (dot == std::string::npos) {
-    return errorf(Code::kInvalidArgument, "'%s' is not a PCI bus id (no function)",
-                  busId.c_str());
+    return errorf(Code::kInvalidArgument, "'%s' is not a PCI bus id (no function)", busId.c_str());
   }
   std::string dev = rest.substr(0, dot), fn = rest.substr(dot + 1);
   if (!allHex(bus) || bus.size() > 2 || !allHex(dev) || dev.size() > 2 || fn.size() != 1 ||

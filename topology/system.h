@@ -50,16 +50,16 @@ struct P2pPeer {
 };
 
 struct Gpu {
-  int dev = -1;   // CUDA device index on this host
-  int sm = 0;     // compute capability * 10 + minor (90 for H100/H200); 0 when unknown
-  int rank = -1;  // communicator rank, -1 when not part of one
+  int dev = -1;      // CUDA device index on this host
+  int sm = 0;        // compute capability * 10 + minor (90 for H100/H200); 0 when unknown
+  int rank = -1;     // communicator rank, -1 when not part of one
   bool gdr = false;  // GPUDirect RDMA possible
   std::vector<NvLink> nvlinks;
   // Peer access to the host's other GPUs; empty when not checked (no CUDA driver, an
   // NCCL file). The XML keeps only the peers without access (`no_p2p` attribute), so
   // a file read back lists those alone, with rank 0.
   std::vector<P2pPeer> p2p;
-  Attrs extra;  // e.g. loom's "mem" (MiB), NCCL attributes loom does not use
+  Attrs extra;                       // e.g. loom's "mem" (MiB), NCCL attributes loom does not use
   std::vector<std::string> unknown;  // child elements loom does not know (<c2c>), as XML text
   bool operator==(const Gpu&) const = default;
 };
@@ -76,14 +76,14 @@ struct GidEntry {
 
 // One network endpoint (an IB/RoCE port or a network interface): NCCL's `net`.
 struct Net {
-  std::string name;     // "mlx5_0", "eth0"
-  int dev = -1;         // index among this host's nets
-  int speedMbps = 0;    // per direction
-  int port = 0;         // IB port number (1-based), 0 for sockets
+  std::string name;   // "mlx5_0", "eth0"
+  int dev = -1;       // index among this host's nets
+  int speedMbps = 0;  // per direction
+  int port = 0;       // IB port number (1-based), 0 for sockets
   uint64_t guid = 0;
   int maxConn = 0;
-  bool gdr = false;     // GPUDirect RDMA to/from this NIC
-  double latency = 0;   // microseconds, 0 when unknown
+  bool gdr = false;    // GPUDirect RDMA to/from this NIC
+  double latency = 0;  // microseconds, 0 when unknown
   Attrs extra;  // loom writes "link_layer", "virtual", "state", "address", "netdev", "gid", ...
   // RDMA ports: the populated GID table, by index. Detection only: the XML carries the
   // chosen entry ("gid", "gid_index", "roce") but not the table, because NCCL refuses

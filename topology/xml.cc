@@ -6,9 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
-
 #include <pugixml.hpp>
+#include <sstream>
 
 namespace loom::topology {
 namespace {
@@ -39,8 +38,8 @@ class Parser {
                   lines_.line(node.offset_debug()), what.c_str());
   }
   void warn(const pugi::xml_node& node, const std::string& what) {
-    warnings_.push_back(source_ + ":" + std::to_string(lines_.line(node.offset_debug())) +
-                        ": " + what);
+    warnings_.push_back(source_ + ":" + std::to_string(lines_.line(node.offset_debug())) + ": " +
+                        what);
   }
   std::vector<std::string>& warnings() { return warnings_; }
 
@@ -53,8 +52,8 @@ class Parser {
     errno = 0;
     long long v = std::strtoll(s, &end, 0);
     if (*s == '\0' || errno != 0 || *end != '\0') {
-      return error(node, std::string("attribute ") + name + "=\"" + s + "\" of <" +
-                             node.name() + "> is not an integer");
+      return error(node, std::string("attribute ") + name + "=\"" + s + "\" of <" + node.name() +
+                             "> is not an integer");
     }
     return static_cast<int64_t>(v);
   }
@@ -66,8 +65,8 @@ class Parser {
     errno = 0;
     unsigned long long v = std::strtoull(s, &end, 0);
     if (*s == '\0' || errno != 0 || *end != '\0') {
-      return error(node, std::string("attribute ") + name + "=\"" + s + "\" of <" +
-                             node.name() + "> is not a number");
+      return error(node, std::string("attribute ") + name + "=\"" + s + "\" of <" + node.name() +
+                             "> is not a number");
     }
     return static_cast<uint64_t>(v);
   }
@@ -78,8 +77,8 @@ class Parser {
     char* end = nullptr;
     double v = std::strtod(s, &end);
     if (*s == '\0' || *end != '\0') {
-      return error(node, std::string("attribute ") + name + "=\"" + s + "\" of <" +
-                             node.name() + "> is not a number");
+      return error(node, std::string("attribute ") + name + "=\"" + s + "\" of <" + node.name() +
+                             "> is not a number");
     }
     return v;
   }

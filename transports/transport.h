@@ -36,12 +36,12 @@ namespace loom::transport {
 // bootstrap between processes of the same build).
 struct PeerInfo {
   int rank = -1;
-  int cudaDev = -1;       // -1: host memory
-  pid_t pid = 0;          // in its own PID namespace: for messages only
-  uint64_t process = 0;   // processToken(): equal exactly for ranks of one process
-  uint64_t pidNs = 0;     // the inode of its PID namespace: pids compare only where equal
-  SocketAddress progress;  // its progress port (comm/progress_report.h); invalid: none
-  uint64_t hostHash = 0;  // equal for ranks that share memory (same host id)
+  int cudaDev = -1;         // -1: host memory
+  pid_t pid = 0;            // in its own PID namespace: for messages only
+  uint64_t process = 0;     // processToken(): equal exactly for ranks of one process
+  uint64_t pidNs = 0;       // the inode of its PID namespace: pids compare only where equal
+  SocketAddress progress;   // its progress port (comm/progress_report.h); invalid: none
+  uint64_t hostHash = 0;    // equal for ranks that share memory (same host id)
   uint64_t shmDevHash = 0;  // identifies /dev/shm's filesystem (containers differ)
   char hostName[64] = {0};
   // The CPUs this rank may run on (sched_getaffinity at init), CPU i in bit i % 64 of
@@ -56,8 +56,8 @@ struct Capability {
   bool deviceMemory = false;  // moves device buffers directly (others stage)
   double bandwidthGBs = 0;    // expected one-way bandwidth
   double latencyUs = 0;
-  bool network = false;       // every message goes through a network stack (sockets)
-  std::string reason;         // why not reachable (logged at INFO)
+  bool network = false;  // every message goes through a network stack (sockets)
+  std::string reason;    // why not reachable (logged at INFO)
 };
 
 // Sizes shared by all connections of a communicator.

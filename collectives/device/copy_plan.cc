@@ -7,8 +7,12 @@ namespace loom::collectives::device {
 
 namespace {
 
-const char* at(const void* base, size_t off) { return static_cast<const char*>(base) + off; }
-char* atw(void* base, size_t off) { return static_cast<char*>(base) + off; }
+const char* at(const void* base, size_t off) {
+  return static_cast<const char*>(base) + off;
+}
+char* atw(void* base, size_t off) {
+  return static_cast<char*>(base) + off;
+}
 
 // The copies of one plan, each of one block; a copy onto itself is left out.
 struct Steps {
@@ -22,7 +26,8 @@ struct Steps {
 }  // namespace
 
 bool copyOnly(MeshKind kind) {
-  return kind == MeshKind::kBroadcast || kind == MeshKind::kAllGather || kind == MeshKind::kAllToAll;
+  return kind == MeshKind::kBroadcast || kind == MeshKind::kAllGather ||
+         kind == MeshKind::kAllToAll;
 }
 
 bool copyPlanSafe(MeshKind kind, int nranks, int root, size_t blockBytes, const RankBuffers* all) {
@@ -55,7 +60,9 @@ std::vector<CopyStep> planCopies(MeshKind kind, int rank, int nranks, int root, 
         if (rank == root) plan.add(all[p].out, me.in, p);
         break;
       case MeshKind::kAllGather: plan.add(atw(all[p].out, mine), me.in, p); break;
-      case MeshKind::kAllToAll: plan.add(atw(all[p].out, mine), at(me.in, size_t(p) * blockBytes), p); break;
+      case MeshKind::kAllToAll:
+        plan.add(atw(all[p].out, mine), at(me.in, size_t(p) * blockBytes), p);
+        break;
       default: break;
     }
   }
@@ -82,7 +89,9 @@ std::vector<CopyStep> planPulls(MeshKind kind, int rank, int nranks, int root, s
         if (p == root) plan.add(out, inputs[root], p);
         break;
       case MeshKind::kAllGather: plan.add(atw(out, size_t(p) * blockBytes), inputs[p], p); break;
-      case MeshKind::kAllToAll: plan.add(atw(out, size_t(p) * blockBytes), at(inputs[p], mine), p); break;
+      case MeshKind::kAllToAll:
+        plan.add(atw(out, size_t(p) * blockBytes), at(inputs[p], mine), p);
+        break;
       default: break;
     }
   }

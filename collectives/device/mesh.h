@@ -19,11 +19,10 @@
 #include "common/host_device.h"
 #include "nccl.h"  // cudaStream_t
 
-
 namespace loom::collectives::device {
 
-inline constexpr int kMaxRanks = 8;     // ranks of one mesh (one host)
-inline constexpr int kMaxP2pOps = 32;   // Send/Recv calls of one group on one communicator
+inline constexpr int kMaxRanks = 8;         // ranks of one mesh (one host)
+inline constexpr int kMaxP2pOps = 32;       // Send/Recv calls of one group on one communicator
 inline constexpr size_t kFlagStride = 128;  // bytes between counters (one per cache line)
 // The LL ("low latency") region: small all-reduces send 4 bytes of data and a 4-byte
 // flag in every 8-byte store, so the receiver needs no fence and no counter. Each block
@@ -48,14 +47,18 @@ struct Geometry {
   size_t slotBytes = 256 * 1024;
   int ll128Lines = 0;  // LL128 lines per block, peer and parity (0: no LL128 region)
 
-  LOOM_HOST_DEVICE size_t flagBytes() const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride; }
+  LOOM_HOST_DEVICE size_t flagBytes() const {
+    return 2 * size_t(kMaxRanks) * size_t(maxBlocks) * kFlagStride;
+  }
   LOOM_HOST_DEVICE size_t llBytes() const { return size_t(nranks) * kLLBlocks * 2 * kLLRegion; }
   LOOM_HOST_DEVICE size_t ll128Offset() const { return flagBytes() + llBytes(); }
   LOOM_HOST_DEVICE size_t ll128Bytes() const {
     return size_t(nranks) * kLLBlocks * 2 * size_t(ll128Lines) * kLL128Line;
   }
   // The most an LL128 call carries to each peer.
-  LOOM_HOST_DEVICE size_t ll128Capacity() const { return size_t(kLLBlocks) * size_t(ll128Lines) * kLL128Data; }
+  LOOM_HOST_DEVICE size_t ll128Capacity() const {
+    return size_t(kLLBlocks) * size_t(ll128Lines) * kLL128Data;
+  }
   // One counter per rank for the barriers around copy-engine collectives (copy_plan.h).
   LOOM_HOST_DEVICE size_t barrierOffset() const { return ll128Offset() + ll128Bytes(); }
   LOOM_HOST_DEVICE size_t barrierBytes() const { return size_t(kMaxRanks) * kFlagStride; }
@@ -75,7 +78,9 @@ struct Geometry {
   LOOM_HOST_DEVICE size_t windowBytes() const { return senderSlotsOffset(nranks); }
   // Per-rank private counters: sent and received per block and peer, then the LL call
   // count per LL block, then the barrier count.
-  LOOM_HOST_DEVICE size_t llSeqIndex(int block) const { return 2 * size_t(kMaxRanks) * size_t(maxBlocks) + block; }
+  LOOM_HOST_DEVICE size_t llSeqIndex(int block) const {
+    return 2 * size_t(kMaxRanks) * size_t(maxBlocks) + block;
+  }
   LOOM_HOST_DEVICE size_t barrierSeqIndex() const { return llSeqIndex(0) + kLLBlocks; }
   // Blocks of a pulled all-reduce that finished (the last one resets it).
   LOOM_HOST_DEVICE size_t pullDoneIndex() const { return barrierSeqIndex() + 1; }
@@ -93,9 +98,9 @@ enum class MeshKind : int {
   kReduce = 5,
   kAllToAll = 6,
   kSendRecv = 7,
-  kAllReduceLL = 8,  // one-shot through the LL region (at most kLLBlocks * kLLPayload bytes)
-  kReduceDirect = 9,  // every rank's input to the root, reduced there (2 ranks)
-  kReduceLL = 10,     // kAllReduceLL with only the root writing its output
+  kAllReduceLL = 8,       // one-shot through the LL region (at most kLLBlocks * kLLPayload bytes)
+  kReduceDirect = 9,      // every rank's input to the root, reduced there (2 ranks)
+  kReduceLL = 10,         // kAllReduceLL with only the root writing its output
   kReduceScatterLL = 11,  // each rank sends each peer that peer's part in LL words
   kAllReduceLL128 = 12,   // the LL forms through the LL128 region (mid sizes)
   kReduceLL128 = 13,
@@ -152,9 +157,9 @@ struct MeshCall {
   MeshKind kind = MeshKind::kAllReduceOneShot;
   DataType type = DataType::kFloat32;
   RedKind red = RedKind::kSum;
-  double scalar = 1.0;              // PreMulSum (host value)
+  double scalar = 1.0;                 // PreMulSum (host value)
   const void* scalarDevice = nullptr;  // PreMulSum with ncclScalarDevice: read by the kernel
-  uint64_t divisor = 1;             // SumPostDiv
+  uint64_t divisor = 1;                // SumPostDiv
   const void* in = nullptr;
   void* out = nullptr;
   size_t count = 0;  // the C API's count
@@ -182,10 +187,10 @@ int launchMesh(const MeshContext& ctx, const MeshCall& call, cudaStream_t stream
                const P2pList* p2p = nullptr);
 
 // One-shot all-reduce for ranks whose inputs every rank can read (peer access in one
-// process, registered memory between processes): each rank reads every rank's input (`inputs`, in rank order) and writes the
-// whole result to its own output; no slots, no per-tile handshakes. The kernel waits for
-// every peer to arrive first and, before it ends, for every peer to finish reading, so
-// inputs may change after it. Outputs must not overlap inputs. No pre-op is applied, so
+// process, registered memory between processes): each rank reads every rank's input (`inputs`, in
+// rank order) and writes the whole result to its own output; no slots, no per-tile handshakes. The
+// kernel waits for every peer to arrive first and, before it ends, for every peer to finish
+// reading, so inputs may change after it. Outputs must not overlap inputs. No pre-op is applied, so
 // not for PreMulSum (ncclAvg on floats included). Returns a cudaError_t value.
 // With `writer` >= 0 only that rank reads and writes its output (a reduce to that root);
 // the others only arrive and wait until it finished reading their inputs.
@@ -194,7 +199,8 @@ struct PullInputs {
   int writer = -1;
   void* outputs[kMaxRanks] = {};  // the two-shot form only: every rank's output
 };
-int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
+int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const PullInputs& in,
+                        cudaStream_t stream);
 
 // Two-shot all-reduce for ranks that can all read each other's input and write each
 // other's output (`in.inputs`, `in.outputs`, in rank order): rank r reads part r of every
@@ -207,7 +213,8 @@ int launchPullAllReduce(const MeshContext& ctx, const MeshCall& call, const Pull
 // only as the same buffer. No pre-op (not for PreMulSum). Returns a cudaError_t value.
 // A null output is left out: with only the root's given, this is a reduce whose ranks
 // each store their part into the root's output.
-int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in, cudaStream_t stream);
+int launchPullTwoShot(const MeshContext& ctx, const MeshCall& call, const PullInputs& in,
+                      cudaStream_t stream);
 
 // Where the chunk counter `kind` (kChunkReady, kChunkFree) that rank `from` writes lives in
 // `owner`'s window.

@@ -51,8 +51,8 @@ __device__ __forceinline__ uint64_t* readyFlag(char* window, int from, int block
   return reinterpret_cast<uint64_t*>(window + (size_t(from) * maxBlocks + block) * kFlagStride);
 }
 __device__ __forceinline__ uint64_t* ackFlag(char* window, int to, int block, int maxBlocks) {
-  return reinterpret_cast<uint64_t*>(
-      window + (size_t(kMaxRanks + to) * maxBlocks + block) * kFlagStride);
+  return reinterpret_cast<uint64_t*>(window +
+                                     (size_t(kMaxRanks + to) * maxBlocks + block) * kFlagStride);
 }
 __device__ __forceinline__ char* slotPtr(const Geometry& g, char* window, int from, int block,
                                          uint64_t seq) {
@@ -64,13 +64,18 @@ __device__ __forceinline__ void storeLL(char* p, uint64_t a, uint64_t b) {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
 __device__ __forceinline__ void loadLL(const char* p, uint64_t* a, uint64_t* b) {
-  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(*a), "=l"(*b)
+               : "l"(p)
+               : "memory");
 }
-__device__ __forceinline__ char* llRegion(const Geometry& g, char* window, int from, int block, int parity) {
+__device__ __forceinline__ char* llRegion(const Geometry& g, char* window, int from, int block,
+                                          int parity) {
   return window + g.flagBytes() + ((size_t(from) * kLLBlocks + block) * 2 + parity) * kLLRegion;
 }
 
-__device__ __forceinline__ char* ll128Region(const Geometry& g, char* window, int from, int block, int parity) {
+__device__ __forceinline__ char* ll128Region(const Geometry& g, char* window, int from, int block,
+                                             int parity) {
   return window + g.ll128Offset() +
          ((size_t(from) * kLLBlocks + block) * 2 + parity) * size_t(g.ll128Lines) * kLL128Line;
 }
@@ -248,7 +253,8 @@ __device__ __noinline__ void reduceCopy2Pipelined(const Io& io, const Op<E>& op,
 template <typename E>
 __device__ void pulledReduceCopy(const Io& io, const Op<E>& op, size_t n) {
   using S = typename E::Storage;
-  uintptr_t bits = reinterpret_cast<uintptr_t>(io.srcs[0]) | reinterpret_cast<uintptr_t>(io.srcs[1]) |
+  uintptr_t bits = reinterpret_cast<uintptr_t>(io.srcs[0]) |
+                   reinterpret_cast<uintptr_t>(io.srcs[1]) |
                    reinterpret_cast<uintptr_t>(io.dsts[0]) |
                    (io.ndst > 1 ? reinterpret_cast<uintptr_t>(io.dsts[1]) : 0);
   if (io.nsrc != 2 || io.ndst > 2 || io.preMask != 0 || (bits & 15) != 0) {
@@ -269,7 +275,7 @@ struct Run {
   const MeshCall& a;
   Block& B;
   Op<E> op;
-  size_t tile;  // elements per message
+  size_t tile;                   // elements per message
   const P2pList* p2p = nullptr;  // kSendRecv only
 
   __device__ const char* in(size_t elem) const {
@@ -401,7 +407,8 @@ struct Run {
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         typename E::Compute acc = E::load(parts[0].e[k]);
-        for (int p = 1; p < c.nranks; ++p) acc = rounded<E>(op.combine(acc, E::load(parts[p].e[k])));
+        for (int p = 1; p < c.nranks; ++p)
+          acc = rounded<E>(op.combine(acc, E::load(parts[p].e[k])));
         res.e[k] = E::store(op.post(acc));
       }
       char* dst = static_cast<char*>(a.out) + begin + j * 8;
@@ -465,8 +472,10 @@ struct Run {
           v.u[1] = (uint64_t(w.w) << 32) | w.z;
         } else if (n >= 8 && (at & 7) == 0) {
           v.u[0] = reinterpret_cast<const uint64_t*>(src)[0];
-          if (n == 16) v.u[1] = reinterpret_cast<const uint64_t*>(src)[1];
-          else for (size_t k = 8; k < n; ++k) reinterpret_cast<char*>(&v)[k] = src[k];
+          if (n == 16)
+            v.u[1] = reinterpret_cast<const uint64_t*>(src)[1];
+          else
+            for (size_t k = 8; k < n; ++k) reinterpret_cast<char*>(&v)[k] = src[k];
         } else {
           for (size_t k = 0; k < n; ++k) reinterpret_cast<char*>(&v)[k] = src[k];
         }
@@ -486,7 +495,8 @@ struct Run {
 #pragma unroll
           for (int u = 0; u < kU; ++u) v[u] = load(share(peer(i)), posOf(lineOf(l0, u)));
         }
-        char* dst = ll128Region(c.geo, c.windows[peer(i)], c.rank, blockIdx.x, parity) + size_t(part) * 16;
+        char* dst =
+            ll128Region(c.geo, c.windows[peer(i)], c.rank, blockIdx.x, parity) + size_t(part) * 16;
         __syncwarp();
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
@@ -505,7 +515,8 @@ struct Run {
 #pragma unroll
           for (int u = 0; u < kU; ++u) x[u] = load(share(c.rank), posOf(lineOf(l0, u)));
         } else {
-          const char* src = ll128Region(c.geo, c.windows[c.rank], p, blockIdx.x, parity) + size_t(part) * 16;
+          const char* src =
+              ll128Region(c.geo, c.windows[c.rank], p, blockIdx.x, parity) + size_t(part) * 16;
           Patience patience;
           while (true) {
             bool ready = true;
@@ -765,7 +776,10 @@ struct Run {
               io.dsts[0] = static_cast<char*>(o.buffer) + t * tb;
             }
             reduceCopy<E>(io, op, n);
-            if (o.isSend) commitSend(c, B, o.peer); else releaseRecv(c, B, o.peer);
+            if (o.isSend)
+              commitSend(c, B, o.peer);
+            else
+              releaseRecv(c, B, o.peer);
           }
         }
       }
@@ -839,35 +853,38 @@ __device__ __forceinline__ void meshBody(const MeshContext& c, const MeshCall& a
 
 template <typename E>
 __global__ void __launch_bounds__(512) meshKernel(const __grid_constant__ MeshContext c,
-                                                 const __grid_constant__ MeshCall a, size_t tile) {
+                                                  const __grid_constant__ MeshCall a, size_t tile) {
   awaitStreamPredecessor();
   meshBody<E>(c, a, tile, nullptr);
 }
 
-__global__ void __launch_bounds__(512) p2pKernel(const __grid_constant__ MeshContext c,
-                                                 const __grid_constant__ MeshCall a, size_t tile,
-                                                 const __grid_constant__ P2pList p2p) {
+__global__ void __launch_bounds__(512)
+    p2pKernel(const __grid_constant__ MeshContext c, const __grid_constant__ MeshCall a,
+              size_t tile, const __grid_constant__ P2pList p2p) {
   awaitStreamPredecessor();
   meshBody<Plain<uint8_t, uint32_t>>(c, a, tile, &p2p);
 }
 
 __device__ __forceinline__ uint64_t* barrierFlag(const MeshContext& c, int owner, int from) {
-  return reinterpret_cast<uint64_t*>(c.windows[owner] + c.geo.barrierOffset() + size_t(from) * kFlagStride);
+  return reinterpret_cast<uint64_t*>(c.windows[owner] + c.geo.barrierOffset() +
+                                     size_t(from) * kFlagStride);
 }
 
 // This block's part of a reduction of `count` elements split over the grid (whole 16-byte
 // vectors per block): out := the sources (one per rank, in rank order) combined, with the
 // pre-op on those in `preMask` and the post-op.
 template <typename E>
-__device__ void reduceBlockPart(const MeshContext& c, const void* const* srcs, void* out, size_t count,
-                                const Op<E>& op, unsigned preMask, bool pulled = false) {
+__device__ void reduceBlockPart(const MeshContext& c, const void* const* srcs, void* out,
+                                size_t count, const Op<E>& op, unsigned preMask,
+                                bool pulled = false) {
   using S = typename E::Storage;
   constexpr size_t vec = 16 / sizeof(S);
   const size_t per = ((count + gridDim.x - 1) / gridDim.x + vec - 1) / vec * vec;
   const size_t begin = size_t(blockIdx.x) * per;
   if (begin >= count) return;
   Io io;
-  for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(srcs[r]) + begin * sizeof(S);
+  for (int r = 0; r < c.nranks; ++r)
+    io.srcs[r] = static_cast<const char*>(srcs[r]) + begin * sizeof(S);
   io.nsrc = c.nranks;
   io.preMask = preMask;
   io.post = true;
@@ -949,15 +966,16 @@ struct PullCall {
 // launchPullAllReduce. Every block: arrive, reduce its part of every rank's input into our
 // output, leave.
 template <typename E>
-__global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant__ MeshContext c,
-                                                          const __grid_constant__ MeshCall a,
-                                                          const __grid_constant__ PullInputs p) {
+__global__ void __launch_bounds__(512)
+    pullAllReduceKernel(const __grid_constant__ MeshContext c, const __grid_constant__ MeshCall a,
+                        const __grid_constant__ PullInputs p) {
   awaitStreamPredecessor();
   using C = typename E::Compute;
   const PullCall call(c);
   if (!call.arriveAll(c)) return;
   Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
-  if (p.writer < 0 || p.writer == c.rank) reduceBlockPart<E>(c, p.inputs, a.out, a.count, op, 0, true);
+  if (p.writer < 0 || p.writer == c.rank)
+    reduceBlockPart<E>(c, p.inputs, a.out, a.count, op, 0, true);
   releaseStreamSuccessor();
   call.leaveAll(c, false);
 }
@@ -965,7 +983,8 @@ __global__ void __launch_bounds__(512) pullAllReduceKernel(const __grid_constant
 // Elements [begin, begin + size) of part `q` of `count` split into `n` parts of whole
 // 16-byte vectors, and of that part the piece of block `b` of `blocks`.
 template <typename S>
-__device__ void partPiece(size_t count, int n, int q, int b, int blocks, size_t* begin, size_t* size) {
+__device__ void partPiece(size_t count, int n, int q, int b, int blocks, size_t* begin,
+                          size_t* size) {
   constexpr size_t vec = 16 / sizeof(S);
   const size_t part = ((count + n - 1) / n + vec - 1) / vec * vec;
   const size_t p0 = min(count, size_t(q) * part), p1 = min(count, p0 + part);
@@ -978,9 +997,9 @@ __device__ void partPiece(size_t count, int n, int q, int b, int blocks, size_t*
 // launchPullTwoShot. Every block: arrive; reduce its piece of our part from every rank's
 // input and store the result into every rank's output given (ours first); leave.
 template <typename E>
-__global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__ MeshContext c,
-                                                        const __grid_constant__ MeshCall a,
-                                                        const __grid_constant__ PullInputs p) {
+__global__ void __launch_bounds__(512)
+    pullTwoShotKernel(const __grid_constant__ MeshContext c, const __grid_constant__ MeshCall a,
+                      const __grid_constant__ PullInputs p) {
   awaitStreamPredecessor();
   using S = typename E::Storage;
   using C = typename E::Compute;
@@ -991,7 +1010,8 @@ __global__ void __launch_bounds__(512) pullTwoShotKernel(const __grid_constant__
   partPiece<S>(a.count, c.nranks, c.rank, blockIdx.x, gridDim.x, &begin, &size);
   if (size > 0) {
     Io io;
-    for (int r = 0; r < c.nranks; ++r) io.srcs[r] = static_cast<const char*>(p.inputs[r]) + begin * sizeof(S);
+    for (int r = 0; r < c.nranks; ++r)
+      io.srcs[r] = static_cast<const char*>(p.inputs[r]) + begin * sizeof(S);
     io.nsrc = c.nranks;
     io.preMask = 0;
     io.post = true;
@@ -1025,8 +1045,8 @@ __global__ void __launch_bounds__(32) barrierKernel(const __grid_constant__ Mesh
 }
 
 // One warp; lane p signals and waits for rank p.
-__global__ void __launch_bounds__(32) chunkFlagsKernel(const __grid_constant__ MeshContext c,
-                                                       const __grid_constant__ ChunkFlags f) {
+__global__ void __launch_bounds__(32)
+    chunkFlagsKernel(const __grid_constant__ MeshContext c, const __grid_constant__ ChunkFlags f) {
   awaitStreamPredecessor();
   releaseStreamSuccessor();  // one warp
   const int p = threadIdx.x;
@@ -1043,19 +1063,21 @@ __global__ void __launch_bounds__(32) chunkFlagsKernel(const __grid_constant__ M
 // last block to finish frees the peers' slots.
 template <typename E>
 __global__ void __launch_bounds__(512) chunkReduceKernel(const __grid_constant__ MeshContext c,
-                                                        const __grid_constant__ ChunkReduce a) {
+                                                         const __grid_constant__ ChunkReduce a) {
   awaitStreamPredecessor();
   using C = typename E::Compute;
   auto* done = reinterpret_cast<unsigned int*>(c.state + c.geo.chunkDoneIndex());
   const int t = threadIdx.x;
   const bool peerThread = t < c.nranks && t != c.rank;
   int bad = 0;
-  if (peerThread && a.wait[t]) bad = !waitAtLeast(c, chunkFlag(c, c.rank, kChunkReady, t), a.wait[t]);
+  if (peerThread && a.wait[t])
+    bad = !waitAtLeast(c, chunkFlag(c, c.rank, kChunkReady, t), a.wait[t]);
   if (__syncthreads_or(bad)) return;  // the error flag says why; the call has failed
 
   Op<E> op{a.red, C(1), C(a.divisor ? a.divisor : 1)};
   if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, nullptr);
-  reduceBlockPart<E>(c, a.srcs, a.out, a.count, op, a.red == RedKind::kPreMulSum ? (1u << c.nranks) - 1 : 0);
+  reduceBlockPart<E>(c, a.srcs, a.out, a.count, op,
+                     a.red == RedKind::kPreMulSum ? (1u << c.nranks) - 1 : 0);
   // The last block: every block's reads of the slots come before the release.
   if (!lastBlockDone(done, false)) return;
   if (peerThread && a.signal[t]) {
@@ -1098,7 +1120,6 @@ int launchTyped(const MeshContext& ctx, const MeshCall& call, const LaunchShape&
                       static_cast<unsigned>(ctx.threads), stream, ctx.pdl, ctx, call,
                       shape.tileElems);
 }
-
 
 }  // namespace
 

@@ -37,8 +37,10 @@ Result<bool> capturing(cudaStream_t s) {
     cudaGetLastError();
     // Not "not capturing": a stream that cannot be asked (destroyed, of another context,
     // or a device in error) would fail later with a message further from the cause.
-    return errorf(Code::kInvalidArgument, "cudaStreamIsCapturing on the caller's stream failed: %s "
-                  "(is the stream valid, and of this communicator's device?)", cudaGetErrorString(e));
+    return errorf(Code::kInvalidArgument,
+                  "cudaStreamIsCapturing on the caller's stream failed: %s "
+                  "(is the stream valid, and of this communicator's device?)",
+                  cudaGetErrorString(e));
   }
   return st != cudaStreamCaptureStatusNone;
 }
@@ -60,7 +62,8 @@ bool NetExecutor::PlanKey::operator<(const PlanKey& o) const {
          std::tie(o.type, o.algo, o.count, o.elemSize, o.pieceElems, o.root, o.lanes);
 }
 
-Result<std::unique_ptr<NetExecutor>> NetExecutor::create(const NetOptions& options, NetHandleExchange exchange) {
+Result<std::unique_ptr<NetExecutor>> NetExecutor::create(const NetOptions& options,
+                                                         NetHandleExchange exchange) {
   std::unique_ptr<NetExecutor> e(new NetExecutor(options));
   LOOM_TRY(e->init(std::move(exchange)));
   return e;
@@ -69,8 +72,12 @@ Result<std::unique_ptr<NetExecutor>> NetExecutor::create(const NetOptions& optio
 Status NetExecutor::init(NetHandleExchange exchange) {
   exchange_ = std::move(exchange);
   for (int l = 0; l < int(kNetMaxLanes); ++l) {
-    laneExchanges_[l].send = [this, l](int peer, const transport::net::Handle& h) { return exchange_.send(peer, l, h); };
-    laneExchanges_[l].tryRecv = [this, l](int peer, transport::net::Handle* h) { return exchange_.tryRecv(peer, l, h); };
+    laneExchanges_[l].send = [this, l](int peer, const transport::net::Handle& h) {
+      return exchange_.send(peer, l, h);
+    };
+    laneExchanges_[l].tryRecv = [this, l](int peer, transport::net::Handle* h) {
+      return exchange_.tryRecv(peer, l, h);
+    };
     laneExchanges_[l].peerAlive = exchange_.peerAlive;
   }
   options_.slots = std::clamp<uint32_t>(options_.slots, 2, transport::net::kFifoMaxSlots);
@@ -94,7 +101,8 @@ Status NetExecutor::init(NetHandleExchange exchange) {
                                     cudaHostAllocMapped | cudaHostAllocPortable),
                       "cudaHostAlloc of the network flags"));
   std::memset(hostFlags_, 0, 4 * sizeof(int));
-  LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&uploadStream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&uploadStream_, cudaStreamNonBlocking),
+                      "cudaStreamCreate"));
   LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the network set-up"));
   sendConnected_.assign(n, false);
   recvConnected_.assign(n, false);
@@ -106,8 +114,8 @@ Status NetExecutor::init(NetHandleExchange exchange) {
             "GPU %d: device buffers reach the other ranks over the network (%s, %s, %d Mb/s): "
             "kernels on the caller's stream, a proxy thread, up to %d lanes, %u slots x %llu "
             "bytes per connection in page-locked memory",
-            options_.device, backend_->name(), props.name.c_str(), props.speedMbps,
-            options_.lanes, options_.slots, (unsigned long long)options_.slotBytes);
+            options_.device, backend_->name(), props.name.c_str(), props.speedMbps, options_.lanes,
+            options_.slots, (unsigned long long)options_.slotBytes);
   return Status::ok();
 }
 
@@ -122,9 +130,10 @@ NetExecutor::~NetExecutor() {
   if (hadProxy) {
     // The backend's threads (socket helpers) have ended with the connections.
     const double helpers = backend_ ? backend_->threadCpuSeconds() : 0.0;
-    LOOM_INFO(kNet, "rank %d: the network proxy thread used %.3f s of CPU and the backend's threads "
-              "%.3f s in %.3f s (%.2f cores in all)", options_.rank, proxyCpu, helpers, wall,
-              wall > 0 ? (proxyCpu + helpers) / wall : 0.0);
+    LOOM_INFO(kNet,
+              "rank %d: the network proxy thread used %.3f s of CPU and the backend's threads "
+              "%.3f s in %.3f s (%.2f cores in all)",
+              options_.rank, proxyCpu, helpers, wall, wall > 0 ? (proxyCpu + helpers) / wall : 0.0);
   }
   for (auto& [key, p] : plans_) {
     if (p.device) cudaFree(p.device);
@@ -153,14 +162,17 @@ Status NetExecutor::error() const {
   if (code == 0) return Status::ok();
   const int peer = reinterpret_cast<volatile int*>(hostFlags_)[2];
   if (code == kNetErrorAborted) {
-    return errorf(Code::kInvalidUsage, "a GPU network kernel stopped: the communicator was aborted");
+    return errorf(Code::kInvalidUsage,
+                  "a GPU network kernel stopped: the communicator was aborted");
   }
   std::string what = peer >= 0 ? "rank " + std::to_string(peer) : std::string("a peer");
   if (code == kNetErrorClosed && peer >= 0) {
     // The proxy knows why (and which direction failed first).
     Status st = proxy_->status(peer, false);
     if (st) st = proxy_->status(peer, true);
-    if (!st) return Status(Code::kRemoteError, "rank " + std::to_string(options_.rank) + ": " + st.message());
+    if (!st)
+      return Status(Code::kRemoteError,
+                    "rank " + std::to_string(options_.rank) + ": " + st.message());
   }
   if (code == kNetErrorTimeout) {
     return errorf(Code::kRemoteError,
@@ -193,15 +205,17 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
   // may capture or issue calls on its own, in any order with its peers.
   RelaxedCapture relaxed;
   const size_t bytes = transport::net::fifoBytes(options_.slots, options_.slotBytes);
-  auto fifoFor = [&](const NetLink& l, transport::net::Fifo* table) -> Result<transport::net::Fifo> {
+  auto fifoFor = [&](const NetLink& l,
+                     transport::net::Fifo* table) -> Result<transport::net::Fifo> {
     void* mem = nullptr;
     LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
                         "cudaHostAlloc of a network FIFO"));
     std::memset(mem, 0, bytes);
     fifoMemory_.push_back(mem);
-    transport::net::Fifo f = transport::net::fifoAt(mem, options_.slots, options_.slotBytes, l.peer);
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(table + l.lane * n + l.peer, &f, sizeof(f), cudaMemcpyHostToDevice,
-                                        uploadStream_),
+    transport::net::Fifo f =
+        transport::net::fifoAt(mem, options_.slots, options_.slotBytes, l.peer);
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(table + l.lane * n + l.peer, &f, sizeof(f),
+                                        cudaMemcpyHostToDevice, uploadStream_),
                         "cudaMemcpyAsync of the FIFO table"));
     LOOM_TRY(cudaStatus(cudaStreamSynchronize(uploadStream_), "cudaStreamSynchronize"));
     return f;
@@ -216,7 +230,8 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
   }
   for (const NetLink& l : needSend) {
     LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, sendTable_));
-    proxy_->addSend(transport::net::dialTo(*backend_, 0, l.peer, laneExchange(l.lane)), f, options_.timeoutMs);
+    proxy_->addSend(transport::net::dialTo(*backend_, 0, l.peer, laneExchange(l.lane)), f,
+                    options_.timeoutMs);
     sendConnected_[l.lane * n + l.peer] = true;
   }
   LOOM_INFO(kInit, "rank %d: network connections under way: %zu send, %zu receive", options_.rank,
@@ -237,18 +252,21 @@ Result<void*> NetExecutor::uploadPlan(const std::vector<uint64_t>& bytes, bool c
   if (captured || !stream) {
     // Read at every replay: uploaded now, and never reused.
     RelaxedCapture relaxed;
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(plan->device, bytes.data(), size, cudaMemcpyHostToDevice, uploadStream_),
-                        "cudaMemcpyAsync of a network plan"));
+    LOOM_TRY(cudaStatus(
+        cudaMemcpyAsync(plan->device, bytes.data(), size, cudaMemcpyHostToDevice, uploadStream_),
+        "cudaMemcpyAsync of a network plan"));
     LOOM_TRY(cudaStatus(cudaStreamSynchronize(uploadStream_), "cudaStreamSynchronize"));
   } else {
     // Ahead of its kernel on the caller's stream (pageable memory: staged at the call).
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(plan->device, bytes.data(), size, cudaMemcpyHostToDevice, stream),
-                        "cudaMemcpyAsync of a network plan"));
+    LOOM_TRY(cudaStatus(
+        cudaMemcpyAsync(plan->device, bytes.data(), size, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync of a network plan"));
   }
   return plan->device;
 }
 
-Result<NetExecutor::Plan*> NetExecutor::collectivePlan(const CollRequest& req, Algorithm algo, int lanes) {
+Result<NetExecutor::Plan*> NetExecutor::collectivePlan(const CollRequest& req, Algorithm algo,
+                                                       int lanes) {
   PlanKey key{req.type, algo, req.count, req.elemSize, req.pieceElems, req.root, lanes};
   auto it = plans_.find(key);
   if (it != plans_.end()) return &it->second;
@@ -300,19 +318,22 @@ Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, Da
   constexpr size_t kMinLaneBytes = 256 * 1024;
   const bool blocked = req.type == CollType::kAllGather || req.type == CollType::kReduceScatter;
   const size_t stepBytes = blocked ? bytes : bytes / static_cast<size_t>(std::max(1, req.nranks));
-  const int lanes = req.type == CollType::kAllToAll
-                        ? 1
-                        : static_cast<int>(std::clamp<size_t>(stepBytes / kMinLaneBytes, 1, options_.lanes));
-  const size_t piece = options_.pieceBytes > 0 ? options_.pieceBytes
-                                               : netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
+  const int lanes =
+      req.type == CollType::kAllToAll
+          ? 1
+          : static_cast<int>(std::clamp<size_t>(stepBytes / kMinLaneBytes, 1, options_.lanes));
+  const size_t piece = options_.pieceBytes > 0
+                           ? options_.pieceBytes
+                           : netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
   req.pieceElems = std::max<size_t>(1, std::min<size_t>(piece, options_.slotBytes) / req.elemSize);
   req.network = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice choice, chooseNetAlgorithm(req, algoText));
   LOOM_ASSIGN_OR_RETURN(Plan * plan, collectivePlan(req, choice.algo, lanes));
   LOOM_TRY(connect(plan->sends, plan->recvs));
   if (why) {
-    *why = std::string(algorithmName(choice.algo)) + ", " + choice.text() + "; " + std::to_string(lanes) +
-           " lane(s), pieces of " + std::to_string(req.pieceElems * req.elemSize) + " bytes";
+    *why = std::string(algorithmName(choice.algo)) + ", " + choice.text() + "; " +
+           std::to_string(lanes) + " lane(s), pieces of " +
+           std::to_string(req.pieceElems * req.elemSize) + " bytes";
   }
   NetCall call;
   call.type = type;
@@ -346,7 +367,8 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
   }
   if (phase.empty()) return Status::ok();
   sch.phases.push_back(std::move(phase));
-  LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes, makeNetPlan(splitByConnection(sch), options_.slotBytes));
+  LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes,
+                        makeNetPlan(splitByConnection(sch), options_.slotBytes));
   const auto* h = reinterpret_cast<const NetPlanHeader*>(bytes.data());
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   // A plan whose last kernel is done is reused (eager calls); a captured one is kept.
@@ -366,7 +388,8 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
     p2pPlans_.emplace_back();
     plan = &p2pPlans_.back();
     RelaxedCapture relaxed;
-    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&plan->used, cudaEventDisableTiming), "cudaEventCreate"));
+    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&plan->used, cudaEventDisableTiming),
+                        "cudaEventCreate"));
   }
   plan->blocks = h->blocks;
   netPlanLinks(h, &plan->sends, &plan->recvs);

@@ -33,12 +33,12 @@ struct NetOptions {
   int device = 0;
   uint64_t commHash = 0;
   int64_t timeoutMs = 300000;
-  uint32_t slots = 8;               // per FIFO (at most transport::net::kFifoMaxSlots)
-  uint64_t slotBytes = 1 << 20;     // per slot; a piece fills one at most
-  int lanes = 4;                    // at most (LOOM_NET_LANES)
-  int threads = 512;                // per block of the kernel
-  int64_t proxySpinUs = 5000;       // LOOM_PROXY_SPIN_US
-  uint64_t pieceBytes = 0;          // LOOM_CHUNK_BYTES: pieces of this size (0: netPieceBytes)
+  uint32_t slots = 8;            // per FIFO (at most transport::net::kFifoMaxSlots)
+  uint64_t slotBytes = 1 << 20;  // per slot; a piece fills one at most
+  int lanes = 4;                 // at most (LOOM_NET_LANES)
+  int threads = 512;             // per block of the kernel
+  int64_t proxySpinUs = 5000;    // LOOM_PROXY_SPIN_US
+  uint64_t pieceBytes = 0;       // LOOM_CHUNK_BYTES: pieces of this size (0: netPieceBytes)
   const std::atomic<bool>* abortFlag = nullptr;
 };
 
@@ -60,7 +60,8 @@ struct NetHandleExchange {
 
 class NetExecutor {
  public:
-  static Result<std::unique_ptr<NetExecutor>> create(const NetOptions& options, NetHandleExchange exchange);
+  static Result<std::unique_ptr<NetExecutor>> create(const NetOptions& options,
+                                                     NetHandleExchange exchange);
   // Waits for this executor's kernels (up to the timeout, then stops them), stops the
   // proxy, and frees everything.
   ~NetExecutor();
@@ -113,12 +114,15 @@ class NetExecutor {
   Result<Plan*> collectivePlan(const CollRequest& req, Algorithm algo, int lanes);
   Status launch(const Plan& plan, const NetCall& call, cudaStream_t stream);
   // A device copy of `bytes` (uploaded once, or on `stream` for eager p2p plans).
-  Result<void*> uploadPlan(const std::vector<uint64_t>& bytes, bool captured, cudaStream_t stream, Plan* p2p);
+  Result<void*> uploadPlan(const std::vector<uint64_t>& bytes, bool captured, cudaStream_t stream,
+                           Plan* p2p);
 
   NetOptions options_;
   NetHandleExchange exchange_;
   transport::net::HandleExchange laneExchanges_[kNetMaxLanes];  // exchange_ for each lane
-  const transport::net::HandleExchange& laneExchange(int lane) const { return laneExchanges_[lane]; }
+  const transport::net::HandleExchange& laneExchange(int lane) const {
+    return laneExchanges_[lane];
+  }
   std::unique_ptr<transport::net::Backend> backend_;
   std::unique_ptr<transport::net::Proxy> proxy_;
   // Device memory: the FIFO tables, the kernel's counters, the grid barrier.
@@ -128,11 +132,11 @@ class NetExecutor {
   unsigned* barrier_ = nullptr;
   // Page-locked, mapped: [0] abort (host writes), [1] error code, [2] its peer (kernels).
   int* hostFlags_ = nullptr;
-  std::vector<void*> fifoMemory_;                  // page-locked FIFOs
+  std::vector<void*> fifoMemory_;                    // page-locked FIFOs
   std::vector<bool> sendConnected_, recvConnected_;  // by link (lane * nranks + peer)
-  cudaStream_t uploadStream_ = nullptr;            // plan and table uploads (non-blocking)
-  std::map<PlanKey, Plan> plans_;                  // collective plans, kept
-  std::vector<Plan> p2pPlans_;                     // reused once their kernel is done
+  cudaStream_t uploadStream_ = nullptr;              // plan and table uploads (non-blocking)
+  std::map<PlanKey, Plan> plans_;                    // collective plans, kept
+  std::vector<Plan> p2pPlans_;                       // reused once their kernel is done
   bool launched_ = false;
   Clock::time_point started_{};  // the proxy's start (its CPU share at the end)
 };

@@ -16,8 +16,8 @@ namespace loom::collectives::device {
 namespace {
 
 using namespace detail;
-using transport::net::FifoHeader;
 using transport::net::Fifo;
+using transport::net::FifoHeader;
 
 __device__ __forceinline__ uint32_t loadAcquire32(const uint32_t* p) {
   uint32_t v;
@@ -28,8 +28,12 @@ __device__ __forceinline__ uint32_t loadAcquire32(const uint32_t* p) {
 // The kernel's own counters are read and written through volatile accesses: blocks on
 // other multiprocessors wrote them in earlier phases (or kernels), and an ordinary load
 // could be served from this multiprocessor's L1, which is not coherent.
-__device__ __forceinline__ uint64_t vload(const uint64_t& v) { return *reinterpret_cast<const volatile uint64_t*>(&v); }
-__device__ __forceinline__ void vstore(uint64_t& v, uint64_t x) { *reinterpret_cast<volatile uint64_t*>(&v) = x; }
+__device__ __forceinline__ uint64_t vload(const uint64_t& v) {
+  return *reinterpret_cast<const volatile uint64_t*>(&v);
+}
+__device__ __forceinline__ void vstore(uint64_t& v, uint64_t x) {
+  *reinterpret_cast<volatile uint64_t*>(&v) = x;
+}
 
 __device__ __forceinline__ char* slotOf(const Fifo& f, uint64_t seq) {
   return f.slots + (seq % f.nslots) * f.slotBytes;
@@ -163,7 +167,8 @@ struct StepRun {
 
   __device__ char* at(uint8_t buffer, uint64_t offset) const {
     switch (static_cast<Buffer>(buffer)) {
-      case Buffer::kInput: return const_cast<char*>(static_cast<const char*>(a.in)) + offset * sizeof(S);
+      case Buffer::kInput:
+        return const_cast<char*>(static_cast<const char*>(a.in)) + offset * sizeof(S);
       case Buffer::kOutput: return static_cast<char*>(a.out) + offset * sizeof(S);
       case Buffer::kAbsolute: return reinterpret_cast<char*>(offset);
       default: return nullptr;
@@ -218,8 +223,8 @@ struct StepRun {
 };
 
 template <typename E>
-__global__ void __launch_bounds__(512) netKernel(const __grid_constant__ NetContext c,
-                                                  const __grid_constant__ NetCall a) {
+__global__ void __launch_bounds__(512)
+    netKernel(const __grid_constant__ NetContext c, const __grid_constant__ NetCall a) {
   const NetPlanHeader* plan = a.plan;
   Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
   if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);

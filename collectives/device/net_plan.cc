@@ -38,9 +38,11 @@ Schedule splitByConnection(const Schedule& schedule) {
   return out;
 }
 
-Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules, size_t pieceElems) {
+Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules,
+                                          size_t pieceElems) {
   if (schedules.empty() || schedules.size() > kNetMaxLanes) {
-    return errorf(Code::kInternalError, "network plan: %zu lanes (1 to %u)", schedules.size(), kNetMaxLanes);
+    return errorf(Code::kInternalError, "network plan: %zu lanes (1 to %u)", schedules.size(),
+                  kNetMaxLanes);
   }
   std::vector<NetLane> lanes;
   std::vector<NetPhase> phases;
@@ -67,7 +69,8 @@ Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules
         });
         if (clash) {
           return errorf(Code::kInternalError,
-                        "network plan: two steps of phase %zu use one connection (split it first)", p);
+                        "network plan: two steps of phase %zu use one connection (split it first)",
+                        p);
         }
         NetStep n;
         n.srcOffset = st.src.offset;
@@ -96,7 +99,8 @@ Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules
     lanes.push_back(lane);
   }
   if (blocks > kNetMaxBlocks) {
-    return errorf(Code::kInternalError, "network plan: %u blocks at once (at most %u)", blocks, kNetMaxBlocks);
+    return errorf(Code::kInternalError, "network plan: %u blocks at once (at most %u)", blocks,
+                  kNetMaxBlocks);
   }
   NetPlanHeader h;
   h.nlanes = static_cast<uint32_t>(lanes.size());
@@ -112,9 +116,11 @@ Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules
   char* base = reinterpret_cast<char*>(out.data());
   std::memcpy(base, &h, sizeof(h));
   std::memcpy(base + sizeof(h), lanes.data(), laneBytes);
-  if (!phases.empty()) std::memcpy(base + sizeof(h) + laneBytes, phases.data(), phases.size() * sizeof(NetPhase));
+  if (!phases.empty())
+    std::memcpy(base + sizeof(h) + laneBytes, phases.data(), phases.size() * sizeof(NetPhase));
   if (!steps.empty()) {
-    std::memcpy(base + sizeof(h) + laneBytes + phaseBytes, steps.data(), steps.size() * sizeof(NetStep));
+    std::memcpy(base + sizeof(h) + laneBytes + phaseBytes, steps.data(),
+                steps.size() * sizeof(NetStep));
   }
   return out;
 }
@@ -122,7 +128,8 @@ Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules
 Schedule netSchedule(const CollRequest& req, Algorithm algo) {
   // A direct all-to-all takes a block per peer and direction: with many ranks, in rounds.
   if (req.type == CollType::kAllToAll && 2 * req.nranks - 1 > static_cast<int>(kNetMaxBlocks)) {
-    return splitByConnection(roundsAllToAll(req.rank, req.nranks, req.count, kNetMaxBlocks / 2 - 1));
+    return splitByConnection(
+        roundsAllToAll(req.rank, req.nranks, req.count, kNetMaxBlocks / 2 - 1));
   }
   return splitByConnection(buildSchedule(req, algo));
 }
@@ -174,13 +181,16 @@ std::vector<Schedule> netLaneSchedules(const CollRequest& req, Algorithm algo, i
   return out;
 }
 
-void netPlanLinks(const NetPlanHeader* plan, std::vector<NetLink>* sends, std::vector<NetLink>* recvs) {
+void netPlanLinks(const NetPlanHeader* plan, std::vector<NetLink>* sends,
+                  std::vector<NetLink>* recvs) {
   sends->clear();
   recvs->clear();
   const NetStep* steps = netSteps(plan);
   for (uint32_t i = 0; i < plan->nsteps; ++i) {
-    for (int j = 0; j < steps[i].nsend; ++j) sends->push_back({steps[i].sendPeers[j], steps[i].lane});
-    for (int j = 0; j < steps[i].nrecv; ++j) recvs->push_back({steps[i].recvPeers[j], steps[i].lane});
+    for (int j = 0; j < steps[i].nsend; ++j)
+      sends->push_back({steps[i].sendPeers[j], steps[i].lane});
+    for (int j = 0; j < steps[i].nrecv; ++j)
+      recvs->push_back({steps[i].recvPeers[j], steps[i].lane});
   }
   for (auto* v : {sends, recvs}) {
     std::sort(v->begin(), v->end());

@@ -21,13 +21,12 @@
 #include "common/host_device.h"
 #include "common/status.h"
 
-
 namespace loom::collectives::device {
 
 struct NetStep {
   uint64_t srcOffset = 0;  // elements into the buffer (an address for Buffer::kAbsolute)
   uint64_t dstOffset = 0;
-  uint64_t count = 0;  // elements
+  uint64_t count = 0;     // elements
   uint8_t srcBuffer = 0;  // Buffer values
   uint8_t dstBuffer = 0;
   uint8_t nrecv = 0;
@@ -116,6 +115,7 @@ struct NetLink {
 };
 
 // The connections a plan sends on and receives on (sorted, unique).
-void netPlanLinks(const NetPlanHeader* plan, std::vector<NetLink>* sends, std::vector<NetLink>* recvs);
+void netPlanLinks(const NetPlanHeader* plan, std::vector<NetLink>* sends,
+                  std::vector<NetLink>* recvs);
 
 }  // namespace loom::collectives::device

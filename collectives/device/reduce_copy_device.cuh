@@ -31,8 +31,12 @@ struct Plain {
 struct Half {
   using Storage = uint16_t;
   using Compute = float;
-  static __device__ __forceinline__ float load(uint16_t v) { return __half2float(__ushort_as_half(v)); }
-  static __device__ __forceinline__ uint16_t store(float v) { return __half_as_ushort(__float2half_rn(v)); }
+  static __device__ __forceinline__ float load(uint16_t v) {
+    return __half2float(__ushort_as_half(v));
+  }
+  static __device__ __forceinline__ uint16_t store(float v) {
+    return __half_as_ushort(__float2half_rn(v));
+  }
 };
 
 struct Bf16 {
@@ -56,7 +60,9 @@ struct Fp8 {
     __half_raw h = __nv_cvt_fp8_to_halfraw(v, Kind);
     return __half2float(__half(h));
   }
-  static __device__ __forceinline__ uint8_t store(float v) { return __nv_cvt_float_to_fp8(v, Saturation, Kind); }
+  static __device__ __forceinline__ uint8_t store(float v) {
+    return __nv_cvt_float_to_fp8(v, Saturation, Kind);
+  }
 };
 using E4m3 = Fp8<__NV_E4M3, __NV_SATFINITE>;
 using E5m2 = Fp8<__NV_E5M2, __NV_NOSAT>;
@@ -70,7 +76,9 @@ struct Op {
   C scalar;
   C divisor;
 
-  __device__ __forceinline__ C pre(C x) const { return kind == RedKind::kPreMulSum ? x * scalar : x; }
+  __device__ __forceinline__ C pre(C x) const {
+    return kind == RedKind::kPreMulSum ? x * scalar : x;
+  }
   __device__ __forceinline__ C combine(C a, C b) const {
     switch (kind) {
       case RedKind::kProd: return a * b;
@@ -79,7 +87,9 @@ struct Op {
       default: return a + b;
     }
   }
-  __device__ __forceinline__ C post(C x) const { return kind == RedKind::kSumPostDiv ? x / divisor : x; }
+  __device__ __forceinline__ C post(C x) const {
+    return kind == RedKind::kSumPostDiv ? x / divisor : x;
+  }
 };
 
 // Every operation rounds to the element type, as the host kernels do (common/datatype.h),
@@ -102,7 +112,6 @@ __device__ typename E::Compute scalarFor(double host, const void* device) {
     return E::load(E::store(C(host)));  // the scalar rounded to the element type
   }
 }
-
 
 __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
   uint64_t v;

@@ -262,7 +262,8 @@ ParseResult parseArgs(int argc, const char* const* argv) {
     // A blocking call waits for its stream, which a stream being captured cannot do.
     result.error = "-G (cudagraph) cannot be combined with -z 1 (blocking)";
   } else if (o.graphLaunches > 0 && o.streamNull) {
-    result.error = "-G (cudagraph) cannot be combined with -y 1 (the default stream cannot be captured)";
+    result.error =
+        "-G (cudagraph) cannot be combined with -y 1 (the default stream cannot be captured)";
   }
   return result;
 }

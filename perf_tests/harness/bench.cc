@@ -316,15 +316,18 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
       }
     }
   }
-  const double calls = static_cast<double>(o_.iters) * o_.aggIters * (graphs ? o_.graphLaunches : 1);
+  const double calls =
+      static_cast<double>(o_.iters) * o_.aggIters * (graphs ? o_.graphLaunches : 1);
   const double cpuSec = secondsSince(start) / calls;
   completeColl(lib);
   double sec = secondsSince(start) / calls;
   for (void* exec : execs) mem.destroyGraph(exec);
   sec = team.combine(thread, sec, combineForAverage(o_.average));
-  const double reportedSec = o_.reportCputime ? team.combine(thread, cpuSec, combineForAverage(o_.average)) : sec;
+  const double reportedSec =
+      o_.reportCputime ? team.combine(thread, cpuSec, combineForAverage(o_.average)) : sec;
 
-  const Bandwidth bw = computeBandwidth(*job_.spec, counts_.paramCount, typeSize_, sec, job_.nranks);
+  const Bandwidth bw =
+      computeBandwidth(*job_.spec, counts_.paramCount, typeSize_, sec, job_.nranks);
   team.barrier(thread);
 
   Measurement m;
@@ -340,7 +343,8 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
       startColl(test, lib, inPlace, 0);
       completeColl(lib);
       const int64_t local = checkData(test, inPlace, seed);
-      m.wrong = static_cast<int64_t>(team.combine(thread, static_cast<double>(local), Combine::kSum));
+      m.wrong =
+          static_cast<int64_t>(team.combine(thread, static_cast<double>(local), Combine::kSum));
       if (m.wrong != 0) break;
     }
   }

@@ -69,8 +69,12 @@ Bandwidth computeBandwidth(const CollectiveSpec& spec, size_t paramCount, size_t
                            double seconds, int nranks);
 
 // Common factors.
-inline double factorOne(int) { return 1.0; }
-inline double factorRanks(int nranks) { return static_cast<double>(nranks); }
+inline double factorOne(int) {
+  return 1.0;
+}
+inline double factorRanks(int nranks) {
+  return static_cast<double>(nranks);
+}
 // (n-1)/n: allgather, reducescatter, alltoall.
 inline double factorRing(int nranks) {
   return static_cast<double>(nranks - 1) / static_cast<double>(nranks);

@@ -35,7 +35,8 @@ CudaApi* load() {
             bind(lib, "cudaStreamBeginCapture", &api.streamBeginCapture) &&
             bind(lib, "cudaStreamEndCapture", &api.streamEndCapture) &&
             bind(lib, "cudaGraphInstantiateWithFlags", &api.graphInstantiateWithFlags) &&
-            bind(lib, "cudaGraphLaunch", &api.graphLaunch) && bind(lib, "cudaGraphDestroy", &api.graphDestroy) &&
+            bind(lib, "cudaGraphLaunch", &api.graphLaunch) &&
+            bind(lib, "cudaGraphDestroy", &api.graphDestroy) &&
             bind(lib, "cudaGraphExecDestroy", &api.graphExecDestroy);
   // CUDA 12+ exports the current layout as _v2.
   if (ok && !bind(lib, "cudaGetDeviceProperties_v2", &api.getDeviceProperties)) {

@@ -118,9 +118,8 @@ std::string formatRowStart(size_t bytes, size_t count, std::string_view typeName
                            std::string_view opName, int root) {
   const std::string rootText = printfString("%6i", root);
   return printfString("%12li  %12li  %8.*s  %6.*s  %6s", static_cast<long>(bytes),
-                      static_cast<long>(count), static_cast<int>(typeName.size()),
-                      typeName.data(), static_cast<int>(opName.size()), opName.data(),
-                      rootText.c_str());
+                      static_cast<long>(count), static_cast<int>(typeName.size()), typeName.data(),
+                      static_cast<int>(opName.size()), opName.data(), rootText.c_str());
 }
 
 std::string formatRowResult(double timeUsec, double algBw, double busBw, bool checked,

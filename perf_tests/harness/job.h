@@ -37,7 +37,7 @@ struct RankState {
   cudaStream_t stream = nullptr;
   void* send = nullptr;  // maxBytes each
   void* recv = nullptr;
-  std::vector<char> scratch;  // device memory: host copy for filling and checking
+  std::vector<char> scratch;                   // device memory: host copy for filling and checking
   std::array<LibraryRank, kMaxLibraries> lib;  // indexed like Job::libraries
 };
 
@@ -63,7 +63,7 @@ struct Job {
   Mpi* mpi = nullptr;
   Memory* memory = nullptr;
   Team* team = nullptr;
-  JsonReport* json = nullptr;  // open on the main process only
+  JsonReport* json = nullptr;             // open on the main process only
   std::vector<const NcclApi*> libraries;  // [0] linked (loom), [1] --compare's, if any
   int nprocs = 1;
   int proc = 0;
@@ -93,12 +93,12 @@ void heartbeat(Job& job);
     }                                                                                     \
   } while (0)
 
-#define LOOM_PERF_CHECK(job, call)                        \
-  do {                                                    \
-    const std::string loomPerfError_ = (call);            \
-    if (!loomPerfError_.empty()) {                        \
-      ::loom::perf::fatal((job), loomPerfError_);         \
-    }                                                     \
+#define LOOM_PERF_CHECK(job, call)                \
+  do {                                            \
+    const std::string loomPerfError_ = (call);    \
+    if (!loomPerfError_.empty()) {                \
+      ::loom::perf::fatal((job), loomPerfError_); \
+    }                                             \
   } while (0)
 
 // Runs every test of the job on this thread's ranks (bench.cc).

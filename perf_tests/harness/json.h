@@ -84,11 +84,11 @@ struct DeviceInfo {
 };
 
 struct RunInfo {
-  std::string program;      // "all_reduce_perf"
-  std::string collective;   // "AllReduce"
+  std::string program;     // "all_reduce_perf"
+  std::string collective;  // "AllReduce"
   std::vector<std::string> args;
   int libraryVersion = 0;
-  std::string memory;       // "host" or "device"
+  std::string memory;  // "host" or "device"
   int nranks = 0;
   int nprocs = 1;
   // --compare: the compared library's file and ncclGetVersion; comparePath empty otherwise.

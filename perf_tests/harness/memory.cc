@@ -52,7 +52,9 @@ class DeviceMemory final : public Memory {
   explicit DeviceMemory(const CudaApi* api) : api_(api) {}
   bool isDevice() const override { return true; }
   const char* name() const override { return "device"; }
-  std::string setDevice(int device) override { return check(api_->setDevice(device), "cudaSetDevice"); }
+  std::string setDevice(int device) override {
+    return check(api_->setDevice(device), "cudaSetDevice");
+  }
   std::string allocate(size_t bytes, void** ptr) override {
     return check(api_->malloc(ptr, bytes == 0 ? 1 : bytes), "cudaMalloc");
   }
@@ -63,7 +65,9 @@ class DeviceMemory final : public Memory {
   std::string upload(void* dst, const void* src, size_t bytes) override {
     return check(api_->memcpy(dst, src, bytes, CudaApi::kMemcpyDefault), "cudaMemcpy");
   }
-  std::string synchronize() override { return check(api_->deviceSynchronize(), "cudaDeviceSynchronize"); }
+  std::string synchronize() override {
+    return check(api_->deviceSynchronize(), "cudaDeviceSynchronize");
+  }
   std::string download(void* dst, const void* src, size_t bytes) override {
     return check(api_->memcpy(dst, src, bytes, CudaApi::kMemcpyDefault), "cudaMemcpy");
   }
@@ -82,7 +86,8 @@ class DeviceMemory final : public Memory {
   std::string beginCapture(cudaStream_t stream) override {
     // Thread-local: other threads (of -t, or the library's own) may make calls that a
     // global capture would forbid.
-    return check(api_->streamBeginCapture(stream, CudaApi::kCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    return check(api_->streamBeginCapture(stream, CudaApi::kCaptureModeThreadLocal),
+                 "cudaStreamBeginCapture");
   }
   std::string endCapture(cudaStream_t stream, void** graph) override {
     *graph = nullptr;
@@ -90,7 +95,8 @@ class DeviceMemory final : public Memory {
   }
   std::string instantiate(void* graph, void** exec) override {
     *exec = nullptr;
-    const std::string error = check(api_->graphInstantiateWithFlags(exec, graph, 0), "cudaGraphInstantiateWithFlags");
+    const std::string error =
+        check(api_->graphInstantiateWithFlags(exec, graph, 0), "cudaGraphInstantiateWithFlags");
     api_->graphDestroy(graph);
     return error;
   }
@@ -110,7 +116,9 @@ class DeviceMemory final : public Memory {
 
 }  // namespace
 
-std::unique_ptr<Memory> makeHostMemory() { return std::make_unique<HostMemory>(); }
+std::unique_ptr<Memory> makeHostMemory() {
+  return std::make_unique<HostMemory>();
+}
 
 std::unique_ptr<Memory> makeDeviceMemory() {
   const CudaApi* api = cudaApi();

@@ -10,8 +10,8 @@ namespace loom::perf {
 namespace {
 
 bool launchedByMpi() {
-  const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK",
-                        "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"};
+  const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",       "PMIX_RANK", "PMI_RANK",
+                        "MV2_COMM_WORLD_SIZE",  "MPI_LOCALNRANKS"};
   for (const char* v : vars) {
     if (std::getenv(v) != nullptr) return true;
   }
@@ -96,7 +96,9 @@ void Mpi::broadcast(void*, size_t, int) {}
 void Mpi::allreduceSum(double*) {}
 void Mpi::allreduceMin(double*) {}
 void Mpi::allreduceMax(double*) {}
-std::vector<std::string> Mpi::allgather(const std::string& mine) { return {mine}; }
+std::vector<std::string> Mpi::allgather(const std::string& mine) {
+  return {mine};
+}
 void Mpi::abort(int) {}
 
 #endif

@@ -288,8 +288,9 @@ void threadMain(Job& job, ThreadState& t, const ncclUniqueId* ids, Watchdog* wat
 std::unique_ptr<Memory> chooseMemory(const Options& o, std::string* error) {
   const bool gpu = o.memory != MemoryKind::kHost && cudaDeviceCount() > 0;
   if (o.memory == MemoryKind::kDevice && !gpu) {
-    *error = "--memory device: no CUDA device found (libcudart could not be loaded, or it sees "
-             "no GPU); use --memory host";
+    *error =
+        "--memory device: no CUDA device found (libcudart could not be loaded, or it sees "
+        "no GPU); use --memory host";
     return nullptr;
   }
   if (gpu) return makeDeviceMemory();
@@ -302,7 +303,9 @@ std::unique_ptr<Memory> chooseMemory(const Options& o, std::string* error) {
 
 // ---- job-wide helpers declared in job.h ----
 
-void heartbeat(Job& job) { job.progress.fetch_add(1, std::memory_order_relaxed); }
+void heartbeat(Job& job) {
+  job.progress.fetch_add(1, std::memory_order_relaxed);
+}
 
 void fatal(const Job& job, const std::string& message) {
   std::printf("%s: Test failure: %s\n", job.host.c_str(), message.c_str());
@@ -431,10 +434,11 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
     // mpirun, bound to one core by default, a GiB-sized check takes minutes.
     const unsigned online = std::max(1u, std::thread::hardware_concurrency());
     if (o.check > 0 && o.maxBytes >= (size_t{256} << 20) && usableCpus() == 1 && online > 1) {
-      std::printf("# Note: this process may run on 1 of %u CPUs, so -c fills and checks large "
-                  "buffers on one thread; mpirun binds each process to a core by default: "
-                  "--bind-to none is faster\n",
-                  online);
+      std::printf(
+          "# Note: this process may run on 1 of %u CPUs, so -c fills and checks large "
+          "buffers on one thread; mpirun binds each process to a core by default: "
+          "--bind-to none is faster\n",
+          online);
     }
     if (compare.api) {
       std::printf("# Comparing with NCCL %d from %s\n", compareVersion, compare.api->path.c_str());
@@ -449,8 +453,9 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
     }
     std::printf("#\n# Using devices\n");
     for (const DeviceInfo& d : all) {
-      std::fputs(formatDeviceLine(d.rank, d.group, d.pid, d.host, d.device, d.busId, d.name).c_str(),
-                 stdout);
+      std::fputs(
+          formatDeviceLine(d.rank, d.group, d.pid, d.host, d.device, d.busId, d.name).c_str(),
+          stdout);
     }
     std::fflush(stdout);
     if (json.isOpen()) {

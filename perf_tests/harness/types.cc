@@ -53,7 +53,9 @@ constexpr std::array<Alias, 13> kTypeAliases = {{
 
 }  // namespace
 
-std::span<const TypeInfo> allTypes() { return kTypes; }
+std::span<const TypeInfo> allTypes() {
+  return kTypes;
+}
 
 const TypeInfo& typeInfo(ncclDataType_t type) {
   // Called per element by the -c checks: the table is in enum order, so index it first.
@@ -75,9 +77,13 @@ std::optional<ncclDataType_t> parseTypeName(std::string_view name) {
   return std::nullopt;
 }
 
-std::span<const OpInfo> allOps() { return kOps; }
+std::span<const OpInfo> allOps() {
+  return kOps;
+}
 
-const char* opName(OpKind kind) { return kOps[static_cast<int>(kind)].name; }
+const char* opName(OpKind kind) {
+  return kOps[static_cast<int>(kind)].name;
+}
 
 std::optional<OpKind> parseOpName(std::string_view name) {
   for (const OpInfo& info : kOps) {

@@ -15,9 +15,13 @@ namespace {
 
 // ---- encoding helpers ----
 
-double roundHalfEven(double x) { return std::nearbyint(x); }  // default FP env: to nearest even
+double roundHalfEven(double x) {
+  return std::nearbyint(x);
+}  // default FP env: to nearest even
 
-int exponentBias(int exponentBits) { return (1 << (exponentBits - 1)) - 1; }
+int exponentBias(int exponentBits) {
+  return (1 << (exponentBits - 1)) - 1;
+}
 
 double largestFinite(int exponentBits, int mantissaBits, bool finiteOnly) {
   const int bias = exponentBias(exponentBits);
@@ -40,7 +44,9 @@ double smallestNormal(const TypeInfo& info) {
   }
 }
 
-bool isFiniteOnly(ncclDataType_t type) { return type == ncclFloat8e4m3; }
+bool isFiniteOnly(ncclDataType_t type) {
+  return type == ncclFloat8e4m3;
+}
 
 // ---- generator helpers ----
 
@@ -111,7 +117,10 @@ Expected floatReduce(const DataParams& p, const TypeInfo& info, double smallest,
     const double x = static_cast<double>(valueOf(r));
     switch (p.op) {
       case OpKind::kSum:
-      case OpKind::kAvg: acc += x; absSum += std::fabs(x); break;
+      case OpKind::kAvg:
+        acc += x;
+        absSum += std::fabs(x);
+        break;
       case OpKind::kMulSum: {
         const double term = x * static_cast<double>(mulSumScalar(r));
         acc += term;
@@ -157,7 +166,8 @@ uint32_t encodeSmallFloat(double value, int exponentBits, int mantissaBits, bool
   const uint32_t sign = std::signbit(value) ? signBit : 0;
   double a = std::fabs(value);
   const double maxFinite = largestFinite(exponentBits, mantissaBits, finiteOnly);
-  if (std::isinf(a)) return finiteOnly ? (sign | (nanBits & ~signBit)) : (sign | (expMask << mantissaBits));
+  if (std::isinf(a))
+    return finiteOnly ? (sign | (nanBits & ~signBit)) : (sign | (expMask << mantissaBits));
   if (a == 0) return sign;
   const int minExp = 1 - bias;
   int e2 = 0;
@@ -256,7 +266,9 @@ void storeValue(ncclDataType_t type, int64_t value, void* dst) {
 
 // ---- generator ----
 
-int64_t mulSumScalar(int rank) { return 1 + rank % 2; }
+int64_t mulSumScalar(int rank) {
+  return 1 + rank % 2;
+}
 
 namespace {
 
@@ -265,8 +277,11 @@ namespace {
 class InputGen {
  public:
   InputGen(const DataParams& p, int rank)
-      : prod_(p.op == OpKind::kProd), seed_(p.seed), rank_(static_cast<uint64_t>(rank)),
-        slots_(static_cast<uint64_t>(p.nranks) + 1), rankHash_(mix(p.seed * 0x100000001B3ull + rank_)) {
+      : prod_(p.op == OpKind::kProd),
+        seed_(p.seed),
+        rank_(static_cast<uint64_t>(rank)),
+        slots_(static_cast<uint64_t>(p.nranks) + 1),
+        rankHash_(mix(p.seed * 0x100000001B3ull + rank_)) {
     const TypeInfo& info = typeInfo(p.type);
     signed_ = info.isSigned;
     k_ = prod_ ? 1 : valueRange(p, info);
@@ -293,7 +308,9 @@ class InputGen {
 
 }  // namespace
 
-int64_t inputValue(const DataParams& p, int rank, size_t index) { return InputGen(p, rank)(index); }
+int64_t inputValue(const DataParams& p, int rank, size_t index) {
+  return InputGen(p, rank)(index);
+}
 
 unsigned usableCpus() {
   cpu_set_t set;
@@ -337,7 +354,9 @@ void fillInput(const DataParams& params, int rank, void* dst, size_t count) {
   });
 }
 
-int poisonByte(ncclDataType_t type) { return typeInfo(type).isFloat ? 0x7F : 0xA5; }
+int poisonByte(ncclDataType_t type) {
+  return typeInfo(type).isFloat ? 0x7F : 0xA5;
+}
 
 // ---- expected ----
 
@@ -387,9 +406,11 @@ int64_t countWrong(const DataParams& params, const RankLayout& layout, ExpectFn 
   for (int r = 0; r < params.nranks; ++r) gens.emplace_back(params, r);
   // What `source` must hold: expectedCopy() or expectedReduce(), with the generators above.
   auto expected = [&](const Source& source) {
-    if (source.kind == Source::Kind::kCopy) return copied(params, info, gens[source.rank](source.index));
+    if (source.kind == Source::Kind::kCopy)
+      return copied(params, info, gens[source.rank](source.index));
     auto valueOf = [&](int r) { return gens[r](source.index); };
-    return info.isFloat ? floatReduce(params, info, smallest, valueOf) : integerReduce(params, info, valueOf);
+    return info.isFloat ? floatReduce(params, info, smallest, valueOf)
+                        : integerReduce(params, info, valueOf);
   };
   const auto* bytes = static_cast<const char*>(data);
   std::atomic<int64_t> wrong{0};

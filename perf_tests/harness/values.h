@@ -81,9 +81,9 @@ struct Source {
 
 struct Expected {
   bool isFloat = false;
-  uint64_t bits = 0;       // integers: the exact result, truncated to the type's width
-  double value = 0;        // floats: the exact result of the operation on the inputs
-  double tolerance = 0;    // floats: the largest accepted |got - value|
+  uint64_t bits = 0;     // integers: the exact result, truncated to the type's width
+  double value = 0;      // floats: the exact result of the operation on the inputs
+  double tolerance = 0;  // floats: the largest accepted |got - value|
 };
 
 // The result of reducing every rank's input at `index` with params.op.

@@ -25,9 +25,21 @@ bool parseSize(const char* text, size_t* out) {
   unsigned long long v = std::strtoull(text, &end, 10);
   if (end == text) return false;
   switch (*end) {
-    case 'K': case 'k': v <<= 10; ++end; break;
-    case 'M': case 'm': v <<= 20; ++end; break;
-    case 'G': case 'g': v <<= 30; ++end; break;
+    case 'K':
+    case 'k':
+      v <<= 10;
+      ++end;
+      break;
+    case 'M':
+    case 'm':
+      v <<= 20;
+      ++end;
+      break;
+    case 'G':
+    case 'g':
+      v <<= 30;
+      ++end;
+      break;
     default: break;
   }
   if (*end != '\0') return false;
@@ -36,7 +48,9 @@ bool parseSize(const char* text, size_t* out) {
 }
 
 // Per-rank, per-index values whose float sum is exact (small integers).
-float valueOf(int rank, size_t i) { return static_cast<float>(rank + 1 + static_cast<int>(i % 7)); }
+float valueOf(int rank, size_t i) {
+  return static_cast<float>(rank + 1 + static_cast<int>(i % 7));
+}
 
 }  // namespace
 

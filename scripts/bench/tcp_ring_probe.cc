@@ -28,8 +28,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,9 +60,12 @@ size_t parseSize(const char* s) {
     std::exit(2);
   }
   switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    case 'K':
+    case 'k': v *= 1024; break;
+    case 'M':
+    case 'm': v *= 1024 * 1024; break;
+    case 'G':
+    case 'g': v *= 1024.0 * 1024 * 1024; break;
     default: break;
   }
   return static_cast<size_t>(v);
@@ -81,11 +84,16 @@ Options parse(int argc, char** argv) {
       std::exit(2);
     }
     const char* v = argv[++i];
-    if (a == "-n") o.procs = std::atoi(v);
-    else if (a == "-b") o.bytes = parseSize(v);
-    else if (a == "-p") o.piece = parseSize(v);
-    else if (a == "-w") o.warmup = std::atoi(v);
-    else if (a == "-i") o.iters = std::atoi(v);
+    if (a == "-n")
+      o.procs = std::atoi(v);
+    else if (a == "-b")
+      o.bytes = parseSize(v);
+    else if (a == "-p")
+      o.piece = parseSize(v);
+    else if (a == "-w")
+      o.warmup = std::atoi(v);
+    else if (a == "-i")
+      o.iters = std::atoi(v);
     else {
       std::fprintf(stderr, "tcp_ring_probe: unknown option %s (-n -b -p -w -i -d)\n", a.c_str());
       std::exit(2);
@@ -93,7 +101,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.procs < 2 || o.procs > 64 || o.bytes < size_t(o.procs) || o.piece == 0 || o.iters < 1 ||
       o.warmup < 0) {
-    std::fprintf(stderr, "tcp_ring_probe: need 2 <= -n <= 64, -b >= -n, -p > 0, -i >= 1, -w >= 0\n");
+    std::fprintf(stderr,
+                 "tcp_ring_probe: need 2 <= -n <= 64, -b >= -n, -p > 0, -i >= 1, -w >= 0\n");
     std::exit(2);
   }
   return o;
@@ -133,8 +142,8 @@ void tune(int fd) {
 // Sends `bytes` on each socket of `outs` while receiving as many on each of `ins`, in
 // sends and receives of at most `piece` bytes from and into buffers of `piece` bytes (so
 // they stay in cache, as a reducing all-reduce's do not: this is the kernel's share alone).
-void exchange(const std::vector<int>& outs, const std::vector<int>& ins, size_t bytes,
-              size_t piece, char* sbuf, char* rbuf) {
+void exchange(const std::vector<int>& outs, const std::vector<int>& ins, size_t bytes, size_t piece,
+              char* sbuf, char* rbuf) {
   std::vector<size_t> sent(outs.size(), 0), got(ins.size(), 0);
   int idle = 0;
   while (true) {
@@ -142,8 +151,9 @@ void exchange(const std::vector<int>& outs, const std::vector<int>& ins, size_t 
     for (size_t k = 0; k < outs.size(); ++k) {
       if (sent[k] == bytes) continue;
       done = false;
-      ssize_t r = send(outs[k], sbuf + sent[k] % piece,
-                       std::min(piece - sent[k] % piece, bytes - sent[k]), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t r =
+          send(outs[k], sbuf + sent[k] % piece, std::min(piece - sent[k] % piece, bytes - sent[k]),
+               MSG_NOSIGNAL | MSG_DONTWAIT);
       if (r > 0) {
         sent[k] += static_cast<size_t>(r);
         moved = true;
@@ -154,8 +164,8 @@ void exchange(const std::vector<int>& outs, const std::vector<int>& ins, size_t 
     for (size_t k = 0; k < ins.size(); ++k) {
       if (got[k] == bytes) continue;
       done = false;
-      ssize_t r = recv(ins[k], rbuf + got[k] % piece, std::min(piece - got[k] % piece, bytes - got[k]),
-                       MSG_DONTWAIT);
+      ssize_t r = recv(ins[k], rbuf + got[k] % piece,
+                       std::min(piece - got[k] % piece, bytes - got[k]), MSG_DONTWAIT);
       if (r > 0) {
         got[k] += static_cast<size_t>(r);
         moved = true;
@@ -201,7 +211,8 @@ double runRank(int rank, const Options& o, const std::vector<int>& listeners,
   // other rank and accept as many (the listen backlogs make the order safe).
   std::vector<int> outs, ins;
   const int n = o.procs;
-  for (int q = 1; q < (o.direct ? n : 2); ++q) outs.push_back(connectLoopback(ports[(rank + q) % n]));
+  for (int q = 1; q < (o.direct ? n : 2); ++q)
+    outs.push_back(connectLoopback(ports[(rank + q) % n]));
   for (size_t k = 0; k < outs.size(); ++k) {
     int fd = accept(listeners[rank], nullptr, nullptr);
     if (fd < 0) die("accept");
@@ -282,15 +293,16 @@ int main(int argc, char** argv) {
     ++reports;
   }
   if (failed || reports != o.procs) {
-    std::fprintf(stderr, "tcp_ring_probe: %d of %d processes failed\n", std::max(failed, o.procs - reports),
-                 o.procs);
+    std::fprintf(stderr, "tcp_ring_probe: %d of %d processes failed\n",
+                 std::max(failed, o.procs - reports), o.procs);
     return 1;
   }
   const double total = double(bytesPerRound(o)) * o.iters * o.procs;
   const double gbs = total / slowest / 1e9;
-  std::printf("tcp_ring_probe: %d processes, %s, %zu bytes each per round in sends of %zu, %d rounds: "
-              "%.3f GB/s in all; all-reduce busbw equivalent %.3f GB/s\n",
-              o.procs, o.direct ? "each to every other" : "a ring", o.bytes, o.piece, o.iters, gbs,
-              gbs / o.procs);
+  std::printf(
+      "tcp_ring_probe: %d processes, %s, %zu bytes each per round in sends of %zu, %d rounds: "
+      "%.3f GB/s in all; all-reduce busbw equivalent %.3f GB/s\n",
+      o.procs, o.direct ? "each to every other" : "a ring", o.bytes, o.piece, o.iters, gbs,
+      gbs / o.procs);
   return 0;
 }

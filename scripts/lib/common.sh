@@ -36,6 +36,7 @@ loom_package_command() {
     openmpi-bin) echo mpirun ;;
     iproute2) echo ip ;;
     clang) echo clang++ ;;
+    clang-format) echo clang-format ;;
   esac
 }
 

@@ -4,6 +4,8 @@
 // emulation of the kernel on the CPU (CpuKernel below, an emulation of
 // collectives/device/net_kernels.cu: the same FIFO protocol and the same combination
 // order, host arithmetic). The kernel itself runs in the GPU tests.
+#include "collectives/device/net_plan.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,7 +16,6 @@
 #include <tuple>
 #include <vector>
 
-#include "collectives/device/net_plan.h"
 #include "collectives/tuner.h"
 #include "common/datatype.h"
 #include "transports/net/connect.h"
@@ -44,11 +45,11 @@ struct Case {
   Algorithm algo;
 };
 const Case kCases[] = {
-    {CollType::kAllReduce, Algorithm::kRing},     {CollType::kAllReduce, Algorithm::kTree},
-    {CollType::kAllReduce, Algorithm::kDirect},   {CollType::kAllReduce, Algorithm::kDoubling},
-    {CollType::kAllGather, Algorithm::kRing},     {CollType::kReduceScatter, Algorithm::kRing},
-    {CollType::kBroadcast, Algorithm::kChain},    {CollType::kBroadcast, Algorithm::kTree},
-    {CollType::kReduce, Algorithm::kTree},        {CollType::kAllToAll, Algorithm::kDirect},
+    {CollType::kAllReduce, Algorithm::kRing},   {CollType::kAllReduce, Algorithm::kTree},
+    {CollType::kAllReduce, Algorithm::kDirect}, {CollType::kAllReduce, Algorithm::kDoubling},
+    {CollType::kAllGather, Algorithm::kRing},   {CollType::kReduceScatter, Algorithm::kRing},
+    {CollType::kBroadcast, Algorithm::kChain},  {CollType::kBroadcast, Algorithm::kTree},
+    {CollType::kReduce, Algorithm::kTree},      {CollType::kAllToAll, Algorithm::kDirect},
 };
 
 TEST(NetPlan, EveryScheduleBecomesAPlanForOneToSixtyFourRanks) {
@@ -58,8 +59,8 @@ TEST(NetPlan, EveryScheduleBecomesAPlanForOneToSixtyFourRanks) {
         for (int root : {0, n - 1}) {
           Schedule s = netSchedule(request(c.type, r, n, 1000, root, 37), c.algo);
           auto plan = makeNetPlan(s, 37);
-          ASSERT_TRUE(plan.isOk()) << collTypeName(c.type) << "/" << algorithmName(c.algo) << " n=" << n
-                                   << " r=" << r << ": " << plan.status().message();
+          ASSERT_TRUE(plan.isOk()) << collTypeName(c.type) << "/" << algorithmName(c.algo)
+                                   << " n=" << n << " r=" << r << ": " << plan.status().message();
           const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
           EXPECT_LE(h->bytes, plan->size() * 8);
           EXPECT_GE(h->blocks, 1u);
@@ -120,9 +121,15 @@ TEST(NetPlan, NoOneShotOverTheNetwork) {
 constexpr uint32_t kSlots = 4;
 constexpr uint64_t kSlotBytes = 4096;
 
-uint64_t loadAcquire(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
-void storeRelease(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
-bool closed(const Fifo& f) { return std::atomic_ref<uint32_t>(f.header->closed).load() != transport::net::kNetOpen; }
+uint64_t loadAcquire(uint64_t* p) {
+  return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire);
+}
+void storeRelease(uint64_t* p, uint64_t v) {
+  std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
+}
+bool closed(const Fifo& f) {
+  return std::atomic_ref<uint32_t>(f.header->closed).load() != transport::net::kNetOpen;
+}
 
 // One rank: its backend, proxy and FIFOs, and the emulated kernel's counters.
 struct Rank {
@@ -134,7 +141,7 @@ struct Rank {
   std::vector<bool> haveSend, haveRecv;
   std::vector<uint64_t> sent, consumed;
   transport::net::HandleExchange exchange[kNetMaxLanes];  // each lane's handles
-  std::unique_ptr<transport::net::Proxy> proxy;  // declared last: goes first
+  std::unique_ptr<transport::net::Proxy> proxy;           // declared last: goes first
 
   ~Rank() {
     proxy.reset();
@@ -175,7 +182,8 @@ struct Mailbox {
 
 // Connections as the network executor makes them: the FIFOs now, the connections by the
 // proxy thread (transports/net/connect.h's dialers), so nothing here waits for a peer.
-void connectRank(Rank& r, Mailbox& mail, const std::vector<NetLink>& sends, const std::vector<NetLink>& recvs) {
+void connectRank(Rank& r, Mailbox& mail, const std::vector<NetLink>& sends,
+                 const std::vector<NetLink>& recvs) {
   for (int lane = 0; lane < int(kNetMaxLanes) && !r.exchange[0].send; ++lane) {
     for (int l = 0; l < int(kNetMaxLanes); ++l) {
       r.exchange[l].send = [&mail, me = r.rank, l](int peer, const transport::net::Handle& h) {
@@ -183,7 +191,8 @@ void connectRank(Rank& r, Mailbox& mail, const std::vector<NetLink>& sends, cons
         mail.handles[{me, peer, l}] = h;
         return Status::ok();
       };
-      r.exchange[l].tryRecv = [&mail, me = r.rank, l](int peer, transport::net::Handle* h) -> Result<bool> {
+      r.exchange[l].tryRecv = [&mail, me = r.rank, l](int peer,
+                                                      transport::net::Handle* h) -> Result<bool> {
         std::lock_guard<std::mutex> lock(mail.mutex);
         auto it = mail.handles.find({peer, me, l});
         if (it == mail.handles.end()) return false;
@@ -213,7 +222,8 @@ void connectRank(Rank& r, Mailbox& mail, const std::vector<NetLink>& sends, cons
     const int k = l.lane * r.n + l.peer;
     if (r.haveSend[k]) continue;
     r.send[k] = fifo(l.peer);
-    r.proxy->addSend(transport::net::dialTo(*r.backend, 0, l.peer, r.exchange[l.lane]), r.send[k], 20000);
+    r.proxy->addSend(transport::net::dialTo(*r.backend, 0, l.peer, r.exchange[l.lane]), r.send[k],
+                     20000);
     r.haveSend[k] = true;
   }
 }
@@ -229,7 +239,8 @@ class CpuKernel {
   Status run() {
     std::vector<Status> results(plan_->nlanes);
     std::vector<std::thread> lanes;
-    for (uint32_t l = 0; l < plan_->nlanes; ++l) lanes.emplace_back([&, l] { results[l] = lane(netLanes(plan_)[l]); });
+    for (uint32_t l = 0; l < plan_->nlanes; ++l)
+      lanes.emplace_back([&, l] { results[l] = lane(netLanes(plan_)[l]); });
     for (auto& t : lanes) t.join();
     for (auto& s : results) LOOM_TRY(s);
     return Status::ok();
@@ -249,7 +260,8 @@ class CpuKernel {
   Status await(Ready ready, const char* what, int peer) {
     auto deadline = Clock::now() + std::chrono::seconds(30);
     while (!ready()) {
-      if (Clock::now() > deadline) return errorf(Code::kRemoteError, "rank %d: %s rank %d timed out", r_.rank, what, peer);
+      if (Clock::now() > deadline)
+        return errorf(Code::kRemoteError, "rank %d: %s rank %d timed out", r_.rank, what, peer);
       std::this_thread::yield();
     }
     return Status::ok();
@@ -284,10 +296,13 @@ class CpuKernel {
         const int q = st.recvPeers[j];
         Fifo& f = r_.recv[base + q];
         const uint64_t seq = r_.consumed[base + q];
-        LOOM_TRY(await([&] { return loadAcquire(&f.header->posted) > seq || closed(f); }, "receiving from", q));
-        if (loadAcquire(&f.header->posted) <= seq) return errorf(Code::kRemoteError, "rank %d: FIFO from %d closed", r_.rank, q);
+        LOOM_TRY(await([&] { return loadAcquire(&f.header->posted) > seq || closed(f); },
+                       "receiving from", q));
+        if (loadAcquire(&f.header->posted) <= seq)
+          return errorf(Code::kRemoteError, "rank %d: FIFO from %d closed", r_.rank, q);
         if (f.header->sizes[seq % f.nslots] != bytes) {
-          return errorf(Code::kInvalidUsage, "rank %d: a piece of %llu bytes from rank %d, %zu expected", r_.rank,
+          return errorf(Code::kInvalidUsage,
+                        "rank %d: a piece of %llu bytes from rank %d, %zu expected", r_.rank,
                         (unsigned long long)f.header->sizes[seq % f.nslots], q, bytes);
         }
         recv[j] = f.slot(seq);
@@ -296,7 +311,8 @@ class CpuKernel {
         const int q = st.sendPeers[j];
         Fifo& f = r_.send[base + q];
         const uint64_t seq = r_.sent[base + q];
-        LOOM_TRY(await([&] { return seq - loadAcquire(&f.header->done) < f.nslots || closed(f); }, "sending to", q));
+        LOOM_TRY(await([&] { return seq - loadAcquire(&f.header->done) < f.nslots || closed(f); },
+                       "sending to", q));
         if (closed(f)) return errorf(Code::kRemoteError, "rank %d: FIFO to %d closed", r_.rank, q);
         send[j] = f.slot(seq);
       }
@@ -313,12 +329,14 @@ class CpuKernel {
           std::memcpy(acc.data(), src, bytes);
         }
         if (reduces) {
-          for (int j = 0; j < st.nrecv; ++j) reduce(type_, op_, acc.data(), acc.data(), recv[j], elems);
+          for (int j = 0; j < st.nrecv; ++j)
+            reduce(type_, op_, acc.data(), acc.data(), recv[j], elems);
         }
       } else if (st.nrecv > 0) {
         std::memcpy(acc.data(), recv[0], bytes);
         if (reduces) {
-          for (int j = 1; j < st.nrecv; ++j) reduce(type_, op_, acc.data(), acc.data(), recv[j], elems);
+          for (int j = 1; j < st.nrecv; ++j)
+            reduce(type_, op_, acc.data(), acc.data(), recv[j], elems);
         }
       }
       if (reduces && st.final) applyPostOp(type_, op_, acc.data(), acc.data(), elems);
@@ -359,18 +377,22 @@ Status runPlan(Rank& rank, Mailbox& mail, const Result<std::vector<uint64_t>>& p
   return CpuKernel(rank, h, type, RedOp{}, in, out).run();
 }
 
-int32_t value(int rank, size_t i) { return static_cast<int32_t>(rank * 1000 + i % 997 + 1); }
+int32_t value(int rank, size_t i) {
+  return static_cast<int32_t>(rank * 1000 + i % 997 + 1);
+}
 
 // Runs one collective on n ranks as threads; checks every rank's output exactly.
 void runCollective(int n, CollType type, Algorithm algo, size_t count, int root, int lanes = 1) {
-  SCOPED_TRACE(std::string(collTypeName(type)) + "/" + algorithmName(algo) + " n=" + std::to_string(n) +
-               " count=" + std::to_string(count) + " root=" + std::to_string(root) + " lanes=" +
-               std::to_string(lanes));
+  SCOPED_TRACE(std::string(collTypeName(type)) + "/" + algorithmName(algo) +
+               " n=" + std::to_string(n) + " count=" + std::to_string(count) +
+               " root=" + std::to_string(root) + " lanes=" + std::to_string(lanes));
   Mailbox mail;
   std::vector<std::unique_ptr<Rank>> ranks = makeRanks(n, 4242);
   for (auto& k : ranks) ASSERT_TRUE(k->backend);
-  const size_t inCount = type == CollType::kReduceScatter || type == CollType::kAllToAll ? count * n : count;
-  const size_t outCount = type == CollType::kAllGather || type == CollType::kAllToAll ? count * n : count;
+  const size_t inCount =
+      type == CollType::kReduceScatter || type == CollType::kAllToAll ? count * n : count;
+  const size_t outCount =
+      type == CollType::kAllGather || type == CollType::kAllToAll ? count * n : count;
   std::vector<std::vector<int32_t>> in(n), out(n);
   std::vector<Status> results(n);
   std::vector<std::thread> threads;
@@ -380,12 +402,14 @@ void runCollective(int n, CollType type, Algorithm algo, size_t count, int root,
     out[r].assign(outCount, -7);
     threads.emplace_back([&, r] {
       const size_t piece = kSlotBytes / 4 / 2;  // two pieces per slot's worth: exercises blocks
-      auto plan = makeNetPlan(netLaneSchedules(request(type, r, n, count, root, piece), algo, lanes), piece);
+      auto plan = makeNetPlan(
+          netLaneSchedules(request(type, r, n, count, root, piece), algo, lanes), piece);
       results[r] = runPlan(*ranks[r], mail, plan, DataType::kInt32, in[r].data(), out[r].data());
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) ASSERT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < outCount; ++i) {
       int64_t want = 0;
@@ -403,7 +427,9 @@ void runCollective(int n, CollType type, Algorithm algo, size_t count, int root,
           break;
         case CollType::kAllGather: want = value(static_cast<int>(i / count), i % count); break;
         case CollType::kBroadcast: want = value(root, i); break;
-        case CollType::kAllToAll: want = value(static_cast<int>(i / count), r * count + i % count); break;
+        case CollType::kAllToAll:
+          want = value(static_cast<int>(i / count), r * count + i % count);
+          break;
         default: break;
       }
       ASSERT_EQ(out[r][i], static_cast<int32_t>(want)) << "rank " << r << " element " << i;
@@ -413,9 +439,12 @@ void runCollective(int n, CollType type, Algorithm algo, size_t count, int root,
 
 TEST(NetPlanOverSockets, LanesSplitEveryCollectiveButAllToAll) {
   for (int n : {2, 3}) {
-    for (const Case& c : {Case{CollType::kAllReduce, Algorithm::kRing}, Case{CollType::kAllReduce, Algorithm::kDoubling},
-                          Case{CollType::kBroadcast, Algorithm::kChain}, Case{CollType::kReduce, Algorithm::kTree},
-                          Case{CollType::kAllGather, Algorithm::kRing}, Case{CollType::kReduceScatter, Algorithm::kRing}}) {
+    for (const Case& c :
+         {Case{CollType::kAllReduce, Algorithm::kRing},
+          Case{CollType::kAllReduce, Algorithm::kDoubling},
+          Case{CollType::kBroadcast, Algorithm::kChain}, Case{CollType::kReduce, Algorithm::kTree},
+          Case{CollType::kAllGather, Algorithm::kRing},
+          Case{CollType::kReduceScatter, Algorithm::kRing}}) {
       for (int lanes : {2, 3}) {
         runCollective(n, c.type, c.algo, 20011, n - 1, lanes);
         if (HasFatalFailure()) return;
@@ -472,7 +501,8 @@ TEST(NetPlan, LanesCoverTheCountOnSixteenByteBoundaries) {
           EXPECT_EQ(start % 4, 0u) << count << " " << lanes;
         }
       }
-      for (size_t i = 0; i < count; ++i) EXPECT_EQ(covered[i], 1) << count << " " << lanes << " " << i;
+      for (size_t i = 0; i < count; ++i)
+        EXPECT_EQ(covered[i], 1) << count << " " << lanes << " " << i;
     }
   }
 }
@@ -498,7 +528,9 @@ TEST(NetPlanOverSockets, SendRecvGroupsWithSeveralMessagesPerPeer) {
   Mailbox mail;
   std::vector<std::unique_ptr<Rank>> ranks = makeRanks(n, 4243);
   for (auto& k : ranks) ASSERT_TRUE(k->backend);
-  auto size = [](int from, int to, int k) { return size_t(1000 * (from + 1) + 300 * to + 7000 * k + 1); };
+  auto size = [](int from, int to, int k) {
+    return size_t(1000 * (from + 1) + 300 * to + 7000 * k + 1);
+  };
   // bufs[r][q][k]: rank r's k-th send to q, and recvs[r][q][k] its k-th receive from q.
   std::vector<std::vector<std::vector<std::vector<unsigned char>>>> sends(n), recvs(n);
   std::vector<Status> results(n);
@@ -510,7 +542,8 @@ TEST(NetPlanOverSockets, SendRecvGroupsWithSeveralMessagesPerPeer) {
       if (q == r) continue;
       for (int k = 0; k < 2; ++k) {
         std::vector<unsigned char> b(size(r, q, k));
-        for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<unsigned char>(r * 31 + q * 7 + k + i);
+        for (size_t i = 0; i < b.size(); ++i)
+          b[i] = static_cast<unsigned char>(r * 31 + q * 7 + k + i);
         sends[r][q].push_back(b);
         recvs[r][q].push_back(std::vector<unsigned char>(size(q, r, k), 0));
       }
@@ -536,16 +569,18 @@ TEST(NetPlanOverSockets, SendRecvGroupsWithSeveralMessagesPerPeer) {
         }
       }
       s.phases.push_back(ph);
-      results[r] = runPlan(*ranks[r], mail, makeNetPlan(splitByConnection(s), kSlotBytes), DataType::kUint8,
-                           nullptr, nullptr);
+      results[r] = runPlan(*ranks[r], mail, makeNetPlan(splitByConnection(s), kSlotBytes),
+                           DataType::kUint8, nullptr, nullptr);
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) ASSERT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
+  for (int r = 0; r < n; ++r)
+    ASSERT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
   for (int r = 0; r < n; ++r) {
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      for (int k = 0; k < 2; ++k) EXPECT_EQ(recvs[r][q][k], sends[q][r][k]) << r << " from " << q << " #" << k;
+      for (int k = 0; k < 2; ++k)
+        EXPECT_EQ(recvs[r][q][k], sends[q][r][k]) << r << " from " << q << " #" << k;
     }
   }
 }

@@ -5,6 +5,8 @@
 // Data: rank r's input element i is r * 1000 + i % 997 + 1. The pre-op doubles a
 // contribution and the post-op negates the result, so a correct reduction yields
 // exactly -2 * (sum of inputs) and any double application shows.
+#include "collectives/schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "collectives/device/net_plan.h"
-#include "collectives/schedule.h"
 #include "collectives/tuner.h"
 
 namespace loom::collectives {
@@ -21,7 +22,9 @@ namespace {
 constexpr size_t kPiece = 5;  // elements per FIFO slot: small, to exercise pipelining
 constexpr size_t kDepth = 2;  // slots per connection
 
-int64_t inputValue(int r, size_t i) { return r * 1000 + static_cast<int64_t>(i % 997) + 1; }
+int64_t inputValue(int r, size_t i) {
+  return r * 1000 + static_cast<int64_t>(i % 997) + 1;
+}
 
 struct RankState {
   Schedule sch;
@@ -93,7 +96,8 @@ class Simulator {
     for (int j = 0; j < st.nrecv; ++j) {
       auto& q = fifo_[{st.recvPeers[j], r}];
       if (q.empty()) return false;
-      EXPECT_EQ(q.front().size(), m) << "piece size mismatch from " << st.recvPeers[j] << " to " << r;
+      EXPECT_EQ(q.front().size(), m)
+          << "piece size mismatch from " << st.recvPeers[j] << " to " << r;
       if (q.front().size() != m) return false;
     }
     for (int j = 0; j < st.nsend; ++j) {
@@ -121,7 +125,8 @@ class Simulator {
         EXPECT_EQ(st.nrecv, 1);
       }
     }
-    if (st.final) for (auto& v : acc) v = -v;
+    if (st.final)
+      for (auto& v : acc) v = -v;
     if (st.dst.buffer == Buffer::kOutput) {
       for (size_t i = 0; i < m; ++i) {
         size_t idx = st.dst.offset + first + i;
@@ -151,7 +156,9 @@ std::vector<int> rankCounts() {
   return v;
 }
 
-std::vector<size_t> countsFor(int n) { return {0, 1, 2, static_cast<size_t>(n) + 3, 97}; }
+std::vector<size_t> countsFor(int n) {
+  return {0, 1, 2, static_cast<size_t>(n) + 3, 97};
+}
 
 using Builder = std::function<Schedule(int r, int n, size_t count, int root)>;
 
@@ -173,21 +180,42 @@ const std::vector<int>* interleavedRing(int n) {
 
 std::vector<Case> cases() {
   return {
-      {"RingAllReduceTopoOrder", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece, interleavedRing(n)); }},
-      {"RingAllGatherTopoOrder", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece, interleavedRing(n)); }},
-      {"RingReduceScatterTopoOrder", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece, interleavedRing(n)); }},
-      {"RingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
-      {"DirectAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return directAllReduce(r, n, c, kPiece); }},
-      {"DoublingAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return doublingAllReduce(r, n, c, kPiece); }},
-      {"TreeAllReduce", CollType::kAllReduce, [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece); }},
-      {"RingAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece); }},
-      {"RingReduceScatter", CollType::kReduceScatter, [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece); }},
-      {"ChainBroadcast", CollType::kBroadcast, [](int r, int n, size_t c, int root) { return chainBroadcast(r, n, c, root); }},
-      {"TreeBroadcast", CollType::kBroadcast, [](int r, int n, size_t c, int root) { return treeBroadcast(r, n, c, root); }},
-      {"TreeReduce", CollType::kReduce, [](int r, int n, size_t c, int root) { return treeReduce(r, n, c, root); }},
-      {"DirectAllToAll", CollType::kAllToAll, [](int r, int n, size_t c, int) { return directAllToAll(r, n, c); }},
-      {"RoundsAllToAll", CollType::kAllToAll, [](int r, int n, size_t c, int) { return roundsAllToAll(r, n, c, 3); }},
-      {"DirectAllGather", CollType::kAllGather, [](int r, int n, size_t c, int) { return directAllGather(r, n, c); }},
+      {"RingAllReduceTopoOrder", CollType::kAllReduce,
+       [](int r, int n, size_t c, int) {
+         return ringAllReduce(r, n, c, kPiece, interleavedRing(n));
+       }},
+      {"RingAllGatherTopoOrder", CollType::kAllGather,
+       [](int r, int n, size_t c, int) {
+         return ringAllGather(r, n, c, kPiece, interleavedRing(n));
+       }},
+      {"RingReduceScatterTopoOrder", CollType::kReduceScatter,
+       [](int r, int n, size_t c, int) {
+         return ringReduceScatter(r, n, c, kPiece, interleavedRing(n));
+       }},
+      {"RingAllReduce", CollType::kAllReduce,
+       [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
+      {"DirectAllReduce", CollType::kAllReduce,
+       [](int r, int n, size_t c, int) { return directAllReduce(r, n, c, kPiece); }},
+      {"DoublingAllReduce", CollType::kAllReduce,
+       [](int r, int n, size_t c, int) { return doublingAllReduce(r, n, c, kPiece); }},
+      {"TreeAllReduce", CollType::kAllReduce,
+       [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece); }},
+      {"RingAllGather", CollType::kAllGather,
+       [](int r, int n, size_t c, int) { return ringAllGather(r, n, c, kPiece); }},
+      {"RingReduceScatter", CollType::kReduceScatter,
+       [](int r, int n, size_t c, int) { return ringReduceScatter(r, n, c, kPiece); }},
+      {"ChainBroadcast", CollType::kBroadcast,
+       [](int r, int n, size_t c, int root) { return chainBroadcast(r, n, c, root); }},
+      {"TreeBroadcast", CollType::kBroadcast,
+       [](int r, int n, size_t c, int root) { return treeBroadcast(r, n, c, root); }},
+      {"TreeReduce", CollType::kReduce,
+       [](int r, int n, size_t c, int root) { return treeReduce(r, n, c, root); }},
+      {"DirectAllToAll", CollType::kAllToAll,
+       [](int r, int n, size_t c, int) { return directAllToAll(r, n, c); }},
+      {"RoundsAllToAll", CollType::kAllToAll,
+       [](int r, int n, size_t c, int) { return roundsAllToAll(r, n, c, 3); }},
+      {"DirectAllGather", CollType::kAllGather,
+       [](int r, int n, size_t c, int) { return directAllGather(r, n, c); }},
   };
 }
 
@@ -234,7 +262,8 @@ void checkCase(const Case& cs, int n, size_t count, int root, bool split = false
     inputs.push_back(std::move(in));
   }
   Simulator sim(schedules, inputs);
-  ASSERT_TRUE(sim.run()) << cs.name << " deadlocks or leaves data behind: n=" << n << " count=" << count;
+  ASSERT_TRUE(sim.run()) << cs.name << " deadlocks or leaves data behind: n=" << n
+                         << " count=" << count;
   for (int r = 0; r < n; ++r) {
     const auto& out = sim.output(r);
     auto sumAt = [&](size_t i) {
@@ -248,9 +277,13 @@ void checkCase(const Case& cs, int n, size_t count, int root, bool split = false
         case CollType::kAllReduce: expect = sumAt(i); break;
         case CollType::kReduce: expect = sumAt(i); break;
         case CollType::kReduceScatter: expect = sumAt(r * count + i); break;
-        case CollType::kAllGather: expect = inputValue(static_cast<int>(i / count), i % count); break;
+        case CollType::kAllGather:
+          expect = inputValue(static_cast<int>(i / count), i % count);
+          break;
         case CollType::kBroadcast: expect = inputValue(root, i); break;
-        case CollType::kAllToAll: expect = inputValue(static_cast<int>(i / count), r * count + i % count); break;
+        case CollType::kAllToAll:
+          expect = inputValue(static_cast<int>(i / count), r * count + i % count);
+          break;
         default: break;
       }
       ASSERT_EQ(out[i], expect) << cs.name << " n=" << n << " count=" << count << " rank " << r
@@ -265,7 +298,8 @@ void checkEveryCase(bool split) {
     for (int n : rankCounts()) {
       for (size_t count : countsFor(n)) {
         std::vector<int> roots = {0};
-        if (cs.type == CollType::kBroadcast || cs.type == CollType::kReduce) roots = {0, n / 2, n - 1};
+        if (cs.type == CollType::kBroadcast || cs.type == CollType::kReduce)
+          roots = {0, n / 2, n - 1};
         for (int root : roots) {
           checkCase(cs, n, count, root, split);
           if (::testing::Test::HasFatalFailure()) return;
@@ -275,11 +309,15 @@ void checkEveryCase(bool split) {
   }
 }
 
-TEST(Schedules, EveryCollectiveEveryRankCount) { checkEveryCase(false); }
+TEST(Schedules, EveryCollectiveEveryRankCount) {
+  checkEveryCase(false);
+}
 
 // The form the GPU network executor runs (collectives/device/net_plan.h): steps that share
 // a connection in sub-phases of their own, every phase strictly after the one before.
-TEST(Schedules, EveryCollectiveSplitByConnection) { checkEveryCase(true); }
+TEST(Schedules, EveryCollectiveSplitByConnection) {
+  checkEveryCase(true);
+}
 
 TEST(Schedules, BinaryTreeIsATree) {
   for (int n = 1; n <= 200; ++n) {
@@ -437,8 +475,10 @@ TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {
   // Never more than a slot, always a multiple of 64 bytes.
   EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 3 << 20, 3, 4096), 4096u);
   // Over sockets the ring collectives take pieces of at most 128 KiB; broadcast keeps its own.
-  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 64 << 20, 4, slot, true), std::min<size_t>(slot, 128u * 1024));
-  EXPECT_EQ(hostPieceBytes(CollType::kAllGather, 8 << 20, 4, slot, true), std::min<size_t>(slot, 128u * 1024));
+  EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 64 << 20, 4, slot, true),
+            std::min<size_t>(slot, 128u * 1024));
+  EXPECT_EQ(hostPieceBytes(CollType::kAllGather, 8 << 20, 4, slot, true),
+            std::min<size_t>(slot, 128u * 1024));
   EXPECT_EQ(hostPieceBytes(CollType::kBroadcast, 64 << 20, 4, slot, true), slot);
   EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 1000, 4, slot, true), 16u * 1024);
   EXPECT_EQ(hostPieceBytes(CollType::kAllReduce, 100001 * 3, 3, slot) % 64, 0u);
@@ -452,7 +492,8 @@ TEST(Tuner, NetworkBroadcastAndReduceTakeLargePieces) {
   EXPECT_EQ(netPieceBytes(CollType::kReduce, 64 * 1024, 2, slot), 256u * 1024);
   EXPECT_EQ(netPieceBytes(CollType::kBroadcast, 64 << 20, 2, slot), slot);
   EXPECT_EQ(netPieceBytes(CollType::kReduce, 1 << 20, 2, 128 * 1024), 128u * 1024);
-  EXPECT_EQ(netPieceBytes(CollType::kAllReduce, 1 << 20, 4, slot), hostPieceBytes(CollType::kAllReduce, 1 << 20, 4, slot));
+  EXPECT_EQ(netPieceBytes(CollType::kAllReduce, 1 << 20, 4, slot),
+            hostPieceBytes(CollType::kAllReduce, 1 << 20, 4, slot));
 }
 
 }  // namespace

@@ -32,13 +32,16 @@ void hammer(ncclComm_t comm, int kind, Loop* loop, const std::atomic<bool>* stop
     const bool after = aborted->load();
     ncclResult_t r = ncclSuccess;
     switch (kind) {
-      case 0: r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr); break;
+      case 0:
+        r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+        break;
       case 1: r = ncclCommUserRank(comm, &rank); break;
       case 2: r = ncclCommGetAsyncError(comm, &asyncErr); break;
       default: {
         // A group: its communicator is checked again when the group runs.
         ncclGroupStart();
-        ncclResult_t q = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+        ncclResult_t q =
+            ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
         r = ncclGroupEnd();
         if (q != ncclSuccess) r = q;
       }
@@ -63,7 +66,8 @@ TEST(AbortRace, AbortWhileOtherThreadsCall) {
     const int groupOrPlain = round % 2 == 0 ? 0 : 3;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] { hammer(comms[r], groupOrPlain, &loops[r], &stop, &aborted); });
-      threads.emplace_back([&, r] { hammer(comms[r], 1 + (round + r) % 2, &loops[n + r], &stop, &aborted); });
+      threads.emplace_back(
+          [&, r] { hammer(comms[r], 1 + (round + r) % 2, &loops[n + r], &stop, &aborted); });
     }
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 10000));
     for (int r = 0; r < n; ++r) EXPECT_EQ(ncclCommAbort(comms[r]), ncclSuccess);

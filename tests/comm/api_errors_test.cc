@@ -24,8 +24,9 @@ TEST(ApiErrors, LastErrorReachesAnotherThread) {
   unsetenv("LOOM_TIMEOUT_MS");
   std::vector<float> buf(1000, 1.0f);
   // Rank 1 never calls: rank 0's call fails at the timeout, in this thread.
-  EXPECT_NE(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr),
-            ncclSuccess);
+  EXPECT_NE(
+      ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr),
+      ncclSuccess);
   std::string seen;
   std::thread watchdog([&] {
     ncclResult_t async = ncclSuccess;
@@ -44,11 +45,14 @@ TEST(ApiErrors, PreMulSumOfAnotherTypeIsAnArgumentErrorOnly) {
   std::vector<ncclRedOp_t> ops(2);
   float two = 2.0f;
   for (int r = 0; r < 2; ++r) {
-    ASSERT_EQ(ncclRedOpCreatePreMulSum(&ops[r], &two, ncclFloat32, ncclScalarHostImmediate, comms[r]), ncclSuccess);
+    ASSERT_EQ(
+        ncclRedOpCreatePreMulSum(&ops[r], &two, ncclFloat32, ncclScalarHostImmediate, comms[r]),
+        ncclSuccess);
   }
   std::vector<int32_t> ibuf(10, 1);
-  EXPECT_EQ(ncclAllReduce(ibuf.data(), ibuf.data(), ibuf.size(), ncclInt32, ops[0], comms[0], nullptr),
-            ncclInvalidArgument);
+  EXPECT_EQ(
+      ncclAllReduce(ibuf.data(), ibuf.data(), ibuf.size(), ncclInt32, ops[0], comms[0], nullptr),
+      ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("created for"), std::string::npos);
   // The communicator still works: a valid call on both ranks.
   std::vector<std::vector<float>> f(2, std::vector<float>(100, 1.5f));
@@ -56,7 +60,8 @@ TEST(ApiErrors, PreMulSumOfAnotherTypeIsAnArgumentErrorOnly) {
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r) {
     ts.emplace_back([&, r] {
-      res[r] = ncclAllReduce(f[r].data(), f[r].data(), f[r].size(), ncclFloat32, ops[r], comms[r], nullptr);
+      res[r] = ncclAllReduce(f[r].data(), f[r].data(), f[r].size(), ncclFloat32, ops[r], comms[r],
+                             nullptr);
     });
   }
   for (auto& t : ts) t.join();
@@ -71,14 +76,18 @@ TEST(ApiErrors, InvalidCallInAGroupFailsTheGroup) {
   auto comms = hostComms(1);
   std::vector<float> buf(10, 1.0f);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, static_cast<ncclRedOp_t>(99),
-                          comms[0], nullptr),
+  EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32,
+                          static_cast<ncclRedOp_t>(99), comms[0], nullptr),
             ncclInvalidArgument);
-  EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr), ncclSuccess);
+  EXPECT_EQ(
+      ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr),
+      ncclSuccess);
   EXPECT_EQ(ncclGroupEnd(), ncclInvalidArgument);
   // The next group is a fresh one.
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-  EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr), ncclSuccess);
+  EXPECT_EQ(
+      ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr),
+      ncclSuccess);
   EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
   for (auto c : comms) ncclCommDestroy(c);
 }

@@ -1,6 +1,8 @@
 // The bootstrap's listeners under strangers: silent connections and garbage at the root
 // and at a rank's listener cost the others nothing (each connection has its own short
 // deadline, common/handshake.h); and tryRecv, the call a polling thread uses.
+#include "comm/bootstrap.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,7 +10,6 @@
 #include <thread>
 #include <vector>
 
-#include "comm/bootstrap.h"
 #include "comm/unique_id.h"
 #include "common/socket.h"
 

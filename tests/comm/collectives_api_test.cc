@@ -29,9 +29,10 @@ struct Comms {
 };
 
 double valueFor(int rank, size_t i, ncclRedOp_t op, DataType t) {
-  if (op == ncclProd) return ((rank + i) % 3 == 0) ? 2 : 1;  // products stay small
+  if (op == ncclProd) return ((rank + i) % 3 == 0) ? 2 : 1;     // products stay small
   double v = static_cast<double>((rank * 7 + i * 3) % 11) + 1;  // 1..11, never all equal
-  if (t == DataType::kFloat8e4m3 || t == DataType::kFloat8e5m2) v = static_cast<double>((rank + i) % 4) + 1;
+  if (t == DataType::kFloat8e4m3 || t == DataType::kFloat8e5m2)
+    v = static_cast<double>((rank + i) % 4) + 1;
   return v;
 }
 
@@ -56,8 +57,9 @@ struct Reference {
 };
 
 // Reduces rank inputs in rank order into `out` (count elements) with loom's kernels.
-std::vector<char> reduceRef(DataType t, ncclRedOp_t op, int n, const std::vector<std::vector<char>>& ins,
-                            size_t offset, size_t count) {
+std::vector<char> reduceRef(DataType t, ncclRedOp_t op, int n,
+                            const std::vector<std::vector<char>>& ins, size_t offset,
+                            size_t count) {
   const size_t es = loom::dataTypeSize(t);
   loom::RedOp rop;
   switch (op) {
@@ -112,7 +114,8 @@ const char* collName(Coll c) {
   return "?";
 }
 
-void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, bool inPlace, int root) {
+void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, bool inPlace,
+             int root) {
   const int n = static_cast<int>(cm.comms.size());
   const size_t es = loom::dataTypeSize(t);
   size_t inCount = count, outCount = count;
@@ -122,7 +125,8 @@ void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, boo
   std::vector<std::vector<char>> ins(n), outs(n);
   for (int r = 0; r < n; ++r) {
     ins[r].resize(inCount * es + 1);
-    for (size_t i = 0; i < inCount; ++i) loom::storeFromDouble(t, ins[r].data(), i, valueFor(r, i, op, t));
+    for (size_t i = 0; i < inCount; ++i)
+      loom::storeFromDouble(t, ins[r].data(), i, valueFor(r, i, op, t));
     outs[r].assign(std::max(inCount, outCount) * es + 1, static_cast<char>(0x5a));  // poison
   }
   // In-place buffers follow NCCL's layouts.
@@ -147,19 +151,27 @@ void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, boo
     ncclComm_t c = cm.comms[r];
     ncclResult_t res = ncclSuccess;
     switch (coll) {
-      case Coll::kAllReduce: res = ncclAllReduce(send[r], recv[r], count, dt, op, c, nullptr); break;
-      case Coll::kReduce: res = ncclReduce(send[r], recv[r], count, dt, op, root, c, nullptr); break;
-      case Coll::kBroadcast: res = ncclBroadcast(send[r], recv[r], count, dt, root, c, nullptr); break;
+      case Coll::kAllReduce:
+        res = ncclAllReduce(send[r], recv[r], count, dt, op, c, nullptr);
+        break;
+      case Coll::kReduce:
+        res = ncclReduce(send[r], recv[r], count, dt, op, root, c, nullptr);
+        break;
+      case Coll::kBroadcast:
+        res = ncclBroadcast(send[r], recv[r], count, dt, root, c, nullptr);
+        break;
       case Coll::kAllGather: res = ncclAllGather(send[r], recv[r], count, dt, c, nullptr); break;
-      case Coll::kReduceScatter: res = ncclReduceScatter(send[r], recv[r], count, dt, op, c, nullptr); break;
+      case Coll::kReduceScatter:
+        res = ncclReduceScatter(send[r], recv[r], count, dt, op, c, nullptr);
+        break;
       case Coll::kAllToAll: res = ncclAlltoAll(send[r], recv[r], count, dt, c, nullptr); break;
     }
     ASSERT_EQ(res, ncclSuccess) << ncclGetLastError(c);
   }
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   std::string what = std::string(collName(coll)) + " " + loom::dataTypeName(t) + " op " +
-                     std::to_string(op) + " n=" + std::to_string(n) + " count=" +
-                     std::to_string(count) + (inPlace ? " in-place" : " out-of-place");
+                     std::to_string(op) + " n=" + std::to_string(n) +
+                     " count=" + std::to_string(count) + (inPlace ? " in-place" : " out-of-place");
   for (int r = 0; r < n; ++r) {
     const char* got = static_cast<const char*>(recv[r]);
     switch (coll) {
@@ -184,12 +196,14 @@ void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, boo
         break;
       case Coll::kAllGather:
         for (int q = 0; q < n; ++q) {
-          ASSERT_EQ(0, std::memcmp(got + q * count * es, ins[q].data(), count * es)) << what << " block " << q;
+          ASSERT_EQ(0, std::memcmp(got + q * count * es, ins[q].data(), count * es))
+              << what << " block " << q;
         }
         break;
       case Coll::kAllToAll:
         for (int q = 0; q < n; ++q) {
-          ASSERT_EQ(0, std::memcmp(got + q * count * es, ins[q].data() + r * count * es, count * es))
+          ASSERT_EQ(0,
+                    std::memcmp(got + q * count * es, ins[q].data() + r * count * es, count * es))
               << what << " rank " << r << " block " << q;
         }
         break;
@@ -331,12 +345,14 @@ TEST(ApiCollectives, DoublingAllReduceEveryOpAndBitwiseEqual) {
       std::vector<std::vector<float>> in(n, std::vector<float>(count)),
           out(n, std::vector<float>(count));
       for (int r = 0; r < n; ++r) {
-        for (size_t i = 0; i < count; ++i) in[r][i] = 1.0f / static_cast<float>(r * 13 + i % 31 + 3);
+        for (size_t i = 0; i < count; ++i)
+          in[r][i] = 1.0f / static_cast<float>(r * 13 + i % 31 + 3);
       }
       ASSERT_EQ(ncclGroupStart(), ncclSuccess);
       for (int r = 0; r < n; ++r) {
         ASSERT_EQ(ncclAllReduce(in[r].data(), out[r].data(), count, ncclFloat32, ncclSum,
-                                cm.comms[r], nullptr), ncclSuccess);
+                                cm.comms[r], nullptr),
+                  ncclSuccess);
       }
       ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
       for (int r = 1; r < n; ++r) {
@@ -356,14 +372,19 @@ TEST(ApiCollectives, PreMulSum) {
   std::vector<ncclRedOp_t> ops(n);
   for (int r = 0; r < n; ++r) {
     ASSERT_EQ(ncclRedOpCreatePreMulSum(&ops[r], &scalar, ncclFloat32, ncclScalarHostImmediate,
-                                       cm.comms[r]), ncclSuccess);
+                                       cm.comms[r]),
+              ncclSuccess);
   }
   const size_t count = 513;
-  std::vector<std::vector<float>> in(n, std::vector<float>(count)), out(n, std::vector<float>(count));
-  for (int r = 0; r < n; ++r) for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>(r + i % 5 + 1);
+  std::vector<std::vector<float>> in(n, std::vector<float>(count)),
+      out(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>(r + i % 5 + 1);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(ncclAllReduce(in[r].data(), out[r].data(), count, ncclFloat32, ops[r], cm.comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(in[r].data(), out[r].data(), count, ncclFloat32, ops[r], cm.comms[r],
+                            nullptr),
+              ncclSuccess);
   }
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   for (int r = 0; r < n; ++r) {
@@ -383,11 +404,14 @@ TEST(ApiCollectives, SendRecvRingAndSelf) {
   const size_t count = 200003;
   std::vector<std::vector<int>> in(n, std::vector<int>(count)), out(n, std::vector<int>(count, -1)),
       self(n, std::vector<int>(count, -1));
-  for (int r = 0; r < n; ++r) for (size_t i = 0; i < count; ++i) in[r][i] = r * 100000 + static_cast<int>(i);
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) in[r][i] = r * 100000 + static_cast<int>(i);
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(ncclSend(in[r].data(), count, ncclInt32, (r + 1) % n, cm.comms[r], nullptr), ncclSuccess);
-    ASSERT_EQ(ncclRecv(out[r].data(), count, ncclInt32, (r + n - 1) % n, cm.comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclSend(in[r].data(), count, ncclInt32, (r + 1) % n, cm.comms[r], nullptr),
+              ncclSuccess);
+    ASSERT_EQ(ncclRecv(out[r].data(), count, ncclInt32, (r + n - 1) % n, cm.comms[r], nullptr),
+              ncclSuccess);
     ASSERT_EQ(ncclSend(in[r].data(), count, ncclInt32, r, cm.comms[r], nullptr), ncclSuccess);
     ASSERT_EQ(ncclRecv(self[r].data(), count, ncclInt32, r, cm.comms[r], nullptr), ncclSuccess);
   }
@@ -414,7 +438,9 @@ TEST(ApiCollectives, SendThenCollectiveThenRecvInOneGroup) {
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < n; ++r) {
     ASSERT_EQ(ncclSend(in[r].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
-    ASSERT_EQ(ncclAllReduce(x[r].data(), y[r].data(), 1000, ncclInt32, ncclSum, cm.comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(
+        ncclAllReduce(x[r].data(), y[r].data(), 1000, ncclInt32, ncclSum, cm.comms[r], nullptr),
+        ncclSuccess);
     ASSERT_EQ(ncclRecv(out[r].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
   }
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
@@ -440,15 +466,18 @@ TEST(ApiCollectives, ManySendsToOnePeerInOneGroup) {
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < n; ++r) {
     for (int m = 0; m < k; ++m) {
-      ASSERT_EQ(ncclSend(in[r][m].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
+      ASSERT_EQ(ncclSend(in[r][m].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr),
+                ncclSuccess);
     }
     for (int m = 0; m < k; ++m) {
-      ASSERT_EQ(ncclRecv(out[r][m].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr), ncclSuccess);
+      ASSERT_EQ(ncclRecv(out[r][m].data(), count, ncclInt32, 1 - r, cm.comms[r], nullptr),
+                ncclSuccess);
     }
   }
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   for (int r = 0; r < n; ++r) {
-    for (int m = 0; m < k; ++m) EXPECT_EQ(out[r][m], in[1 - r][m]) << "rank " << r << " message " << m;
+    for (int m = 0; m < k; ++m)
+      EXPECT_EQ(out[r][m], in[1 - r][m]) << "rank " << r << " message " << m;
   }
 }
 
@@ -456,14 +485,18 @@ TEST(ApiCollectives, UnalignedBuffers) {
   const int n = 3;
   Comms cm(n);
   const size_t count = 10007;
-  std::vector<std::vector<char>> in(n, std::vector<char>(count * 4 + 3)), out(n, std::vector<char>(count * 4 + 3));
-  for (int r = 0; r < n; ++r) for (size_t i = 0; i < count; ++i) {
-    int v = r + static_cast<int>(i % 13);
-    std::memcpy(in[r].data() + 1 + i * 4, &v, 4);
-  }
+  std::vector<std::vector<char>> in(n, std::vector<char>(count * 4 + 3)),
+      out(n, std::vector<char>(count * 4 + 3));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) {
+      int v = r + static_cast<int>(i % 13);
+      std::memcpy(in[r].data() + 1 + i * 4, &v, 4);
+    }
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(ncclAllReduce(in[r].data() + 1, out[r].data() + 3, count, ncclInt32, ncclMax, cm.comms[r], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(in[r].data() + 1, out[r].data() + 3, count, ncclInt32, ncclMax,
+                            cm.comms[r], nullptr),
+              ncclSuccess);
   }
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
   for (size_t i = 0; i < count; ++i) {

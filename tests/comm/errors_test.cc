@@ -59,7 +59,8 @@ std::vector<int> forkRanks(int n, F body) {
 int allReduceCheck(ncclComm_t comm, int rank, int n, size_t count) {
   std::vector<double> in(count), out(count, -1);
   for (size_t i = 0; i < count; ++i) in[i] = rank + static_cast<double>(i % 101);
-  if (ncclAllReduce(in.data(), out.data(), count, ncclFloat64, ncclSum, comm, nullptr) != ncclSuccess) {
+  if (ncclAllReduce(in.data(), out.data(), count, ncclFloat64, ncclSum, comm, nullptr) !=
+      ncclSuccess) {
     fprintf(stderr, "rank %d: %s\n", rank, ncclGetLastError(comm));
     return 2;
   }
@@ -98,9 +99,15 @@ void runProcesses(int n, const char* transports, bool separateHosts) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-TEST(Processes, SharedMemory) { runProcesses(4, nullptr, false); }
-TEST(Processes, TcpBetweenHosts) { runProcesses(3, nullptr, true); }
-TEST(Processes, TcpForced) { runProcesses(4, "self,tcp", false); }
+TEST(Processes, SharedMemory) {
+  runProcesses(4, nullptr, false);
+}
+TEST(Processes, TcpBetweenHosts) {
+  runProcesses(3, nullptr, true);
+}
+TEST(Processes, TcpForced) {
+  runProcesses(4, "self,tcp", false);
+}
 
 void peerDies(const char* transports) {
   std::string addr = freeCommId();
@@ -115,7 +122,8 @@ void peerDies(const char* transports) {
     if (allReduceCheck(comm, r, n, 1000) != 0) return 2;
     if (r == 1) _exit(42);  // dies before the second collective
     std::vector<float> buf(1 << 20, 1.0f);
-    ncclResult_t res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+    ncclResult_t res =
+        ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
     if (res == ncclSuccess) return 3;
     std::string msg = ncclGetLastError(comm);
     ncclResult_t async;
@@ -132,8 +140,12 @@ void peerDies(const char* transports) {
   EXPECT_LT(secs, 15.0) << "errors should come from the dead peer, not the 20 s timeout";
 }
 
-TEST(Failures, PeerDiesOverSharedMemory) { peerDies(nullptr); }
-TEST(Failures, PeerDiesOverTcp) { peerDies("self,tcp"); }
+TEST(Failures, PeerDiesOverSharedMemory) {
+  peerDies(nullptr);
+}
+TEST(Failures, PeerDiesOverTcp) {
+  peerDies("self,tcp");
+}
 
 // A rank that exits right after init, before any connection to it exists: the others'
 // first collective fails within seconds, naming it, not at the 60 s timeout.
@@ -149,7 +161,8 @@ void peerGoneBeforeConnections(const char* transports) {
     if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) return 1;
     if (r == 2) _exit(42);
     std::vector<float> buf(1000, 1.0f);
-    ncclResult_t res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+    ncclResult_t res =
+        ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
     if (res == ncclSuccess) return 3;
     std::string msg = ncclGetLastError(comm);
     fprintf(stderr, "rank %d saw: %s\n", r, msg.c_str());
@@ -167,8 +180,12 @@ void peerGoneBeforeConnections(const char* transports) {
   EXPECT_LT(secs, 10.0) << "a rank gone before its connections cost the others the timeout";
 }
 
-TEST(Failures, PeerGoneBeforeConnectionsOverSharedMemory) { peerGoneBeforeConnections(nullptr); }
-TEST(Failures, PeerGoneBeforeConnectionsOverTcp) { peerGoneBeforeConnections("self,tcp"); }
+TEST(Failures, PeerGoneBeforeConnectionsOverSharedMemory) {
+  peerGoneBeforeConnections(nullptr);
+}
+TEST(Failures, PeerGoneBeforeConnectionsOverTcp) {
+  peerGoneBeforeConnections("self,tcp");
+}
 
 TEST(Failures, AbortWhileAnotherThreadWaits) {
   std::vector<ncclComm_t> comms(2);
@@ -176,7 +193,10 @@ TEST(Failures, AbortWhileAnotherThreadWaits) {
   std::vector<float> buf(1000, 1.0f);
   ncclResult_t res = ncclSuccess;
   // Rank 0 enters a collective that rank 1 never joins.
-  std::thread waiter([&] { res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr); });
+  std::thread waiter([&] {
+    res =
+        ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr);
+  });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(ncclCommAbort(comms[0]), ncclSuccess);
@@ -192,7 +212,8 @@ TEST(Failures, TimeoutNamesThePeer) {
   std::vector<ncclComm_t> comms(2);
   ASSERT_EQ(ncclCommInitAll(comms.data(), 2, nullptr), ncclSuccess);
   std::vector<float> buf(1000, 1.0f);
-  ncclResult_t res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr);
+  ncclResult_t res =
+      ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comms[0], nullptr);
   unsetenv("LOOM_TIMEOUT_MS");
   EXPECT_EQ(res, ncclRemoteError);
   std::string msg = ncclGetLastError(comms[0]);
@@ -232,7 +253,8 @@ TEST(Failures, StrangerAtTheBootstrapIsDropped) {
   std::vector<ncclComm_t> comms(2);
   std::vector<ncclResult_t> res(2);
   std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r) ts.emplace_back([&, r] { res[r] = ncclCommInitRank(&comms[r], 2, id, r); });
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] { res[r] = ncclCommInitRank(&comms[r], 2, id, r); });
   for (auto& t : ts) t.join();
   ASSERT_EQ(res[0], ncclSuccess);
   ASSERT_EQ(res[1], ncclSuccess);
@@ -244,10 +266,13 @@ TEST(Arguments, BadCallsReturnInvalidArgument) {
   ASSERT_EQ(ncclCommInitAll(comms.data(), 1, nullptr), ncclSuccess);
   ncclComm_t c = comms[0];
   float buf[4] = {1, 2, 3, 4};
-  EXPECT_EQ(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, nullptr, nullptr), ncclInvalidArgument);
-  EXPECT_EQ(ncclAllReduce(buf, buf, 4, static_cast<ncclDataType_t>(42), ncclSum, c, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(buf, buf, 4, static_cast<ncclDataType_t>(42), ncclSum, c, nullptr),
+            ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(c)).find("datatype"), std::string::npos);
-  EXPECT_EQ(ncclAllReduce(buf, buf, 4, ncclFloat32, static_cast<ncclRedOp_t>(17), c, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(buf, buf, 4, ncclFloat32, static_cast<ncclRedOp_t>(17), c, nullptr),
+            ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(nullptr, buf, 4, ncclFloat32, ncclSum, c, nullptr), ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 0, ncclFloat32, ncclSum, c, nullptr), ncclSuccess);
   EXPECT_EQ(ncclBroadcast(buf, buf, 4, ncclFloat32, 1, c, nullptr), ncclInvalidArgument);
@@ -269,7 +294,8 @@ TEST(Arguments, BadCallsReturnInvalidArgument) {
   EXPECT_NE(std::string(ncclGetLastError(c)).find("buff is NULL"), std::string::npos);
   EXPECT_EQ(ncclCommRegister(nullptr, buf, sizeof(buf), &handle), ncclInvalidArgument);
   ncclWindow_t win = nullptr;
-  EXPECT_EQ(ncclCommWindowRegister(c, buf, sizeof(buf), &win, NCCL_WIN_COLL_SYMMETRIC), ncclSuccess);
+  EXPECT_EQ(ncclCommWindowRegister(c, buf, sizeof(buf), &win, NCCL_WIN_COLL_SYMMETRIC),
+            ncclSuccess);
   EXPECT_EQ(ncclCommWindowDeregister(c, win), ncclSuccess);
   EXPECT_EQ(ncclCommWindowRegister(c, buf, sizeof(buf), nullptr, 0), ncclInvalidArgument);
   EXPECT_EQ(ncclCommWindowRegister(c, buf, sizeof(buf), &win, 0x40), ncclInvalidArgument);
@@ -328,7 +354,8 @@ TEST(Launch, RankVariablesThatDoNotParseAreErrors) {
   setenv("WORLD_SIZE", "4", 1);
   int rank = -1, nranks = -1;
   EXPECT_EQ(loomRankFromEnv(&rank, &nranks), ncclInvalidArgument);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("LOOM_RANK='3x' is not an integer"), std::string::npos)
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("LOOM_RANK='3x' is not an integer"),
+            std::string::npos)
       << ncclGetLastError(nullptr);
   setenv("LOOM_RANK", "2", 1);
   EXPECT_EQ(loomRankFromEnv(&rank, &nranks), ncclSuccess);

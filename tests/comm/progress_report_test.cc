@@ -3,6 +3,8 @@
 // skips it, it is stopped (SIGSTOP), or it dies. The error of a rank that waited must say
 // where every rank is. Plus the pieces on their own: the record, and a server that
 // drops strangers.
+#include "comm/progress_report.h"
+
 #include <gtest/gtest.h>
 #include <nccl.h>
 #include <signal.h>
@@ -16,7 +18,6 @@
 #include <thread>
 #include <vector>
 
-#include "comm/progress_report.h"
 #include "common/socket.h"
 
 namespace {
@@ -44,7 +45,8 @@ int child(int rank, int n, const std::string& address, Misbehave how,
   ncclComm_t comm;
   if (ncclCommInitRank(&comm, n, id, rank) != ncclSuccess) return 91;
   std::vector<float> in(4096, static_cast<float>(rank + 1)), out(4096);
-  if (ncclAllReduce(in.data(), out.data(), in.size(), ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess) {
+  if (ncclAllReduce(in.data(), out.data(), in.size(), ncclFloat32, ncclSum, comm, nullptr) !=
+      ncclSuccess) {
     return 92;
   }
   if (rank == n - 1) {
@@ -62,7 +64,8 @@ int child(int rank, int n, const std::string& address, Misbehave how,
         return 0;
     }
   }
-  const ncclResult_t rc = ncclAllReduce(in.data(), out.data(), in.size(), ncclFloat32, ncclSum, comm, nullptr);
+  const ncclResult_t rc =
+      ncclAllReduce(in.data(), out.data(), in.size(), ncclFloat32, ncclSum, comm, nullptr);
   const std::string msg = ncclGetLastError(comm);
   ncclCommAbort(comm);
   if (rc == ncclSuccess) return 11;
@@ -100,8 +103,10 @@ std::vector<int> runRanks(int n, Misbehave how, const std::vector<std::string>& 
 TEST(ProgressReport, ARankThatSkipsACallIsNamed) {
   // Ranks 0 and 1 time out in all-reduce #2 (or one of them fails first and the other
   // sees it give up); either way the message says rank 2 never called #2.
-  const auto codes = runRanks(3, Misbehave::kSkip, {"where the ranks are", "rank 2: not in a call; its last, AllReduce #1 (count 4096)",
-                                                    "it has not called #2"});
+  const auto codes =
+      runRanks(3, Misbehave::kSkip,
+               {"where the ranks are", "rank 2: not in a call; its last, AllReduce #1 (count 4096)",
+                "it has not called #2"});
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 
@@ -110,13 +115,15 @@ TEST(ProgressReport, ARankThatSkipsACallIsNamed) {
 // that the counts disagree (here well inside the 2 s timeout).
 TEST(ProgressReport, ACountOfZeroAgainstOthersFailsAtOnce) {
   const auto start = std::chrono::steady_clock::now();
-  const auto codes = runRanks(3, Misbehave::kCountZero, {"were expected: the ranks called different operations or counts"});
+  const auto codes = runRanks(3, Misbehave::kCountZero,
+                              {"were expected: the ranks called different operations or counts"});
   for (int c : codes) EXPECT_EQ(c, 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
 }
 
 TEST(ProgressReport, AStoppedRankIsNamed) {
-  const auto codes = runRanks(3, Misbehave::kStop, {"where the ranks are", "rank 2: no answer within 80 ms"});
+  const auto codes =
+      runRanks(3, Misbehave::kStop, {"where the ranks are", "rank 2: no answer within 80 ms"});
   for (int c : codes) EXPECT_EQ(c, 0);
 }
 
@@ -164,7 +171,8 @@ TEST(ProgressReport, ServerAnswersOnlyItsCommunicator) {
   EXPECT_NE(line.find("rank 1: in AllReduce #1 (count 77)"), std::string::npos) << line;
   const uint64_t wrong[2] = {11, 23};
   line = loom::comm::askWhereRanksAre(addrs, whom, 0, wrong, mine, 1000);
-  EXPECT_NE(line.find("rank 1: closed the connection without an answer"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 1: closed the connection without an answer"), std::string::npos)
+      << line;
   const auto start = std::chrono::steady_clock::now();
   server->reset();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));

@@ -47,7 +47,8 @@ int loop(ncclComm_t comm, int rank, int n, double seconds, int staggerMs) {
     ++calls;
     // Every rank stops after the same call: the first whose time is up says so.
     int up = std::chrono::steady_clock::now() >= end ? 1 : 0, anyUp = 0;
-    if (ncclAllReduce(&up, &anyUp, 1, ncclInt32, ncclMax, comm, nullptr)) return fail("stop vote", comm, rank);
+    if (ncclAllReduce(&up, &anyUp, 1, ncclInt32, ncclMax, comm, nullptr))
+      return fail("stop vote", comm, rank);
     if (anyUp) break;
   }
   std::printf("rank %d: %ld looped all-reduces right\n", rank, calls);

@@ -470,7 +470,8 @@ TEST(DatatypeKernels, MaxMinDoNotDependOnOrder) {
           const double r = loadAsDouble(t, ab.data(), i * m + j);
           const bool neg = k == RedKind::kMax ? (i == 5 && j == 5) : (i == 5 || j == 5);
           EXPECT_EQ(r, 0.0);
-          EXPECT_EQ(std::signbit(r), neg) << redKindName(k) << " of " << vals[i] << " and " << vals[j];
+          EXPECT_EQ(std::signbit(r), neg)
+              << redKindName(k) << " of " << vals[i] << " and " << vals[j];
         }
       }
     }

@@ -1,14 +1,14 @@
 // common/settings.h: how values parse, and that a value that does not parse keeps the
 // default (an unparsable boolean used to mean 0 whatever the default: LOOM_PDL=on turned
 // PDL off).
+#include "common/settings.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <string>
-
-#include "common/settings.h"
 
 namespace {
 
@@ -107,8 +107,8 @@ TEST(Settings, SizesTakeUnitsAndTheirWords) {
   EXPECT_EQ(size("off")->kind, Amount::Kind::kOff);
   EXPECT_EQ(size("any")->kind, Amount::Kind::kAny);
   // The old spellings of auto and never are not sizes: -1 and the like must not pass for one.
-  for (const char* bad : {"-1", "", "M", "4X", "4 M", "1.5M", "99999999999999999999", "16E",
-                          "9000000T", "never"}) {
+  for (const char* bad :
+       {"-1", "", "M", "4X", "4 M", "1.5M", "99999999999999999999", "16E", "9000000T", "never"}) {
     EXPECT_FALSE(size(bad).has_value()) << bad;
   }
   // A word the setting does not list is not taken.
@@ -119,8 +119,8 @@ TEST(Settings, SizesTakeUnitsAndTheirWords) {
 }
 
 TEST(Settings, UpToAndFromReadOffAndAnyTheRightWay) {
-  const Amount off{Amount::Kind::kOff, 0}, any{Amount::Kind::kAny, 0}, autoAmount{Amount::Kind::kAuto, 0},
-      four{Amount::Kind::kValue, 4};
+  const Amount off{Amount::Kind::kOff, 0}, any{Amount::Kind::kAny, 0},
+      autoAmount{Amount::Kind::kAuto, 0}, four{Amount::Kind::kValue, 4};
   EXPECT_EQ(off.upTo(7), 0u);
   EXPECT_EQ(off.from(7), UINT64_MAX);
   EXPECT_EQ(any.upTo(7), UINT64_MAX);
@@ -154,10 +154,9 @@ TEST(Settings, SizeSettingsReadTheirWordsAndKeepTheDefaultOtherwise) {
   }
   EXPECT_TRUE(settings::get(settings::kSpinUs).isAuto());
   EXPECT_EQ(settings::get(settings::kP2pPullReduceBytes).kind, Amount::Kind::kAny);
-  EXPECT_EQ(settings::valueText(*std::find_if(settings::all().begin(), settings::all().end(),
-                                             [](const auto& d) {
-                                               return std::string(d.name) == "LOOM_P2P_PULL_BYTES";
-                                             })),
+  EXPECT_EQ(settings::valueText(*std::find_if(
+                settings::all().begin(), settings::all().end(),
+                [](const auto& d) { return std::string(d.name) == "LOOM_P2P_PULL_BYTES"; })),
             "64M");
 }
 

@@ -324,7 +324,8 @@ class Simulation {
           const size_t at = offset(r, q, s.mOf[q], call.slots);
           bool intact = false;
           for (const Placement& p : rk.live) {
-            intact = intact || (p.from == q && p.m == s.mOf[q] && p.offset == at && p.count == s.count);
+            intact =
+                intact || (p.from == q && p.m == s.mOf[q] && p.offset == at && p.count == s.count);
           }
           if (!intact) {
             return fail("rank " + std::to_string(r) + " reduces chunk " + std::to_string(s.mOf[q]) +

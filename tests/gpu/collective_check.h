@@ -34,7 +34,7 @@ struct DeviceBuffer {
     cudaSetDevice(dev);
     cudaMalloc(&ptr, bytes + 64);
     cudaMemset(ptr, 0xA5, bytes + 64);  // poison: unwritten output shows
-    cudaDeviceSynchronize();  // before any non-blocking stream touches it (see upload())
+    cudaDeviceSynchronize();            // before any non-blocking stream touches it (see upload())
   }
   ~DeviceBuffer() {
     cudaSetDevice(dev);
@@ -56,7 +56,8 @@ struct Ranks {
       for (int r = 0; r < n; ++r) devs.push_back(r);
     }
     for (const auto& [name, value] : settings) setenv(name, value, 1);
-    EXPECT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess) << ncclGetLastError(nullptr);
+    EXPECT_EQ(ncclCommInitAll(comms.data(), n, devs.data()), ncclSuccess)
+        << ncclGetLastError(nullptr);
     for (const auto& [name, value] : settings) unsetenv(name);
     for (int r = 0; r < n; ++r) {
       cudaSetDevice(dev(r));
@@ -102,9 +103,11 @@ inline double valueFor(int rank, size_t i, ncclRedOp_t op) {
   return static_cast<double>((rank * 3 + i) % 4) + 1;  // 1..4
 }
 
-inline std::vector<char> makeInput(DataType t, int rank, size_t count, ncclRedOp_t op, size_t salt = 0) {
+inline std::vector<char> makeInput(DataType t, int rank, size_t count, ncclRedOp_t op,
+                                   size_t salt = 0) {
   std::vector<char> v(count * loom::dataTypeSize(t));
-  for (size_t i = 0; i < count; ++i) loom::storeFromDouble(t, v.data(), i, valueFor(rank, i + salt, op));
+  for (size_t i = 0; i < count; ++i)
+    loom::storeFromDouble(t, v.data(), i, valueFor(rank, i + salt, op));
   return v;
 }
 
@@ -165,7 +168,8 @@ inline double reduced(DataType t, ncclRedOp_t op, int n, size_t i, bool premul, 
 inline std::vector<char> floatSums(int n, size_t count) {
   std::vector<char> want(count * 4);
   for (size_t i = 0; i < count; ++i) {
-    loom::storeFromDouble(DataType::kFloat32, want.data(), i, reduced(DataType::kFloat32, ncclSum, n, i, false));
+    loom::storeFromDouble(DataType::kFloat32, want.data(), i,
+                          reduced(DataType::kFloat32, ncclSum, n, i, false));
   }
   return want;
 }
@@ -205,8 +209,8 @@ inline const char* collName(Coll c) {
 
 // Runs one collective on every rank and checks every output element. Returns the
 // number of wrong values (and reports the first few).
-inline size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_t count, bool inPlace,
-                   size_t misalign, bool premulDevice = false, int root = 1) {
+inline size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_t count,
+                          bool inPlace, size_t misalign, bool premulDevice = false, int root = 1) {
   const int n = R.n();
   const size_t es = loom::dataTypeSize(t);
   const bool premul = op >= ncclNumOps;  // caller created a PreMulSum op (scalar 2)
@@ -236,14 +240,24 @@ inline size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_
     ncclDataType_t dt = static_cast<ncclDataType_t>(t);
     ncclResult_t res = ncclSuccess;
     switch (coll) {
-      case Coll::kAllReduce: res = ncclAllReduce(send[r], recv[r], count, dt, op, R.comms[r], R.streams[r]); break;
-      case Coll::kReduce: res = ncclReduce(send[r], recv[r], count, dt, op, root, R.comms[r], R.streams[r]); break;
+      case Coll::kAllReduce:
+        res = ncclAllReduce(send[r], recv[r], count, dt, op, R.comms[r], R.streams[r]);
+        break;
+      case Coll::kReduce:
+        res = ncclReduce(send[r], recv[r], count, dt, op, root, R.comms[r], R.streams[r]);
+        break;
       case Coll::kReduceScatter:
         res = ncclReduceScatter(send[r], recv[r], count, dt, op, R.comms[r], R.streams[r]);
         break;
-      case Coll::kAllGather: res = ncclAllGather(send[r], recv[r], count, dt, R.comms[r], R.streams[r]); break;
-      case Coll::kBroadcast: res = ncclBroadcast(send[r], recv[r], count, dt, root, R.comms[r], R.streams[r]); break;
-      case Coll::kAllToAll: res = ncclAlltoAll(send[r], recv[r], count, dt, R.comms[r], R.streams[r]); break;
+      case Coll::kAllGather:
+        res = ncclAllGather(send[r], recv[r], count, dt, R.comms[r], R.streams[r]);
+        break;
+      case Coll::kBroadcast:
+        res = ncclBroadcast(send[r], recv[r], count, dt, root, R.comms[r], R.streams[r]);
+        break;
+      case Coll::kAllToAll:
+        res = ncclAlltoAll(send[r], recv[r], count, dt, R.comms[r], R.streams[r]);
+        break;
     }
     EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
   }
@@ -258,8 +272,8 @@ inline size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_
       if (r == 0) {
         first = got;
       } else if (got != first) {
-        ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << " count " << count
-                      << ": rank " << r << "'s result differs from rank 0's";
+        ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << " count "
+                      << count << ": rank " << r << "'s result differs from rank 0's";
         ++wrong;
       }
     }
@@ -271,16 +285,19 @@ inline size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_
         case Coll::kReduceScatter: want = reduced(t, op, n, r * count + i, premul); break;
         case Coll::kAllGather: want = valueFor(static_cast<int>(i / count), i % count, op); break;
         case Coll::kBroadcast: want = valueFor(root, i, op); break;
-        case Coll::kAllToAll: want = valueFor(static_cast<int>(i / count), r * count + i % count, op); break;
+        case Coll::kAllToAll:
+          want = valueFor(static_cast<int>(i / count), r * count + i % count, op);
+          break;
       }
       double have = loom::loadAsDouble(t, got.data(), i);
-      const double tol = premul && !R.anyOrder ? 0 : tolerance(t, premul ? ncclSum : op, n, want, R.anyOrder);
+      const double tol =
+          premul && !R.anyOrder ? 0 : tolerance(t, premul ? ncclSum : op, n, want, R.anyOrder);
       if (have != want && !(std::fabs(have - want) <= tol)) {
         if (wrong < 3) {
-          ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << " count "
-                        << count << (inPlace ? " in-place" : "") << " misalign " << misalign
-                        << (premulDevice ? " (device scalar)" : "") << ": rank " << r << " element "
-                        << i << " is " << have << ", want " << want;
+          ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op
+                        << " count " << count << (inPlace ? " in-place" : "") << " misalign "
+                        << misalign << (premulDevice ? " (device scalar)" : "") << ": rank " << r
+                        << " element " << i << " is " << have << ", want " << want;
         }
         ++wrong;
       }
@@ -289,10 +306,10 @@ inline size_t runAndCheck(Ranks& R, Coll coll, DataType t, ncclRedOp_t op, size_
   return wrong;
 }
 
-inline const DataType kAllTypes[] = {DataType::kInt8,    DataType::kUint8,    DataType::kInt32,
-                              DataType::kUint32,  DataType::kInt64,    DataType::kUint64,
-                              DataType::kFloat16, DataType::kFloat32,  DataType::kFloat64,
-                              DataType::kBfloat16, DataType::kFloat8e4m3, DataType::kFloat8e5m2};
+inline const DataType kAllTypes[] = {
+    DataType::kInt8,    DataType::kUint8,    DataType::kInt32,      DataType::kUint32,
+    DataType::kInt64,   DataType::kUint64,   DataType::kFloat16,    DataType::kFloat32,
+    DataType::kFloat64, DataType::kBfloat16, DataType::kFloat8e4m3, DataType::kFloat8e5m2};
 
 // Captures, on each rank's stream on its own (one thread, so without a group), a graph of
 // a small all-reduce (the LL path) and a larger one (counters and slots), replays it
@@ -345,11 +362,13 @@ inline size_t maxMinOnSpecialValues(Ranks& R, size_t count) {
           in[r].resize(inCount * es);
           size_t stride = 1;
           for (int q = 0; q < r; ++q) stride *= 8;
-          for (size_t i = 0; i < inCount; ++i) loom::storeFromDouble(t, in[r].data(), i, vals[(i / stride) % 8]);
+          for (size_t i = 0; i < inCount; ++i)
+            loom::storeFromDouble(t, in[r].data(), i, vals[(i / stride) % 8]);
         }
         // The reference: rank order on the host.
         std::vector<char> want = in[0];
-        for (int r = 1; r < n; ++r) loom::reduce(t, rop, want.data(), want.data(), in[r].data(), inCount);
+        for (int r = 1; r < n; ++r)
+          loom::reduce(t, rop, want.data(), want.data(), in[r].data(), inCount);
         const int root = n - 1;
         std::vector<void*> src(n), out(n);
         for (int r = 0; r < n; ++r) {
@@ -362,11 +381,15 @@ inline size_t maxMinOnSpecialValues(Ranks& R, size_t count) {
           const auto dt = static_cast<ncclDataType_t>(t);
           ncclResult_t res = ncclSuccess;
           switch (coll) {
-            case Coll::kAllReduce: res = ncclAllReduce(src[r], out[r], count, dt, op, R.comms[r], R.streams[r]); break;
+            case Coll::kAllReduce:
+              res = ncclAllReduce(src[r], out[r], count, dt, op, R.comms[r], R.streams[r]);
+              break;
             case Coll::kReduceScatter:
               res = ncclReduceScatter(src[r], out[r], count, dt, op, R.comms[r], R.streams[r]);
               break;
-            default: res = ncclReduce(src[r], out[r], count, dt, op, root, R.comms[r], R.streams[r]); break;
+            default:
+              res = ncclReduce(src[r], out[r], count, dt, op, root, R.comms[r], R.streams[r]);
+              break;
           }
           EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
         }
@@ -378,8 +401,8 @@ inline size_t maxMinOnSpecialValues(Ranks& R, size_t count) {
           const std::vector<char> got = download(R.dev(r), out[r], count * es);
           if (coll == Coll::kAllReduce && r == 0) first = got;
           if (coll == Coll::kAllReduce && r > 0 && got != first) {
-            ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << ": rank " << r
-                          << "'s result is not bitwise rank 0's";
+            ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op
+                          << ": rank " << r << "'s result is not bitwise rank 0's";
             ++wrong;
           }
           const size_t base = coll == Coll::kReduceScatter ? r * count : 0;
@@ -387,13 +410,14 @@ inline size_t maxMinOnSpecialValues(Ranks& R, size_t count) {
             const double have = loom::loadAsDouble(t, got.data(), i);
             const double ref = loom::loadAsDouble(t, want.data(), base + i);
             const bool ok = std::isnan(ref) ? std::isnan(have)
-                                            : std::memcmp(got.data() + i * es, want.data() + (base + i) * es, es) == 0;
+                                            : std::memcmp(got.data() + i * es,
+                                                          want.data() + (base + i) * es, es) == 0;
             if (!ok) {
               if (wrong < 5) {
-                ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op << " count "
-                              << count << ": rank " << r << " element " << i << " is " << have
-                              << (std::signbit(have) ? " (sign set)" : "") << ", want " << ref
-                              << (std::signbit(ref) ? " (sign set)" : "");
+                ADD_FAILURE() << collName(coll) << " " << loom::dataTypeName(t) << " op " << op
+                              << " count " << count << ": rank " << r << " element " << i << " is "
+                              << have << (std::signbit(have) ? " (sign set)" : "") << ", want "
+                              << ref << (std::signbit(ref) ? " (sign set)" : "");
               }
               ++wrong;
             }
@@ -421,8 +445,10 @@ inline void replayAllReduceGraph(Ranks& R, int replays, int checkEvery, size_t* 
     cudaSetDevice(R.dev(r));
     cudaGraph_t g;
     CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, out2[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out2[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r],
+                          R.streams[r]));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r],
+                          R.streams[r]));
     CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
     CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
     cudaGraphDestroy(g);

@@ -12,7 +12,9 @@
 namespace loom::collectives::device {
 namespace {
 
-uint8_t valueAt(int rank, size_t i) { return static_cast<uint8_t>(rank * 37 + i * 11 + 1); }
+uint8_t valueAt(int rank, size_t i) {
+  return static_cast<uint8_t>(rank * 37 + i * 11 + 1);
+}
 
 struct Case {
   MeshKind kind;
@@ -68,8 +70,12 @@ size_t runPlans(const Case& c) {
       uint8_t want = 0;
       switch (c.kind) {
         case MeshKind::kBroadcast: want = valueAt(c.root, i); break;
-        case MeshKind::kAllGather: want = valueAt(static_cast<int>(i / c.block), i % c.block); break;
-        case MeshKind::kAllToAll: want = valueAt(static_cast<int>(i / c.block), r * c.block + i % c.block); break;
+        case MeshKind::kAllGather:
+          want = valueAt(static_cast<int>(i / c.block), i % c.block);
+          break;
+        case MeshKind::kAllToAll:
+          want = valueAt(static_cast<int>(i / c.block), r * c.block + i % c.block);
+          break;
         default: break;
       }
       wrong += out[r][i] != want;
@@ -83,9 +89,11 @@ TEST(CopyPlan, PullsBetweenProcesses) {
     for (size_t block : {size_t{1}, size_t{7}, size_t{4096}}) {
       for (bool inPlace : {false, true}) {
         for (int root = 0; root < n; ++root) {
-          EXPECT_EQ(runPlans({MeshKind::kBroadcast, n, root, block, inPlace, true}), 0u) << n << " " << block;
+          EXPECT_EQ(runPlans({MeshKind::kBroadcast, n, root, block, inPlace, true}), 0u)
+              << n << " " << block;
         }
-        EXPECT_EQ(runPlans({MeshKind::kAllGather, n, 0, block, inPlace, true}), 0u) << n << " " << block;
+        EXPECT_EQ(runPlans({MeshKind::kAllGather, n, 0, block, inPlace, true}), 0u)
+            << n << " " << block;
       }
       EXPECT_EQ(runPlans({MeshKind::kAllToAll, n, 0, block, false, true}), 0u) << n << " " << block;
     }
@@ -96,7 +104,8 @@ TEST(CopyPlan, PullsBetweenProcesses) {
   EXPECT_FALSE(pullSafe(MeshKind::kAllToAll, 0, 2, 0, 16, buf.data(), buf.data()));
   EXPECT_FALSE(pullSafe(MeshKind::kAllGather, 1, 2, 0, 16, buf.data(), buf.data()));
   EXPECT_TRUE(pullSafe(MeshKind::kAllGather, 1, 2, 0, 16, buf.data() + 16, buf.data()));
-  EXPECT_TRUE(pullSafe(MeshKind::kBroadcast, 1, 2, 0, 16, buf.data() + 8, buf.data()));  // not the root
+  EXPECT_TRUE(
+      pullSafe(MeshKind::kBroadcast, 1, 2, 0, 16, buf.data() + 8, buf.data()));  // not the root
   EXPECT_FALSE(pullSafe(MeshKind::kBroadcast, 0, 2, 0, 16, buf.data() + 8, buf.data()));
 }
 
@@ -105,7 +114,8 @@ TEST(CopyPlan, EveryRankCountLayoutAndRoot) {
     for (size_t block : {size_t{1}, size_t{7}, size_t{4096}}) {
       for (bool inPlace : {false, true}) {
         for (int root = 0; root < n; ++root) {
-          EXPECT_EQ(runPlans({MeshKind::kBroadcast, n, root, block, inPlace}), 0u) << n << " " << block;
+          EXPECT_EQ(runPlans({MeshKind::kBroadcast, n, root, block, inPlace}), 0u)
+              << n << " " << block;
         }
         EXPECT_EQ(runPlans({MeshKind::kAllGather, n, 0, block, inPlace}), 0u) << n << " " << block;
       }
@@ -116,7 +126,8 @@ TEST(CopyPlan, EveryRankCountLayoutAndRoot) {
 
 TEST(CopyPlan, PeersFirstAndOnlyTheRootBroadcasts) {
   std::vector<uint8_t> in0(64), out0(64), in1(64), out1(64), in2(64), out2(64);
-  RankBuffers all[3] = {{in0.data(), out0.data()}, {in1.data(), out1.data()}, {in2.data(), out2.data()}};
+  RankBuffers all[3] = {
+      {in0.data(), out0.data()}, {in1.data(), out1.data()}, {in2.data(), out2.data()}};
   auto steps = planCopies(MeshKind::kBroadcast, 1, 3, 1, 64, all);
   ASSERT_EQ(steps.size(), 3u);
   EXPECT_EQ(steps[0].peer, 2);

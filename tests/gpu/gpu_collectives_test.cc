@@ -42,9 +42,12 @@ TEST(GpuCollectives, LargeCountsSpanManyRounds) {
   // 40 M floats: 160 MB, many pipeline rounds per block; and an odd count.
   for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
                  Coll::kReduce, Coll::kAllToAll}) {
-    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{40} << 20) + 7, false, 0), 0u) << collName(c);
+    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{40} << 20) + 7, false, 0), 0u)
+        << collName(c);
   }
-  EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kBfloat16, ncclMax, (size_t{96} << 20) + 3, true, 0), 0u);
+  EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kBfloat16, ncclMax, (size_t{96} << 20) + 3,
+                        true, 0),
+            0u);
 }
 
 TEST(GpuCollectives, ZeroCountAndUnalignedBuffers) {
@@ -53,7 +56,8 @@ TEST(GpuCollectives, ZeroCountAndUnalignedBuffers) {
   for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
                  Coll::kReduce, Coll::kAllToAll}) {
     EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, 0, false, 0), 0u);
-    for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+    for (DataType t :
+         {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
       size_t es = loom::dataTypeSize(t);
       EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 100003, false, es), 0u) << collName(c);
       EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 100003, true, 3 * es), 0u) << collName(c);
@@ -81,7 +85,8 @@ TEST(GpuCollectives, PreMulSumHostAndDeviceScalars) {
           s = scalars[r];
           res = ncclScalarDevice;
         }
-        NCCL_OK(ncclRedOpCreatePreMulSum(&ops[r], s, static_cast<ncclDataType_t>(t), res, R.comms[r]));
+        NCCL_OK(
+            ncclRedOpCreatePreMulSum(&ops[r], s, static_cast<ncclDataType_t>(t), res, R.comms[r]));
       }
       ASSERT_EQ(ops[0], ops[1]);
       for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kReduce}) {
@@ -121,8 +126,10 @@ TEST(GpuCollectives, SendRecvGroups) {
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     R.sync();
     for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(download(r, b[r]->ptr, count * 4), makeInput(DataType::kInt32, (r + n - 1) % n, count, ncclSum));
-      EXPECT_EQ(download(r, self[r]->ptr, count * 4), makeInput(DataType::kInt32, r, count, ncclSum));
+      EXPECT_EQ(download(r, b[r]->ptr, count * 4),
+                makeInput(DataType::kInt32, (r + n - 1) % n, count, ncclSum));
+      EXPECT_EQ(download(r, self[r]->ptr, count * 4),
+                makeInput(DataType::kInt32, r, count, ncclSum));
     }
   }
 }
@@ -144,14 +151,17 @@ TEST(GpuCollectives, ManySendsToOnePeerAndMixedGroups) {
   }
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < 2; ++r) {
-    for (int m = 0; m < k; ++m) NCCL_OK(ncclSend(a[r][m]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
-    for (int m = 0; m < k; ++m) NCCL_OK(ncclRecv(b[r][m]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
+    for (int m = 0; m < k; ++m)
+      NCCL_OK(ncclSend(a[r][m]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
+    for (int m = 0; m < k; ++m)
+      NCCL_OK(ncclRecv(b[r][m]->ptr, count, ncclInt32, 1 - r, R.comms[r], R.streams[r]));
   }
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   R.sync();
   for (int r = 0; r < 2; ++r) {
     for (int m = 0; m < k; ++m) {
-      EXPECT_EQ(download(r, b[r][m]->ptr, count * 4), makeInput(DataType::kInt32, 1 - r, count, ncclSum, m * 11))
+      EXPECT_EQ(download(r, b[r][m]->ptr, count * 4),
+                makeInput(DataType::kInt32, 1 - r, count, ncclSum, m * 11))
           << "rank " << r << " message " << m;
     }
   }
@@ -167,7 +177,8 @@ TEST(GpuCollectives, ManySendsToOnePeerAndMixedGroups) {
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   R.sync();
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(download(r, b[r][1]->ptr, count * 4), makeInput(DataType::kInt32, 1 - r, count, ncclSum, 0));
+    EXPECT_EQ(download(r, b[r][1]->ptr, count * 4),
+              makeInput(DataType::kInt32, 1 - r, count, ncclSum, 0));
   }
 }
 
@@ -182,28 +193,42 @@ TEST(GpuCollectives, GraphReplayedThousandTimes) {
 // Each all-reduce, reduce and reduce-scatter form forced over sizes it would not get by default.
 TEST(GpuCollectives, ForcedAllReduceForms) {
   REQUIRE_GPUS(2);
-  const char* forms[][2] = {{"LOOM_ALGO", "twoshot"}, {"LOOM_ALGO", "oneshot"}, {"LOOM_PROTO", "ll"},
+  const char* forms[][2] = {{"LOOM_ALGO", "twoshot"},
+                            {"LOOM_ALGO", "oneshot"},
+                            {"LOOM_PROTO", "ll"},
                             {"LOOM_PROTO", "simple"}};
   for (auto& f : forms) {
     Ranks R(2, {{f[0], f[1]}});
-    for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+    for (DataType t :
+         {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
       for (size_t count : {size_t{1}, size_t{7}, size_t{4097}, size_t{16381}}) {
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclMax, count, true, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u)
+            << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclMax, count, true, 0), 0u)
+            << f[0] << "=" << f[1];
         // LOOM_ALGO picks the reduce form too (oneshot: direct to the root).
-        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, 0, false, 0), 0u) << f[0] << "=" << f[1];
-        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMin, count, true, 0, false, 1), 0u) << f[0] << "=" << f[1];
-        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
-        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclMax, count, true, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, 0, false, 0), 0u)
+            << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMin, count, true, 0, false, 1), 0u)
+            << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclSum, count, false, 0), 0u)
+            << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclMax, count, true, 0), 0u)
+            << f[0] << "=" << f[1];
       }
-      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, 5 << 20, false, 0), 0u) << f[0] << "=" << f[1];
-      EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, 3 << 20, false, 0), 0u) << f[0] << "=" << f[1];
+      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, 5 << 20, false, 0), 0u)
+          << f[0] << "=" << f[1];
+      EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, 3 << 20, false, 0), 0u)
+          << f[0] << "=" << f[1];
       // The LL region's edge (1 MiB per peer; LOOM_PROTO=ll fills it), and one element less.
       const size_t edge = (size_t{1} << 20) / loom::dataTypeSize(t);
       for (size_t count : {edge, edge - 1}) {
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << f[0] << "=" << f[1];
-        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclSum, count, true, 0), 0u) << f[0] << "=" << f[1];
-        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMax, count, false, 0, false, 0), 0u) << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u)
+            << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclSum, count, true, 0), 0u)
+            << f[0] << "=" << f[1];
+        EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclMax, count, false, 0, false, 0), 0u)
+            << f[0] << "=" << f[1];
       }
     }
   }
@@ -227,10 +252,12 @@ TEST(GpuCollectives, LL128EveryTypeOpAndEdge) {
     }
     // 8 MiB per peer (the region holds 128 x 560 x 120 bytes = 8.2 MiB) and past a block's
     // 16 KiB, and the root 0.
-    for (size_t count : {(size_t{8} << 20) / es, (size_t{8} << 20) / es - 1, (size_t{16} << 10) / es + 1}) {
+    for (size_t count :
+         {(size_t{8} << 20) / es, (size_t{8} << 20) / es - 1, (size_t{16} << 10) / es + 1}) {
       EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << count;
       EXPECT_EQ(runAndCheck(R, Coll::kReduceScatter, t, ncclMax, count, true, 0), 0u) << count;
-      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, 3 * es, false, 0), 0u) << count;
+      EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, 3 * es, false, 0), 0u)
+          << count;
     }
   }
 }
@@ -242,13 +269,15 @@ TEST(GpuCollectives, CopyEngineCollectives) {
   REQUIRE_GPUS(2);
   Ranks R(2, {{"LOOM_P2P_CE_BYTES", "1"}});
   for (Coll c : {Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
-    for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+    for (DataType t :
+         {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
       size_t es = loom::dataTypeSize(t);
       for (size_t count : {size_t{1}, size_t{13}, size_t{70001}, (size_t{8} << 20) + 5}) {
         for (int root : {0, 1}) {
           EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, false, 0, false, root), 0u) << collName(c);
           EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, true, 0, false, root), 0u) << collName(c);
-          EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, true, 3 * es, false, root), 0u) << collName(c);
+          EXPECT_EQ(runAndCheck(R, c, t, ncclSum, count, true, 3 * es, false, root), 0u)
+              << collName(c);
           if (c != Coll::kBroadcast) break;
         }
       }
@@ -266,12 +295,18 @@ TEST(GpuCollectives, PulledAllReduceEveryTypeAndOp) {
     const size_t es = loom::dataTypeSize(t);
     for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
       for (size_t count : {size_t{300001}, (size_t{3} << 20) + 5}) {
-        if (count > 300001 && t != DataType::kInt8 && t != DataType::kBfloat16 && t != DataType::kFloat32) continue;
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << loom::dataTypeName(t);
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, 0), 0u) << loom::dataTypeName(t);
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, es), 0u) << loom::dataTypeName(t);
+        if (count > 300001 && t != DataType::kInt8 && t != DataType::kBfloat16 &&
+            t != DataType::kFloat32)
+          continue;
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u)
+            << loom::dataTypeName(t);
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, 0), 0u)
+            << loom::dataTypeName(t);
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, es), 0u)
+            << loom::dataTypeName(t);
         // In place, at an offset of one element too.
-        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, es), 0u) << loom::dataTypeName(t);
+        EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, es), 0u)
+            << loom::dataTypeName(t);
       }
     }
   }
@@ -390,8 +425,8 @@ TEST_P(TwoShotReduce, EveryTypeOpAndRoot) {
   for (int root = 0; root < n; ++root) {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
-      NCCL_OK(ncclReduce(in[r]->ptr, r == root ? out[r]->ptr : nullptr, count, ncclFloat32,
-                         ncclSum, root, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclReduce(in[r]->ptr, r == root ? out[r]->ptr : nullptr, count, ncclFloat32, ncclSum,
+                         root, R.comms[r], R.streams[r]));
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     R.sync();
@@ -413,7 +448,8 @@ TEST_P(TwoShotReduce, EveryTypeOpAndRoot) {
   }
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int r = 0; r < n; ++r) {
-    NCCL_OK(ncclReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, root, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, root, R.comms[r],
+                       R.streams[r]));
   }
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   for (int r = 0; r < n; ++r) {
@@ -459,7 +495,8 @@ TEST_P(MaxMinSpecialValues, MatchTheHostOnEveryRank) {
   Ranks R(n, {{"LOOM_P2P_SHARE_GPU", n > have ? "1" : "0"}, {"LOOM_TIMEOUT_MS", "60000"}},
           roundRobinDevices(n));
   for (size_t count : {size_t{4099}, (size_t{1} << 20) + 5}) {
-    EXPECT_EQ(maxMinOnSpecialValues(R, count), 0u) << n << " ranks on " << have << " GPU(s), count " << count;
+    EXPECT_EQ(maxMinOnSpecialValues(R, count), 0u)
+        << n << " ranks on " << have << " GPU(s), count " << count;
   }
 }
 
@@ -494,9 +531,11 @@ TEST(GpuCollectives, PoolBuffersInOneProcess) {
   for (Ranks* rk : {&R, &C}) {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
-      NCCL_OK(ncclAllReduce(in[r], out[r], count, ncclFloat32, ncclSum, rk->comms[r], R.streams[r]));
+      NCCL_OK(
+          ncclAllReduce(in[r], out[r], count, ncclFloat32, ncclSum, rk->comms[r], R.streams[r]));
       NCCL_OK(ncclAllGather(in[r], ag[r], count, ncclFloat32, rk->comms[r], R.streams[r]));
-      NCCL_OK(ncclAllReduce(plain[r]->ptr, out1[r], count, ncclFloat32, ncclSum, rk->comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(plain[r]->ptr, out1[r], count, ncclFloat32, ncclSum, rk->comms[r],
+                            R.streams[r]));
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     R.sync();
@@ -505,14 +544,17 @@ TEST(GpuCollectives, PoolBuffersInOneProcess) {
         std::vector<char> got = download(r, o, count * 4);
         size_t bad = 0;
         for (size_t i = 0; i < count; ++i) {
-          bad += loom::loadAsDouble(DataType::kFloat32, got.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+          bad += loom::loadAsDouble(DataType::kFloat32, got.data(), i) !=
+                 reduced(DataType::kFloat32, ncclSum, n, i, false);
         }
         EXPECT_EQ(bad, 0u) << "rank " << r << (o == out1[r] ? " (one-shot)" : "");
       }
       std::vector<char> all = download(r, ag[r], count * 4 * n);
       for (int p = 0; p < n; ++p) {
-        EXPECT_EQ(std::memcmp(all.data() + p * count * 4, makeInput(DataType::kFloat32, p, count, ncclSum).data(),
-                              count * 4), 0) << "rank " << r << " block " << p;
+        EXPECT_EQ(std::memcmp(all.data() + p * count * 4,
+                              makeInput(DataType::kFloat32, p, count, ncclSum).data(), count * 4),
+                  0)
+            << "rank " << r << " block " << p;
       }
     }
   }
@@ -541,8 +583,8 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
     for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
       // 32770 floats: rank 0's segment has two chunks and rank 1's one.
       for (size_t count : {size_t{1}, size_t{13}, size_t{32770}, size_t{70001}, size_t{300001}}) {
-        const std::string what = std::string(loom::dataTypeName(t)) + " op " + std::to_string(op) + " count " +
-                                  std::to_string(count);
+        const std::string what = std::string(loom::dataTypeName(t)) + " op " + std::to_string(op) +
+                                 " count " + std::to_string(count);
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, false, 0), 0u) << what;
         EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, op, count, true, es), 0u) << what;
         if (count < 70001) continue;
@@ -555,7 +597,8 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
   std::vector<ncclRedOp_t> premul(n);
   for (int r = 0; r < n; ++r) {
     float two = 2.0f;
-    NCCL_OK(ncclRedOpCreatePreMulSum(&premul[r], &two, ncclFloat32, ncclScalarHostImmediate, R.comms[r]));
+    NCCL_OK(ncclRedOpCreatePreMulSum(&premul[r], &two, ncclFloat32, ncclScalarHostImmediate,
+                                     R.comms[r]));
   }
   // Every rank's handle has the same value; runAndCheck passes rank 0's to all.
   EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kFloat32, premul[0], 300001, false, 0), 0u);
@@ -574,8 +617,10 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
   // b holds a reduce to rank 1: checked there only.
   auto checkAll = [&](const char* what) {
     for (int r = 0; r < n; ++r) {
-      std::vector<char> ga = download(r, a[r]->ptr, count * 4), gb = download(r, b[r]->ptr, count * 4);
-      std::vector<char> gk = download(r, k[r]->ptr, small * 4), gg = download(r, ag[r]->ptr, count * 4 * n);
+      std::vector<char> ga = download(r, a[r]->ptr, count * 4),
+                        gb = download(r, b[r]->ptr, count * 4);
+      std::vector<char> gk = download(r, k[r]->ptr, small * 4),
+                        gg = download(r, ag[r]->ptr, count * 4 * n);
       size_t bad = 0;
       for (size_t i = 0; i < count; ++i) {
         const double want = reduced(DataType::kFloat32, ncclSum, n, i, false);
@@ -584,8 +629,8 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
         if (i < small) bad += loom::loadAsDouble(DataType::kFloat32, gk.data(), i) != want;
       }
       for (int p = 0; p < n; ++p) {
-        bad += std::memcmp(gg.data() + p * count * 4, makeInput(DataType::kFloat32, p, count, ncclSum).data(),
-                           count * 4) != 0;
+        bad += std::memcmp(gg.data() + p * count * 4,
+                           makeInput(DataType::kFloat32, p, count, ncclSum).data(), count * 4) != 0;
       }
       EXPECT_EQ(bad, 0u) << what << ", rank " << r;
     }
@@ -593,10 +638,13 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
   for (int round = 0; round < 2; ++round) {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
-      NCCL_OK(ncclAllReduce(in[r]->ptr, a[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(in[r]->ptr, a[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r],
+                            R.streams[r]));
       NCCL_OK(ncclAllGather(in[r]->ptr, ag[r]->ptr, count, ncclFloat32, R.comms[r], R.streams[r]));
-      NCCL_OK(ncclAllReduce(in[r]->ptr, k[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
-      NCCL_OK(ncclReduce(in[r]->ptr, b[r]->ptr, count, ncclFloat32, ncclSum, 1, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(in[r]->ptr, k[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r],
+                            R.streams[r]));
+      NCCL_OK(ncclReduce(in[r]->ptr, b[r]->ptr, count, ncclFloat32, ncclSum, 1, R.comms[r],
+                         R.streams[r]));
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
     R.sync();
@@ -608,7 +656,8 @@ TEST(GpuCollectives, ChunkedAllReduceAndReduce) {
     cudaSetDevice(r);
     cudaGraph_t g;
     CUDA_OK(cudaStreamBeginCapture(R.streams[r], cudaStreamCaptureModeRelaxed));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, a[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, a[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r],
+                          R.streams[r]));
     CUDA_OK(cudaStreamEndCapture(R.streams[r], &g));
     CUDA_OK(cudaGraphInstantiate(&execs[r], g, 0));
     cudaGraphDestroy(g);
@@ -636,7 +685,8 @@ TEST(GpuCollectives, ChunkedLayoutsAlternate) {
   for (DataType t : {DataType::kInt8, DataType::kFloat32, DataType::kFloat64}) {
     const size_t es = loom::dataTypeSize(t);
     for (size_t count : {size_t{300001}, (size_t{2} << 20) + 7}) {
-      const std::string what = std::string(loom::dataTypeName(t)) + " count " + std::to_string(count);
+      const std::string what =
+          std::string(loom::dataTypeName(t)) + " count " + std::to_string(count);
       EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclSum, count, false, 0), 0u) << what;
       EXPECT_EQ(runAndCheck(R, Coll::kReduce, t, ncclSum, count, false, es, false, 1), 0u) << what;
       EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, t, ncclMax, count, true, es), 0u) << what;
@@ -653,7 +703,7 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
   Ranks R(2, {{"LOOM_P2P_CE_BYTES", "4096"}});
   const int n = R.n();
   const size_t count = (size_t{3} << 20) + 1;  // floats: above the threshold
-  const size_t small = 100;                     // below it: the kernels
+  const size_t small = 100;                    // below it: the kernels
   std::vector<std::unique_ptr<DeviceBuffer>> in, ag, bc, ar, big;
   for (int r = 0; r < n; ++r) {
     in.push_back(std::make_unique<DeviceBuffer>(r, count * 4));
@@ -667,9 +717,12 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
       NCCL_OK(ncclAllGather(in[r]->ptr, ag[r]->ptr, count, ncclFloat32, R.comms[r], R.streams[r]));
-      NCCL_OK(ncclAllReduce(in[r]->ptr, ar[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
-      NCCL_OK(ncclBroadcast(in[r]->ptr, bc[r]->ptr, count, ncclFloat32, 1, R.comms[r], R.streams[r]));
-      NCCL_OK(ncclAllReduce(in[r]->ptr, big[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(in[r]->ptr, ar[r]->ptr, small, ncclFloat32, ncclSum, R.comms[r],
+                            R.streams[r]));
+      NCCL_OK(
+          ncclBroadcast(in[r]->ptr, bc[r]->ptr, count, ncclFloat32, 1, R.comms[r], R.streams[r]));
+      NCCL_OK(ncclAllReduce(in[r]->ptr, big[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r],
+                            R.streams[r]));
     }
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
   };
@@ -678,17 +731,19 @@ TEST(GpuCollectives, CopyEngineGroupsAndGraphs) {
     for (int r = 0; r < n; ++r) {
       std::vector<char> got = download(r, ag[r]->ptr, count * 4 * n);
       for (int p = 0; p < n; ++p) {
-        bad += std::memcmp(got.data() + p * count * 4, makeInput(DataType::kFloat32, p, count, ncclSum).data(),
-                           count * 4) != 0;
+        bad += std::memcmp(got.data() + p * count * 4,
+                           makeInput(DataType::kFloat32, p, count, ncclSum).data(), count * 4) != 0;
       }
       bad += download(r, bc[r]->ptr, count * 4) != makeInput(DataType::kFloat32, 1, count, ncclSum);
       std::vector<char> arGot = download(r, ar[r]->ptr, small * 4);
       for (size_t i = 0; i < small; ++i) {
-        bad += loom::loadAsDouble(DataType::kFloat32, arGot.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+        bad += loom::loadAsDouble(DataType::kFloat32, arGot.data(), i) !=
+               reduced(DataType::kFloat32, ncclSum, n, i, false);
       }
       std::vector<char> bigGot = download(r, big[r]->ptr, count * 4);
       for (size_t i = 0; i < count; ++i) {
-        bad += loom::loadAsDouble(DataType::kFloat32, bigGot.data(), i) != reduced(DataType::kFloat32, ncclSum, n, i, false);
+        bad += loom::loadAsDouble(DataType::kFloat32, bigGot.data(), i) !=
+               reduced(DataType::kFloat32, ncclSum, n, i, false);
       }
     }
     return bad;
@@ -741,7 +796,8 @@ TEST(GpuCollectives, MoreThanTwoGpus) {
     for (Coll c : {Coll::kAllReduce, Coll::kReduce, Coll::kReduceScatter, Coll::kAllGather,
                    Coll::kBroadcast, Coll::kAllToAll}) {
       const bool reduces = c == Coll::kAllReduce || c == Coll::kReduce || c == Coll::kReduceScatter;
-      for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+      for (DataType t :
+           {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
         for (ncclRedOp_t op : {ncclSum, ncclMax, ncclAvg}) {
           if (!reduces && op != ncclSum) continue;
           for (size_t count : {size_t{1}, size_t{13}, size_t{70001}, (size_t{1} << 20) + 5}) {
@@ -779,7 +835,8 @@ TEST_P(MoreRanksThanGpusShareThem, EveryCollectiveAndForm) {
                    Coll::kBroadcast, Coll::kAllToAll}) {
       const bool reduces = c == Coll::kAllReduce || c == Coll::kReduce || c == Coll::kReduceScatter;
       if (*proto && !reduces) continue;  // LL128 carries the reducing collectives only
-      for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+      for (DataType t :
+           {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
         for (ncclRedOp_t op : {ncclSum, ncclMax, ncclAvg}) {
           if (!reduces && op != ncclSum) continue;
           for (size_t count : {size_t{1}, size_t{13}, size_t{70001}, (size_t{1} << 20) + 5,
@@ -813,7 +870,8 @@ TEST_P(MoreRanksThanGpusShareThem, SendRecvAndGraphs) {
     for (int r = 0; r < n; ++r) {
       in.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
       upload(R.dev(r), in[r]->ptr, makeInput(DataType::kInt32, r, count, ncclSum));
-      for (int p = 0; p < n; ++p) out[r].push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+      for (int p = 0; p < n; ++p)
+        out[r].push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
     }
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     for (int r = 0; r < n; ++r) {
@@ -827,7 +885,8 @@ TEST_P(MoreRanksThanGpusShareThem, SendRecvAndGraphs) {
     R.sync();
     for (int r = 0; r < n; ++r) {
       for (int p = 0; p < n; ++p) {
-        EXPECT_EQ(download(R.dev(r), out[r][p]->ptr, count * 4), makeInput(DataType::kInt32, p, count, ncclSum))
+        EXPECT_EQ(download(R.dev(r), out[r][p]->ptr, count * 4),
+                  makeInput(DataType::kInt32, p, count, ncclSum))
             << n << " ranks, count " << count << ": rank " << r << " from rank " << p;
       }
     }

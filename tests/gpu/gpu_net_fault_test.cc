@@ -34,7 +34,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double msSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 std::string readFile(const std::string& path) {
   std::ifstream f(path);
@@ -97,8 +99,11 @@ TEST(GpuNetFault, OneRank) {
   const std::string msg = ncclGetLastError(comm);
   const auto abortStart = Clock::now();
   ncclCommAbort(comm);
-  std::printf("rank %d: %ld calls; %s reported %s %.0f ms after the last good call: %s; abort took %.0f ms\n", rank,
-              calls, how.c_str(), ncclGetErrorString(failed), afterGood, msg.c_str(), msSince(abortStart));
+  std::printf(
+      "rank %d: %ld calls; %s reported %s %.0f ms after the last good call: %s; abort took %.0f "
+      "ms\n",
+      rank, calls, how.c_str(), ncclGetErrorString(failed), afterGood, msg.c_str(),
+      msSince(abortStart));
   std::fflush(stdout);
   ASSERT_NE(failed, ncclSuccess) << "the loop ended without a failure";
   EXPECT_EQ(failed, ncclRemoteError);
@@ -115,7 +120,8 @@ void spawnRanks(const std::string& mode, std::vector<pid_t>* pids, std::vector<s
   char exe[4096] = {0};
   ASSERT_GT(readlink("/proc/self/exe", exe, sizeof(exe) - 1), 0);
   for (int r = 0; r < 2; ++r) {
-    logs->push_back("/tmp/loom_net_fault_" + std::to_string(getpid()) + "_" + std::to_string(r) + ".log");
+    logs->push_back("/tmp/loom_net_fault_" + std::to_string(getpid()) + "_" + std::to_string(r) +
+                    ".log");
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back("LOOM_TEST_FAULT_RANK=" + std::to_string(r));
@@ -130,7 +136,8 @@ void spawnRanks(const std::string& mode, std::vector<pid_t>* pids, std::vector<s
     char* argv[] = {exe, filter.data(), nullptr};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs->back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, logs->back().c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     pid_t pid = 0;
     ASSERT_EQ(posix_spawn(&pid, exe, &fa, nullptr, argv, envp.data()), 0);
@@ -160,7 +167,8 @@ TEST(GpuNetFault, PeerKilledMidCollective) {
   spawnRanks("loop", &pids, &logs);
   // Both looping, then a few seconds of calls, then rank 1 dies.
   const auto setupDeadline = Clock::now() + std::chrono::seconds(60);
-  while (readFile(logs[0]).find("looping") == std::string::npos || readFile(logs[1]).find("looping") == std::string::npos) {
+  while (readFile(logs[0]).find("looping") == std::string::npos ||
+         readFile(logs[1]).find("looping") == std::string::npos) {
     if (Clock::now() > setupDeadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -172,7 +180,8 @@ TEST(GpuNetFault, PeerKilledMidCollective) {
   if (status == -1) ADD_FAILURE() << "rank 0 did not end within 60 s of rank 1's death";
   const double tookMs = msSince(killed);
   const std::string log = readFile(logs[0]);
-  std::printf("rank 0 ended %.0f ms after rank 1 was killed; its output:\n%s\n", tookMs, log.c_str());
+  std::printf("rank 0 ended %.0f ms after rank 1 was killed; its output:\n%s\n", tookMs,
+              log.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   // Well within LOOM_TIMEOUT_MS (20 s): the dead peer's sockets close at once.
   EXPECT_LT(tookMs, 10000.0);
@@ -191,7 +200,8 @@ TEST(GpuNetFault, PeerGoneBeforeConnections) {
   waitpid(pids[1], nullptr, 0);
   const int status = waitFor(pids[0], 60000, start);
   const std::string log = readFile(logs[0]);
-  std::printf("rank 0 ended %.0f ms after the start; its output:\n%s\n", msSince(start), log.c_str());
+  std::printf("rank 0 ended %.0f ms after the start; its output:\n%s\n", msSince(start),
+              log.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   EXPECT_LT(msSince(start), 15000.0);
   for (const auto& l : logs) unlink(l.c_str());

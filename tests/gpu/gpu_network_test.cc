@@ -30,8 +30,8 @@ class OverTheNetwork : public ::testing::TestWithParam<int> {
 };
 
 // The ranks' contributions combine in the algorithm's order (see tolerance()).
-#define NETWORK_RANKS(R, ...)                                                  \
-  REQUIRE_GPUS(1);                                                             \
+#define NETWORK_RANKS(R, ...)                                                 \
+  REQUIRE_GPUS(1);                                                            \
   Ranks R(GetParam(), {{"LOOM_P2P_DISABLE", "1"}, ##__VA_ARGS__}, devices()); \
   R.anyOrder = true
 
@@ -52,7 +52,8 @@ TEST_P(OverTheNetwork, LargeCountsAndUnalignedBuffers) {
   NETWORK_RANKS(R);
   for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
                  Coll::kReduce, Coll::kAllToAll}) {
-    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{4} << 20) + 7, false, 0), 0u) << collName(c);
+    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{4} << 20) + 7, false, 0), 0u)
+        << collName(c);
     EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, 0, false, 0), 0u) << collName(c);
     for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat64}) {
       const size_t es = loom::dataTypeSize(t);
@@ -60,7 +61,8 @@ TEST_P(OverTheNetwork, LargeCountsAndUnalignedBuffers) {
       EXPECT_EQ(runAndCheck(R, c, t, ncclSum, 100003, true, 3 * es), 0u) << collName(c);
     }
     for (int root = 0; root < R.n(); ++root) {
-      EXPECT_EQ(runAndCheck(R, c, DataType::kInt32, ncclMax, 5003, false, 0, false, root), 0u) << collName(c);
+      EXPECT_EQ(runAndCheck(R, c, DataType::kInt32, ncclMax, 5003, false, 0, false, root), 0u)
+          << collName(c);
     }
   }
 }
@@ -68,7 +70,8 @@ TEST_P(OverTheNetwork, LargeCountsAndUnalignedBuffers) {
 TEST_P(OverTheNetwork, PreMulSumHostAndDeviceScalars) {
   NETWORK_RANKS(R);
   const int n = R.n();
-  for (DataType t : {DataType::kInt32, DataType::kFloat16, DataType::kFloat32, DataType::kBfloat16}) {
+  for (DataType t :
+       {DataType::kInt32, DataType::kFloat16, DataType::kFloat32, DataType::kBfloat16}) {
     std::vector<char> two(8);
     loom::storeFromDouble(t, two.data(), 0, 2.0);
     for (bool onDevice : {false, true}) {
@@ -85,7 +88,8 @@ TEST_P(OverTheNetwork, PreMulSumHostAndDeviceScalars) {
           s = scalars[r];
           res = ncclScalarDevice;
         }
-        NCCL_OK(ncclRedOpCreatePreMulSum(&ops[r], s, static_cast<ncclDataType_t>(t), res, R.comms[r]));
+        NCCL_OK(
+            ncclRedOpCreatePreMulSum(&ops[r], s, static_cast<ncclDataType_t>(t), res, R.comms[r]));
       }
       for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kReduce}) {
         EXPECT_EQ(runAndCheck(R, c, t, ops[0], 4099, false, 0, onDevice), 0u) << collName(c);
@@ -122,7 +126,8 @@ TEST_P(OverTheNetwork, SendRecvGroups) {
     for (int r = 0; r < n; ++r) {
       for (int m = 0; m < k; ++m) {
         NCCL_OK(ncclSend(a[r][m]->ptr, count, ncclInt32, (r + 1) % n, R.comms[r], R.streams[r]));
-        NCCL_OK(ncclRecv(b[r][m]->ptr, count, ncclInt32, (r + n - 1) % n, R.comms[r], R.streams[r]));
+        NCCL_OK(
+            ncclRecv(b[r][m]->ptr, count, ncclInt32, (r + n - 1) % n, R.comms[r], R.streams[r]));
       }
       NCCL_OK(ncclSend(a[r][0]->ptr, count, ncclInt32, r, R.comms[r], R.streams[r]));
       NCCL_OK(ncclRecv(self[r]->ptr, count, ncclInt32, r, R.comms[r], R.streams[r]));
@@ -135,7 +140,8 @@ TEST_P(OverTheNetwork, SendRecvGroups) {
                   makeInput(DataType::kInt32, (r + n - 1) % n, count, ncclSum, m * 7))
             << "rank " << r << " message " << m << " count " << count;
       }
-      EXPECT_EQ(download(R.dev(r), self[r]->ptr, count * 4), makeInput(DataType::kInt32, r, count, ncclSum));
+      EXPECT_EQ(download(R.dev(r), self[r]->ptr, count * 4),
+                makeInput(DataType::kInt32, r, count, ncclSum));
     }
   }
 }
@@ -162,7 +168,8 @@ TEST_P(OverTheNetwork, CallReturnsBeforePeersArrive) {
   }
   for (int r = 0; r < n; ++r) {
     cudaSetDevice(R.dev(r));
-    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclAllReduce(in[r]->ptr, out[r]->ptr, count, ncclFloat32, ncclSum, R.comms[r],
+                          R.streams[r]));
     if (r == 0) {
       // Its kernel cannot have finished: rank 1 has not called.
       EXPECT_EQ(cudaStreamQuery(R.streams[0]), cudaErrorNotReady);
@@ -170,7 +177,8 @@ TEST_P(OverTheNetwork, CallReturnsBeforePeersArrive) {
   }
   R.sync();
   const std::vector<char> want = floatSums(n, count);
-  for (int r = 0; r < n; ++r) EXPECT_EQ(download(R.dev(r), out[r]->ptr, count * 4), want) << "rank " << r;
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(download(R.dev(r), out[r]->ptr, count * 4), want) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuNetwork, OverTheNetwork, ::testing::Values(2, 3, 4),
@@ -189,13 +197,15 @@ TEST(GpuNetwork, MissingPeerTimesOutInsteadOfHanging) {
   const auto start = std::chrono::steady_clock::now();
   NCCL_OK(ncclAllReduce(buf.ptr, buf.ptr, 1000, ncclFloat32, ncclSum, R.comms[0], R.streams[0]));
   EXPECT_EQ(cudaStreamSynchronize(R.streams[0]), cudaSuccess);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(waited, 1.5);
   EXPECT_LT(waited, 10.0);
   ncclResult_t async = ncclSuccess;
   EXPECT_EQ(ncclCommGetAsyncError(R.comms[0], &async), ncclSuccess);
   EXPECT_EQ(async, ncclRemoteError);
-  EXPECT_NE(ncclAllReduce(buf.ptr, buf.ptr, 1000, ncclFloat32, ncclSum, R.comms[0], R.streams[0]), ncclSuccess);
+  EXPECT_NE(ncclAllReduce(buf.ptr, buf.ptr, 1000, ncclFloat32, ncclSum, R.comms[0], R.streams[0]),
+            ncclSuccess);
   const std::string msg = ncclGetLastError(nullptr);
   EXPECT_NE(msg.find("LOOM_TIMEOUT_MS"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;

@@ -67,7 +67,8 @@ TEST(GpuRegistration, TwoProcesses) {
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int r = 0; r < 2; ++r) {
-    logs.push_back("/tmp/loom_registration_" + std::to_string(getpid()) + "_" + std::to_string(r) + ".log");
+    logs.push_back("/tmp/loom_registration_" + std::to_string(getpid()) + "_" + std::to_string(r) +
+                   ".log");
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back("LOOM_TEST_REGISTRATION_RANK=" + std::to_string(r));
@@ -117,7 +118,8 @@ TEST(GpuRegistration, TwoProcesses) {
   for (int r = 0; r < 2; ++r) {
     const std::string log = readFile(logs[r]);
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
-        << "rank " << r << " ended with status " << status[r] << "; its output:\n" << log;
+        << "rank " << r << " ended with status " << status[r] << "; its output:\n"
+        << log;
     // The registered forms ran exactly where OneRank expects them: from the second call
     // after registering (the first activates the post board) 3 all-reduces, one into an
     // output registered by rank 0 only, 2 into outputs both registered (two-shot), 6
@@ -125,14 +127,18 @@ TEST(GpuRegistration, TwoProcesses) {
     // the captured all-reduce, then 2 of each after rank 0 registered a new allocation.
     EXPECT_EQ(count(log, "pulled one-shot all-reduce"), 7u) << "rank " << r << ":\n" << log;
     EXPECT_EQ(count(log, "pulled two-shot all-reduce:"), 2u) << "rank " << r << ":\n" << log;
-    EXPECT_EQ(count(log, "pulled two-shot all-reduce in place"), 1u) << "rank " << r << ":\n" << log;
+    EXPECT_EQ(count(log, "pulled two-shot all-reduce in place"), 1u) << "rank " << r << ":\n"
+                                                                     << log;
     // 2 all-gathers, an all-to-all and 2 broadcasts through the copy engines.
-    EXPECT_EQ(count(log, "registered inputs pulled between processes"), 5u) << "rank " << r << ":\n" << log;
+    EXPECT_EQ(count(log, "registered inputs pulled between processes"), 5u) << "rank " << r << ":\n"
+                                                                            << log;
     EXPECT_EQ(count(log, "pulled one-shot reduce"), 8u) << "rank " << r << ":\n" << log;
     // Rank 0 maps rank 1's first allocation and its registered output; rank 1 maps both of
     // rank 0's inputs in turn and its output.
     EXPECT_EQ(count(log, "mapped rank " + std::to_string(1 - r) + "'s registered allocation"),
-              r == 0 ? 2u : 3u) << "rank " << r << ":\n" << log;
+              r == 0 ? 2u : 3u)
+        << "rank " << r << ":\n"
+        << log;
     EXPECT_NE(log.find("[  PASSED  ] 1 test"), std::string::npos) << "rank " << r << ":\n" << log;
     std::remove(logs[r].c_str());
   }
@@ -150,7 +156,8 @@ void upload(float* dst, int rank, size_t count, int salt) {
 // Sum of both ranks' inputs; `what` names the call in failures.
 void expectSum(const float* out, size_t count, int salt, const std::string& what) {
   std::vector<float> got(count);
-  ASSERT_EQ(cudaMemcpy(got.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, count * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   size_t wrong = 0, first = count;
   for (size_t i = 0; i < count; ++i) {
     if (got[i] != valueFor(0, i, salt) + valueFor(1, i, salt)) {
@@ -255,7 +262,8 @@ TEST(GpuRegistration, OneRank) {
     const size_t blk = (16 << 20) / sizeof(float);
     auto expectBlocks = [&](const float* buf, int salt, bool toAll, const std::string& what) {
       std::vector<float> got(2 * blk);
-      ASSERT_EQ(cudaMemcpy(got.data(), buf, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got.data(), buf, got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                cudaSuccess);
       size_t wrong = 0;
       for (int p = 0; p < 2; ++p) {
         for (size_t i = 0; i < blk; ++i) {
@@ -285,7 +293,8 @@ TEST(GpuRegistration, OneRank) {
       NCCL_OK(ncclBroadcast(a, out, blk, ncclFloat32, root, comm, s));
       sync();
       std::vector<float> got(blk);
-      ASSERT_EQ(cudaMemcpy(got.data(), out, blk * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got.data(), out, blk * sizeof(float), cudaMemcpyDeviceToHost),
+                cudaSuccess);
       size_t wrong = 0;
       for (size_t i = 0; i < blk; ++i) wrong += got[i] != valueFor(root, i, 33 + root);
       EXPECT_EQ(wrong, 0u) << "registered broadcast from " << root;

@@ -19,11 +19,12 @@ inline int gpuCount() {
 
 }  // namespace loom::test
 
-#define REQUIRE_GPUS(n)                                                                   \
-  do {                                                                                    \
-    int have = ::loom::test::gpuCount();                                                  \
+#define REQUIRE_GPUS(n)                                                                    \
+  do {                                                                                     \
+    int have = ::loom::test::gpuCount();                                                   \
     if (have < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, this machine has " << have; \
   } while (0)
 
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(cudaGetLastError())
+#define CUDA_OK(x) \
+  ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(cudaGetLastError())
 #define NCCL_OK(x) ASSERT_EQ((x), ncclSuccess) << #x << ": " << ncclGetLastError(nullptr)

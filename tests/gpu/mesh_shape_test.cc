@@ -22,11 +22,13 @@ MeshContext context(int nranks, int blocks, size_t slotBytes) {
 TEST(MeshShape, TilesAreAlignedAndCoverTheData) {
   for (int n : {1, 2, 3, 8}) {
     MeshContext c = context(n, 128, 256 * 1024);
-    for (MeshKind kind : {MeshKind::kAllReduceOneShot, MeshKind::kAllReduceTwoShot, MeshKind::kAllGather,
-                          MeshKind::kBroadcast, MeshKind::kReduceScatter, MeshKind::kReduce,
-                          MeshKind::kAllToAll}) {
-      for (DataType t : {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
-        for (size_t count : {size_t{1}, size_t{13}, size_t{4099}, size_t{1} << 20, (size_t{3} << 30) + 7}) {
+    for (MeshKind kind :
+         {MeshKind::kAllReduceOneShot, MeshKind::kAllReduceTwoShot, MeshKind::kAllGather,
+          MeshKind::kBroadcast, MeshKind::kReduceScatter, MeshKind::kReduce, MeshKind::kAllToAll}) {
+      for (DataType t :
+           {DataType::kInt8, DataType::kFloat16, DataType::kFloat32, DataType::kFloat64}) {
+        for (size_t count :
+             {size_t{1}, size_t{13}, size_t{4099}, size_t{1} << 20, (size_t{3} << 30) + 7}) {
           MeshCall call;
           call.kind = kind;
           call.type = t;
@@ -72,7 +74,8 @@ TEST(MeshShape, LL128StaysInsideItsRegion) {
     const size_t es = dataTypeSize(t);
     for (size_t bytes : {es, size_t{120}, size_t{16384}, size_t{16385}, size_t{1} << 20,
                          c.geo.ll128Capacity() / es * es}) {
-      for (MeshKind k : {MeshKind::kAllReduceLL128, MeshKind::kReduceLL128, MeshKind::kReduceScatterLL128}) {
+      for (MeshKind k :
+           {MeshKind::kAllReduceLL128, MeshKind::kReduceLL128, MeshKind::kReduceScatterLL128}) {
         MeshCall call;
         call.kind = k;
         call.type = t;
@@ -81,9 +84,10 @@ TEST(MeshShape, LL128StaysInsideItsRegion) {
         EXPECT_GE(s.blocks, 1);
         EXPECT_LE(s.blocks, kLLBlocks);
         const size_t tile = s.tileElems * es;
-        EXPECT_EQ(tile % 8, 0u) << bytes;                             // whole words per block
+        EXPECT_EQ(tile % 8, 0u) << bytes;                                 // whole words per block
         EXPECT_LE(tile, size_t(c.geo.ll128Lines) * kLL128Data) << bytes;  // fits a block's lines
-        EXPECT_GE(static_cast<size_t>(s.blocks) * tile, call.count * es) << bytes;  // covers the call
+        EXPECT_GE(static_cast<size_t>(s.blocks) * tile, call.count * es)
+            << bytes;  // covers the call
       }
     }
   }

@@ -53,10 +53,10 @@ TEST(ParseArgs, DefaultsMatchNcclTests) {
 
 TEST(ParseArgs, EveryShortFlag) {
   const ParseResult r =
-      parse({"-t", "2", "-g", "3", "-b", "8", "-e", "128M", "-f", "2", "-i", "4K", "-n", "5",
-             "-w", "0", "-m", "4", "-N", "3", "-c", "0", "-o", "max", "-d", "bfloat16", "-r",
-             "-1", "-a", "3", "-z", "1", "-G", "0", "-p", "1", "-R", "1", "-C", "1", "-T", "30",
-             "-y", "1", "-S", "1"});
+      parse({"-t", "2",        "-g", "3",  "-b", "8",  "-e", "128M", "-f", "2", "-i", "4K",
+             "-n", "5",        "-w", "0",  "-m", "4",  "-N", "3",    "-c", "0", "-o", "max",
+             "-d", "bfloat16", "-r", "-1", "-a", "3",  "-z", "1",    "-G", "0", "-p", "1",
+             "-R", "1",        "-C", "1",  "-T", "30", "-y", "1",    "-S", "1"});
   ASSERT_TRUE(r.error.empty()) << r.error;
   const Options& o = r.options;
   EXPECT_EQ(o.nThreads, 2);
@@ -98,8 +98,8 @@ TEST(ParseArgs, LongFlagsAndInlineValues) {
 }
 
 TEST(ParseArgs, EveryTypeAndOpName) {
-  const char* types[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float",
-                         "double", "bfloat16", "f8e4m3", "f8e5m2"};
+  const char* types[] = {"int8", "uint8", "int32",  "uint32",   "int64",  "uint64",
+                         "half", "float", "double", "bfloat16", "f8e4m3", "f8e5m2"};
   int expected = 0;
   for (const char* t : types) {
     const ParseResult r = parse({"-d", t});

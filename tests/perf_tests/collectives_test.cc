@@ -77,7 +77,9 @@ Buffers simulate(const CollectiveSpec& s, const DataParams& p, const Buffers& in
   const int n = p.nranks;
   const size_t ts = typeInfo(p.type).size;
   Buffers out(n, std::vector<char>(c.recvCount * ts + 1, '\x7f'));
-  auto reduceInto = [&](char* dst, size_t index) { storeResult(p.type, expectedReduce(p, index), dst); };
+  auto reduceInto = [&](char* dst, size_t index) {
+    storeResult(p.type, expectedReduce(p, index), dst);
+  };
   for (int r = 0; r < n; ++r) {
     char* o = out[r].data();
     const size_t per = c.paramCount;
@@ -96,7 +98,8 @@ Buffers simulate(const CollectiveSpec& s, const DataParams& p, const Buffers& in
     } else if (&s == &kSendRecvSpec) {
       std::memcpy(o, in[(r + n - 1) % n].data(), c.recvCount * ts);
     } else if (&s == &kAllToAllSpec) {
-      for (int q = 0; q < n; ++q) std::memcpy(o + q * per * ts, in[q].data() + r * per * ts, per * ts);
+      for (int q = 0; q < n; ++q)
+        std::memcpy(o + q * per * ts, in[q].data() + r * per * ts, per * ts);
     }
   }
   return out;
@@ -123,8 +126,8 @@ TEST(Specs, ExpectedOutputsMatchTheCollectives) {
                 << spec->program << " n=" << n << " " << t.name << " " << op.name << " rank " << r;
           }
           // A rank whose output was not written is caught.
-          if (c.recvCount > 0 && spec->expect({0, n, root, c.paramCount}, 0).kind !=
-                                     Source::Kind::kUnchecked) {
+          if (c.recvCount > 0 &&
+              spec->expect({0, n, root, c.paramCount}, 0).kind != Source::Kind::kUnchecked) {
             std::memset(out[0].data(), poisonByte(t.type), t.size);
             RankLayout layout{0, n, root, c.paramCount};
             EXPECT_EQ(countWrong(p, layout, spec->expect, out[0].data(), c.recvCount), 1)

@@ -39,9 +39,12 @@ TEST(FormatHeader, TableHeaderLines) {
   const std::string h = formatTableHeader(false, false);
   // Lines as nccl-tests 2.17 prints them (its printf formats, evaluated).
   EXPECT_EQ(h, std::string("#\n") +
-                   "#                                                              out-of-place                       in-place          \n" +
-                   "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong \n" +
-                   "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         \n");
+                   "#                                                              out-of-place    "
+                   "                   in-place          \n" +
+                   "#       size         count      type   redop    root     time   algbw   busbw  "
+                   "#wrong     time   algbw   busbw  #wrong \n" +
+                   "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)  "
+                   "           (us)  (GB/s)  (GB/s)         \n");
   EXPECT_NE(formatTableHeader(true, false).find("cputime"), std::string::npos);
   EXPECT_NE(formatTableHeader(false, true).find("timestamp"), std::string::npos);
 }

@@ -74,7 +74,8 @@ TEST(NcclSearch, CandidatesFollowThePatternsWithoutRepeats) {
 #endif
 #endif
 #if defined(LOOM_TEST_SANITIZED)
-#define SKIP_UNDER_ASAN() GTEST_SKIP() << "the sanitizer refuses RTLD_DEEPBIND (dlopen of a second NCCL)"
+#define SKIP_UNDER_ASAN() \
+  GTEST_SKIP() << "the sanitizer refuses RTLD_DEEPBIND (dlopen of a second NCCL)"
 #else
 #define SKIP_UNDER_ASAN() \
   do {                    \

@@ -12,28 +12,36 @@
 namespace loom::perf {
 namespace {
 
-uint32_t half(double v) { return encodeSmallFloat(v, 5, 10, false); }
-uint32_t bf16(double v) { return encodeSmallFloat(v, 8, 7, false); }
-uint32_t e4m3(double v) { return encodeSmallFloat(v, 4, 3, true); }
-uint32_t e5m2(double v) { return encodeSmallFloat(v, 5, 2, false); }
+uint32_t half(double v) {
+  return encodeSmallFloat(v, 5, 10, false);
+}
+uint32_t bf16(double v) {
+  return encodeSmallFloat(v, 8, 7, false);
+}
+uint32_t e4m3(double v) {
+  return encodeSmallFloat(v, 4, 3, true);
+}
+uint32_t e5m2(double v) {
+  return encodeSmallFloat(v, 5, 2, false);
+}
 
 TEST(Encoding, KnownBitPatterns) {
   EXPECT_EQ(half(1.0), 0x3C00u);
   EXPECT_EQ(half(-2.0), 0xC000u);
   EXPECT_EQ(half(65504.0), 0x7BFFu);
-  EXPECT_EQ(half(1e6), 0x7C00u);                        // overflow: infinity
-  EXPECT_EQ(half(std::ldexp(1.0, -24)), 0x0001u);       // smallest subnormal
-  EXPECT_EQ(half(std::ldexp(0.5, -24)), 0x0000u);       // tie to even: 0
-  EXPECT_EQ(half(std::ldexp(1.5, -24)), 0x0002u);       // tie to even: 2
-  EXPECT_EQ(half(2049.0), 0x6800u);                     // tie to even: 2048
-  EXPECT_EQ(half(2051.0), 0x6802u);                     // tie to even: 2052
+  EXPECT_EQ(half(1e6), 0x7C00u);                   // overflow: infinity
+  EXPECT_EQ(half(std::ldexp(1.0, -24)), 0x0001u);  // smallest subnormal
+  EXPECT_EQ(half(std::ldexp(0.5, -24)), 0x0000u);  // tie to even: 0
+  EXPECT_EQ(half(std::ldexp(1.5, -24)), 0x0002u);  // tie to even: 2
+  EXPECT_EQ(half(2049.0), 0x6800u);                // tie to even: 2048
+  EXPECT_EQ(half(2051.0), 0x6802u);                // tie to even: 2052
   EXPECT_EQ(half(-0.0), 0x8000u);
   EXPECT_EQ(bf16(1.0), 0x3F80u);
   EXPECT_EQ(bf16(-1.0), 0xBF80u);
   EXPECT_EQ(bf16(3.0), 0x4040u);
   EXPECT_EQ(e4m3(1.0), 0x38u);
   EXPECT_EQ(e4m3(448.0), 0x7Eu);
-  EXPECT_EQ(e4m3(1000.0), 0x7Eu);                       // saturates, no infinity
+  EXPECT_EQ(e4m3(1000.0), 0x7Eu);  // saturates, no infinity
   EXPECT_EQ(e4m3(std::nan("")), 0x7Fu);
   EXPECT_EQ(e4m3(std::ldexp(1.0, -9)), 0x01u);
   EXPECT_EQ(e4m3(-16.0), 0xD8u);
@@ -47,8 +55,8 @@ TEST(Encoding, DecodeInvertsEncode) {
     int e, m;
     bool finiteOnly;
   };
-  for (const Format f : {Format{5, 10, false}, Format{8, 7, false}, Format{4, 3, true},
-                         Format{5, 2, false}}) {
+  for (const Format f :
+       {Format{5, 10, false}, Format{8, 7, false}, Format{4, 3, true}, Format{5, 2, false}}) {
     const uint32_t n = 1u << (1 + f.e + f.m);
     for (uint32_t bits = 0; bits < n; ++bits) {
       const double v = decodeSmallFloat(bits, f.e, f.m, f.finiteOnly);
@@ -173,7 +181,9 @@ TEST(Matching, PoisonNeverMatchesAndCorruptionIsCounted) {
   }
 }
 
-Source identity(const RankLayout& l, size_t j) { return Source::copy(l.rank, j); }
+Source identity(const RankLayout& l, size_t j) {
+  return Source::copy(l.rank, j);
+}
 
 TEST(Matching, CountWrong) {
   for (const TypeInfo& t : allTypes()) {

@@ -55,7 +55,8 @@ TEST(Reader, AFailingReadIsAnError) {
   auto text = reader.readFile("/proc/self/mem");
   EXPECT_FALSE(text.isOk());
   if (!text.isOk()) {
-    EXPECT_NE(text.status().message().find("reading"), std::string::npos) << text.status().message();
+    EXPECT_NE(text.status().message().find("reading"), std::string::npos)
+        << text.status().message();
   }
   EXPECT_TRUE(reader.readFile("/proc/self/stat").isOk());
 }
@@ -73,7 +74,8 @@ TEST(Detect, DgxH100FromRecordedTree) {
   EXPECT_EQ(netCount(s), 8);  // IPoIB ib0..ib7 share the RDMA functions; lo is skipped
   ASSERT_EQ(s.cpus[0].pcis.size(), 4u);
   const PciNode& sw = s.cpus[0].pcis[0];
-  EXPECT_EQ(sw.busId, "0000:16:00.0");  // the switch's upstream port, root and downstream ports dropped
+  EXPECT_EQ(sw.busId,
+            "0000:16:00.0");  // the switch's upstream port, root and downstream ports dropped
   ASSERT_EQ(sw.children.size(), 2u);
   const PciNode& gpuPci = sw.children[0].gpu ? sw.children[0] : sw.children[1];
   const PciNode& nicPci = sw.children[0].gpu ? sw.children[1] : sw.children[0];
@@ -156,7 +158,7 @@ TEST(Detect, WithoutNvmlFallsBackWithOneWarning) {
   for (const auto& w : d->warnings) nvmlWarnings += w.find("NVML") != std::string::npos;
   EXPECT_EQ(nvmlWarnings, 1);
   Graph g = buildGraph(d->system);
-  EXPECT_EQ(g.nodes()[g.gpus()[0]].gpu->sm, 90);  // from the device id 0x2330
+  EXPECT_EQ(g.nodes()[g.gpus()[0]].gpu->sm, 90);     // from the device id 0x2330
   EXPECT_EQ(g.gpuToGpu(0, 1).type, PathType::kPhb);  // no NVLink known
 }
 
@@ -247,7 +249,8 @@ TEST(Detect, MalformedTopoFileIsAnErrorWithItsLine) {
   {
     std::FILE* f = std::fopen(path.c_str(), "w");
     ASSERT_NE(f, nullptr);
-    std::fputs("<system version=\"1\">\n  <cpu numaid=\"0\">\n    <pci busid=\"x\"\n</system>\n", f);
+    std::fputs("<system version=\"1\">\n  <cpu numaid=\"0\">\n    <pci busid=\"x\"\n</system>\n",
+               f);
     std::fclose(f);
   }
   DirReader reader(sysfsRoot("cpu_only_2nic"));
@@ -279,14 +282,16 @@ TEST(Detect, GpuRecordsJsonRoundTrip) {
   EXPECT_EQ((*out)[0].memoryBytes, in[0].memoryBytes);
   EXPECT_FALSE(gpuRecordsFromJson("{\"gpus\": 7}").isOk());
   EXPECT_FALSE(gpuRecordsFromJson("not json").isOk());
-  EXPECT_FALSE(gpuRecordsFromJson("{\"gpus\": [{\"busid\": \"0000:01:00.0\", \"sm\": \"x\"}]}").isOk());
+  EXPECT_FALSE(
+      gpuRecordsFromJson("{\"gpus\": [{\"busid\": \"0000:01:00.0\", \"sm\": \"x\"}]}").isOk());
 }
 
 TEST(Detect, MapReaderResolvesLinks) {
   MapReader r;
   r.addFile("/sys/devices/pci0000:00/0000:00:01.0/class", "0x060400");
   r.addLink("/sys/bus/pci/devices/0000:00:01.0", "../../../devices/pci0000:00/0000:00:01.0");
-  EXPECT_EQ(r.realPath("/sys/bus/pci/devices/0000:00:01.0").value(), "/sys/devices/pci0000:00/0000:00:01.0");
+  EXPECT_EQ(r.realPath("/sys/bus/pci/devices/0000:00:01.0").value(),
+            "/sys/devices/pci0000:00/0000:00:01.0");
   EXPECT_EQ(r.readTrimmed("/sys/bus/pci/devices/0000:00:01.0/class"), "0x060400");
   EXPECT_EQ(r.listDir("/sys/bus/pci/devices").value(), std::vector<std::string>{"0000:00:01.0"});
   EXPECT_FALSE(r.readFile("/sys/nothing").isOk());

@@ -6,8 +6,12 @@
 
 namespace loom::topology::testing {
 
-std::string fixturePath(const std::string& name) { return std::string(LOOM_TOPO_FIXTURES) + "/" + name; }
-std::string sysfsRoot(const std::string& machine) { return fixturePath("sysfs/" + machine); }
+std::string fixturePath(const std::string& name) {
+  return std::string(LOOM_TOPO_FIXTURES) + "/" + name;
+}
+std::string sysfsRoot(const std::string& machine) {
+  return fixturePath("sysfs/" + machine);
+}
 
 System loadXml(const std::string& name) {
   auto r = readXmlFile(fixturePath(name));

@@ -7,7 +7,7 @@
 
 namespace loom::topology::testing {
 
-std::string fixturePath(const std::string& name);  // "dgx_h100.xml" -> absolute path
+std::string fixturePath(const std::string& name);   // "dgx_h100.xml" -> absolute path
 std::string sysfsRoot(const std::string& machine);  // "dgx_h100" -> recorded tree
 System loadXml(const std::string& name);            // asserts success
 Graph buildGraph(const System& system);             // asserts success

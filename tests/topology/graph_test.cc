@@ -80,8 +80,11 @@ TEST(Graph, NvlinkThroughAGpuIsNvb) {
   forEachPci(s, [](PciNode& p, Cpu&) {
     if (!p.gpu) return;
     auto& links = p.gpu->nvlinks;
-    std::string other = p.busId == "0000:07:00.0" ? "0000:87:00.0" : p.busId == "0000:87:00.0" ? "0000:07:00.0" : "";
-    links.erase(std::remove_if(links.begin(), links.end(), [&](const NvLink& l) { return l.target == other; }),
+    std::string other = p.busId == "0000:07:00.0"   ? "0000:87:00.0"
+                        : p.busId == "0000:87:00.0" ? "0000:07:00.0"
+                                                    : "";
+    links.erase(std::remove_if(links.begin(), links.end(),
+                               [&](const NvLink& l) { return l.target == other; }),
                 links.end());
   });
   Graph g = buildGraph(s);
@@ -138,13 +141,19 @@ TEST(Graph, TwoLevelSwitchIsPxb) {
   // CPU > switch A > switch B > GPU0, and switch A > GPU1: one switch apart is PIX,
   // two is PXB.
   const char* text =
-      "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ff\" arch=\"x86_64\" vendor=\"AuthenticAMD\">"
-      "<pci busid=\"0000:10:00.0\" class=\"0x060400\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
-      "  <pci busid=\"0000:12:00.0\" class=\"0x060400\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">"
-      "    <pci busid=\"0000:14:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"><gpu dev=\"0\" sm=\"80\"/></pci>"
-      "    <pci busid=\"0000:15:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\"><gpu dev=\"1\" sm=\"80\"/></pci>"
+      "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ff\" arch=\"x86_64\" "
+      "vendor=\"AuthenticAMD\">"
+      "<pci busid=\"0000:10:00.0\" class=\"0x060400\" link_speed=\"16.0 GT/s PCIe\" "
+      "link_width=\"16\">"
+      "  <pci busid=\"0000:12:00.0\" class=\"0x060400\" link_speed=\"16.0 GT/s PCIe\" "
+      "link_width=\"16\">"
+      "    <pci busid=\"0000:14:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" "
+      "link_width=\"16\"><gpu dev=\"0\" sm=\"80\"/></pci>"
+      "    <pci busid=\"0000:15:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" "
+      "link_width=\"16\"><gpu dev=\"1\" sm=\"80\"/></pci>"
       "  </pci>"
-      "  <pci busid=\"0000:13:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" link_width=\"8\"><gpu dev=\"2\" sm=\"80\"/></pci>"
+      "  <pci busid=\"0000:13:00.0\" class=\"0x030200\" link_speed=\"16.0 GT/s PCIe\" "
+      "link_width=\"8\"><gpu dev=\"2\" sm=\"80\"/></pci>"
       "</pci></cpu></system>";
   auto r = parseXml(text);
   ASSERT_TRUE(r.isOk()) << r.status().message();

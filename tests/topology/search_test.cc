@@ -41,7 +41,8 @@ void expectWithinCapacity(const Graph& g, const HostPlan& plan) {
   for (const auto& ring : plan.rings) {
     for (size_t i = 0; i < ring.size() && ring.size() > 1; ++i) {
       const Path& p = g.gpuToGpu(ring[i], ring[(i + 1) % ring.size()]);
-      for (size_t k = 0; k + 1 < p.nodes.size(); ++k) used[{p.nodes[k], p.nodes[k + 1]}] += plan.channelBw;
+      for (size_t k = 0; k + 1 < p.nodes.size(); ++k)
+        used[{p.nodes[k], p.nodes[k + 1]}] += plan.channelBw;
     }
   }
   for (auto [edge, amount] : used) {
@@ -173,7 +174,8 @@ TEST(Search, DgxClusterDoubleBinaryTrees) {
       EXPECT_LE(sameHostChildren, 1);
     }
   }
-  for (int h : innerHosts[0]) EXPECT_EQ(innerHosts[1].count(h), 0u) << "host " << h << " inner in both trees";
+  for (int h : innerHosts[0])
+    EXPECT_EQ(innerHosts[1].count(h), 0u) << "host " << h << " inner in both trees";
 }
 
 TEST(Search, DoubleBinaryTreeProperties) {
@@ -236,7 +238,8 @@ TEST(Search, RejectsDuplicateRanks) {
   });
   auto rings = searchRings(ClusterView{{s}});
   ASSERT_FALSE(rings.isOk());
-  EXPECT_NE(rings.status().message().find("repeats"), std::string::npos) << rings.status().message();
+  EXPECT_NE(rings.status().message().find("repeats"), std::string::npos)
+      << rings.status().message();
 }
 
 TEST(Search, ClusterViewMergesRanksOfOneHost) {

@@ -8,8 +8,8 @@ namespace {
 using testing::fixturePath;
 using testing::loadXml;
 
-const char* kFixtures[] = {"dgx_h100.xml", "pcie_8gpu.xml", "mesh_4gpu.xml", "flat_h200_vm.xml",
-                           "cpu_only_2nic.xml", "nccl_dump_h200.xml"};
+const char* kFixtures[] = {"dgx_h100.xml",     "pcie_8gpu.xml",     "mesh_4gpu.xml",
+                           "flat_h200_vm.xml", "cpu_only_2nic.xml", "nccl_dump_h200.xml"};
 
 TEST(Xml, ReadsDgxH100) {
   System s = loadXml("dgx_h100.xml");
@@ -83,16 +83,19 @@ TEST(Xml, KeepsElementsLoomDoesNotInterpret) {
   const char* text =
       "<system version=\"1\">\n"
       "  <cpu host_hash=\"0x1\" numaid=\"0\" affinity=\"ff\" arch=\"arm64\" vendor=\"NVIDIA\">\n"
-      "    <pci busid=\"0008:01:00.0\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x2941\" link_speed=\"32.0 GT/s PCIe\" link_width=\"16\">\n"
+      "    <pci busid=\"0008:01:00.0\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x2941\" "
+      "link_speed=\"32.0 GT/s PCIe\" link_width=\"16\">\n"
       "      <gpu dev=\"0\" sm=\"100\" rank=\"0\" gdr=\"1\">\n"
       "        <nvlink target=\"fffffff:ff:ff.0\" count=\"18\" tclass=\"0x068000\"/>\n"
       "        <c2c bw=\"56376\" count=\"7\"/>\n"
       "      </gpu>\n"
       "    </pci>\n"
-      "    <nic><net name=\"eth0\" dev=\"0\" speed=\"10000\" port=\"0\" guid=\"0x0\" maxconn=\"65536\" gdr=\"0\"/></nic>\n"
+      "    <nic><net name=\"eth0\" dev=\"0\" speed=\"10000\" port=\"0\" guid=\"0x0\" "
+      "maxconn=\"65536\" gdr=\"0\"/></nic>\n"
       "  </cpu>\n"
       "  <cpu numaid=\"1\" affinity=\"ff00\" arch=\"arm64\" vendor=\"NVIDIA\">\n"
-      "    <nic><net name=\"eth0\" dev=\"0\" speed=\"10000\" port=\"0\" guid=\"0x0\" maxconn=\"65536\" gdr=\"0\"/></nic>\n"
+      "    <nic><net name=\"eth0\" dev=\"0\" speed=\"10000\" port=\"0\" guid=\"0x0\" "
+      "maxconn=\"65536\" gdr=\"0\"/></nic>\n"
       "  </cpu>\n"
       "</system>\n";
   auto r = parseXml(text, "grace.xml");
@@ -109,8 +112,10 @@ TEST(Xml, KeepsElementsLoomDoesNotInterpret) {
 }
 
 TEST(Xml, MalformedFileNamesTheLine) {
-  auto r = parseXml("<system version=\"1\">\n  <cpu numaid=\"0\">\n    <pci busid=\"0000:01:00.0\"\n  </cpu>\n</system>\n",
-                    "bad.xml");
+  auto r = parseXml(
+      "<system version=\"1\">\n  <cpu numaid=\"0\">\n    <pci busid=\"0000:01:00.0\"\n  "
+      "</cpu>\n</system>\n",
+      "bad.xml");
   ASSERT_FALSE(r.isOk());
   EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
   EXPECT_NE(r.status().message().find("bad.xml:"), std::string::npos) << r.status().message();
@@ -133,7 +138,9 @@ TEST(Xml, BadAttributeNamesLineAndAttribute) {
 }
 
 TEST(Xml, BadBusIdNamesLine) {
-  auto r = parseXml("<system version=\"1\">\n<cpu numaid=\"0\">\n<pci busid=\"zz:01\"/>\n</cpu>\n</system>\n", "t.xml");
+  auto r = parseXml(
+      "<system version=\"1\">\n<cpu numaid=\"0\">\n<pci busid=\"zz:01\"/>\n</cpu>\n</system>\n",
+      "t.xml");
   ASSERT_FALSE(r.isOk());
   EXPECT_NE(r.status().message().find("t.xml:3:"), std::string::npos) << r.status().message();
 }

@@ -21,9 +21,15 @@ namespace {
 constexpr uint32_t kSlots = 4;
 constexpr uint64_t kSlotBytes = 256 * 1024;
 
-uint64_t loadAcquire(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
-void storeRelease(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
-uint32_t closedOf(const Fifo& f) { return std::atomic_ref<uint32_t>(f.header->closed).load(); }
+uint64_t loadAcquire(uint64_t* p) {
+  return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire);
+}
+void storeRelease(uint64_t* p, uint64_t v) {
+  std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
+}
+uint32_t closedOf(const Fifo& f) {
+  return std::atomic_ref<uint32_t>(f.header->closed).load();
+}
 
 struct FifoMemory {
   void* p = nullptr;
@@ -72,7 +78,8 @@ void makeSides(Side* sides) {
         *h = mail[peer];
         return true;
       };
-      st[r] = connectPeers(*sides[r].backend, 0, r, {1 - r}, {1 - r}, ex, Deadline::afterMs(10000), &conns[r]);
+      st[r] = connectPeers(*sides[r].backend, 0, r, {1 - r}, {1 - r}, ex, Deadline::afterMs(10000),
+                           &conns[r]);
     });
   }
   for (auto& t : threads) t.join();
@@ -86,8 +93,12 @@ void makeSides(Side* sides) {
   }
 }
 
-unsigned char pattern(int from, uint64_t msg, size_t i) { return static_cast<unsigned char>(from * 101 + msg * 7 + i); }
-size_t sizeOf(uint64_t msg) { return msg % 5 == 0 ? 0 : (msg * 40503) % kSlotBytes + 1; }
+unsigned char pattern(int from, uint64_t msg, size_t i) {
+  return static_cast<unsigned char>(from * 101 + msg * 7 + i);
+}
+size_t sizeOf(uint64_t msg) {
+  return msg % 5 == 0 ? 0 : (msg * 40503) % kSlotBytes + 1;
+}
 
 // What a kernel does: posts `n` messages and checks `n` from the peer.
 void kernelLike(int r, Side& s, uint64_t n, std::string* error) {
@@ -97,7 +108,8 @@ void kernelLike(int r, Side& s, uint64_t n, std::string* error) {
   auto deadline = Clock::now() + std::chrono::seconds(60);
   while ((sent < n || got < n) && error->empty()) {
     if (Clock::now() > deadline) {
-      *error = "rank " + std::to_string(r) + " timed out at " + std::to_string(sent) + "/" + std::to_string(got);
+      *error = "rank " + std::to_string(r) + " timed out at " + std::to_string(sent) + "/" +
+               std::to_string(got);
       return;
     }
     if (sent < n && sent - loadAcquire(&out.header->done) < kSlots) {
@@ -136,10 +148,13 @@ void runBothWays(uint64_t n) {
   b.join();
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
-  for (auto& s : sides) EXPECT_TRUE(s.proxy->firstError().isOk()) << s.proxy->firstError().message();
+  for (auto& s : sides)
+    EXPECT_TRUE(s.proxy->firstError().isOk()) << s.proxy->firstError().message();
 }
 
-TEST(NetProxy, MessagesBothWays) { runBothWays(300); }
+TEST(NetProxy, MessagesBothWays) {
+  runBothWays(300);
+}
 
 TEST(NetProxy, StripedOverHelperThreads) {
   settings::ScopedSetting t(settings::kSocketNthreads, "2");
@@ -207,13 +222,15 @@ TEST(NetProxy, DialersGiveUpOnAPeerThatIsGone) {
   proxy.addSend(dialTo(**backend, 0, 1, ex), out.fifo, 30000);
   proxy.addRecv(std::move(accept).value(), in.fifo, 30000);
   auto deadline = start + std::chrono::seconds(10);
-  while ((closedOf(out.fifo) == kNetOpen || closedOf(in.fifo) == kNetOpen) && Clock::now() < deadline) {
+  while ((closedOf(out.fifo) == kNetOpen || closedOf(in.fifo) == kNetOpen) &&
+         Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
   EXPECT_EQ(closedOf(out.fifo), kNetPeerClosed);  // a remote error
   EXPECT_EQ(closedOf(in.fifo), kNetPeerClosed);
-  EXPECT_NE(proxy.status(1, true).message().find("rank 1 is gone"), std::string::npos) << proxy.status(1, true).message();
+  EXPECT_NE(proxy.status(1, true).message().find("rank 1 is gone"), std::string::npos)
+      << proxy.status(1, true).message();
   EXPECT_NE(proxy.status(1, false).message().find("rank 1 is gone"), std::string::npos);
   EXPECT_GE(asked.load(), 2);
 }

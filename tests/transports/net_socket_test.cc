@@ -51,7 +51,8 @@ void connectPair(Pair* p, F beforeConnect, uint64_t senderHash = 0x5eed) {
   ASSERT_TRUE(sb.isOk());
   Handle h = p->handle;
   // A refused sender never gets an accepted connection: give it 1.5 s.
-  auto deadline = Clock::now() + std::chrono::milliseconds(senderHash == ctx.commHash ? 10000 : 1500);
+  auto deadline =
+      Clock::now() + std::chrono::milliseconds(senderHash == ctx.commHash ? 10000 : 1500);
   while ((!p->send || !p->recv) && Clock::now() < deadline) {
     if (!p->send) {
       Status st = (*sb)->connect(0, &h, 0, &p->send);
@@ -73,7 +74,8 @@ void exchange(Pair& p, const std::vector<size_t>& sizes, size_t capacity, int de
   std::vector<std::vector<unsigned char>> out(n), in(n);
   for (size_t m = 0; m < n; ++m) {
     out[m].resize(sizes[m]);
-    for (size_t i = 0; i < sizes[m]; ++i) out[m][i] = static_cast<unsigned char>(m * 31 + i * 7 + 1);
+    for (size_t i = 0; i < sizes[m]; ++i)
+      out[m][i] = static_cast<unsigned char>(m * 31 + i * 7 + 1);
     in[m].assign(capacity, 0xee);
   }
   std::vector<Request*> sreq(n, nullptr), rreq(n, nullptr);
@@ -112,7 +114,8 @@ void exchange(Pair& p, const std::vector<size_t>& sizes, size_t capacity, int de
       if (done) {
         ASSERT_EQ(size, sizes[rdone]) << "message " << rdone;
         if (size > 0) {
-          ASSERT_EQ(std::memcmp(in[rdone].data(), out[rdone].data(), size), 0) << "message " << rdone;
+          ASSERT_EQ(std::memcmp(in[rdone].data(), out[rdone].data(), size), 0)
+              << "message " << rdone;
         }
         if (size < capacity) {
           EXPECT_EQ(in[rdone][size], 0xee) << "wrote past the message";
@@ -123,7 +126,8 @@ void exchange(Pair& p, const std::vector<size_t>& sizes, size_t capacity, int de
   }
 }
 
-const std::vector<size_t> kSizes = {0, 1, 8, 4095, 65535, 65536, 65537, 200000, 1 << 20, (1 << 20) - 3, 77, 0, 524288};
+const std::vector<size_t> kSizes = {
+    0, 1, 8, 4095, 65535, 65536, 65537, 200000, 1 << 20, (1 << 20) - 3, 77, 0, 524288};
 
 TEST(NetSocket, OneSocket) {
   ScopedSetting t(settings::kSocketNthreads, "1");  // unset, GPU buffers get 4
@@ -237,7 +241,8 @@ TEST(NetSocket, StrangersAreDroppedWithoutStallingTheListener) {
 
 TEST(NetSocket, AnotherCommunicatorIsRefused) {
   Pair p;
-  connectPair(&p, [](const Handle&) {}, /*senderHash=*/0xbad);
+  connectPair(
+      &p, [](const Handle&) {}, /*senderHash=*/0xbad);
   EXPECT_FALSE(p.recv) << "a sender of another communicator got in";
 }
 
@@ -327,14 +332,16 @@ TEST(NetConnect, EveryPairOfThreeRanks) {
         bool done = false;
         size_t size;
         while (results[r] && !done) results[r] = conns[r].recvs[q]->test(req, &done, &size);
-        if (results[r] && msg != q * 10 + r) results[r] = errorf(Code::kInternalError, "wrong message %d", msg);
+        if (results[r] && msg != q * 10 + r)
+          results[r] = errorf(Code::kInternalError, "wrong message %d", msg);
       }
       // Keep the connections until every rank has read (a closed peer is an error).
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     });
   }
   for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
 }
 
 }  // namespace

@@ -61,7 +61,8 @@ TEST(SharedGpu, RanksPerGpuAndTheBlockCap) {
   EXPECT_EQ(ranksPerGpu(two), 3);
   EXPECT_EQ(sharedGpuBlockCap(two), 27);  // 108 / 4
   // The same bus id on two hosts is two GPUs.
-  std::vector<GpuIdentity> hosts = {gpu(0, "0000:06:00.0", 10, 132, 1), gpu(1, "0000:06:00.0", 10, 132, 2)};
+  std::vector<GpuIdentity> hosts = {gpu(0, "0000:06:00.0", 10, 132, 1),
+                                    gpu(1, "0000:06:00.0", 10, 132, 2)};
   EXPECT_EQ(ranksPerGpu(hosts), 1);
   // At least one block, however many ranks share a GPU.
   std::vector<GpuIdentity> tiny;

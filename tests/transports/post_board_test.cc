@@ -31,7 +31,8 @@ Post postFor(int r, uint64_t s) {
 }
 
 struct Memory {
-  explicit Memory(int n) : bytes(PostBoard::bytesFor(n)), data(new (std::align_val_t(64)) char[bytes]()) {}
+  explicit Memory(int n)
+      : bytes(PostBoard::bytesFor(n)), data(new (std::align_val_t(64)) char[bytes]()) {}
   ~Memory() { operator delete[](data, std::align_val_t(64)); }
   size_t bytes;
   char* data;
@@ -195,7 +196,8 @@ TEST(PostBoard, SharedBetweenTwoProcesses) {
     return [fd, rank](void* data, size_t size) -> Status {
       char* mine = static_cast<char*>(data) + rank * size;
       char* theirs = static_cast<char*>(data) + (1 - rank) * size;
-      if (write(fd, mine, size) != static_cast<ssize_t>(size)) return errorf(Code::kSystemError, "write");
+      if (write(fd, mine, size) != static_cast<ssize_t>(size))
+        return errorf(Code::kSystemError, "write");
       size_t got = 0;
       while (got < size) {
         ssize_t k = read(fd, theirs + got, size - got);
@@ -219,7 +221,9 @@ TEST(PostBoard, SharedBetweenTwoProcesses) {
       auto r = board.value()->exchange(s, postFor(1, s), &all, 20000);
       if (!r) _exit(3);
       if (r.value() && first < 0) first = static_cast<int64_t>(s);
-      if (r.value() && (all[0].offset != postFor(0, s).offset || all[1].offset != postFor(1, s).offset)) _exit(4);
+      if (r.value() &&
+          (all[0].offset != postFor(0, s).offset || all[1].offset != postFor(1, s).offset))
+        _exit(4);
       if (!r.value() && first >= 0) _exit(5);
     }
     if (write(sv[1], &first, sizeof(first)) != sizeof(first)) _exit(6);

@@ -28,7 +28,9 @@ void makeFile(const std::string& path, int ageSeconds) {
   ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), t, 0), 0);
 }
 
-bool exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+bool exists(const std::string& path) {
+  return access(path.c_str(), F_OK) == 0;
+}
 
 TEST(ShmOrphans, OnlyOldUnlockedSegmentsGo) {
   char tmpl[] = "/tmp/loom-orphans-XXXXXX";

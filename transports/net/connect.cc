@@ -24,7 +24,8 @@ Result<RecvDialer> listenFor(Backend& backend, int dev, int peer, const HandleEx
   Handle h;
   std::unique_ptr<ListenComm> listener;
   LOOM_TRY(backend.listen(dev, &h, &listener));
-  LOOM_TRY(exchange.send(peer, h).withContext("sending the connection handle to rank " + std::to_string(peer)));
+  LOOM_TRY(exchange.send(peer, h).withContext("sending the connection handle to rank " +
+                                              std::to_string(peer)));
   std::shared_ptr<ListenComm> l(std::move(listener));
   auto nextCheck = std::make_shared<Clock::time_point>(Clock::now() + std::chrono::seconds(1));
   return RecvDialer([l, peer, nextCheck, &exchange](std::unique_ptr<RecvComm>* comm) {
@@ -50,7 +51,9 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
   return SendDialer([state, dev, peer, &exchange](std::unique_ptr<SendComm>* comm) -> Status {
     if (!state->haveHandle) {
       auto got = exchange.tryRecv(peer, &state->handle);
-      if (!got) return got.status().withContext("receiving the connection handle of rank " + std::to_string(peer));
+      if (!got)
+        return got.status().withContext("receiving the connection handle of rank " +
+                                        std::to_string(peer));
       state->haveHandle = *got;
       if (!state->haveHandle) return checkPeer(exchange, peer, &state->nextCheck);
     }
@@ -109,7 +112,8 @@ Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>&
       if (out->recvs[i]) --left;
     }
     if (left == 0) break;
-    if (deadline.aborted()) return errorf(Code::kSystemError, "making network connections: aborted");
+    if (deadline.aborted())
+      return errorf(Code::kSystemError, "making network connections: aborted");
     if (deadline.expired()) {
       std::string missing;
       for (size_t i = 0; i < sendPeers.size(); ++i) {

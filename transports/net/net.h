@@ -83,8 +83,8 @@ class RecvComm {
   virtual Status deregMr(MemHandle mh) = 0;
   // Posts `n` (<= Properties::maxRecvs) buffers for the next message; *request stays
   // null when the comm cannot take it now.
-  virtual Status irecv(int n, void** data, const size_t* sizes, const int* tags, const MemHandle* mh,
-                       Request** request) = 0;
+  virtual Status irecv(int n, void** data, const size_t* sizes, const int* tags,
+                       const MemHandle* mh, Request** request) = 0;
   // *done once the data is in the buffers; sizes[i] the bytes that arrived in buffer i.
   virtual Status test(Request* request, bool* done, size_t* sizes) = 0;
   // After a receive into device memory, makes the data visible to the GPU. Backends that
@@ -123,7 +123,8 @@ class Backend {
   virtual Status listen(int dev, Handle* handle, std::unique_ptr<ListenComm>* listenComm) = 0;
   // Connects to the listener of `handle` (received from the peer, `peerRank` for the
   // messages); *comm stays null until connected: call again with the same `handle`.
-  virtual Status connect(int dev, Handle* handle, int peerRank, std::unique_ptr<SendComm>* comm) = 0;
+  virtual Status connect(int dev, Handle* handle, int peerRank,
+                         std::unique_ptr<SendComm>* comm) = 0;
   // Gives up a connect() that has not completed (frees what it kept in `handle`).
   virtual void cancelConnect(Handle* handle) {}
   // CPU seconds used so far by threads the backend runs itself (the socket backend's

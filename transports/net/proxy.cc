@@ -11,11 +11,16 @@ namespace loom::transport::net {
 
 namespace {
 
-uint64_t loadAcquire(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire); }
-void storeRelease(uint64_t* p, uint64_t v) { std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release); }
+uint64_t loadAcquire(uint64_t* p) {
+  return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire);
+}
+void storeRelease(uint64_t* p, uint64_t v) {
+  std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
+}
 void setClosed(FifoHeader* h, uint32_t why) {
   uint32_t expected = kNetOpen;
-  std::atomic_ref<uint32_t>(h->closed).compare_exchange_strong(expected, why, std::memory_order_release);
+  std::atomic_ref<uint32_t>(h->closed).compare_exchange_strong(expected, why,
+                                                               std::memory_order_release);
 }
 
 // Spin this long with the CPU's pause hint before yielding between polls.
@@ -122,7 +127,9 @@ Status Proxy::firstError() const {
   return failures_.empty() ? Status::ok() : failures_.front().second;
 }
 
-double Proxy::cpuSeconds() const { return cpuNs_.load(std::memory_order_relaxed) * 1e-9; }
+double Proxy::cpuSeconds() const {
+  return cpuNs_.load(std::memory_order_relaxed) * 1e-9;
+}
 
 void Proxy::adoptNew() {
   std::vector<std::unique_ptr<Channel>> fresh;
@@ -160,8 +167,10 @@ bool Proxy::dial(Channel& c, Clock::time_point now) {
     return true;
   }
   if (st && now > c.dialDeadline) {
-    st = errorf(Code::kRemoteError, "not made within LOOM_TIMEOUT_MS=%lld ms (the peer never made "
-                "its end: it died, or called another operation)", (long long)c.timeoutMs);
+    st = errorf(Code::kRemoteError,
+                "not made within LOOM_TIMEOUT_MS=%lld ms (the peer never made "
+                "its end: it died, or called another operation)",
+                (long long)c.timeoutMs);
   }
   if (!st) fail(c, st);
   return false;
@@ -302,8 +311,10 @@ void Proxy::run() {
       if (drainUntil == Clock::time_point{}) drainUntil = now + std::chrono::milliseconds(drainMs);
       if (!sendsPending) break;
       if (now > drainUntil) {
-        LOOM_WARN(kNet, "rank %d: net: slots posted to the network did not leave within %lld ms of "
-                  "the end; dropping them", rank_, (long long)drainMs);
+        LOOM_WARN(kNet,
+                  "rank %d: net: slots posted to the network did not leave within %lld ms of "
+                  "the end; dropping them",
+                  rank_, (long long)drainMs);
         break;
       }
     }
@@ -313,7 +324,8 @@ void Proxy::run() {
       lastWork = now;
       continue;
     }
-    const int64_t idleUs = std::chrono::duration_cast<std::chrono::microseconds>(now - lastWork).count();
+    const int64_t idleUs =
+        std::chrono::duration_cast<std::chrono::microseconds>(now - lastWork).count();
     if (idleUs < kPauseUs) {
       cpuRelax();
     } else if (idleUs < spinUs_ || stopping) {
@@ -321,7 +333,8 @@ void Proxy::run() {
     } else {
       std::unique_lock<std::mutex> lock(mutex_);
       sleeping_.store(true, std::memory_order_release);
-      if (kicks_.load(std::memory_order_acquire) == seenKicks && !stop_.load() && !haveIncoming_.load()) {
+      if (kicks_.load(std::memory_order_acquire) == seenKicks && !stop_.load() &&
+          !haveIncoming_.load()) {
         wake_.wait_for(lock, std::chrono::milliseconds(1));
       }
       sleeping_.store(false, std::memory_order_relaxed);

@@ -48,7 +48,8 @@ void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all, bool
   self->nativeLinks = 1;
   for (const GpuIdentity& o : all) {
     if (o.rank == self->rank) continue;
-    if (o.hostHash != self->hostHash) return setWhy(self, "rank " + std::to_string(o.rank) + " is on another host");
+    if (o.hostHash != self->hostHash)
+      return setWhy(self, "rank " + std::to_string(o.rank) + " is on another host");
     if (std::strcmp(o.busId, self->busId) == 0) {
       // Kernels of one process run side by side on a GPU; those of two processes take
       // turns (without MPS), and a kernel waiting for another that cannot run would
@@ -66,11 +67,12 @@ void checkReachable(GpuIdentity* self, const std::vector<GpuIdentity>& all, bool
     int can = 0;
     if (cudaDeviceCanAccessPeer(&can, self->device, dev) != cudaSuccess || !can) {
       cudaGetLastError();
-      return setWhy(self, std::string("CUDA reports no peer access from ") + self->busId + " to " + o.busId);
+      return setWhy(
+          self, std::string("CUDA reports no peer access from ") + self->busId + " to " + o.busId);
     }
     int atomics = 0;
-    if (cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, self->device, dev) !=
-        cudaSuccess) {
+    if (cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, self->device,
+                                  dev) != cudaSuccess) {
       cudaGetLastError();
       atomics = 0;
     }
@@ -113,7 +115,8 @@ Result<std::unique_ptr<Window>> Window::create(int rank, int nranks, int device,
     cudaGetLastError();
     return errorf(Code::kCudaError,
                   "allocating the %zu-byte peer-to-peer window on GPU %d failed: %s (lower "
-                  "LOOM_P2P_SLOT_BYTES or LOOM_P2P_BLOCKS)", bytes, device, cudaErrorText(e).c_str());
+                  "LOOM_P2P_SLOT_BYTES or LOOM_P2P_BLOCKS)",
+                  bytes, device, cudaErrorText(e).c_str());
   }
   w->peers_[rank] = static_cast<char*>(mem);
   LOOM_TRY(cudaStatus(cudaMemset(mem, 0, bytes), "cudaMemset of the window"));
@@ -152,8 +155,10 @@ Result<std::unique_ptr<Window>> Window::create(int rank, int nranks, int device,
       e = cudaIpcOpenMemHandle(&p, all[r].handle, cudaIpcMemLazyEnablePeerAccess);
       if (e != cudaSuccess) {
         cudaGetLastError();
-        return errorf(Code::kCudaError, "mapping rank %d's window (cudaIpcOpenMemHandle) "
-                      "failed: %s", r, cudaErrorText(e).c_str());
+        return errorf(Code::kCudaError,
+                      "mapping rank %d's window (cudaIpcOpenMemHandle) "
+                      "failed: %s",
+                      r, cudaErrorText(e).c_str());
       }
       w->peers_[r] = static_cast<char*>(p);
       w->opened_[r] = true;

@@ -20,13 +20,13 @@ struct GpuIdentity {
   int32_t rank = -1;
   int32_t device = -1;
   int32_t pad = 0;
-  uint64_t process = 0;    // processToken(): equal exactly for ranks of one process
-  int32_t reachable = 0;   // 1: this rank can map every other rank's GPU
-  int32_t nativeLinks = 0; // 1: every such pair reports native atomics (NVLink, not PCIe)
-  int32_t sms = 0;         // the GPU's multiprocessors
+  uint64_t process = 0;     // processToken(): equal exactly for ranks of one process
+  int32_t reachable = 0;    // 1: this rank can map every other rank's GPU
+  int32_t nativeLinks = 0;  // 1: every such pair reports native atomics (NVLink, not PCIe)
+  int32_t sms = 0;          // the GPU's multiprocessors
   uint64_t hostHash = 0;
-  char busId[32] = {0};    // "0000:19:00.0"
-  char why[96] = {0};      // when reachable is 0: the first reason
+  char busId[32] = {0};  // "0000:19:00.0"
+  char why[96] = {0};    // when reachable is 0: the first reason
 };
 
 // Fills this rank's identity (device's PCI bus id). Returns false with a reason when

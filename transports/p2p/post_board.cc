@@ -169,8 +169,8 @@ Status PostBoard::wait(const std::function<bool()>& done, int64_t timeoutMs,
     if (spin < 64) continue;
     if ((spin & 63) == 0) {
       if (stop && stop()) {
-        return errorf(Code::kInvalidUsage, "rank %d: stopped while waiting for %s (aborted)",
-                      rank_, what.c_str());
+        return errorf(Code::kInvalidUsage, "rank %d: stopped while waiting for %s (aborted)", rank_,
+                      what.c_str());
       }
       if (timeoutMs > 0 && Clock::now() - start > std::chrono::milliseconds(timeoutMs)) {
         return errorf(Code::kRemoteError,
@@ -195,8 +195,9 @@ Result<bool> PostBoard::exchange(uint64_t seq, const Post& mine, std::vector<Pos
     for (int r = 0; r < nranks_; ++r) {
       RankArea& a = *l.area(r);
       LOOM_TRY(wait([&] { return a.consumed.load(std::memory_order_acquire) >= need; }, timeoutMs,
-                    stop, "rank " + std::to_string(r) + " to read call " +
-                              std::to_string(seq - kPostRing) + "'s registration posts"));
+                    stop,
+                    "rank " + std::to_string(r) + " to read call " +
+                        std::to_string(seq - kPostRing) + "'s registration posts"));
     }
   }
   Slot& s = self.slots[seq % kPostRing];

@@ -31,7 +31,7 @@
 
 namespace loom::transport::p2p {
 
-inline constexpr int kPostRing = 256;     // posts per rank kept in the ring
+inline constexpr int kPostRing = 256;  // posts per rank kept in the ring
 // Allocations a rank can export at once (PyTorch's allocator hook registers every segment
 // of its cache; 22 KiB of the board per rank).
 inline constexpr int kExportSlots = 256;

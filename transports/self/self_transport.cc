@@ -22,7 +22,8 @@ struct SelfFifo {
 
 class SelfSend : public SendConnection {
  public:
-  explicit SelfSend(std::shared_ptr<SelfFifo> fifo) : fifo_(std::move(fifo)), view_(fifo_->memory) {}
+  explicit SelfSend(std::shared_ptr<SelfFifo> fifo)
+      : fifo_(std::move(fifo)), view_(fifo_->memory) {}
   Result<void*> trySendSlot() override { return view_.trySendSlot(sent_); }
   Status postSend(size_t bytes) override {
     view_.post(sent_++, bytes);
@@ -37,7 +38,8 @@ class SelfSend : public SendConnection {
 
 class SelfRecv : public RecvConnection {
  public:
-  explicit SelfRecv(std::shared_ptr<SelfFifo> fifo) : fifo_(std::move(fifo)), view_(fifo_->memory) {}
+  explicit SelfRecv(std::shared_ptr<SelfFifo> fifo)
+      : fifo_(std::move(fifo)), view_(fifo_->memory) {}
   Result<const void*> tryRecv(size_t* bytes) override { return view_.tryRecv(received_, bytes); }
   Status releaseRecv() override {
     view_.release(received_++);

@@ -90,7 +90,7 @@ Presence presenceOf(int fd, off_t byte) {
 }
 
 std::string freeSpaceText() {
-  struct statvfs st{};
+  struct statvfs st {};
   if (statvfs("/dev/shm", &st) != 0) return "unknown";
   return std::to_string(static_cast<unsigned long long>(st.f_bavail) * st.f_frsize / (1 << 20)) +
          " MiB";
@@ -115,12 +115,14 @@ Status peerAlive(const PeerInfo& self, const PeerInfo& peer, int fd, off_t byte)
       if (FILE* f = std::fopen(path, "r")) {
         int pid = 0;
         char comm[256], state = 0;
-        if (std::fscanf(f, "%d %255s %c", &pid, comm, &state) == 3) dead = state == 'Z' || state == 'X';
+        if (std::fscanf(f, "%d %255s %c", &pid, comm, &state) == 3)
+          dead = state == 'Z' || state == 'X';
         std::fclose(f);
       }
     }
   }
-  if (dead) return errorf(Code::kRemoteError, "rank %d (pid %d) has exited", peer.rank, (int)peer.pid);
+  if (dead)
+    return errorf(Code::kRemoteError, "rank %d (pid %d) has exited", peer.rank, (int)peer.pid);
   return Status::ok();
 }
 
@@ -230,7 +232,10 @@ class ShmTransport : public Transport {
     static std::once_flag swept;
     std::call_once(swept, [] {
       const size_t n = removeOrphanSegments("/dev/shm", 60);
-      if (n > 0) LOOM_INFO(kInit, "shm: removed %zu shared-memory segment(s) left in /dev/shm by ranks that died", n);
+      if (n > 0)
+        LOOM_INFO(kInit,
+                  "shm: removed %zu shared-memory segment(s) left in /dev/shm by ranks that died",
+                  n);
     });
   }
   const char* name() const override { return "shm"; }
@@ -264,10 +269,11 @@ class ShmTransport : public Transport {
       close(fd);
       shm_unlink(b.name);
       return Status(Code::kSystemError,
-                    sysError(rc, "cannot allocate %llu bytes of shared memory in /dev/shm for the "
-                                 "connection from rank %d (%s free); in a container raise its "
-                                 "/dev/shm size (docker --shm-size), lower LOOM_BUFFSIZE, or set "
-                                 "LOOM_SHM_DISABLE=1",
+                    sysError(rc,
+                             "cannot allocate %llu bytes of shared memory in /dev/shm for the "
+                             "connection from rank %d (%s free); in a container raise its "
+                             "/dev/shm size (docker --shm-size), lower LOOM_BUFFSIZE, or set "
+                             "LOOM_SHM_DISABLE=1",
                              (unsigned long long)b.bytes, peer.rank, freeSpaceText().c_str())
                         .message());
     }
@@ -279,8 +285,10 @@ class ShmTransport : public Transport {
       return sysError(e, "mmap of %llu bytes of shared memory", (unsigned long long)b.bytes);
     }
     if (!holdPresence(fd, kReceiverByte)) {
-      LOOM_INFO(kInit, "shm: no record lock on %s (%s): rank %d learns that this rank died only "
-                "from its pid", b.name, std::strerror(errno), peer.rank);
+      LOOM_INFO(kInit,
+                "shm: no record lock on %s (%s): rank %d learns that this rank died only "
+                "from its pid",
+                b.name, std::strerror(errno), peer.rank);
     }
     FifoView::init(p, ctx_.fifo.slotBytes, ctx_.fifo.slots, getpid());
     return std::unique_ptr<RecvSetup>(new ShmSetup(Mapping(p, b.bytes, fd), b, ctx_.self, peer));
@@ -289,8 +297,7 @@ class ShmTransport : public Transport {
   Result<std::unique_ptr<SendConnection>> connect(const PeerInfo& peer, const Blob& blob,
                                                   const Deadline&) override {
     if (blob.size != sizeof(ShmBlob)) {
-      return errorf(Code::kRemoteError, "rank %d sent a malformed shm connection blob",
-                    peer.rank);
+      return errorf(Code::kRemoteError, "rank %d sent a malformed shm connection blob", peer.rank);
     }
     ShmBlob b;
     std::memcpy(&b, blob.data, sizeof(b));
@@ -298,8 +305,9 @@ class ShmTransport : public Transport {
     int fd = shm_open(b.name, O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0 && errno == ENOENT) {
       // The receiver made it before it sent us its name, and removes it when it ends.
-      return errorf(Code::kRemoteError, "shm: rank %d is gone (its shared-memory segment %s was removed)",
-                    peer.rank, b.name);
+      return errorf(Code::kRemoteError,
+                    "shm: rank %d is gone (its shared-memory segment %s was removed)", peer.rank,
+                    b.name);
     }
     if (fd < 0) return sysError(errno, "shm_open(%s) for rank %d", b.name, peer.rank);
     void* p = mmap(nullptr, b.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -318,8 +326,10 @@ class ShmTransport : public Transport {
     }
     // The lock first: once attached, the receiver may ask it at any moment.
     if (!holdPresence(fd, kSenderByte)) {
-      LOOM_INFO(kInit, "shm: no record lock on %s (%s): rank %d learns that this rank died only "
-                "from its pid", b.name, std::strerror(errno), peer.rank);
+      LOOM_INFO(kInit,
+                "shm: no record lock on %s (%s): rank %d learns that this rank died only "
+                "from its pid",
+                b.name, std::strerror(errno), peer.rank);
     }
     view.header()->senderPid = getpid();
     view.header()->senderAttached.store(1, std::memory_order_release);
@@ -345,7 +355,8 @@ size_t removeOrphanSegments(const std::string& dir, int minAgeSeconds) {
     if (fd < 0) continue;  // another user's, or gone meanwhile
     struct stat st {};
     // Its creator's lock, or a creator too young to have taken it yet, keeps it.
-    if (fstat(fd, &st) == 0 && now - st.st_mtime >= minAgeSeconds && presenceOf(fd, kReceiverByte) == Presence::kGone) {
+    if (fstat(fd, &st) == 0 && now - st.st_mtime >= minAgeSeconds &&
+        presenceOf(fd, kReceiverByte) == Presence::kGone) {
       if (unlink(path.c_str()) == 0) ++removed;
     }
     close(fd);

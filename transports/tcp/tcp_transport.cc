@@ -22,7 +22,7 @@ namespace loom::transport {
 namespace {
 
 constexpr uint64_t kHelloMagic = 0x6c6f6f6d74637031ull;  // "loomtcp1"
-constexpr size_t kStripeMin = 128 * 1024;  // below this a slot goes on socket 0 alone
+constexpr size_t kStripeMin = 128 * 1024;                // below this a slot goes on socket 0 alone
 constexpr int kMaxSocks = 16;
 
 struct TcpBlob {
@@ -56,7 +56,8 @@ void partRange(size_t total, int k, int nsocks, size_t* begin, size_t* end) {
 class SlotRing {
  public:
   SlotRing(size_t slotBytes, int slots) : slotBytes_(slotBytes), slots_(slots) {
-    memory_ = static_cast<char*>(std::aligned_alloc(4096, (slotBytes * slots + 4095) / 4096 * 4096));
+    memory_ =
+        static_cast<char*>(std::aligned_alloc(4096, (slotBytes * slots + 4095) / 4096 * 4096));
     sizes_.assign(slots, 0);
   }
   ~SlotRing() { std::free(memory_); }
@@ -98,8 +99,10 @@ bool finishPart(SockState& s, size_t want) {
 class TcpSend : public SendConnection {
  public:
   TcpSend(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
-      : ring_(fifo.slotBytes, fifo.slots), socks_(wrapSockets(std::move(socks))),
-        data_(fifo.slots, nullptr), what_("rank " + std::to_string(peer)) {}
+      : ring_(fifo.slotBytes, fifo.slots),
+        socks_(wrapSockets(std::move(socks))),
+        data_(fifo.slots, nullptr),
+        what_("rank " + std::to_string(peer)) {}
   Result<void*> trySendSlot() override {
     LOOM_TRY(progress());
     if (posted_ - completed() >= static_cast<uint64_t>(ring_.slots())) return nullptr;
@@ -151,8 +154,8 @@ class TcpSend : public SendConnection {
             }
             n = static_cast<size_t>(r);
           } else {
-            LOOM_ASSIGN_OR_RETURN(n, s.sock.sendSome(data(s.seq) + b + (s.done - hdr),
-                                                     want - s.done, what_.c_str()));
+            LOOM_ASSIGN_OR_RETURN(
+                n, s.sock.sendSome(data(s.seq) + b + (s.done - hdr), want - s.done, what_.c_str()));
           }
           if (n == 0) break;
           s.done += n;
@@ -191,8 +194,10 @@ class TcpSend : public SendConnection {
 class TcpRecv : public RecvConnection {
  public:
   TcpRecv(std::vector<Socket> socks, const FifoConfig& fifo, int peer)
-      : ring_(fifo.slotBytes, fifo.slots), socks_(wrapSockets(std::move(socks))),
-        claims_(fifo.slots), what_("rank " + std::to_string(peer)) {}
+      : ring_(fifo.slotBytes, fifo.slots),
+        socks_(wrapSockets(std::move(socks))),
+        claims_(fifo.slots),
+        what_("rank " + std::to_string(peer)) {}
   bool recvsIntoMemory() const override { return true; }
   bool claimRecv(size_t ahead, void* dst, size_t bytes) override {
     if (ahead >= static_cast<size_t>(ring_.slots()) || !broken_.isOk()) return false;
@@ -210,7 +215,8 @@ class TcpRecv : public RecvConnection {
       if (c.active && started(c.seq) && c.seq >= released_ && broken_.isOk()) {
         broken_ = errorf(Code::kInternalError,
                          "the connection from %s is unusable: an operation failed after data "
-                         "had arrived into the caller's buffers for it", what_.c_str());
+                         "had arrived into the caller's buffers for it",
+                         what_.c_str());
       }
       c.active = false;
     }
@@ -243,9 +249,8 @@ class TcpRecv : public RecvConnection {
       while (s.seq < limit) {
         size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
         if (k == 0 && s.done < hdr) {
-          LOOM_ASSIGN_OR_RETURN(size_t n,
-                                readSome(s, reinterpret_cast<char*>(&s.header) + s.done,
-                                         hdr - s.done));
+          LOOM_ASSIGN_OR_RETURN(
+              size_t n, readSome(s, reinterpret_cast<char*>(&s.header) + s.done, hdr - s.done));
           if (n == 0) break;
           s.done += n;
           if (s.done < hdr) break;
@@ -268,8 +273,8 @@ class TcpRecv : public RecvConnection {
         partRange(total, static_cast<int>(k), static_cast<int>(socks_.size()), &b, &e);
         size_t want = hdr + (e - b);
         if (s.done < want) {
-          LOOM_ASSIGN_OR_RETURN(size_t n, readSome(s, dest(s.seq) + b + (s.done - hdr),
-                                                   want - s.done));
+          LOOM_ASSIGN_OR_RETURN(size_t n,
+                                readSome(s, dest(s.seq) + b + (s.done - hdr), want - s.done));
           if (n == 0) break;
           s.done += n;
         }
@@ -343,8 +348,8 @@ class TcpTransport;
 
 class TcpSetup : public RecvSetup {
  public:
-  TcpSetup(TcpTransport* t, const TcpBlob& b, int peer) : transport_(t), nonce_(b.nonce),
-                                                          nsocks_(b.nsocks), peer_(peer) {
+  TcpSetup(TcpTransport* t, const TcpBlob& b, int peer)
+      : transport_(t), nonce_(b.nonce), nsocks_(b.nsocks), peer_(peer) {
     blob_.size = sizeof(TcpBlob);
     std::memcpy(blob_.data, &b, sizeof(b));
   }
@@ -362,7 +367,9 @@ class TcpSetup : public RecvSetup {
 class TcpTransport : public Transport {
  public:
   TcpTransport(const TransportContext& ctx, Socket listener, SocketAddress address)
-      : ctx_(ctx), listener_(std::move(listener)), address_(address),
+      : ctx_(ctx),
+        listener_(std::move(listener)),
+        address_(address),
         arrivals_(&listener_, sizeof(Hello), 5000, "tcp rank " + std::to_string(ctx.self.rank)),
         rng_(std::random_device{}()) {
     const int64_t threads = static_cast<int64_t>(
@@ -401,8 +408,9 @@ class TcpTransport : public Transport {
       // The peer's listener exists since it sent the blob: a refusal means it is gone.
       auto s = Socket::connect(b.address, deadline, /*retryRefused=*/false);
       if (!s && s.status().code() == Code::kRemoteError) {
-        return errorf(Code::kRemoteError, "tcp: rank %d is gone (its listener at %s refuses connections)",
-                      peer.rank, b.address.toString().c_str());
+        return errorf(Code::kRemoteError,
+                      "tcp: rank %d is gone (its listener at %s refuses connections)", peer.rank,
+                      b.address.toString().c_str());
       }
       if (!s) {
         return s.status().withContext("tcp connection to rank " + std::to_string(peer.rank) +
@@ -436,7 +444,8 @@ class TcpTransport : public Transport {
       }
       Hello h{};
       std::memcpy(&h, a->hello.data(), sizeof(h));
-      if (h.magic != kHelloMagic || h.commHash != ctx_.commHash || h.index < 0 || h.index >= kMaxSocks) {
+      if (h.magic != kHelloMagic || h.commHash != ctx_.commHash || h.index < 0 ||
+          h.index >= kMaxSocks) {
         arrivals_.drop(*a, "a bad hello (wrong magic or communicator)");
         continue;
       }

@@ -45,8 +45,9 @@ constexpr uint64_t kHelloMagic = 0x6f6c6c65686d6f6full;   // "loomhello"
 constexpr int kMaxSocks = 16;
 constexpr size_t kMinPart = 64 * 1024;  // a message below this goes on socket 0 alone
 // LOOM_SOCKET_NTHREADS where it is not set: 4 sockets, socket 0 moved by the proxy thread
-// and each of the other 3 by a helper thread of its own. 2 processes as hosts on one H200 machine (16 cores, loopback, all_reduce 128 MiB,
-// 4 lanes, 2026-12-02): 1 thread 2.45 GB/s busbw, 2: 6.9, 3: 8.4, 4: 8.9.
+// and each of the other 3 by a helper thread of its own. 2 processes as hosts on one H200 machine
+// (16 cores, loopback, all_reduce 128 MiB, 4 lanes, 2026-12-02): 1 thread 2.45 GB/s busbw, 2: 6.9,
+// 3: 8.4, 4: 8.9.
 constexpr int64_t kDefaultThreads = 4;
 
 struct ConnectStage;
@@ -87,7 +88,9 @@ void partRange(size_t total, int k, int n, size_t* begin, size_t* end) {
   *end = std::min(total, per * k);
 }
 
-std::string peerName(int rank) { return rank >= 0 ? "rank " + std::to_string(rank) : "the peer"; }
+std::string peerName(int rank) {
+  return rank >= 0 ? "rank " + std::to_string(rank) : "the peer";
+}
 
 // The helper threads each connection direction gets, and where they add the CPU they
 // used when they end (shared by the backend and every connection it made).
@@ -119,16 +122,19 @@ namespace {
 class SocketComm {
  public:
   SocketComm(std::vector<Socket> socks, bool sending, int peer, const Helpers& helpers)
-      : sending_(sending), what_(peerName(peer)), nsocks_(socks.size()),
-        socks_(new Sock[socks.size()]), cpuNs_(helpers.cpuNs) {
+      : sending_(sending),
+        what_(peerName(peer)),
+        nsocks_(socks.size()),
+        socks_(new Sock[socks.size()]),
+        cpuNs_(helpers.cpuNs) {
     for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = std::move(socks[k]);
     const int threads = std::clamp(helpers.count, 0, static_cast<int>(nsocks_) - 1);
     // Before any helper starts: they read both.
     for (int t = 0; t < threads; ++t) {
       const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
       if (fd < 0) {  // no helpers then: the caller moves every socket (slower, still right)
-        LOOM_WARN(kNet, "socket backend: eventfd: %s; %s runs without helper threads", std::strerror(errno),
-                  what_.c_str());
+        LOOM_WARN(kNet, "socket backend: eventfd: %s; %s runs without helper threads",
+                  std::strerror(errno), what_.c_str());
         for (int w : wakeFds_) ::close(w);
         wakeFds_.clear();
         break;
@@ -137,11 +143,13 @@ class SocketComm {
     }
     threaded_ = !wakeFds_.empty();
     if (!threaded_) return;
-    for (int t = 0; t < threads; ++t) helpers_.emplace_back([this, t, threads] { helperMain(t, threads); });
+    for (int t = 0; t < threads; ++t)
+      helpers_.emplace_back([this, t, threads] { helperMain(t, threads); });
   }
   ~SocketComm() {
     stopHelpers();
-    for (int fd : wakeFds_) if (fd >= 0) close(fd);
+    for (int fd : wakeFds_)
+      if (fd >= 0) close(fd);
   }
 
   // Takes a request slot for a new message; null when kMaxRequests are in flight (or a
@@ -200,7 +208,7 @@ class SocketComm {
     Socket sock;
     std::atomic<uint64_t> seq{0};  // the request this socket works on
     size_t done = 0;               // bytes of that request's (header and) part moved
-    Status error;                  // why it stopped (written by its mover; helpers: under errorMutex_)
+    Status error;  // why it stopped (written by its mover; helpers: under errorMutex_)
   };
 
   // Moves what socket k can move now without blocking.
@@ -214,8 +222,8 @@ class SocketComm {
       const size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
       if (!sending_) {
         if (k == 0 && s.done < hdr) {
-          LOOM_ASSIGN_OR_RETURN(size_t got, recvSome(s, reinterpret_cast<char*>(&r.header) + s.done,
-                                                     hdr - s.done));
+          LOOM_ASSIGN_OR_RETURN(
+              size_t got, recvSome(s, reinterpret_cast<char*>(&r.header) + s.done, hdr - s.done));
           s.done += got;
           if (s.done < hdr) return Status::ok();
           if (r.header > r.capacity) {
@@ -257,7 +265,8 @@ class SocketComm {
       return s.sock.sendSome(r.data + at, end - at, what_.c_str());
     }
     uint64_t h = r.size;
-    iovec iov[2] = {{reinterpret_cast<char*>(&h) + s.done, hdr - s.done}, {r.data + begin, end - begin}};
+    iovec iov[2] = {{reinterpret_cast<char*>(&h) + s.done, hdr - s.done},
+                    {r.data + begin, end - begin}};
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = 2;
@@ -270,7 +279,9 @@ class SocketComm {
                     sysError(errno, "send to %s", what_.c_str()).message());
     }
   }
-  Result<size_t> recvSome(Sock& s, void* p, size_t bytes) { return s.sock.recvSome(p, bytes, what_.c_str()); }
+  Result<size_t> recvSome(Sock& s, void* p, size_t bytes) {
+    return s.sock.recvSome(p, bytes, what_.c_str());
+  }
 
   // A helper: moves its sockets' bytes, blocking in poll() on the sockets that cannot
   // move and on its wake-up descriptor, which post(), the size of a receive arriving on
@@ -313,7 +324,8 @@ class SocketComm {
   uint64_t oldestInUse() const {
     uint64_t oldest = freed_;
     if (threaded_) {
-      for (size_t k = 1; k < nsocks_; ++k) oldest = std::min(oldest, socks_[k].seq.load(std::memory_order_acquire));
+      for (size_t k = 1; k < nsocks_; ++k)
+        oldest = std::min(oldest, socks_[k].seq.load(std::memory_order_acquire));
     }
     return oldest;
   }
@@ -321,7 +333,8 @@ class SocketComm {
   // have fallen half the request window behind (stepping over small messages).
   void wakeHelpersFor(size_t bytes) {
     if (!threaded_) return;
-    if (bytes >= kMinPart || posted_.load(std::memory_order_relaxed) - oldestInUse() >= kMaxRequests / 2) {
+    if (bytes >= kMinPart ||
+        posted_.load(std::memory_order_relaxed) - oldestInUse() >= kMaxRequests / 2) {
       wakeHelpers();
     }
   }
@@ -354,7 +367,7 @@ class SocketComm {
   std::atomic<uint64_t> posted_{0};
   std::atomic<uint64_t> headers_{0};  // receive: messages whose size socket 0 has read
   uint64_t freed_ = 0;                // requests test() has handed back (the caller's)
-  bool threaded_ = false;  // helper threads move the bytes (fixed before they start)
+  bool threaded_ = false;             // helper threads move the bytes (fixed before they start)
   std::vector<std::thread> helpers_;  // only the constructor and stopHelpers touch it
   std::atomic<bool> stop_{false};
   std::vector<int> wakeFds_;  // one eventfd per helper (fixed before they start)
@@ -390,11 +403,14 @@ class SocketRecv final : public RecvComm {
  public:
   SocketRecv(std::vector<Socket> socks, int peer, const Helpers& helpers)
       : comm_(std::move(socks), false, peer, helpers) {}
-  Result<MemHandle> regMr(void*, size_t, MemType type) override { return SocketSend::registration(type); }
+  Result<MemHandle> regMr(void*, size_t, MemType type) override {
+    return SocketSend::registration(type);
+  }
   Status deregMr(MemHandle) override { return Status::ok(); }
   Status irecv(int n, void** data, const size_t* sizes, const int*, const MemHandle*,
                Request** request) override {
-    if (n != 1) return errorf(Code::kInternalError, "the socket backend takes one buffer per receive");
+    if (n != 1)
+      return errorf(Code::kInternalError, "the socket backend takes one buffer per receive");
     *request = comm_.post(data[0], sizes[0]);
     return Status::ok();
   }
@@ -407,8 +423,13 @@ class SocketRecv final : public RecvComm {
 
 class SocketListen final : public ListenComm {
  public:
-  SocketListen(const Context& ctx, Socket listener, uint64_t nonce, int nsocks, const Helpers& helpers)
-      : ctx_(ctx), listener_(std::move(listener)), nonce_(nonce), helpers_(helpers), slots_(nsocks),
+  SocketListen(const Context& ctx, Socket listener, uint64_t nonce, int nsocks,
+               const Helpers& helpers)
+      : ctx_(ctx),
+        listener_(std::move(listener)),
+        nonce_(nonce),
+        helpers_(helpers),
+        slots_(nsocks),
         arrivals_(&listener_, sizeof(Hello), ctx.handshakeMs, "net/socket") {}
 
   Status accept(std::unique_ptr<RecvComm>* comm) override {
@@ -470,7 +491,9 @@ class SocketBackend final : public Backend {
       : ctx_(ctx), ifs_(std::move(ifs)), nsocks_(nsocks), rng_(std::random_device{}()) {
     helpers_.count = threads;
   }
-  double threadCpuSeconds() const override { return helpers_.cpuNs->load(std::memory_order_relaxed) * 1e-9; }
+  double threadCpuSeconds() const override {
+    return helpers_.cpuNs->load(std::memory_order_relaxed) * 1e-9;
+  }
 
   const char* name() const override { return "socket"; }
   int devices() const override { return static_cast<int>(ifs_.size()); }
@@ -486,7 +509,8 @@ class SocketBackend final : public Backend {
     int mbps = 0;
     if (speed >> mbps && mbps > 0) p->speedMbps = mbps;
     char link[4096];
-    ssize_t n = ::readlink(("/sys/class/net/" + i.name + "/device").c_str(), link, sizeof(link) - 1);
+    ssize_t n =
+        ::readlink(("/sys/class/net/" + i.name + "/device").c_str(), link, sizeof(link) - 1);
     if (n > 0) p->pciPath = std::string(link, n);
     p->maxRecvs = 1;
     return Status::ok();
@@ -509,7 +533,8 @@ class SocketBackend final : public Backend {
     h.stage = nullptr;
     *handle = Handle{};
     std::memcpy(handle->data, &h, sizeof(h));
-    *listenComm = std::make_unique<SocketListen>(ctx_, std::move(listener), h.nonce, nsocks_, helpers_);
+    *listenComm =
+        std::make_unique<SocketListen>(ctx_, std::move(listener), h.nonce, nsocks_, helpers_);
     return Status::ok();
   }
 
@@ -533,7 +558,8 @@ class SocketBackend final : public Backend {
     if (!h.stage) {
       h.stage = new ConnectStage();
       h.stage->socks.resize(h.nsocks);
-      h.stage->deadline = Clock::now() + std::chrono::milliseconds(settings::get(settings::kTimeoutMs));
+      h.stage->deadline =
+          Clock::now() + std::chrono::milliseconds(settings::get(settings::kTimeoutMs));
       std::memcpy(handle->data, &h, sizeof(h));
     }
     Status st = advance(h, peerRank, comm);
@@ -584,8 +610,8 @@ class SocketBackend final : public Backend {
         if (::poll(&pfd, 1, 0) <= 0) {
           all = false;
           if (now > stage.deadline) {
-            return errorf(Code::kRemoteError, "net/socket: connecting to %s timed out (LOOM_TIMEOUT_MS)",
-                          what.c_str());
+            return errorf(Code::kRemoteError,
+                          "net/socket: connecting to %s timed out (LOOM_TIMEOUT_MS)", what.c_str());
           }
           continue;
         }
@@ -601,8 +627,9 @@ class SocketBackend final : public Backend {
       }
       if (p.sent < sizeof(Hello)) {
         Hello hello{kHelloMagic, ctx_.commHash, h.nonce, static_cast<int32_t>(i), ctx_.rank};
-        LOOM_ASSIGN_OR_RETURN(size_t n, p.sock.sendSome(reinterpret_cast<const char*>(&hello) + p.sent,
-                                                        sizeof(Hello) - p.sent, what.c_str()));
+        LOOM_ASSIGN_OR_RETURN(size_t n,
+                              p.sock.sendSome(reinterpret_cast<const char*>(&hello) + p.sent,
+                                              sizeof(Hello) - p.sent, what.c_str()));
         p.sent += n;
         if (p.sent < sizeof(Hello)) {
           all = false;
@@ -626,7 +653,8 @@ class SocketBackend final : public Backend {
     const bool transient = err == ECONNREFUSED || err == ETIMEDOUT || err == EHOSTUNREACH ||
                            err == ENETUNREACH || err == EAGAIN;
     if (!transient || now > stage.deadline) {
-      return Status(Code::kRemoteError, sysError(err, "net/socket: connecting to %s", what.c_str()).message());
+      return Status(Code::kRemoteError,
+                    sysError(err, "net/socket: connecting to %s", what.c_str()).message());
     }
     p.retryAt = now + std::chrono::milliseconds(10);
     return Status::ok();
@@ -645,16 +673,18 @@ class SocketBackend final : public Backend {
 Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx) {
   LOOM_ASSIGN_OR_RETURN(auto ifs, findInterfacesFromSettings());
   // auto: GPU buffers get kDefaultThreads (the host buffers' tcp transport keeps 1).
-  const int64_t threads = static_cast<int64_t>(
-      std::clamp<uint64_t>(settings::get(settings::kSocketNthreads).orAuto(kDefaultThreads), 1, kMaxSocks));
+  const int64_t threads = static_cast<int64_t>(std::clamp<uint64_t>(
+      settings::get(settings::kSocketNthreads).orAuto(kDefaultThreads), 1, kMaxSocks));
   const int64_t perThread = std::max<int64_t>(1, settings::get(settings::kNsocksPerthread));
   const int nsocks = static_cast<int>(std::min<int64_t>(kMaxSocks, threads * perThread));
   // One thread: the proxy's test() moves the bytes; more: the proxy moves socket 0's and
   // a helper per further thread its share of the others.
   const int helpers = threads > 1 ? static_cast<int>(std::min<int64_t>(threads, nsocks) - 1) : 0;
-  LOOM_INFO(kNet, "net/socket: %zu device(s), first %s (%s); %d socket(s) per connection, %d helper "
+  LOOM_INFO(kNet,
+            "net/socket: %zu device(s), first %s (%s); %d socket(s) per connection, %d helper "
             "thread(s) (LOOM_SOCKET_NTHREADS x LOOM_NSOCKS_PERTHREAD)",
-            ifs.size(), ifs.front().name.c_str(), ifs.front().address.toString().c_str(), nsocks, helpers);
+            ifs.size(), ifs.front().name.c_str(), ifs.front().address.toString().c_str(), nsocks,
+            helpers);
   return std::unique_ptr<Backend>(new SocketBackend(ctx, std::move(ifs), nsocks, helpers));
 }
 
