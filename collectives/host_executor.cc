@@ -102,6 +102,10 @@ struct Scratch {
   std::vector<TurnQueue> queues;  // the first `nqueues` are in use
   size_t nqueues = 0;
   std::vector<transport::SendConnection*> activeSends;
+  // Send connections of this call's earlier phases whose data has not all left this
+  // process yet (a socket that took part of a piece): driven until flushed, while the
+  // later phases run.
+  std::vector<transport::SendConnection*> lingering;
   std::vector<transport::RecvConnection*> activeRecvs;
   std::vector<pollfd> fds;
   std::vector<int> sendPeers, recvPeers;
@@ -121,10 +125,16 @@ class PhaseRunner {
         queues_(scratch.queues),
         nqueues_(scratch.nqueues),
         activeSends_(scratch.activeSends),
+        lingering_(scratch.lingering),
         activeRecvs_(scratch.activeRecvs),
         fds_(scratch.fds) {
     esize_ = dataTypeSize(a.type);
     pieceElems_ = std::max<size_t>(1, a.pieceBytes / esize_);
+    // The scratch outlives calls: nothing of an earlier call's (its connections may be
+    // gone) carries into this one; the call's end flushes every send connection.
+    activeSends_.clear();
+    activeRecvs_.clear();
+    lingering_.clear();
   }
 
   Status run(const Phase& phase) {
@@ -160,6 +170,7 @@ class PhaseRunner {
       // politely.
       for (auto* sc : activeSends_) LOOM_TRY(sc->progress());
       for (auto* rc : activeRecvs_) LOOM_TRY(rc->progress());
+      LOOM_TRY(driveLingering());
       Clock::time_point now = Clock::now();
       if (!idle) {
         idle = true;
@@ -172,6 +183,7 @@ class PhaseRunner {
       if (idleUs >= kYieldUs && allPollable_) {
         for (auto* sc : activeSends_) sc->addPollFds(&fds_);
         for (auto* rc : activeRecvs_) rc->addPollFds(&fds_);
+        for (auto* sc : lingering_) sc->addPollFds(&fds_);
       }
       waitForPeers(idleUs, args_.spinUs, &fds_);
       if (now - lastCheck > std::chrono::milliseconds(100)) {
@@ -182,7 +194,29 @@ class PhaseRunner {
   }
 
  private:
+  // A phase's sends are done when handed to their connections, which may still hold
+  // part of the data (a socket that took part of a piece). The peer waiting for it may
+  // be the one this rank waits on in the next phase (recursive doubling over shaped
+  // links deadlocked so, each rank waiting on the next with the data it needed stuck in
+  // the last one's connection): keep pushing them until they are flushed.
+  Status driveLingering() {
+    for (size_t k = 0; k < lingering_.size();) {
+      LOOM_TRY(lingering_[k]->progress());
+      if (lingering_[k]->flushed()) {
+        lingering_[k] = lingering_.back();
+        lingering_.pop_back();
+      } else {
+        ++k;
+      }
+    }
+    return Status::ok();
+  }
+
   Status setUp(const Phase& phase) {
+    // The last phase's connections that still hold data carry over.
+    for (auto* sc : activeSends_) {
+      if (!sc->flushed()) addUnique(&lingering_, sc);
+    }
     states_.clear();
     states_.resize(phase.size());
     nqueues_ = 0;
@@ -213,6 +247,7 @@ class PhaseRunner {
     // memory transports offer nothing to poll, so then we yield instead.
     allPollable_ = true;
     for (auto* sc : activeSends_) allPollable_ = allPollable_ && sc->pollable();
+    for (auto* sc : lingering_) allPollable_ = allPollable_ && sc->pollable();
     for (auto* rc : activeRecvs_) allPollable_ = allPollable_ && rc->pollable();
     return Status::ok();
   }
@@ -436,6 +471,7 @@ class PhaseRunner {
   std::vector<TurnQueue>& queues_;
   size_t& nqueues_;
   std::vector<transport::SendConnection*>& activeSends_;
+  std::vector<transport::SendConnection*>& lingering_;
   std::vector<transport::RecvConnection*>& activeRecvs_;
   std::vector<pollfd>& fds_;
   bool allPollable_ = false;
