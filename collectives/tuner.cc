@@ -6,25 +6,24 @@
 #include <cmath>
 #include <cstdio>
 
+#include "collectives/cost_model.h"
+
 namespace loom::collectives {
 
 namespace {
 
-// Cost model: time = steps * latency + bytesOnBusiestLink / bandwidth. Latency and
-// bandwidth are per hop of the transports in use; only their ratio matters here.
-constexpr double kHopLatencyUs = 10.0;
-constexpr double kLinkGBs = 4.0;
 constexpr size_t kOneShotMaxBytes = 96 * 1024;
 
-double ringAllReduceUs(size_t bytes, int n) {
-  return 2.0 * (n - 1) * kHopLatencyUs + 2.0 * (n - 1) / n * bytes / (kLinkGBs * 1e3);
-}
-
-double treeAllReduceUs(size_t bytes, int n) {
-  double depth = std::ceil(std::log2(static_cast<double>(n)));
-  // A rank is inside one tree (sends a half up and two halves down) and a leaf in the
-  // other (one half up): twice the message leaves every rank, against 2(n-1)/n for ring.
-  return 2.0 * depth * kHopLatencyUs + 2.0 * bytes / (kLinkGBs * 1e3);
+// The fabric the tuner prices when its caller names none: one class of link for every
+// pair of ranks, 10 us and 4 GB/s a hop (for ring against tree only their ratio matters).
+const model::Fabric& flatFabric(int n) {
+  thread_local model::Fabric f;
+  f.hosts = 1;
+  f.ranksPerHost = n;
+  f.intra = {10.0, 4.0};
+  f.inter = f.intra;
+  f.baseUs = 0;
+  return f;
 }
 
 bool algoAllowed(const std::string& forced, const char* name) {
@@ -122,7 +121,12 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
         break;
       }
       if (ring && tree) {
-        double r = ringAllReduceUs(bytes, n), t = treeAllReduceUs(bytes, n);
+        const model::Fabric& f = req.fabric ? *req.fabric : flatFabric(n);
+        model::Estimate re, te;
+        const bool priced =
+            model::estimate(CollType::kAllReduce, model::Algo::kRing, bytes, f, &re) &&
+            model::estimate(CollType::kAllReduce, model::Algo::kTree, bytes, f, &te);
+        const double r = priced ? re.us : 0, t = priced ? te.us : 1;
         c.algo = t < r ? Algorithm::kTree : Algorithm::kRing;
         c.reason = "cost model";
         c.ringUs = r;

@@ -1,5 +1,6 @@
-// Picks the algorithm for a collective from its type, size and rank count, with a
-// simple cost model; LOOM_ALGO / NCCL_ALGO override it. Also builds the schedule.
+// Picks the algorithm for a collective from its type, size and rank count, with the cost
+// model (collectives/cost_model.h) where it weighs ring against tree; LOOM_ALGO /
+// NCCL_ALGO override it. Also builds the schedule.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +11,10 @@
 #include "common/status.h"
 
 namespace loom::collectives {
+
+namespace model {
+struct Fabric;
+}
 
 struct CollRequest {
   CollType type = CollType::kAllReduce;
@@ -23,6 +28,9 @@ struct CollRequest {
   // Some peer is reached through sockets, where every message costs its sender a trip
   // through the network stack (on one host: both ends of loopback TCP).
   bool network = false;
+  // The fabric the cost model prices (collectives/cost_model.h); nullptr: one class of
+  // link between every pair of ranks.
+  const model::Fabric* fabric = nullptr;
 };
 
 struct TunerChoice {

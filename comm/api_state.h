@@ -60,6 +60,9 @@ void groupStart();
 bool inGroup();
 int groupDepth();
 ncclResult_t groupEnd();
+// Ends the outermost group without running its calls: `estimatedUs` gets the cost
+// model's time for them (each communicator's calls in turn, the communicators at once).
+ncclResult_t groupSimulateEnd(float* estimatedUs);
 // Runs `init` on its own thread now; the outermost ncclGroupEnd waits for it, registers
 // `handle` on success and frees it (returning the error) on failure.
 void deferInit(ncclComm* handle, std::function<Status()> init);

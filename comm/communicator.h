@@ -9,10 +9,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "collectives/cost_model.h"
 #include "collectives/host_executor.h"
 #include "collectives/schedule.h"
 #include "collectives/tuner.h"
@@ -118,6 +120,10 @@ class Communicator : public collectives::ConnectionProvider {
   // Which transport connects to `peer` (empty when not connected yet).
   std::string transportTo(int peer) const;
 
+  // The cost model's time for one operation on this communicator's fabric (the
+  // fastest algorithm it has built; collectives/cost_model.h), in microseconds.
+  double estimateUs(const Operation& op);
+
  private:
   Communicator() = default;
   Status init(const IdContents& id, int rank, int nranks, const CommOptions& options);
@@ -179,6 +185,7 @@ class Communicator : public collectives::ConnectionProvider {
   ConnectMessage selfMessage_;
   std::unique_ptr<DeviceComm> device_;  // null for host-memory communicators
   TopologyView topo_;
+  std::optional<collectives::model::Fabric> fabric_;  // estimateUs's, made at its first use
   // Who is stuck (progress_report.h): this rank's record, the server that answers with
   // it, and every rank's server address.
   ProgressRecord progress_;

@@ -221,11 +221,11 @@ int groupDepth() {
   return tlsGroup.depth;
 }
 
-ncclResult_t groupEnd() {
-  if (tlsGroup.depth <= 0) {
-    return fail(errorf(Code::kInvalidUsage, "ncclGroupEnd without a matching ncclGroupStart"));
-  }
-  if (--tlsGroup.depth > 0) return ncclSuccess;
+namespace {
+
+// The group's deferred inits, waited for: each registered, or freed with its error (the
+// first is returned).
+Status joinInits() {
   Status initError;
   auto inits = std::move(tlsGroup.inits);
   tlsGroup.inits.clear();
@@ -238,6 +238,60 @@ ncclResult_t groupEnd() {
       delete p->handle;
     }
   }
+  return initError;
+}
+
+}  // namespace
+
+ncclResult_t groupSimulateEnd(float* estimatedUs) {
+  if (tlsGroup.depth <= 0) {
+    return fail(
+        errorf(Code::kInvalidUsage, "ncclGroupSimulateEnd without a matching ncclGroupStart"));
+  }
+  if (tlsGroup.depth > 1) {
+    return fail(
+        errorf(Code::kInvalidUsage,
+               "ncclGroupSimulateEnd ends the outermost group only (this one is %d deep); the "
+               "group is still open",
+               tlsGroup.depth));
+  }
+  --tlsGroup.depth;
+  Status initError = joinInits();
+  std::vector<std::pair<ncclComm*, Operation>> ops;
+  ops.swap(tlsGroup.ops);  // estimated, never run
+  Status pending = tlsGroup.error;
+  tlsGroup.error = Status();
+  if (!initError) return fail(initError);
+  if (!pending) return fail(pending);
+  // Each communicator's calls run one after another, the communicators side by side.
+  std::vector<std::pair<const ncclComm*, double>> perComm;
+  for (auto& [c, op] : ops) {
+    CommHold h;
+    if (!h.take(c)) {
+      return fail(
+          errorf(Code::kInvalidArgument, "a communicator used in this group was destroyed"));
+    }
+    const double us = c->impl->estimateUs(op);
+    auto it =
+        std::find_if(perComm.begin(), perComm.end(), [&](const auto& e) { return e.first == c; });
+    if (it == perComm.end()) {
+      perComm.emplace_back(c, us);
+    } else {
+      it->second += us;
+    }
+  }
+  double longest = 0;
+  for (const auto& e : perComm) longest = std::max(longest, e.second);
+  *estimatedUs = static_cast<float>(longest);
+  return ncclSuccess;
+}
+
+ncclResult_t groupEnd() {
+  if (tlsGroup.depth <= 0) {
+    return fail(errorf(Code::kInvalidUsage, "ncclGroupEnd without a matching ncclGroupStart"));
+  }
+  if (--tlsGroup.depth > 0) return ncclSuccess;
+  Status initError = joinInits();
   // Swapped, not moved: the next group's list gets this one's capacity back.
   std::vector<std::pair<ncclComm*, Operation>>& ops = groupScratch().grouped;
   ops.clear();

@@ -729,8 +729,15 @@ LOOM_API ncclResult_t ncclGroupEnd(void) {
 }
 LOOM_API ncclResult_t pncclGroupEnd(void) LOOM_ALIAS(ncclGroupEnd);
 LOOM_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
-  if (simInfo) simInfo->estimatedTime = NCCL_UNDEF_FLOAT;
-  return fail(errorf(Code::kInvalidUsage, "ncclGroupSimulateEnd is not implemented in loom yet"));
+  // NCCL's check: an ncclSimInfo_t made with NCCL_SIM_INFO_INITIALIZER.
+  if (!simInfo || simInfo->magic != 0x74685283 || simInfo->size < sizeof(ncclSimInfo_t)) {
+    return fail(
+        errorf(Code::kInvalidArgument,
+               "ncclGroupSimulateEnd: simInfo is %s (initialize it with NCCL_SIM_INFO_INITIALIZER)",
+               simInfo ? "not an ncclSimInfo_t" : "NULL"));
+  }
+  return guarded("ncclGroupSimulateEnd",
+                 [&] { return loom::comm::groupSimulateEnd(&simInfo->estimatedTime); });
 }
 LOOM_API ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t*) LOOM_ALIAS(ncclGroupSimulateEnd);
 

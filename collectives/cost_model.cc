@@ -1,0 +1,282 @@
+#include "collectives/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace loom::collectives::model {
+
+namespace {
+
+// ceil(log2(n)) for n >= 1.
+int log2Ceil(int n) {
+  int d = 0;
+  while ((1 << d) < n) ++d;
+  return d;
+}
+
+bool powerOfTwo(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
+
+// The terms of one estimate, added up as the algorithm's schedule goes.
+struct Sum {
+  const Fabric& f;
+  Estimate e;
+  Sum(const Fabric& fabric, Algo a) : f(fabric) {
+    e.algo = a;
+    e.latencyUs = f.baseUs;
+  }
+  // `intra` steps between ranks of a host, `inter` steps between hosts.
+  void steps(int intra, int inter) {
+    e.steps += intra + inter;
+    e.latencyUs += intra * f.intra.latencyUs + inter * f.inter.latencyUs;
+  }
+  // Bytes that the busiest link of each class carries; the slower of the two sets the
+  // time (the schedule keeps both busy at once: pieces pipeline).
+  void bytes(double intraBytes, double interBytes) {
+    double t = 0;
+    if (intraBytes > 0 && f.intra.gbps > 0) t = std::max(t, intraBytes / f.intra.bytesPerUs());
+    if (interBytes > 0 && f.inter.gbps > 0) t = std::max(t, interBytes / f.inter.bytesPerUs());
+    e.bandwidthUs += t;
+  }
+  Estimate done(bool built) {
+    e.us = e.latencyUs + e.bandwidthUs;
+    e.built = built;
+    return e;
+  }
+};
+
+// A ring over all ranks, ranks of a host adjacent: of its n hops per turn, `hosts` cross
+// between hosts when there is more than one. A collective that goes `turns` times
+// around (moving `share` of S through every rank each time) has turns * (n - 1) steps,
+// of which turns * (hosts - 1) cost the inter-host latency (NCCL's count:
+// src/graph/tuning.cc). Every byte a rank sends crosses its intra link or, at the host's
+// edge, the NICs; the rings' crossings together carry one rank's share per host.
+Estimate ring(const Fabric& f, Algo a, double S, int turns) {
+  const int n = f.nranks(), H = f.hosts;
+  Sum s(f, a);
+  const int inter = H > 1 ? turns * (H - 1) : 0;
+  s.steps(turns * (n - 1) - inter, inter);
+  const double perRank = turns * double(n - 1) / n * S;
+  s.bytes(f.ranksPerHost > 1 ? perRank : 0, H > 1 ? perRank : 0);
+  return s.done(true);
+}
+
+// The double binary tree over all ranks (in-order labels on the ring order): depth
+// ceil(log2 n); the edges of the lowest log2(ranksPerHost) levels join ranks of one host,
+// the others cross hosts. All-reduce goes up and down (2 * depth steps) and moves about
+// 2S through every rank and every host's NICs (each rank is inner in one tree, a leaf in
+// the other, each tree carrying S/2).
+Estimate tree(const Fabric& f, double S) {
+  const int n = f.nranks();
+  const int depth = log2Ceil(n);
+  const int low = std::min(depth, log2Ceil(f.ranksPerHost));
+  Sum s(f, Algo::kTree);
+  s.steps(2 * low, 2 * (depth - low));
+  const double moved = 2 * S;
+  s.bytes(f.ranksPerHost > 1 ? moved : 0, f.hosts > 1 ? moved : 0);
+  return s.done(true);
+}
+
+// Every rank sends `perPeer` bytes to each other rank at once, `phases` times: one step
+// each (the inter-host latency when any peer is remote). A host's NICs carry what its
+// ranks send to the other hosts' ranks.
+Estimate direct(const Fabric& f, Algo a, double perPeer, int phases, bool built) {
+  const int n = f.nranks(), G = f.ranksPerHost, H = f.hosts;
+  Sum s(f, a);
+  s.steps(H > 1 ? 0 : phases, H > 1 ? phases : 0);
+  s.e.latencyUs += phases * (n - 2) * f.messageUs;
+  const double intraBytes = phases * (G - 1) * perPeer;
+  const double interBytes = phases * double(G) * (n - G) * perPeer;
+  s.bytes(intraBytes, interBytes);
+  return s.done(built);
+}
+
+// Recursive doubling: log2(n) exchanges of the whole buffer; the first log2(G) between
+// ranks of a host, the rest across hosts, where every rank of a host sends at once.
+Estimate doubling(const Fabric& f, double S) {
+  const int G = f.ranksPerHost;
+  const int low = log2Ceil(G), high = log2Ceil(f.hosts);
+  Sum s(f, Algo::kDoubling);
+  s.steps(low, high);
+  s.e.bandwidthUs += low > 0 && f.intra.gbps > 0 ? low * S / f.intra.bytesPerUs() : 0;
+  s.e.bandwidthUs += high > 0 && f.inter.gbps > 0 ? high * G * S / f.inter.bytesPerUs() : 0;
+  return s.done(true);
+}
+
+// Split rail: reduce-scatter inside each host, then ranksPerHost rings across hosts at
+// once (one per rail, each on S / ranksPerHost), then all-gather inside each host.
+Estimate hierarchical(const Fabric& f, double S) {
+  const int G = f.ranksPerHost, H = f.hosts;
+  Sum s(f, Algo::kHierarchical);
+  s.steps(2 * (G - 1), 2 * (H - 1));
+  s.bytes(2.0 * (G - 1) / G * S, 0);
+  s.bytes(0, 2.0 * (H - 1) / H * S);
+  return s.done(false);
+}
+
+// Broadcast and reduce: a chain streams S through every rank once, n - 1 hops; the tree
+// reaches every rank in depth hops, inner ranks sending (or receiving) twice.
+Estimate chain(const Fabric& f, Algo a, double S, bool built) {
+  const int n = f.nranks(), H = f.hosts;
+  Sum s(f, a);
+  const int inter = H > 1 ? H - 1 : 0;
+  s.steps(n - 1 - inter, inter);
+  s.bytes(f.ranksPerHost > 1 ? S : 0, H > 1 ? S : 0);
+  return s.done(built);
+}
+
+Estimate rootedTree(const Fabric& f, double S, bool built) {
+  const int depth = log2Ceil(f.nranks());
+  const int low = std::min(depth, log2Ceil(f.ranksPerHost));
+  Sum s(f, Algo::kTree);
+  s.steps(low, depth - low);
+  s.bytes(f.ranksPerHost > 1 ? 2 * S : 0, f.hosts > 1 ? 2 * S : 0);
+  return s.done(built);
+}
+
+}  // namespace
+
+const char* algoName(Algo a) {
+  switch (a) {
+    case Algo::kRing: return "ring";
+    case Algo::kTree: return "tree";
+    case Algo::kChain: return "chain";
+    case Algo::kDirect: return "direct";
+    case Algo::kDoubling: return "doubling";
+    case Algo::kOneShot: return "oneshot";
+    case Algo::kHierarchical: return "hierarchical";
+    case Algo::kMeshOneShot: return "mesh-oneshot";
+    case Algo::kMeshTwoShot: return "mesh-twoshot";
+  }
+  return "?";
+}
+
+bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* out) {
+  const int n = f.nranks();
+  const double S = static_cast<double>(bytes);
+  if (n <= 1) {
+    if (a != Algo::kRing) return false;
+    *out = Sum(f, Algo::kRing).done(true);
+    return true;
+  }
+  // The in-host mesh forms: GPUs of one host, through peer memory (comm/device_comm.cc);
+  // there the mesh forms are the only ones.
+  const bool mesh = f.gpu && f.hosts == 1;
+  const bool meshAlgo = a == Algo::kMeshOneShot || a == Algo::kMeshTwoShot;
+  if (mesh != meshAlgo) return false;
+  switch (type) {
+    case CollType::kAllReduce:
+      switch (a) {
+        case Algo::kMeshOneShot: *out = direct(f, a, S, 1, true); return true;
+        case Algo::kMeshTwoShot: *out = direct(f, a, S / n, 2, true); return true;
+        case Algo::kRing: *out = ring(f, a, S, 2); return true;
+        case Algo::kTree:
+          if (n <= 2) return false;
+          *out = tree(f, S);
+          return true;
+        case Algo::kDirect: *out = direct(f, a, S / n, 2, n - 1 <= kMaxStepPeers); return true;
+        case Algo::kDoubling:
+          if (!powerOfTwo(n)) return false;
+          *out = doubling(f, S);
+          return true;
+        // Host buffers only: the network executor has no one-shot (it would need scratch
+        // on the GPU for the gathered inputs).
+        case Algo::kOneShot: *out = direct(f, a, S, 1, !f.gpu); return true;
+        case Algo::kHierarchical:
+          if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+          *out = hierarchical(f, S);
+          return true;
+        default: return false;
+      }
+    case CollType::kAllGather:
+    case CollType::kReduceScatter:
+      switch (a) {
+        case Algo::kMeshOneShot: *out = direct(f, a, S / n, 1, true); return true;
+        case Algo::kRing: *out = ring(f, a, S, 1); return true;
+        case Algo::kDirect: *out = direct(f, a, S / n, 1, false); return true;
+        default: return false;
+      }
+    case CollType::kBroadcast:
+      switch (a) {
+        case Algo::kMeshOneShot: *out = direct(f, a, S / (n - 1), 1, true); return true;
+        case Algo::kChain: *out = chain(f, a, S, true); return true;
+        case Algo::kTree: *out = rootedTree(f, S, true); return true;
+        default: return false;
+      }
+    case CollType::kReduce:
+      switch (a) {
+        case Algo::kMeshOneShot: *out = direct(f, a, S / (n - 1), 1, true); return true;
+        case Algo::kTree: *out = rootedTree(f, S, true); return true;
+        case Algo::kChain: *out = chain(f, a, S, false); return true;
+        default: return false;
+      }
+    case CollType::kAllToAll:
+    case CollType::kSendRecv:
+      if (a != (mesh ? Algo::kMeshOneShot : Algo::kDirect)) return false;
+      *out = direct(f, a, S / n, 1, true);
+      return true;
+  }
+  return false;
+}
+
+std::vector<Estimate> estimates(CollType type, size_t bytes, const Fabric& f) {
+  std::vector<Estimate> out;
+  for (Algo a : kAllAlgos) {
+    Estimate e;
+    if (estimate(type, a, bytes, f, &e)) out.push_back(e);
+  }
+  return out;
+}
+
+Estimate fastest(const std::vector<Estimate>& list) {
+  const Estimate* best = nullptr;
+  for (const Estimate& e : list) {
+    if (e.built && (!best || e.us < best->us)) best = &e;
+  }
+  return best ? *best : Estimate{};
+}
+
+double busGBs(CollType type, size_t bytes, int nranks, double us) {
+  if (us <= 0) return 0;
+  const double algbw = static_cast<double>(bytes) / (us * 1e3);
+  const double n = nranks;
+  switch (type) {
+    case CollType::kAllReduce: return algbw * 2 * (n - 1) / n;
+    case CollType::kAllGather:
+    case CollType::kReduceScatter:
+    case CollType::kAllToAll: return algbw * (n - 1) / n;
+    default: return algbw;
+  }
+}
+
+// The constants below are docs/cost-model.md's table; change them there too.
+Fabric hostMemoryFabric(int hosts, int ranksPerHost, double netGbps) {
+  Fabric f;
+  f.hosts = hosts;
+  f.ranksPerHost = ranksPerHost;
+  f.intra = {4.0, 5.6};  // shm: 8 B and 128 MiB all-reduce, 4 ranks
+  f.inter = {20.0, std::min(netGbps > 0 ? netGbps : 2.0, 2.0)};  // loopback TCP, 4 ranks
+  f.baseUs = 1.0;
+  f.messageUs = 5.0;
+  f.gpu = false;
+  f.intraName = "shm";
+  f.interName = "tcp";
+  return f;
+}
+
+Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps) {
+  Fabric f;
+  f.hosts = hosts;
+  f.ranksPerHost = gpusPerHost;
+  f.intra = {3.0, intraGbps};  // NVLink mesh: a flag round trip per step
+  f.inter = {12.0, nicGbps};   // network transport: broadcast of 8 B between 2 hosts
+  f.baseUs = 2.0;
+  f.messageUs = 1.0;
+  f.gpu = true;
+  f.intraName = "nvlink";
+  f.interName = "net";
+  return f;
+}
+
+}  // namespace loom::collectives::model

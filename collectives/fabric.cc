@@ -1,0 +1,58 @@
+#include "collectives/fabric.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace loom::collectives::model {
+
+namespace {
+
+// A NIC that reports no speed is planned as 10 Gb/s, as loom-topo says.
+constexpr double kUnknownNicGbps = 10.0 / 8;
+
+}  // namespace
+
+Fabric fabricOf(const topology::System& system, const topology::Graph& graph,
+                const FabricOptions& o, std::string* why) {
+  (void)system;
+  double nicGbps = 0;
+  int nics = 0;
+  for (int n : graph.nets()) {
+    const topology::Net& net = *graph.nodes()[n].net;
+    if (net.attr("virtual") == "1") continue;  // bridges, ifb, veth: no wire of their own
+    nicGbps += net.speedMbps > 0 ? net.speedMbps / 8000.0 : kUnknownNicGbps;
+    ++nics;
+  }
+  // No NIC at all: planned as one of unknown speed.
+  const double net = o.netGbps > 0 ? o.netGbps : nics > 0 ? nicGbps : kUnknownNicGbps;
+  const int gpus = graph.gpuCount();
+  const bool hostMemory = o.hostMemory || gpus == 0;
+  const int perHost = o.ranksPerHost > 0 ? o.ranksPerHost : hostMemory ? 1 : gpus;
+  Fabric f;
+  char line[256];
+  if (hostMemory) {
+    f = hostMemoryFabric(o.hosts, perHost, net);
+    std::snprintf(
+        line, sizeof(line),
+        "host memory: shared memory inside a host, TCP between hosts at %.3g GB/s per host (%s)",
+        f.inter.gbps,
+        o.netGbps > 0 ? "as given"
+        : nics        ? "its NICs, at most loopback TCP's 2 GB/s"
+                      : "no NIC: planned as 10 Gb/s");
+  } else {
+    // The GPUs' bandwidth to each other: the path between the first two (NVLink through
+    // NVSwitch or direct, else PCIe), as the topology's links give it.
+    const double intra = gpus > 1 ? graph.gpuToGpu(0, 1).bw : 0;
+    f = gpuFabric(o.hosts, perHost, intra, net);
+    std::snprintf(line, sizeof(line),
+                  "GPU buffers: %d GPU(s) a host, %.4g GB/s between GPUs (%s); %.4g GB/s of "
+                  "network per host (%s)",
+                  perHost, intra,
+                  gpus > 1 ? topology::pathTypeName(graph.gpuToGpu(0, 1).type) : "one GPU", net,
+                  o.netGbps > 0 ? "as given" : (std::to_string(nics) + " NIC(s)").c_str());
+  }
+  if (why) *why = line;
+  return f;
+}
+
+}  // namespace loom::collectives::model

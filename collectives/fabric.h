@@ -1,0 +1,25 @@
+// The cost model's fabric (collectives/cost_model.h) from a host's topology: how many
+// ranks per host, the bandwidth between its GPUs, its NICs' total, and the constants
+// measured for the transports loom would use.
+#pragma once
+
+#include <string>
+
+#include "collectives/cost_model.h"
+#include "topology/graph.h"
+#include "topology/system.h"
+
+namespace loom::collectives::model {
+
+struct FabricOptions {
+  int hosts = 1;
+  int ranksPerHost = 0;     // 0: one per GPU of the topology, or 1 where it has none
+  bool hostMemory = false;  // host buffers even where the topology has GPUs
+  double netGbps = 0;       // > 0: the network bandwidth per host (GB/s), instead of the NICs'
+};
+
+// `why` (optional) receives one line on where each term came from.
+Fabric fabricOf(const topology::System& system, const topology::Graph& graph,
+                const FabricOptions& o, std::string* why = nullptr);
+
+}  // namespace loom::collectives::model

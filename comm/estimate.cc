@@ -1,0 +1,59 @@
+// Communicator::estimateUs: the cost model (collectives/cost_model.h) on this
+// communicator's fabric, for ncclGroupSimulateEnd.
+#include <algorithm>
+
+#include "collectives/fabric.h"
+#include "comm/communicator.h"
+
+namespace loom::comm {
+
+namespace model = collectives::model;
+
+double Communicator::estimateUs(const Operation& op) {
+  if (!fabric_) {
+    model::FabricOptions o;
+    o.hosts = static_cast<int>(topo_.hostRanks.size());
+    for (const auto& ranks : topo_.hostRanks)
+      o.ranksPerHost = std::max<int>(o.ranksPerHost, ranks.size());
+    o.hostMemory = cudaDev_ < 0;
+    const int host = topo_.hostOf.empty() ? 0 : topo_.hostOf[rank_];
+    model::Fabric f;
+    bool made = false;
+    if (host < static_cast<int>(topo_.cluster.hosts.size())) {
+      const topology::System& system = topo_.cluster.hosts[host];
+      if (auto graph = topology::Graph::build(system);
+          graph.isOk() && (o.hostMemory || graph->gpuCount() > 0)) {
+        f = model::fabricOf(system, *graph, o);
+        made = true;
+      }
+    }
+    if (!made) {
+      // No topology of this host (detection failed): PCIe between GPUs and one NIC of
+      // unknown speed, as planned elsewhere.
+      f = o.hostMemory ? model::hostMemoryFabric(o.hosts, o.ranksPerHost, 0)
+                       : model::gpuFabric(o.hosts, o.ranksPerHost, 24.0, 10.0 / 8);
+    }
+    fabric_ = f;
+  }
+  const model::Fabric& f = *fabric_;
+  const size_t esize = dataTypeSize(op.dtype);
+  const size_t n = static_cast<size_t>(nranks_);
+  size_t bytes = op.count * esize;
+  switch (op.type) {
+    case collectives::CollType::kAllGather:
+    case collectives::CollType::kReduceScatter:
+    case collectives::CollType::kAllToAll: bytes *= n; break;
+    case collectives::CollType::kSendRecv: {
+      // One message to or from one peer.
+      const bool known = op.root >= 0 && op.root < static_cast<int>(topo_.hostOf.size()) &&
+                         rank_ < static_cast<int>(topo_.hostOf.size());
+      const bool remote = !known || topo_.hostOf[op.root] != topo_.hostOf[rank_];
+      const model::LinkCost& link = remote && f.hosts > 1 ? f.inter : f.intra;
+      return f.baseUs + link.latencyUs + (link.gbps > 0 ? bytes / link.bytesPerUs() : 0);
+    }
+    default: break;
+  }
+  return model::fastest(model::estimates(op.type, bytes, f)).us;
+}
+
+}  // namespace loom::comm

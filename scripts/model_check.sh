@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# scripts/model_check.sh BUILD OUTDIR [RATE_MBIT [HOSTS...]]
+#
+# The cost model (collectives/cost_model.h) against measured host-memory all-reduces
+# across "hosts" that are network namespaces on this machine: one rank in each, every
+# namespace joined to one bridge by a veth pair whose both ends are shaped to RATE_MBIT
+# (default 1000) with tc's token bucket (tbf), as a NIC of that speed would be. For each
+# host count (default 2 4 8) and each algorithm (LOOM_ALGO ring, tree, direct, doubling,
+# oneshot, and the tuner's own choice) bench/model_probe times 8 B to 4 MiB, and
+# loom-model --csv predicts the same. Writes OUTDIR/model_check.md (predicted against
+# measured, per algorithm and size; whether the tuner's pick was the measured fastest
+# within 10 %) and the raw CSV.
+#
+# Needs root, `ip netns`, a bridge and tc with tbf; says why and exits 77 otherwise.
+# BUILD is a build tree with bench/model_probe and tools/loom-model.
+set -uo pipefail
+build=$(cd "${1:?usage: model_check.sh BUILD OUTDIR [RATE_MBIT [HOSTS...]]}" && pwd)
+out=${2:?usage: model_check.sh BUILD OUTDIR [RATE_MBIT [HOSTS...]]}
+rate=${3:-1000}
+shift $(($# < 3 ? $# : 3))
+hosts=("$@")
+((${#hosts[@]} > 0)) || hosts=(2 4 8)
+probe=$build/bench/model_probe
+model=$build/tools/loom-model
+for b in "$probe" "$model"; do
+  [[ -x $b ]] || { echo "model_check: $b is missing (build the tree with -DLOOM_BUILD_BENCHMARKS=ON)"; exit 2; }
+done
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+source "$(dirname "$0")/lib/netns.sh"
+tag="lm$$"
+maxh=0
+for h in "${hosts[@]}"; do ((h > maxh)) && maxh=$h; done
+trap 'loom_netns_down "$tag" "$maxh"' EXIT
+loom_netns_up "$tag" "$maxh" "$rate" || exit $?
+gbps=$(awk -v r="$rate" 'BEGIN { printf "%.6g", r / 8000 }')
+sizes=8,65536,1048576,4194304
+measured=$out/measured_${rate}mbit.csv
+predicted=$out/predicted_${rate}mbit.csv
+echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
+echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked" > "$predicted"
+status=0
+for h in "${hosts[@]}"; do
+  "$model" --host-memory -N "$h" --net-gbps "$gbps" -c all_reduce -b 8 -e 4M -f 2 --csv | tail -n +2 >> "$predicted"
+  for algo in ring tree direct doubling oneshot default; do
+    ((h == 2)) && [[ $algo == tree ]] && continue               # no tree on 2 ranks
+    ((h & (h - 1))) && [[ $algo == doubling ]] && continue      # powers of two only
+    ((h > 4)) && [[ $algo == direct ]] && continue              # direct: up to 4 ranks
+    port=$((20000 + RANDOM % 20000))
+    pids=()
+    for ((r = 0; r < h; ++r)); do
+      env_algo=()
+      [[ $algo != default ]] && env_algo=(LOOM_ALGO="$algo")
+      ip netns exec "${tag}h$r" env LOOM_COMM_ID="198.51.100.10:$port" LOOM_RANK=$r LOOM_NRANKS=$h \
+        LOOM_TIMEOUT_MS=60000 LOOM_HOST_ID="host$r" "${env_algo[@]}" \
+        "$probe" --sizes "$sizes" --seconds 0.5 --label "$algo" \
+        > "$out/probe_${rate}_${h}_${algo}_$r.log" 2>&1 &
+      pids+=($!)
+    done
+    for ((r = 0; r < h; ++r)); do
+      if ! wait "${pids[$r]}"; then
+        status=1
+        echo "model_check: $h hosts, $algo: rank $r failed:" >&2
+        tail -n 5 "$out/probe_${rate}_${h}_${algo}_$r.log" >&2
+      fi
+    done
+    grep -v "^model_probe\|WARN\|INFO" "$out/probe_${rate}_${h}_${algo}_0.log" >> "$measured"
+    echo "model_check: $h hosts, $algo done"
+  done
+done
+python3 "$(dirname "$0")/model_table.py" "$measured" "$predicted" "$rate" > "$out/model_check_${rate}mbit.md" || status=1
+echo "model_check: wrote $out/model_check_${rate}mbit.md"
+exit $status

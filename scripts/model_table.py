@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""scripts/model_table.py MEASURED.csv PREDICTED.csv RATE_MBIT
+
+The markdown table of scripts/model_check.sh: for each host count and size, every
+algorithm's measured time beside the cost model's prediction, the tuner's own choice
+(LOOM_ALGO unset) against the measured fastest, and a summary of how far the model is
+off. Standard library only."""
+import csv
+import sys
+from collections import defaultdict
+
+
+def size_text(b):
+    for unit, name in ((1 << 20, "MiB"), (1 << 10, "KiB")):
+        if b >= unit and b % unit == 0:
+            return f"{b // unit} {name}"
+    return f"{b} B"
+
+
+def main():
+    measured_path, predicted_path, rate = sys.argv[1], sys.argv[2], sys.argv[3]
+    measured = {}  # (hosts, bytes, label) -> us
+    wrong = 0
+    with open(measured_path) as f:
+        for row in csv.DictReader(f):
+            measured[(int(row["nranks"]), int(row["bytes"]), row["label"])] = float(row["us_per_call"])
+            wrong += int(row["wrong"])
+    predicted = {}  # (hosts, bytes, algo) -> (us, built, picked)
+    with open(predicted_path) as f:
+        for row in csv.DictReader(f):
+            predicted[(int(row["hosts"]), int(row["bytes"]), row["algo"])] = (
+                float(row["us"]), row["built"] == "1", row["picked"] == "1")
+    algos = ["ring", "tree", "direct", "doubling", "oneshot"]
+    hosts = sorted({k[0] for k in measured})
+    sizes = sorted({k[1] for k in measured})
+    print(f"# The cost model against measured host-memory all-reduces, {rate} Mb/s links\n")
+    print("Network namespaces as hosts, one rank each, every link shaped to "
+          f"{rate} Mb/s both ways (tc tbf); float sum; time per call, the slowest rank's mean. "
+          "Each cell: measured / predicted µs (prediction error). `default`: LOOM_ALGO unset, the "
+          "tuner's choice. Written by scripts/model_check.sh.\n")
+    print(f"Wrong values: {wrong}.\n")
+    errors_big = []  # |error| of every prediction from 1 MiB
+    tuner_ok = tuner_all = 0
+    model_ok = model_all = 0
+    for h in hosts:
+        cols = [a for a in algos if any((h, b, a) in measured for b in sizes)]
+        print(f"## {h} hosts\n")
+        print("| size | " + " | ".join(cols) + " | default | fastest measured | default within 10 % | model's pick |")
+        print("| --- | " + " | ".join("---" for _ in cols) + " | --- | --- | --- | --- |")
+        for b in sizes:
+            cells = []
+            times = {}
+            for a in cols:
+                m = measured.get((h, b, a))
+                p = predicted.get((h, b, a))
+                if m is None or p is None:
+                    cells.append("")
+                    continue
+                times[a] = m
+                err = (p[0] - m) / m
+                if b >= 1 << 20:
+                    errors_big.append(abs(err))
+                cells.append(f"{m:.4g} / {p[0]:.4g} ({err * 100:+.0f} %)")
+            d = measured.get((h, b, "default"))
+            fastest = min(times, key=times.get) if times else ""
+            within = ""
+            if d is not None and times:
+                ok = d <= times[fastest] * 1.10
+                tuner_all += 1
+                tuner_ok += ok
+                within = "yes" if ok else f"**no** ({d / times[fastest]:.2f} ×)"
+            pick = [a for a in cols if predicted.get((h, b, a), (0, False, False))[2]]
+            pick = pick[0] if pick else ""
+            if pick and times:
+                model_all += 1
+                model_ok += times.get(pick, float("inf")) <= times[fastest] * 1.10
+            print(f"| {size_text(b)} | " + " | ".join(cells) +
+                  f" | {'' if d is None else f'{d:.4g}'} | {fastest} | {within} | {pick} |")
+        print()
+    print("## Summary\n")
+    if errors_big:
+        inside = sum(e <= 0.25 for e in errors_big)
+        print(f"- Predictions from 1 MiB within 25 % of measured: {inside} of {len(errors_big)} "
+              f"(largest error {max(errors_big) * 100:.0f} %).")
+    print(f"- The tuner's choice within 10 % of the measured fastest: {tuner_ok} of {tuner_all}.")
+    print(f"- The model's fastest within 10 % of the measured fastest: {model_ok} of {model_all}.")
+
+
+if __name__ == "__main__":
+    main()

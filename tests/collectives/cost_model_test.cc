@@ -1,0 +1,172 @@
+// collectives/cost_model.h: the model's shape (monotonic where it must be, the crossovers
+// where they must fall), and that the tuner's ring-against-tree choice is the model's.
+#include "collectives/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "collectives/fabric.h"
+#include "collectives/tuner.h"
+#include "topology/topology.h"
+
+namespace loom::collectives::model {
+namespace {
+
+double us(CollType t, Algo a, size_t bytes, const Fabric& f) {
+  Estimate e;
+  EXPECT_TRUE(estimate(t, a, bytes, f, &e)) << algoName(a);
+  return e.us;
+}
+
+Fabric dgx(int hosts) {
+  return gpuFabric(hosts, 8, 450, 400);
+}
+
+const CollType kTypes[] = {CollType::kAllReduce, CollType::kAllGather, CollType::kReduceScatter,
+                           CollType::kBroadcast, CollType::kReduce,    CollType::kAllToAll};
+
+// More bytes never take less time, on any algorithm, collective or fabric.
+TEST(CostModel, TimeGrowsWithBytes) {
+  for (const Fabric& f :
+       {hostMemoryFabric(4, 1, 0.125), hostMemoryFabric(1, 4, 0), dgx(1), dgx(2), dgx(64)}) {
+    for (CollType t : kTypes) {
+      for (Algo a : kAllAlgos) {
+        double last = 0;
+        for (size_t b = 8; b <= (size_t(1) << 32); b *= 4) {
+          Estimate e;
+          if (!estimate(t, a, b, f, &e)) break;
+          EXPECT_GE(e.us, last) << collTypeName(t) << " " << algoName(a) << " " << b;
+          EXPECT_NEAR(e.us, e.latencyUs + e.bandwidthUs, 1e-9);
+          last = e.us;
+        }
+      }
+    }
+  }
+}
+
+// More hosts never make a call faster, and every collective has a built form.
+TEST(CostModel, TimeGrowsWithHostsAndEveryCollectiveHasABuiltForm) {
+  for (CollType t : kTypes) {
+    for (size_t b : {size_t(8), size_t(1) << 20, size_t(1) << 30}) {
+      double last = 0;
+      for (int h = 2; h <= 4096; h *= 2) {
+        const Estimate best = fastest(estimates(t, b, dgx(h)));
+        EXPECT_TRUE(best.built);
+        EXPECT_GT(best.us, 0);
+        EXPECT_GE(best.us, last * 0.999) << collTypeName(t) << " " << b << " " << h;
+        last = best.us;
+      }
+    }
+  }
+}
+
+// The latency terms: a ring of n ranks pays 2(n-1) steps for all-reduce, of which
+// 2(hosts-1) cross hosts; the tree 2 ceil(log2 n).
+TEST(CostModel, StepCounts) {
+  Estimate e;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kRing, 8, dgx(4), &e));
+  EXPECT_EQ(e.steps, 2 * 31);
+  const Fabric f = dgx(4);
+  EXPECT_NEAR(e.latencyUs, f.baseUs + 2 * 3 * f.inter.latencyUs + (62 - 6) * f.intra.latencyUs,
+              1e-9);
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kTree, 8, dgx(4), &e));
+  EXPECT_EQ(e.steps, 2 * 5);
+  ASSERT_TRUE(estimate(CollType::kAllGather, Algo::kRing, 8, dgx(4), &e));
+  EXPECT_EQ(e.steps, 31);
+  // No tree on 2 ranks, no doubling on 3, no mesh form across hosts or network form inside.
+  EXPECT_FALSE(estimate(CollType::kAllReduce, Algo::kTree, 8, hostMemoryFabric(2, 1, 0), &e));
+  EXPECT_FALSE(estimate(CollType::kAllReduce, Algo::kDoubling, 8, hostMemoryFabric(3, 1, 0), &e));
+  EXPECT_FALSE(estimate(CollType::kAllReduce, Algo::kMeshOneShot, 8, dgx(2), &e));
+  EXPECT_FALSE(estimate(CollType::kAllReduce, Algo::kRing, 8, dgx(1), &e));
+}
+
+// Large messages: the ring's bandwidth term is the bus at the NICs' speed, so its busbw
+// approaches the slower of the GPU links and the network; small ones favour few steps.
+TEST(CostModel, RingBusBandwidthApproachesTheSlowerLink) {
+  const size_t big = size_t(16) << 30;
+  EXPECT_NEAR(
+      busGBs(CollType::kAllReduce, big, 16, us(CollType::kAllReduce, Algo::kRing, big, dgx(2))),
+      400, 4);
+  const Fabric slow = hostMemoryFabric(4, 1, 0.125);
+  EXPECT_NEAR(
+      busGBs(CollType::kAllReduce, big, 4, us(CollType::kAllReduce, Algo::kRing, big, slow)), 0.125,
+      0.002);
+}
+
+// The crossovers: across hosts the tree wins small all-reduces (log steps) and the ring
+// large ones; recursive doubling beats the ring at 8 B and loses at 1 GiB (it moves log2 n
+// times the buffer).
+TEST(CostModel, Crossovers) {
+  const Fabric f = dgx(64);
+  EXPECT_LT(us(CollType::kAllReduce, Algo::kTree, 8, f),
+            us(CollType::kAllReduce, Algo::kRing, 8, f));
+  EXPECT_LT(us(CollType::kAllReduce, Algo::kDoubling, 8, f),
+            us(CollType::kAllReduce, Algo::kRing, 8, f));
+  const size_t big = size_t(1) << 30;
+  EXPECT_GT(us(CollType::kAllReduce, Algo::kDoubling, big, f),
+            us(CollType::kAllReduce, Algo::kRing, big, f));
+  // A flat fabric (one link class): the ring overtakes the tree somewhere between 8 B
+  // and 1 GiB, and the tuner switches where the model does.
+  Fabric flat = hostMemoryFabric(1, 8, 0);
+  flat.intra = {10.0, 4.0};
+  size_t cross = 0;
+  for (size_t b = 8; b <= big; b *= 2) {
+    if (us(CollType::kAllReduce, Algo::kRing, b, flat) <
+        us(CollType::kAllReduce, Algo::kTree, b, flat)) {
+      cross = b;
+      break;
+    }
+  }
+  ASSERT_GT(cross, 8u);
+  ASSERT_LT(cross, big);
+  for (size_t b : {cross / 2, cross}) {
+    CollRequest req;
+    req.type = CollType::kAllReduce;
+    req.count = b / 4;
+    req.nranks = 8;
+    req.fabric = &flat;
+    auto c = chooseAlgorithm(req, "ring,tree");
+    ASSERT_TRUE(c.isOk());
+    EXPECT_EQ(c->algo, b == cross ? Algorithm::kRing : Algorithm::kTree) << b;
+  }
+}
+
+// The split-rail form (not built yet) takes fewer steps than the flat ring across many
+// hosts of many GPUs: it is the first thing to build for latency at scale.
+TEST(CostModel, HierarchicalIsPricedButNotPicked) {
+  const Fabric f = dgx(512);
+  Estimate h, r;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kHierarchical, 1 << 20, f, &h));
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kRing, 1 << 20, f, &r));
+  EXPECT_FALSE(h.built);
+  EXPECT_LT(h.steps, r.steps);
+  EXPECT_NE(fastest(estimates(CollType::kAllReduce, 1 << 20, f)).algo, Algo::kHierarchical);
+}
+
+// The fabric of a recorded DGX H100 topology: 8 GPUs on NVSwitch, 8 NICs of 400 Gb/s.
+TEST(CostModel, FabricOfADgxTopology) {
+  auto r = topology::readXmlFile(std::string(LOOM_FIXTURES) + "/dgx_h100.xml");
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  auto g = topology::Graph::build(r->system);
+  ASSERT_TRUE(g.isOk());
+  FabricOptions o;
+  o.hosts = 4;
+  std::string why;
+  const Fabric f = fabricOf(r->system, *g, o, &why);
+  EXPECT_EQ(f.ranksPerHost, 8);
+  EXPECT_EQ(f.hosts, 4);
+  EXPECT_TRUE(f.gpu);
+  EXPECT_NEAR(f.inter.gbps, 400, 1e-9);
+  EXPECT_GT(f.intra.gbps, 100);
+  EXPECT_NE(why.find("8 NIC"), std::string::npos) << why;
+  o.hostMemory = true;
+  o.netGbps = 0.125;
+  const Fabric h = fabricOf(r->system, *g, o);
+  EXPECT_FALSE(h.gpu);
+  EXPECT_EQ(h.ranksPerHost, 1);
+  EXPECT_NEAR(h.inter.gbps, 0.125, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom::collectives::model

@@ -1,0 +1,268 @@
+// loom-model: what the cost model (collectives/cost_model.h) predicts for every
+// collective, size and algorithm on a topology and a host count, and which algorithm the
+// tuner would take. docs/cost-model.md explains the terms.
+//
+//   loom-model                           this machine, 2 hosts like it
+//   loom-model --topo-file F.xml -N 64   an NCCL topology XML, 64 hosts like it
+//   loom-model --scale FILE.csv          busbw of 1 GiB and time of 8 B all-reduce against
+//                                        the host count, 2 to 4096 (scripts/plot_model.py
+//                                        draws it)
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/cost_model.h"
+#include "collectives/fabric.h"
+#include "topology/topology.h"
+
+namespace topo = loom::topology;
+namespace model = loom::collectives::model;
+using loom::collectives::CollType;
+
+namespace {
+
+struct Args {
+  std::string topoFile, sysfsRoot, scale, coll = "all";
+  model::FabricOptions fabric;
+  size_t minBytes = 8, maxBytes = size_t(1) << 30;
+  int factor = 8;
+  bool csv = false;
+};
+
+void usage(FILE* out) {
+  std::fprintf(
+      out,
+      "usage: loom-model [--topo-file FILE | --sysfs-root DIR] [-N HOSTS] [-g RANKS_PER_HOST]\n"
+      "                  [--host-memory] [--net-gbps X] [-c COLL] [-b MIN] [-e MAX] [-f FACTOR]\n"
+      "                  [--csv] [--scale FILE.csv]\n"
+      "  --topo-file FILE   a topology XML (NCCL's format) instead of detecting this machine\n"
+      "  --sysfs-root DIR   detect against a recorded tree\n"
+      "  -N, --hosts N      hosts like this one (default 2)\n"
+      "  -g N               ranks per host (default: one per GPU, 1 without GPUs)\n"
+      "  --host-memory      host buffers even where there are GPUs\n"
+      "  --net-gbps X       network bandwidth per host in GB/s, instead of its NICs' total\n"
+      "  -c COLL            all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall\n"
+      "                     or all (default)\n"
+      "  -b, -e, -f         sizes in bytes from MIN to MAX by FACTOR (8 B to 1 GiB by 8)\n"
+      "  --csv              one line per collective, size and algorithm\n"
+      "  --scale FILE       write all_reduce at 1 GiB and 8 B for 2..4096 hosts to FILE (CSV)\n");
+}
+
+bool parseSize(const char* text, size_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno || end == text) return false;
+  int shift = 0;
+  if (*end == 'K' || *end == 'k') shift = 10;
+  if (*end == 'M' || *end == 'm') shift = 20;
+  if (*end == 'G' || *end == 'g') shift = 30;
+  if (shift) ++end;
+  if (*end) return false;
+  *out = static_cast<size_t>(v) << shift;
+  return true;
+}
+
+bool parseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (k == "--host-memory") {
+      a->fabric.hostMemory = true;
+    } else if (k == "--csv") {
+      a->csv = true;
+    } else if (k == "-h" || k == "--help") {
+      usage(stdout);
+      std::exit(0);
+    } else if (!(v = next())) {
+      std::fprintf(stderr, "loom-model: %s needs a value\n", k.c_str());
+      return false;
+    } else if (k == "--topo-file") {
+      a->topoFile = v;
+    } else if (k == "--sysfs-root") {
+      a->sysfsRoot = v;
+    } else if (k == "--scale") {
+      a->scale = v;
+    } else if (k == "-c") {
+      a->coll = v;
+    } else if (k == "-N" || k == "--hosts" || k == "-g") {
+      char* end = nullptr;
+      long n = std::strtol(v, &end, 10);
+      if (*end || n < 1 || n > 1 << 20) {
+        std::fprintf(stderr, "loom-model: %s %s: not a count from 1\n", k.c_str(), v);
+        return false;
+      }
+      (k == "-g" ? a->fabric.ranksPerHost : a->fabric.hosts) = static_cast<int>(n);
+    } else if (k == "--net-gbps") {
+      char* end = nullptr;
+      a->fabric.netGbps = std::strtod(v, &end);
+      if (*end || !(a->fabric.netGbps > 0)) {
+        std::fprintf(stderr, "loom-model: --net-gbps %s: not a bandwidth above 0\n", v);
+        return false;
+      }
+    } else if (k == "-b" || k == "-e") {
+      if (!parseSize(v, k == "-b" ? &a->minBytes : &a->maxBytes)) {
+        std::fprintf(stderr, "loom-model: %s %s: not a size (bytes, or with K, M, G)\n", k.c_str(),
+                     v);
+        return false;
+      }
+    } else if (k == "-f") {
+      a->factor = std::atoi(v);
+      if (a->factor < 2) {
+        std::fprintf(stderr, "loom-model: -f %s: a factor from 2\n", v);
+        return false;
+      }
+    } else {
+      std::fprintf(stderr, "loom-model: unknown option %s\n", k.c_str());
+      return false;
+    }
+  }
+  if (a->minBytes == 0 || a->minBytes > a->maxBytes) {
+    std::fprintf(stderr, "loom-model: -b must be from 1 and at most -e\n");
+    return false;
+  }
+  return true;
+}
+
+struct Named {
+  const char* name;
+  CollType type;
+};
+const Named kColls[] = {{"all_reduce", CollType::kAllReduce},
+                        {"all_gather", CollType::kAllGather},
+                        {"reduce_scatter", CollType::kReduceScatter},
+                        {"broadcast", CollType::kBroadcast},
+                        {"reduce", CollType::kReduce},
+                        {"alltoall", CollType::kAllToAll}};
+
+std::string sizeText(size_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (u < 3 && b >= 1024 && b % 1024 == 0) {
+    b /= 1024;
+    ++u;
+  }
+  return std::to_string(b) + " " + units[u];
+}
+
+void table(const Named& c, const Args& a, const model::Fabric& f) {
+  const int n = f.nranks();
+  if (!a.csv)
+    std::printf("\n%s (time in us, busbw in GB/s; * the tuner's pick, () not built yet)\n", c.name);
+  bool header = false;
+  for (size_t b = a.minBytes; b <= a.maxBytes; b *= a.factor) {
+    const auto list = model::estimates(c.type, b, f);
+    const model::Estimate pick = model::fastest(list);
+    if (a.csv) {
+      for (const auto& e : list) {
+        std::printf("%s,%d,%d,%zu,%s,%.3f,%.3f,%d,%d\n", c.name, f.hosts, f.ranksPerHost, b,
+                    model::algoName(e.algo), e.us, model::busGBs(c.type, b, n, e.us),
+                    e.built ? 1 : 0, e.algo == pick.algo ? 1 : 0);
+      }
+      continue;
+    }
+    if (!header) {
+      std::printf("%10s", "size");
+      for (const auto& e : list) std::printf("  %22s", model::algoName(e.algo));
+      std::printf("  %s\n", "pick");
+      header = true;
+    }
+    std::printf("%10s", sizeText(b).c_str());
+    for (const auto& e : list) {
+      char cell[64];
+      std::snprintf(cell, sizeof(cell), "%s%.4g / %.3g%s%s", e.built ? "" : "(", e.us,
+                    model::busGBs(c.type, b, n, e.us), e.built ? "" : ")",
+                    e.algo == pick.algo ? "*" : "");
+      std::printf("  %22s", cell);
+    }
+    std::printf("  %s\n", model::algoName(pick.algo));
+    if (b > a.maxBytes / a.factor) break;
+  }
+}
+
+int scale(const Args& a, const topo::System& s, const topo::Graph& g) {
+  FILE* out = std::fopen(a.scale.c_str(), "w");
+  if (!out) {
+    std::fprintf(stderr, "loom-model: cannot write %s: %s\n", a.scale.c_str(),
+                 std::strerror(errno));
+    return 1;
+  }
+  std::fprintf(out, "hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked\n");
+  for (int hosts = 2; hosts <= 4096; hosts *= 2) {
+    model::FabricOptions o = a.fabric;
+    o.hosts = hosts;
+    const model::Fabric f = model::fabricOf(s, g, o);
+    for (size_t b : {size_t(8), size_t(1) << 30}) {
+      const auto list = model::estimates(CollType::kAllReduce, b, f);
+      const model::Estimate pick = model::fastest(list);
+      for (const auto& e : list) {
+        std::fprintf(out, "%d,%d,%zu,%s,%.3f,%.4f,%d,%d\n", hosts, f.ranksPerHost, b,
+                     model::algoName(e.algo), e.us,
+                     model::busGBs(CollType::kAllReduce, b, f.nranks(), e.us), e.built ? 1 : 0,
+                     e.algo == pick.algo ? 1 : 0);
+      }
+    }
+  }
+  std::fclose(out);
+  std::fprintf(stderr, "loom-model: wrote %s\n", a.scale.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  a.fabric.hosts = 2;
+  if (!parseArgs(argc, argv, &a)) {
+    usage(stderr);
+    return 2;
+  }
+  topo::System system;
+  if (!a.topoFile.empty()) {
+    auto r = topo::readXmlFile(a.topoFile);
+    if (!r) {
+      std::fprintf(stderr, "loom-model: %s\n", r.status().message().c_str());
+      return 1;
+    }
+    system = std::move(r->system);
+  } else {
+    topo::DirReader reader(a.sysfsRoot.empty() ? "/" : a.sysfsRoot);
+    auto d = topo::detectLocal(reader);
+    if (!d) {
+      std::fprintf(stderr, "loom-model: detecting this machine: %s\n",
+                   d.status().message().c_str());
+      return 1;
+    }
+    system = std::move(d->system);
+  }
+  auto graph = topo::Graph::build(system);
+  if (!graph) {
+    std::fprintf(stderr, "loom-model: %s\n", graph.status().message().c_str());
+    return 1;
+  }
+  if (!a.scale.empty()) return scale(a, system, *graph);
+  std::string why;
+  const model::Fabric f = model::fabricOf(system, *graph, a.fabric, &why);
+  if (a.csv) {
+    std::printf("coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked\n");
+  } else {
+    std::printf("loom-model: %d host(s) x %d rank(s); %s\n", f.hosts, f.ranksPerHost, why.c_str());
+    std::printf("  per step: %.3g us inside a host, %.3g us between hosts; %.3g us a call\n",
+                f.intra.latencyUs, f.inter.latencyUs, f.baseUs);
+  }
+  bool any = false;
+  for (const Named& c : kColls) {
+    if (a.coll != "all" && a.coll != c.name) continue;
+    any = true;
+    table(c, a, f);
+  }
+  if (!any) {
+    std::fprintf(stderr, "loom-model: -c %s: no such collective\n", a.coll.c_str());
+    return 2;
+  }
+  return 0;
+}
