@@ -12,9 +12,7 @@ constexpr double kUnknownNicGbps = 10.0 / 8;
 
 }  // namespace
 
-Fabric fabricOf(const topology::System& system, const topology::Graph& graph,
-                const FabricOptions& o, std::string* why) {
-  (void)system;
+Fabric fabricOf(const topology::Graph& graph, const FabricOptions& o, std::string* why) {
   double nicGbps = 0;
   int nics = 0;
   for (int n : graph.nets()) {

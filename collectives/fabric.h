@@ -7,7 +7,6 @@
 
 #include "collectives/cost_model.h"
 #include "topology/graph.h"
-#include "topology/system.h"
 
 namespace loom::collectives::model {
 
@@ -19,7 +18,6 @@ struct FabricOptions {
 };
 
 // `why` (optional) receives one line on where each term came from.
-Fabric fabricOf(const topology::System& system, const topology::Graph& graph,
-                const FabricOptions& o, std::string* why = nullptr);
+Fabric fabricOf(const topology::Graph& graph, const FabricOptions& o, std::string* why = nullptr);
 
 }  // namespace loom::collectives::model

@@ -23,7 +23,7 @@ double Communicator::estimateUs(const Operation& op) {
       const topology::System& system = topo_.cluster.hosts[host];
       if (auto graph = topology::Graph::build(system);
           graph.isOk() && (o.hostMemory || graph->gpuCount() > 0)) {
-        f = model::fabricOf(system, *graph, o);
+        f = model::fabricOf(*graph, o);
         made = true;
       }
     }

@@ -16,6 +16,7 @@
 
 #include "collectives/cost_model.h"
 #include "collectives/fabric.h"
+#include "common/settings.h"
 #include "topology/topology.h"
 
 namespace topo = loom::topology;
@@ -51,19 +52,11 @@ void usage(FILE* out) {
       "  --scale FILE       write all_reduce at 1 GiB and 8 B for 2..4096 hosts to FILE (CSV)\n");
 }
 
+// Bytes with an optional K, M, G or T, as the settings take them.
 bool parseSize(const char* text, size_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno || end == text) return false;
-  int shift = 0;
-  if (*end == 'K' || *end == 'k') shift = 10;
-  if (*end == 'M' || *end == 'm') shift = 20;
-  if (*end == 'G' || *end == 'g') shift = 30;
-  if (shift) ++end;
-  if (*end) return false;
-  *out = static_cast<size_t>(v) << shift;
-  return true;
+  const auto v = loom::settings::parseAmount(text, "", true);
+  if (v) *out = v->value;
+  return v.has_value();
 }
 
 bool parseArgs(int argc, char** argv, Args* a) {
@@ -149,6 +142,26 @@ std::string sizeText(size_t b) {
   return std::to_string(b) + " " + units[u];
 }
 
+// One size of the table: each algorithm's time and busbw, the header before the first.
+void printRow(const Named& c, size_t b, int n, const std::vector<model::Estimate>& list,
+              const model::Estimate& pick, bool* header) {
+  if (!*header) {
+    std::printf("%10s", "size");
+    for (const auto& e : list) std::printf("  %22s", model::algoName(e.algo));
+    std::printf("  %s\n", "pick");
+    *header = true;
+  }
+  std::printf("%10s", sizeText(b).c_str());
+  for (const auto& e : list) {
+    char cell[64];
+    std::snprintf(cell, sizeof(cell), "%s%.4g / %.3g%s%s", e.built ? "" : "(", e.us,
+                  model::busGBs(c.type, b, n, e.us), e.built ? "" : ")",
+                  e.algo == pick.algo ? "*" : "");
+    std::printf("  %22s", cell);
+  }
+  std::printf("  %s\n", model::algoName(pick.algo));
+}
+
 void table(const Named& c, const Args& a, const model::Fabric& f) {
   const int n = f.nranks();
   if (!a.csv)
@@ -163,28 +176,13 @@ void table(const Named& c, const Args& a, const model::Fabric& f) {
                     model::algoName(e.algo), e.us, model::busGBs(c.type, b, n, e.us),
                     e.built ? 1 : 0, e.algo == pick.algo ? 1 : 0);
       }
-      continue;
+    } else {
+      printRow(c, b, n, list, pick, &header);
     }
-    if (!header) {
-      std::printf("%10s", "size");
-      for (const auto& e : list) std::printf("  %22s", model::algoName(e.algo));
-      std::printf("  %s\n", "pick");
-      header = true;
-    }
-    std::printf("%10s", sizeText(b).c_str());
-    for (const auto& e : list) {
-      char cell[64];
-      std::snprintf(cell, sizeof(cell), "%s%.4g / %.3g%s%s", e.built ? "" : "(", e.us,
-                    model::busGBs(c.type, b, n, e.us), e.built ? "" : ")",
-                    e.algo == pick.algo ? "*" : "");
-      std::printf("  %22s", cell);
-    }
-    std::printf("  %s\n", model::algoName(pick.algo));
-    if (b > a.maxBytes / a.factor) break;
+    if (b > a.maxBytes / a.factor) break;  // the next size would pass MAX (or wrap)
   }
 }
-
-int scale(const Args& a, const topo::System& s, const topo::Graph& g) {
+int scale(const Args& a, const topo::Graph& g) {
   FILE* out = std::fopen(a.scale.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "loom-model: cannot write %s: %s\n", a.scale.c_str(),
@@ -195,7 +193,7 @@ int scale(const Args& a, const topo::System& s, const topo::Graph& g) {
   for (int hosts = 2; hosts <= 4096; hosts *= 2) {
     model::FabricOptions o = a.fabric;
     o.hosts = hosts;
-    const model::Fabric f = model::fabricOf(s, g, o);
+    const model::Fabric f = model::fabricOf(g, o);
     for (size_t b : {size_t(8), size_t(1) << 30}) {
       const auto list = model::estimates(CollType::kAllReduce, b, f);
       const model::Estimate pick = model::fastest(list);
@@ -244,9 +242,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "loom-model: %s\n", graph.status().message().c_str());
     return 1;
   }
-  if (!a.scale.empty()) return scale(a, system, *graph);
+  if (!a.scale.empty()) return scale(a, *graph);
   std::string why;
-  const model::Fabric f = model::fabricOf(system, *graph, a.fabric, &why);
+  const model::Fabric f = model::fabricOf(*graph, a.fabric, &why);
   if (a.csv) {
     std::printf("coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked\n");
   } else {

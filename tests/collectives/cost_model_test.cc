@@ -153,7 +153,7 @@ TEST(CostModel, FabricOfADgxTopology) {
   FabricOptions o;
   o.hosts = 4;
   std::string why;
-  const Fabric f = fabricOf(r->system, *g, o, &why);
+  const Fabric f = fabricOf(*g, o, &why);
   EXPECT_EQ(f.ranksPerHost, 8);
   EXPECT_EQ(f.hosts, 4);
   EXPECT_TRUE(f.gpu);
@@ -162,7 +162,7 @@ TEST(CostModel, FabricOfADgxTopology) {
   EXPECT_NE(why.find("8 NIC"), std::string::npos) << why;
   o.hostMemory = true;
   o.netGbps = 0.125;
-  const Fabric h = fabricOf(r->system, *g, o);
+  const Fabric h = fabricOf(*g, o);
   EXPECT_FALSE(h.gpu);
   EXPECT_EQ(h.ranksPerHost, 1);
   EXPECT_NEAR(h.inter.gbps, 0.125, 1e-12);
