@@ -265,7 +265,10 @@ ncclResult_t groupSimulateEnd(float* estimatedUs) {
   if (!pending) return fail(pending);
   // Each communicator's calls run one after another, the communicators side by side.
   std::vector<std::pair<const ncclComm*, double>> perComm;
-  for (auto& [c, op] : ops) {
+  for (auto& entry : ops) {
+    // (Not a structured binding: clang before 16 cannot capture one in the lambda below.)
+    ncclComm* c = entry.first;
+    const Operation& op = entry.second;
     CommHold h;
     if (!h.take(c)) {
       return fail(
