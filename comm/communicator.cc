@@ -162,6 +162,13 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   // `self` is always there: a rank sending to itself has no other way.
   transports_.push_back(transport::makeSelfTransport(context_));
   if (want("shm")) transports_.push_back(transport::makeShmTransport(context_));
+  // Between hosts: the network backend LOOM_NET chooses where that is not sockets (ib),
+  // else the tcp transport.
+  if (want("net")) {
+    auto net = transport::makeNetTransport(context_);
+    if (!net) return net.status().withContext("setting up the network transport");
+    if (*net) transports_.push_back(std::move(net).value());
+  }
   if (want("tcp")) {
     auto tcp = transport::makeTcpTransport(context_);
     if (!tcp) return tcp.status().withContext("setting up the tcp transport");

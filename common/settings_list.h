@@ -37,7 +37,7 @@
     "rank 0 writes the chosen rings and trees here as JSON at init (%h, %r, %p)") \
   /* transports */ \
   X(kTuning, kTransports, "LOOM_TRANSPORTS", nullptr, kString, "", "", \
-    "comma list of transports allowed, in order of preference (self,p2p,shm,tcp)") \
+    "comma list of transports allowed, in order of preference (self,p2p,shm,net,tcp; net: the ib backend between hosts)") \
   X(kUser, kShmDisable, "LOOM_SHM_DISABLE", "NCCL_SHM_DISABLE", kBool, "0", "", \
     "never use shared memory between processes") \
   X(kUser, kP2pDisable, "LOOM_P2P_DISABLE", "NCCL_P2P_DISABLE", kBool, "0", "", \
@@ -110,8 +110,33 @@
     "most 8,601,600 bytes on 2 ranks, 2,211,840 above; off by default: slower than the " \
     "other forms at most sizes on 2 x H200; needs NVLink between the GPUs)") \
   X(kUser, kNet, "LOOM_NET", "NCCL_NET", kString, "auto", "", \
-    "network backend for GPU buffers between hosts (any case): auto, Socket (in this build " \
-    "the only one, so auto is Socket); a name not built in is an error at init") \
+    "network backend between hosts (any case): auto (IB when an RDMA device is usable, else " \
+    "Socket), Socket, or IB (an error at init when no RDMA device can be used; host buffers " \
+    "then go over it too)") \
+  /* ibverbs (transports/net/ib) */ \
+  X(kUser, kIbHca, "LOOM_IB_HCA", "NCCL_IB_HCA", kString, "", "", \
+    "RDMA devices to use: prefix list with optional :port (mlx5_0:1,mlx5_1), ^ to exclude, = " \
+    "for exact names") \
+  X(kUser, kIbGidIndex, "LOOM_IB_GID_INDEX", "NCCL_IB_GID_INDEX", kCount, "auto", "auto", \
+    "RoCE: the GID index to use on every port (auto: RoCE v2 with an IPv4 address, else the " \
+    "best other entry)") \
+  X(kUser, kIbTc, "LOOM_IB_TC", "NCCL_IB_TC", kInt, "0", "", \
+    "RoCE traffic class (DSCP << 2) of the connections") \
+  X(kUser, kIbSl, "LOOM_IB_SL", "NCCL_IB_SL", kInt, "0", "", \
+    "InfiniBand service level of the connections") \
+  X(kUser, kIbTimeout, "LOOM_IB_TIMEOUT", "NCCL_IB_TIMEOUT", kInt, "20", "", \
+    "ack timeout exponent: a lost packet is resent after 4.096 us x 2^this (20: about 4.3 s)") \
+  X(kUser, kIbRetryCnt, "LOOM_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT", kInt, "7", "", \
+    "resends of an unacknowledged packet before the connection fails (at most 7)") \
+  X(kTuning, kIbQpsPerConnection, "LOOM_IB_QPS_PER_CONNECTION", \
+    "NCCL_IB_QPS_PER_CONNECTION", kInt, "1", "", \
+    "queue pairs per connection, each carrying an equal share of every message (1 to 8)") \
+  X(kUser, kNetGdrLevel, "LOOM_NET_GDR_LEVEL", "NCCL_NET_GDR_LEVEL", kString, "PXB", "", \
+    "GPUDirect RDMA when the NIC is at most this far from the GPU: LOC, PIX, PXB, PHB, SYS " \
+    "(or 0-5 as NCCL counts); farther, GPU buffers go through page-locked host memory") \
+  X(kTuning, kIbEmulate, "LOOM_IB_EMULATE", nullptr, kString, "", "", \
+    "tests only: an emulation of RDMA devices in place of libibverbs, roce[:N] or ib[:N] " \
+    "(N devices, default 1), reaching other processes of this machine through Unix sockets") \
   X(kUser, kSocketIfname, "LOOM_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", kString, "", "", \
     "interfaces for sockets: prefix list, ^ to exclude, = for exact names") \
   X(kUser, kSocketFamily, "LOOM_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY", kChoice, "auto", "auto|AF_INET|AF_INET6", \

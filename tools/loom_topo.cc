@@ -15,6 +15,9 @@
 
 #include "tools/topo_record.h"
 #include "topology/topology.h"
+#ifdef LOOM_HAVE_VERBS
+#include "transports/net/ib/ib.h"
+#endif
 
 namespace topo = loom::topology;
 
@@ -114,6 +117,32 @@ std::string ranksText(const std::vector<int>& ranks) {
   for (size_t i = 0; i < ranks.size(); ++i)
     out.append(i ? " " : "").append(std::to_string(ranks[i]));
   return out;
+}
+
+// The RDMA ports as the ib backend sees them through libibverbs (or the emulation that
+// LOOM_IB_EMULATE asks for): which it would use, with which GID, and why not the others.
+void printIbPorts() {
+#ifdef LOOM_HAVE_VERBS
+  auto ports = loom::transport::net::ib::describePorts();
+  if (!ports) {
+    std::printf("\nib backend: %s\n", ports.status().message().c_str());
+    return;
+  }
+  if (ports->empty()) {
+    std::printf("\nib backend: libibverbs finds no RDMA device (network over sockets)\n");
+    return;
+  }
+  std::printf("\nib backend (LOOM_NET=IB), ports through libibverbs%s:\n",
+              std::getenv("LOOM_IB_EMULATE") ? " (EMULATED devices: LOOM_IB_EMULATE)" : "");
+  for (const auto& p : *ports) {
+    std::printf("  %s port %d: %s", p.device.c_str(), p.port, p.usable ? "used" : "not used");
+    if (p.port > 0) {
+      std::printf(", %s, %d Gb/s", p.infiniband ? "InfiniBand" : "RoCE", p.speedMbps / 1000);
+    }
+    std::printf("; %s\n", p.why.c_str());
+  }
+  std::printf("  GPU buffers: through page-locked host memory (GPUDirect RDMA not used yet)\n");
+#endif
 }
 
 void printGraphs(const topo::Rings& rings, const topo::Trees& trees, int nodes) {
@@ -227,6 +256,7 @@ int main(int argc, char** argv) {
   } else {
     std::printf("Host %s\n\n", system->hostId().empty() ? "(no id)" : system->hostId().c_str());
     std::fputs(topo::formatMatrix(*system, *graph).c_str(), stdout);
+    if (a.topoFile.empty() && a.sysfsRoot.empty()) printIbPorts();
     if (graph->gpuCount() == 0) {
       std::printf("\nNo GPUs: no rings or trees to show.\n");
     } else {

@@ -160,5 +160,8 @@ std::unique_ptr<Transport> makeSelfTransport(const TransportContext& ctx);
 std::unique_ptr<Transport> makeShmTransport(const TransportContext& ctx);
 // Fails when no usable interface exists (the message names LOOM_SOCKET_IFNAME).
 Result<std::unique_ptr<Transport>> makeTcpTransport(const TransportContext& ctx);
+// Host buffers between hosts over the network backend LOOM_NET chooses, where that is not
+// sockets (ib); null where it is (the tcp transport serves them then).
+Result<std::unique_ptr<Transport>> makeNetTransport(const TransportContext& ctx);
 
 }  // namespace loom::transport

@@ -132,11 +132,15 @@ class Backend {
   virtual double threadCpuSeconds() const { return 0; }
 };
 
-// The socket backend (LOOM_NET=socket, the default; NCCL's name "Socket" works too).
+// The socket backend (LOOM_NET=socket; NCCL's name "Socket" works too).
 Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx);
 
-// The backend that LOOM_NET (or NCCL_NET) names, or the default; an unknown or unusable
-// name is an error that lists the ones there are.
+// The backend that LOOM_NET (or NCCL_NET) names, or the default (auto: ib where an RDMA
+// port is usable, else sockets); an unknown or unusable name is an error that lists the
+// ones there are.
 Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx);
+// The same, but null where that would be the socket backend (host buffers have the tcp
+// transport for sockets).
+Result<std::unique_ptr<Backend>> makeNonSocketBackend(const Context& ctx);
 
 }  // namespace loom::transport::net

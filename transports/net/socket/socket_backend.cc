@@ -688,14 +688,4 @@ Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx) {
   return std::unique_ptr<Backend>(new SocketBackend(ctx, std::move(ifs), nsocks, helpers));
 }
 
-Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx) {
-  const std::string name = settings::get(settings::kNet);
-  if (strcasecmp(name.c_str(), "auto") == 0 || strcasecmp(name.c_str(), "socket") == 0) {
-    return makeSocketBackend(ctx);
-  }
-  return errorf(Code::kInvalidUsage,
-                "LOOM_NET/NCCL_NET=%s: no such network backend in this build (there is: Socket)",
-                name.c_str());
-}
-
 }  // namespace loom::transport::net

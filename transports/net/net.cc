@@ -1,0 +1,61 @@
+// Which network backend a communicator gets: LOOM_NET (or NCCL_NET), or the best one
+// this machine can use.
+#include "transports/net/net.h"
+
+#include <strings.h>
+
+#include <mutex>
+
+#include "common/log.h"
+#include "common/settings.h"
+#ifdef LOOM_HAVE_VERBS
+#include "transports/net/ib/ib.h"
+#endif
+
+namespace loom::transport::net {
+
+namespace {
+
+bool automatic(const std::string& name) {
+  return strcasecmp(name.c_str(), "auto") == 0;
+}
+
+// ib as LOOM_NET asks: an error where it was asked for and cannot be had, null where auto
+// found none (said once at INFO).
+Result<std::unique_ptr<Backend>> tryIb(const Context& ctx, const std::string& name) {
+#ifdef LOOM_HAVE_VERBS
+  auto ib = ib::makeIbBackend(ctx);
+  if (ib) return ib;
+  if (!automatic(name)) return ib.status().withContext("LOOM_NET/NCCL_NET=" + name);
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    LOOM_INFO(kNet, "net/ib: not used (%s); sockets instead", ib.status().message().c_str());
+  });
+  return std::unique_ptr<Backend>();
+#else
+  if (automatic(name)) return std::unique_ptr<Backend>();
+  return errorf(Code::kInvalidUsage,
+                "LOOM_NET/NCCL_NET=%s: this build has no ib backend (it was built without "
+                "rdma-core's headers, libibverbs-dev); there is: Socket",
+                name.c_str());
+#endif
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> makeNonSocketBackend(const Context& ctx) {
+  const std::string name = settings::get(settings::kNet);
+  if (automatic(name) || strcasecmp(name.c_str(), "ib") == 0) return tryIb(ctx, name);
+  if (strcasecmp(name.c_str(), "socket") == 0) return std::unique_ptr<Backend>();
+  return errorf(Code::kInvalidUsage,
+                "LOOM_NET/NCCL_NET=%s: no such network backend (there is: Socket, IB)",
+                name.c_str());
+}
+
+Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx) {
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, makeNonSocketBackend(ctx));
+  if (b) return b;
+  return makeSocketBackend(ctx);
+}
+
+}  // namespace loom::transport::net
