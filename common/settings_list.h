@@ -131,9 +131,6 @@
   X(kTuning, kIbQpsPerConnection, "LOOM_IB_QPS_PER_CONNECTION", \
     "NCCL_IB_QPS_PER_CONNECTION", kInt, "1", "", \
     "queue pairs per connection, each carrying an equal share of every message (1 to 8)") \
-  X(kUser, kNetGdrLevel, "LOOM_NET_GDR_LEVEL", "NCCL_NET_GDR_LEVEL", kString, "PXB", "", \
-    "GPUDirect RDMA when the NIC is at most this far from the GPU: LOC, PIX, PXB, PHB, SYS " \
-    "(or 0-5 as NCCL counts); farther, GPU buffers go through page-locked host memory") \
   X(kTuning, kIbEmulate, "LOOM_IB_EMULATE", nullptr, kString, "", "", \
     "tests only: an emulation of RDMA devices in place of libibverbs, roce[:N] or ib[:N] " \
     "(N devices, default 1), reaching other processes of this machine through Unix sockets") \

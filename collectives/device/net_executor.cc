@@ -6,6 +6,7 @@
 
 #include "collectives/device/net_plan.h"
 #include "common/log.h"
+#include "transports/net/nic_choice.h"
 
 namespace loom::collectives::device {
 
@@ -108,8 +109,29 @@ Status NetExecutor::init(NetHandleExchange exchange) {
   recvConnected_.assign(n, false);
   proxy_ = std::make_unique<transport::net::Proxy>(options_.rank, options_.proxySpinUs);
   started_ = Clock::now();
+  // The NIC nearest this GPU (rails where several are as near).
+  std::vector<std::string> paths, names;
+  for (int d = 0; d < backend_->devices(); ++d) {
+    transport::net::Properties p;
+    LOOM_TRY(backend_->properties(d, &p));
+    paths.push_back(p.pciPath);
+    std::string name = p.name;
+    if (p.port > 0) name.append(":").append(std::to_string(p.port));
+    names.push_back(std::move(name));
+  }
+  char busId[32] = {};
+  std::string gpuPath;
+  if (cudaDeviceGetPCIBusId(busId, sizeof(busId), options_.device) == cudaSuccess)
+    gpuPath = transport::net::pciSysfsPath(busId);
+  const transport::net::NicChoice nic =
+      transport::net::chooseNic(gpuPath, paths, names, options_.device);
+  dev_ = nic.dev;
+  LOOM_INFO(kNet,
+            "GPU %d (%s) uses %s device %s: %s; GPU buffers go through page-locked host "
+            "memory (GPUDirect RDMA is not implemented)",
+            options_.device, busId, backend_->name(), names[dev_].c_str(), nic.why.c_str());
   transport::net::Properties props;
-  LOOM_TRY(backend_->properties(0, &props));
+  LOOM_TRY(backend_->properties(dev_, &props));
   LOOM_INFO(kInit,
             "GPU %d: device buffers reach the other ranks over the network (%s, %s, %d Mb/s): "
             "kernels on the caller's stream, a proxy thread, up to %d lanes, %u slots x %llu "
@@ -224,13 +246,13 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
   for (const NetLink& l : needRecv) {
     LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, recvTable_));
     LOOM_ASSIGN_OR_RETURN(transport::net::RecvDialer dial,
-                          transport::net::listenFor(*backend_, 0, l.peer, laneExchange(l.lane)));
+                          transport::net::listenFor(*backend_, dev_, l.peer, laneExchange(l.lane)));
     proxy_->addRecv(std::move(dial), f, options_.timeoutMs);
     recvConnected_[l.lane * n + l.peer] = true;
   }
   for (const NetLink& l : needSend) {
     LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, sendTable_));
-    proxy_->addSend(transport::net::dialTo(*backend_, 0, l.peer, laneExchange(l.lane)), f,
+    proxy_->addSend(transport::net::dialTo(*backend_, dev_, l.peer, laneExchange(l.lane)), f,
                     options_.timeoutMs);
     sendConnected_[l.lane * n + l.peer] = true;
   }

@@ -124,6 +124,7 @@ class NetExecutor {
     return laneExchanges_[lane];
   }
   std::unique_ptr<transport::net::Backend> backend_;
+  int dev_ = 0;  // the backend device (NIC) this GPU uses
   std::unique_ptr<transport::net::Proxy> proxy_;
   // Device memory: the FIFO tables, the kernel's counters, the grid barrier.
   transport::net::Fifo* sendTable_ = nullptr;

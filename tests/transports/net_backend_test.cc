@@ -362,6 +362,22 @@ TEST(NetSocket, UnknownBackendIsAnErrorThatSaysWhatThereIs) {
   EXPECT_TRUE(makeBackend(Context{}).isOk());
 }
 
+#ifdef LOOM_HAVE_VERBS
+// Without an RDMA device (this machine, CI): LOOM_NET=IB is an error that says why, auto
+// falls back to sockets.
+TEST(NetIb, WithoutDevicesIbIsAnErrorAndAutoIsSockets) {
+  ScopedSetting n(settings::kNet, "IB");
+  auto b = makeBackend(Context{});
+  if (b) GTEST_SKIP() << "this machine has a usable RDMA port";
+  EXPECT_NE(b.status().message().find("net/ib"), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find("LOOM_NET"), std::string::npos) << b.status().message();
+  ScopedSetting a(settings::kNet, "auto");
+  auto s = makeBackend(Context{});
+  ASSERT_TRUE(s.isOk()) << s.status().message();
+  EXPECT_STREQ((*s)->name(), "socket");
+}
+#endif
+
 // connectPeers between 3 ranks as threads, every rank sending to and receiving from
 // every rank (itself included), handles passed through in-memory mailboxes.
 TEST_P(Net, EveryPairOfThreeRanks) {

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -995,11 +996,11 @@ class IbBackend final : public Backend {
   std::mt19937_64 rng_;
 };
 
+// The device's place in sysfs (/sys/devices/pci.../0000:17:00.0), "" off PCI.
 std::string sysfsPci(const std::string& device) {
-  char link[4096];
+  char real[PATH_MAX];
   const std::string path = "/sys/class/infiniband/" + device + "/device";
-  ssize_t n = ::readlink(path.c_str(), link, sizeof(link) - 1);
-  return n > 0 ? std::string(link, n) : std::string();
+  return ::realpath(path.c_str(), real) ? std::string(real) : std::string();
 }
 
 // The GID table of a port through the verbs.

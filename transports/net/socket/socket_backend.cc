@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -508,10 +509,8 @@ class SocketBackend final : public Backend {
     std::ifstream speed("/sys/class/net/" + i.name + "/speed");
     int mbps = 0;
     if (speed >> mbps && mbps > 0) p->speedMbps = mbps;
-    char link[4096];
-    ssize_t n =
-        ::readlink(("/sys/class/net/" + i.name + "/device").c_str(), link, sizeof(link) - 1);
-    if (n > 0) p->pciPath = std::string(link, n);
+    char real[PATH_MAX];
+    if (::realpath(("/sys/class/net/" + i.name + "/device").c_str(), real)) p->pciPath = real;
     p->maxRecvs = 1;
     return Status::ok();
   }
