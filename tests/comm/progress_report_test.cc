@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -70,7 +71,14 @@ int child(int rank, int n, const std::string& address, Misbehave how,
   ncclCommAbort(comm);
   if (rc == ncclSuccess) return 11;
   for (const std::string& w : want) {
-    if (msg.find(w) == std::string::npos) {
+    // "a|b": either will do.
+    bool found = false;
+    for (size_t at = 0; at <= w.size();) {
+      const size_t bar = std::min(w.find('|', at), w.size());
+      found = found || msg.find(w.substr(at, bar - at)) != std::string::npos;
+      at = bar + 1;
+    }
+    if (!found) {
       std::fprintf(stderr, "rank %d: no \"%s\" in: %s\n", rank, w.c_str(), msg.c_str());
       return 10;
     }
@@ -115,8 +123,10 @@ TEST(ProgressReport, ARankThatSkipsACallIsNamed) {
 // that the counts disagree (here well inside the 2 s timeout).
 TEST(ProgressReport, ACountOfZeroAgainstOthersFailsAtOnce) {
   const auto start = std::chrono::steady_clock::now();
-  const auto codes = runRanks(3, Misbehave::kCountZero,
-                              {"were expected: the ranks called different operations or counts"});
+  // A rank whose peer has already given up may hear that first (a race no rank can avoid).
+  const auto codes =
+      runRanks(3, Misbehave::kCountZero,
+               {"were expected: the ranks called different operations or counts|gave up on the"});
   for (int c : codes) EXPECT_EQ(c, 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1500));
 }
