@@ -234,10 +234,12 @@ TEST(NetSocket, HelperThreadsRunsOfSmallMessages) {
 }
 
 TEST_P(Net, AtMostMaxRequestsInFlight) {
+  // ib takes a send only once its receive is posted: post them all first. The buffers
+  // outlive the connection (the NIC may still write into them when the test ends).
+  std::vector<char> in(kMaxRequests + 1);
+  char byte = 1;
   Pair p;
   connectPair(&p, [](const Handle&) {});
-  // ib takes a send only once its receive is posted: post them all first.
-  std::vector<char> in(kMaxRequests + 1);
   for (int i = 0; gIb && i < kMaxRequests; ++i) {
     void* data = &in[i];
     size_t cap = 1;
@@ -247,7 +249,6 @@ TEST_P(Net, AtMostMaxRequestsInFlight) {
     ASSERT_TRUE(p.recv->irecv(1, &data, &cap, &tag, &mh, &r).isOk());
     ASSERT_NE(r, nullptr);
   }
-  char byte = 1;
   std::vector<Request*> reqs;
   for (int i = 0; i < kMaxRequests + 1; ++i) {
     Request* r = nullptr;
