@@ -268,7 +268,10 @@ Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
       return setup.status().withContext("preparing the connection from rank " + std::to_string(p));
     setups[i] = std::move(setup).value();
     setupTransport[i] = t;
-    ConnectMessage msg{t, setups[i]->blob()};
+    ConnectMessage msg{};
+    msg.transport = t;
+    std::snprintf(msg.name, sizeof(msg.name), "%s", transports_[t]->name());
+    msg.blob = setups[i]->blob();
     if (p == rank_) {
       // Talking to ourselves: no message, the sender side picks it up below.
       selfMessage_ = msg;
@@ -284,11 +287,16 @@ Status Communicator::ensureConnected(const std::vector<int>& sendPeers,
     } else {
       LOOM_TRY(bootstrap_->recv(p, connectTag(rank_, p), &msg, sizeof(msg)));
     }
-    if (msg.transport < 0 || msg.transport >= static_cast<int>(transports_.size())) {
+    msg.name[sizeof(msg.name) - 1] = 0;
+    if (msg.transport < 0 || msg.transport >= static_cast<int>(transports_.size()) ||
+        std::strcmp(transports_[msg.transport]->name(), msg.name) != 0) {
+      std::string mine;
+      for (auto& t : transports_) mine += std::string(mine.empty() ? "" : ", ") + t->name();
       return errorf(Code::kRemoteError,
-                    "rank %d chose transport #%d, which rank %d does not have (LOOM_TRANSPORTS "
-                    "must be the same on every rank)",
-                    p, msg.transport, rank_);
+                    "rank %d chose transport %s (#%d), which rank %d does not have in that place "
+                    "(it has %s): LOOM_TRANSPORTS and LOOM_NET must resolve the same on every "
+                    "host (an RDMA device on some hosts only? set LOOM_NET=socket)",
+                    p, msg.name, msg.transport, rank_, mine.c_str());
     }
     auto conn = transports_[msg.transport]->connect(peers_[p], msg.blob, deadline);
     if (!conn) return conn.status().withContext("connecting to rank " + std::to_string(p));

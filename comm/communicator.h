@@ -46,6 +46,9 @@ struct Operation {
 // The set-up message a receiver sends its sender (see ensureConnected).
 struct ConnectMessage {
   int32_t transport = -1;
+  // Its name too: hosts whose lists differ (ib on one host only) must not take an index
+  // for a transport it does not name there.
+  char name[16] = {0};
   transport::Blob blob;
 };
 

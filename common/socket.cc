@@ -419,6 +419,20 @@ void Socket::setNoDelay() {
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+void Socket::setKeepAlive(int64_t withinMs) {
+  const int one = 1;
+  const int count = 3;
+  // Idle time and probe interval alike: the first probe after `step`, failure after
+  // three more unanswered ones, so about 4 × step in all.
+  const int step = static_cast<int>(std::clamp<int64_t>(withinMs / 4000, 1, 30));
+  const unsigned userTimeout = static_cast<unsigned>(std::clamp<int64_t>(withinMs, 1000, 600000));
+  setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &step, sizeof(step));
+  setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &step, sizeof(step));
+  setsockopt(fd_, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  setsockopt(fd_, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeout, sizeof(userTimeout));
+}
+
 void Socket::setBufferSizes(int bytes) {
   setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
   setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));

@@ -103,6 +103,10 @@ class Socket {
   Status setNonBlocking(bool on);
   void setNoDelay();
   void setBufferSizes(int bytes);
+  // A peer host that stops answering (powered off, cut off) breaks the connection within
+  // about `withinMs` even while no data flows: TCP keepalive probes, and a cap on how long
+  // sent bytes may stay unacknowledged.
+  void setKeepAlive(int64_t withinMs);
 
  private:
   int fd_ = -1;

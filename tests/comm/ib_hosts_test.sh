@@ -7,7 +7,15 @@
 # others net/ib across the veth link, each side with its own GIDs.
 # With `kill`, three hosts check all-reduces in a loop and the third is killed (kill -9)
 # after a second: the other two must fail within 15 s with a message that names it.
-# Usage: ib_hosts_test.sh PATH/TO/loom_rank_check (loopback NRANKS | netns | kill)
+# With `cut`, two namespaces with a rank each check all-reduces in a loop and the second
+# namespace's veth goes down after a second and a half: its peer must fail within
+# LOOM_TIMEOUT_MS (4 s here) with a message that names it. (The emulated devices still
+# reach each other; what is tested is that a cut-off host is noticed with no work request
+# of one's own to fail: the watching socket's keepalive.)
+# With `mismatch`, the second of two hosts leaves the net transport out (as a host
+# without an RDMA device would have it): both must fail at once, saying so.
+# Usage: ib_hosts_test.sh PATH/TO/loom_rank_check (loopback NRANKS | netns | kill | cut |
+#        mismatch)
 set -uo pipefail
 check="$1" mode="${2:-loopback}" n="${3:-2}"
 tag="loomib$$"
@@ -20,12 +28,13 @@ mkdir -p "$emu"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  [[ "$mode" == netns ]] && { ip netns del "${tag}a" 2>/dev/null; ip netns del "${tag}b" 2>/dev/null; }
+  [[ "$mode" == netns || "$mode" == cut ]] &&
+    { ip netns del "${tag}a" 2>/dev/null; ip netns del "${tag}b" 2>/dev/null; }
   [[ -n "${LOOM_KEEP_LOGS:-}" ]] || rm -rf "$logs"
 }
 trap cleanup EXIT
 port=$((20000 + RANDOM % 20000))
-if [[ "$mode" == netns ]]; then
+if [[ "$mode" == netns || "$mode" == cut ]]; then
   if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit 77; fi
   if ! command -v ip >/dev/null; then echo "SKIP: no 'ip' command (iproute2)"; exit 77; fi
   a="${tag}a" b="${tag}b"
@@ -39,6 +48,28 @@ if [[ "$mode" == netns ]]; then
   for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
   ip -n "$a" link set "v${tag}a" up
   ip -n "$b" link set "v${tag}b" up
+fi
+if [[ "$mode" == cut ]]; then
+  start=$(date +%s)
+  for r in 0 1; do
+    if (( r == 0 )); then ns="$a"; else ns="$b"; fi
+    ip netns exec "$ns" "${common[@]}" LOOM_TIMEOUT_MS=4000 LOOM_COMM_ID="198.51.100.1:$port" \
+      LOOM_NRANKS=2 LOOM_RANK=$r LOOM_HOST_ID="host$r" "$check" --loop 20 > "$logs/$r.log" 2>&1 &
+    pids+=($!)
+  done
+  sleep 1.5
+  ip -n "$b" link set "v${tag}b" down
+  rc=0
+  if wait "${pids[0]}"; then rc=1; echo "rank 0 did not notice that rank 1's host was cut off"; fi
+  grep -h "failed" "$logs/0.log" | tail -n 1 | cut -c1-300
+  grep -q "rank 1" "$logs/0.log" || { echo "rank 0's error does not name rank 1"; rc=1; }
+  took=$(( $(date +%s) - start ))
+  echo "rank 0 done ${took} s after the start (cut at 1.5 s, LOOM_TIMEOUT_MS=4000)"
+  (( took <= 9 )) || { echo "too slow"; rc=1; }
+  wait "${pids[1]}" 2>/dev/null
+  pids=()
+  exit $rc
+elif [[ "$mode" == netns ]]; then
   n=4
   for r in 0 1 2 3; do
     if (( r < 2 )); then ns="$a"; host=hostA; else ns="$b"; host=hostB; fi
@@ -46,6 +77,26 @@ if [[ "$mode" == netns ]]; then
       LOOM_RANK=$r LOOM_HOST_ID=$host "$check" > "$logs/$r.log" 2>&1 &
     pids+=($!)
   done
+elif [[ "$mode" == mismatch ]]; then
+  start=$(date +%s)
+  for r in 0 1; do
+    only=""
+    (( r == 1 )) && only="LOOM_TRANSPORTS=self,shm,tcp"
+    "${common[@]}" $only LOOM_COMM_ID="127.0.0.1:$port" LOOM_NRANKS=2 LOOM_RANK=$r \
+      LOOM_HOST_ID="host$r" "$check" > "$logs/$r.log" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for r in 0 1; do
+    if wait "${pids[$r]}"; then rc=1; echo "rank $r passed with different transports"; fi
+    grep -q "does not have in that place" "$logs/$r.log" ||
+      { echo "rank $r's error does not say the transports differ:"; tail -n 2 "$logs/$r.log"; rc=1; }
+  done
+  grep -h "does not have" "$logs/0.log" | tail -n 1 | cut -c1-400
+  took=$(( $(date +%s) - start ))
+  (( took <= 10 )) || { echo "too slow: ${took} s"; rc=1; }
+  pids=()
+  exit $rc
 elif [[ "$mode" == kill ]]; then
   n=3
   start=$(date +%s)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -376,6 +377,62 @@ TEST(NetIb, WithoutDevicesIbIsAnErrorAndAutoIsSockets) {
   auto s = makeBackend(Context{});
   ASSERT_TRUE(s.isOk()) << s.status().message();
   EXPECT_STREQ((*s)->name(), "socket");
+}
+
+// ib over the emulated devices, cases of its own.
+class NetIbEmulated : public ::testing::Test {
+ protected:
+  void SetUp() override { gIb = true; }
+  void TearDown() override { gIb = false; }
+  ScopedSetting emulate_{settings::kIbEmulate, "roce"};
+};
+
+// A listener that is gone (its rank exited) is reported at once, not retried until
+// LOOM_TIMEOUT_MS: it was listening before its handle was sent.
+TEST_F(NetIbEmulated, ListenerThatIsGoneIsRefusedAtOnce) {
+  Context ctx;
+  ctx.commHash = 0x5eed;
+  auto b = makeTested(ctx);
+  ASSERT_TRUE(b.isOk()) << b.status().message();
+  Handle h;
+  {
+    std::unique_ptr<ListenComm> listener;
+    ASSERT_TRUE((*b)->listen(0, &h, &listener).isOk());
+  }
+  ctx.rank = 1;
+  auto sb = makeTested(ctx);
+  ASSERT_TRUE(sb.isOk());
+  std::unique_ptr<SendComm> send;
+  Status st;
+  const auto start = Clock::now();
+  while (st && !send && Clock::now() - start < std::chrono::seconds(5)) {
+    st = (*sb)->connect(0, &h, 0, &send);
+  }
+  ASSERT_FALSE(st.isOk());
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
+  EXPECT_EQ(st.code(), Code::kRemoteError);
+  EXPECT_NE(st.message().find("refused"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("rank 0"), std::string::npos) << st.message();
+}
+
+// The handle's field for the sender's state between connect() calls holds whatever the
+// peer sent: a value this backend did not make is ignored, never followed. (The offset
+// is ib_backend.cc's layout: magic, listener address, nonce, rank, queue pairs, state.)
+TEST_F(NetIbEmulated, StatePointerFromTheWireIsNotFollowed) {
+  Pair p;
+  connectPair(&p, [](const Handle& h) {
+    struct Layout {
+      uint64_t magic;
+      SocketAddress address;
+      uint64_t nonce;
+      int32_t rank, nqps;
+      void* stage;
+    };
+    const size_t at = offsetof(Layout, stage);
+    const uintptr_t junk = 0xdeadbeefcafe0;
+    std::memcpy(const_cast<unsigned char*>(h.data) + at, &junk, sizeof(junk));
+  });
+  exchange(p, {1, 100000}, 1 << 20, 2);
 }
 #endif
 

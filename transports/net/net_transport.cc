@@ -173,7 +173,10 @@ class NetSend final : public SendConnection {
   }
   ~NetSend() override {
     if (dial_) dial_->cancel();
+    // The registration first, then the connection (its queue pairs), then the slots
+    // (members declared before comm_): a NIC may still be writing until the second.
     if (comm_ && mh_) (void)comm_->deregMr(mh_);
+    comm_.reset();
   }
 
   // Slots fill before the connection is up: they leave once it is.
@@ -222,6 +225,7 @@ class NetSend final : public SendConnection {
 
   bool flushed() const override { return done_ == posted_; }
   void abort() override {
+    if (dial_) dial_->cancel();  // not connected yet: stop trying
     if (comm_) comm_->shutdown();
   }
 
@@ -232,11 +236,11 @@ class NetSend final : public SendConnection {
     return st;
   }
 
+  std::vector<char> slots_;         // outlives comm_
   std::shared_ptr<SendDial> dial_;  // until connected
   FifoConfig fifo_;
   std::unique_ptr<net::SendComm> comm_;
   MemHandle mh_ = nullptr;
-  std::vector<char> slots_;
   std::vector<net::Request*> reqs_;
   std::vector<size_t> sizes_;
   uint64_t posted_ = 0, sent_ = 0, done_ = 0;
@@ -252,7 +256,10 @@ class NetRecv final : public RecvConnection {
   }
   ~NetRecv() override {
     if (dial_) dial_->cancel();
+    // The registration first, then the connection (its queue pairs), then the slots
+    // (members declared before comm_): a NIC may still be writing until the second.
     if (comm_ && mh_) (void)comm_->deregMr(mh_);
+    comm_.reset();
   }
 
   Result<const void*> tryRecv(size_t* bytes) override {
@@ -305,6 +312,7 @@ class NetRecv final : public RecvConnection {
   }
 
   void abort() override {
+    if (dial_) dial_->cancel();  // not connected yet: stop trying
     if (comm_) comm_->shutdown();
   }
 
@@ -315,11 +323,11 @@ class NetRecv final : public RecvConnection {
     return st;
   }
 
+  std::vector<char> slots_;         // outlives comm_
   std::shared_ptr<RecvDial> dial_;  // until connected
   FifoConfig fifo_;
   std::unique_ptr<net::RecvComm> comm_;
   MemHandle mh_ = nullptr;
-  std::vector<char> slots_;
   std::vector<net::Request*> reqs_;
   uint64_t posted_ = 0, done_ = 0;
   bool held_ = false;

@@ -18,7 +18,7 @@ std::vector<std::string> pciHops(const std::string& path) {
     size_t end = path.find('/', start);
     if (end == std::string::npos) end = path.size();
     std::string part = path.substr(start, end - start);
-    if (part.rfind("pci", 0) == 0 || (part.size() >= 7 && part[4] == ':' && part[7] == ':'))
+    if (part.rfind("pci", 0) == 0 || (part.size() >= 8 && part[4] == ':' && part[7] == ':'))
       hops.push_back(part);
     start = end + 1;
   }

@@ -342,7 +342,13 @@ class Link {
   const Port& port() const { return port_; }
   Qps& qps() { return qps_; }
   const std::string& peer() const { return peer_; }
-  void setSocket(Socket s) { sock_ = std::move(s); }
+  // The handshake's socket, kept open to watch the peer: closed or aborted at once, a
+  // host that stopped answering within about LOOM_TIMEOUT_MS (keepalive), so that a side
+  // with only receives posted (no work request of its own to fail) notices too.
+  void setSocket(Socket s) {
+    sock_ = std::move(s);
+    sock_.setKeepAlive(settings::get(settings::kTimeoutMs));
+  }
 
   Status error() const { return error_; }
   Status fail(Status st) {
@@ -360,6 +366,12 @@ class Link {
     ssize_t n = ::recv(sock_.fd(), &byte, 1, MSG_DONTWAIT);
     if (n == 1 && byte == kAbortByte) {
       return fail(errorf(Code::kRemoteError, "net/ib: %s aborted the connection", peer_.c_str()));
+    }
+    if (n < 0 && (errno == ETIMEDOUT || errno == EHOSTUNREACH)) {
+      return fail(errorf(Code::kRemoteError,
+                         "net/ib: %s stopped answering (%s: its host is down or cut off from "
+                         "this one)",
+                         peer_.c_str(), strerror(errno)));
     }
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       return fail(errorf(Code::kRemoteError, "net/ib: %s closed the connection (%s)", peer_.c_str(),
@@ -475,6 +487,18 @@ class IbSend final : public SendComm {
     }
     Qps& q = link_->qps();
     const int n = static_cast<int>(q.qps.size());
+    if (fits) {
+      size_t b = 0, e = 0;
+      shareOf(size, 0, n, &b, &e);  // the first share is the largest
+      if (e - b >= kTooBig) {
+        if (r.ownReg) link_->port().device->release(std::exchange(r.ownReg, nullptr));
+        return errorf(Code::kInvalidUsage,
+                      "net/ib: a %zu-byte message to %s: a queue pair's share of it is over "
+                      "the 4 GiB a work request carries (send it in pieces, or raise "
+                      "LOOM_IB_QPS_PER_CONNECTION)",
+                      size, link_->peer().c_str());
+      }
+    }
     for (int k = 0; k < n; ++k) {
       size_t b = 0, e = 0;
       if (fits) shareOf(size, k, n, &b, &e);
@@ -596,16 +620,25 @@ class IbRecv final : public RecvComm {
       return errorf(Code::kInternalError, "net/ib: irecv of %d buffers (it takes 1)", n);
     }
     LOOM_TRY(progress());
-    if (posted_ - done_ >= static_cast<uint64_t>(kMaxRequests)) return link_->checkPeer();
+    // A slot of the FIFO per request, and room in the send queue for its clear-to-send
+    // write (whose acknowledgement may come after the data it asked for).
+    if (posted_ - done_ >= static_cast<uint64_t>(kMaxRequests) || ctsInFlight_ >= kMaxRequests) {
+      return link_->checkPeer();
+    }
     IbRequest& r = reqs_[posted_ % kMaxRequests];
     r = IbRequest{};
     r.seq = posted_;
+    Qps& q = link_->qps();
+    const bool inlineCts = q.maxInline >= static_cast<int>(sizeof(CtsEntry));
+    if (!inlineCts && !stageReg_) {
+      LOOM_ASSIGN_OR_RETURN(stageReg_, link_->port().device->acquire(stage_, sizeof(stage_)));
+    }
     auto* reg = static_cast<Device::Registration*>(mh[0]);
     if (!reg) {
       LOOM_ASSIGN_OR_RETURN(reg, link_->port().device->acquire(data[0], sizes[0]));
       r.ownReg = reg;
     }
-    Qps& q = link_->qps();
+    // From here on a failure leaves receives posted: it ends the connection.
     const int nq = static_cast<int>(q.qps.size());
     for (int k = 0; k < nq; ++k) {
       LOOM_TRY(link_->fail(q.postRecv(k, wrId(r.seq, k), link_->port().device->name)));
@@ -625,12 +658,9 @@ class IbRecv final : public RecvComm {
     wr.wr_id = wrId(r.seq, 0);
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.send_flags = IBV_SEND_SIGNALED;
-    if (q.maxInline >= static_cast<int>(sizeof(e))) {
+    if (inlineCts) {
       wr.send_flags |= IBV_SEND_INLINE;
     } else {
-      if (!stageReg_) {
-        LOOM_ASSIGN_OR_RETURN(stageReg_, link_->port().device->acquire(stage_, sizeof(stage_)));
-      }
       sge.lkey = stageReg_->mr->lkey;
     }
     wr.sg_list = &sge;
@@ -643,6 +673,7 @@ class IbRecv final : public RecvComm {
       return link_->fail(sysError(err, "net/ib: %s: ibv_post_send to %s",
                                   link_->port().device->name.c_str(), link_->peer().c_str()));
     }
+    ++ctsInFlight_;
     ++posted_;
     *request = reinterpret_cast<Request*>(&r);
     return Status::ok();
@@ -677,7 +708,10 @@ class IbRecv final : public RecvComm {
  private:
   Status progress() {
     return link_->poll([&](const ibv_wc& wc) -> Status {
-      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) return Status::ok();  // a CTS write went out
+      if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) {  // a clear-to-send write went out
+        if (ctsInFlight_ > 0) --ctsInFlight_;
+        return Status::ok();
+      }
       IbRequest& r = reqs_[wrSeq(wc.wr_id) % kMaxRequests];
       const uint32_t imm = ntohl(wc.imm_data);
       if (imm == kTooBig) {
@@ -697,6 +731,7 @@ class IbRecv final : public RecvComm {
   Device::Registration* stageReg_ = nullptr;
   IbRequest reqs_[kMaxRequests];
   uint64_t posted_ = 0, done_ = 0;
+  int ctsInFlight_ = 0;  // clear-to-send writes not yet acknowledged
 };
 
 Tuning tuningFromSettings() {
@@ -763,7 +798,7 @@ class IbListen final : public ListenComm {
       LOOM_TRY(link->qps().connectTo(port_, h.info, tuning_, link->peer()));
       QpInfo mine;
       link->qps().describe(port_, &mine);
-      // 1 KiB into an empty socket buffer: it goes at once or the socket is broken.
+      // A few dozen bytes into an empty socket buffer: they go at once or it is broken.
       LOOM_TRY(a->sock.sendAll(&mine, sizeof(mine), Deadline::afterMs(ctx_.handshakeMs),
                                link->peer().c_str()));
       ctsAddr_ = h.info.ctsAddr;
@@ -816,7 +851,10 @@ class IbBackend final : public Backend {
         ports_(std::move(ports)),
         oob_(oob),
         tuning_(tuningFromSettings()),
-        rng_(std::random_device{}()) {}
+        rng_(seed()) {}
+  ~IbBackend() override {
+    for (ConnectStage* s : stages_) delete s;
+  }
 
   const char* name() const override { return "ib"; }
   int devices() const override { return static_cast<int>(ports_.size()); }
@@ -832,7 +870,7 @@ class IbBackend final : public Backend {
     p->speedMbps = port.speedMbps;
     p->latencyUs = 0;
     p->port = port.port;
-    p->maxComms = std::max(1, port.device->attr.max_qp / std::max(1, 2 * tuning_.nqps));
+    p->maxComms = std::max(1, port.device->attr.max_qp / std::max(1, tuning_.nqps));
     p->maxRecvs = 1;
     return Status::ok();
   }
@@ -862,7 +900,7 @@ class IbBackend final : public Backend {
     IbHandle h;
     std::memcpy(&h, handle->data, sizeof(h));
     if (h.magic != kHandleMagic) return;
-    delete h.stage;
+    dropStage(h.stage);
     h.stage = nullptr;
     std::memcpy(handle->data, &h, sizeof(h));
   }
@@ -876,17 +914,22 @@ class IbBackend final : public Backend {
       return errorf(Code::kRemoteError, "net/ib: %s sent a malformed connection handle",
                     peerName(peerRank).c_str());
     }
-    if (!h.stage) {
+    if (!ownStage(h.stage)) {  // as the peer sent it (whatever the field holds)
+      h.stage = nullptr;
       auto stage = std::make_unique<ConnectStage>();
       stage->deadline =
           Clock::now() + std::chrono::milliseconds(settings::get(settings::kTimeoutMs));
       LOOM_TRY(prepare(ports_[dev], peerRank, stage.get()));
       h.stage = stage.release();
+      {
+        std::lock_guard<std::mutex> lock(stagesMutex_);
+        stages_.push_back(h.stage);
+      }
       std::memcpy(handle->data, &h, sizeof(h));
     }
     Status st = advance(h, peerRank, comm);
     if (!st || *comm) {
-      delete h.stage;
+      dropStage(h.stage);
       h.stage = nullptr;
       std::memcpy(handle->data, &h, sizeof(h));
     }
@@ -894,6 +937,27 @@ class IbBackend final : public Backend {
   }
 
  private:
+  // Nonces tell this backend's listeners apart from strangers': 256 bits of seed.
+  static std::mt19937_64 seed() {
+    std::random_device rd;
+    std::seed_seq seq{rd(), rd(), rd(), rd(), rd(), rd(), rd(), rd()};
+    return std::mt19937_64(seq);
+  }
+
+  bool ownStage(ConnectStage* s) {
+    std::lock_guard<std::mutex> lock(stagesMutex_);
+    return s && std::find(stages_.begin(), stages_.end(), s) != stages_.end();
+  }
+  void dropStage(ConnectStage* s) {
+    {
+      std::lock_guard<std::mutex> lock(stagesMutex_);
+      auto it = std::find(stages_.begin(), stages_.end(), s);
+      if (it == stages_.end()) return;
+      stages_.erase(it);
+    }
+    delete s;
+  }
+
   Status checkDev(int dev) const {
     if (dev < 0 || dev >= devices()) {
       return errorf(Code::kInternalError, "net/ib: no device %d (%d devices)", dev, devices());
@@ -979,8 +1043,13 @@ class IbBackend final : public Backend {
                             Clock::time_point now) {
     s.sock.close();
     s.connected = false;
-    if (err != ECONNREFUSED && err != ETIMEDOUT && err != EAGAIN && err != EHOSTUNREACH &&
-        err != ENETUNREACH) {
+    if (err == ECONNREFUSED) {  // its listener was open before the handle was sent: gone
+      return errorf(Code::kRemoteError,
+                    "net/ib: connecting to %s: refused (nothing listens there any more: did "
+                    "that rank exit or abort?)",
+                    what.c_str());
+    }
+    if (err != ETIMEDOUT && err != EAGAIN && err != EHOSTUNREACH && err != ENETUNREACH) {
       return Status(Code::kRemoteError,
                     sysError(err, "net/ib: connecting to %s", what.c_str()).message());
     }
@@ -994,6 +1063,8 @@ class IbBackend final : public Backend {
   Tuning tuning_;
   std::mutex rngMutex_;
   std::mt19937_64 rng_;
+  std::mutex stagesMutex_;
+  std::vector<ConnectStage*> stages_;  // made by connect() and not yet finished
 };
 
 // The device's place in sysfs (/sys/devices/pci.../0000:17:00.0), "" off PCI.
