@@ -105,13 +105,14 @@ Estimate doubling(const Fabric& f, double S) {
 }
 
 // Split rail: reduce-scatter inside each host, then ranksPerHost rings across hosts at
-// once (one per rail, each on S / ranksPerHost), then all-gather inside each host.
+// once (one per rail, each on S / ranksPerHost), then all-gather inside each host. The
+// three phases pipeline in pieces (as UCC's split_rail does), so the busier of the two
+// link classes sets the bandwidth term, as for every other algorithm.
 Estimate hierarchical(const Fabric& f, double S) {
   const int G = f.ranksPerHost, H = f.hosts;
   Sum s(f, Algo::kHierarchical);
   s.steps(2 * (G - 1), 2 * (H - 1));
-  s.bytes(2.0 * (G - 1) / G * S, 0);
-  s.bytes(0, 2.0 * (H - 1) / H * S);
+  s.bytes(2.0 * (G - 1) / G * S, 2.0 * (H - 1) / H * S);
   return s.done(false);
 }
 
@@ -182,7 +183,10 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
           return true;
         // Host buffers only: the network executor has no one-shot (it would need scratch
         // on the GPU for the gathered inputs).
-        case Algo::kOneShot: *out = direct(f, a, S, 1, !f.gpu); return true;
+        // Above kOneShotMaxBytes the tuner never runs it, forced or not.
+        case Algo::kOneShot:
+          *out = direct(f, a, S, 1, !f.gpu && S * (n - 1) <= double(kOneShotMaxBytes));
+          return true;
         case Algo::kHierarchical:
           if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;
           *out = hierarchical(f, S);

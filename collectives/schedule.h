@@ -31,6 +31,9 @@ struct Region {
 // Up to 3 peers a step: enough for a binary tree (2 children) and for direct all-reduce
 // over 4 ranks (a chunk reduced from, and sent to, 3 peers at once).
 inline constexpr int kMaxStepPeers = 3;
+// One-shot all-reduce (every rank sends its whole buffer to every other) is used, and
+// honoured when LOOM_ALGO forces it, only while bytes * (ranks - 1) stays under this.
+inline constexpr size_t kOneShotMaxBytes = 96 * 1024;
 
 struct Step {
   Region src;

@@ -12,8 +12,6 @@ namespace loom::collectives {
 
 namespace {
 
-constexpr size_t kOneShotMaxBytes = 96 * 1024;
-
 // The fabric the tuner prices when its caller names none: one class of link for every
 // pair of ranks, 10 us and 4 GB/s a hop (for ring against tree only their ratio matters).
 const model::Fabric& flatFabric(int n) {

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""scripts/model_table.py MEASURED.csv PREDICTED.csv RATE_MBIT
+"""scripts/model_table.py MEASURED.csv PREDICTED.csv RATE_MBIT [TITLE DESCRIPTION]
 
 The markdown table of scripts/model_check.sh: for each host count and size, every
 algorithm's measured time beside the cost model's prediction, the tuner's own choice
 (LOOM_ALGO unset) against the measured fastest, and a summary of how far the model is
-off. Standard library only."""
+off. TITLE and DESCRIPTION replace the host-memory heading and its paragraph (the GPU
+check, scripts/model_check_gpu.sh). Standard library only."""
 import csv
 import sys
 from collections import defaultdict
@@ -33,11 +34,15 @@ def main():
     algos = ["ring", "tree", "direct", "doubling", "oneshot"]
     hosts = sorted({k[0] for k in measured})
     sizes = sorted({k[1] for k in measured})
-    print(f"# The cost model against measured host-memory all-reduces, {rate} Mb/s links\n")
-    print("Network namespaces as hosts, one rank each, every link shaped to "
-          f"{rate} Mb/s both ways (tc tbf); float sum; time per call, the slowest rank's mean. "
-          "Each cell: measured / predicted µs (prediction error). `default`: LOOM_ALGO unset, the "
-          "tuner's choice. Written by scripts/model_check.sh.\n")
+    if len(sys.argv) > 5:
+        print(f"# {sys.argv[4]}\n")
+        print(sys.argv[5] + "\n")
+    else:
+        print(f"# The cost model against measured host-memory all-reduces, {rate} Mb/s links\n")
+        print("Network namespaces as hosts, one rank each, every link shaped to "
+              f"{rate} Mb/s both ways (tc tbf); float sum; time per call, the slowest rank's mean. "
+              "Each cell: measured / predicted µs (prediction error). `default`: LOOM_ALGO unset, "
+              "the tuner's choice. Written by scripts/model_check.sh.\n")
     print(f"Wrong values: {wrong}.\n")
     errors_big = []  # |error| of every prediction from 1 MiB
     tuner_ok = tuner_all = 0
@@ -55,6 +60,9 @@ def main():
                 p = predicted.get((h, b, a))
                 if m is None or p is None:
                     cells.append("")
+                    continue
+                if not p[1]:  # not built at this size: LOOM_ALGO ran something else
+                    cells.append(f"{m:.4g} (ran another: not built at this size)")
                     continue
                 times[a] = m
                 err = (p[0] - m) / m

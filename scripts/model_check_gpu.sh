@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# scripts/model_check_gpu.sh PREFIX OUTDIR [HOSTS...]
+#
+# The cost model (collectives/cost_model.h) against measured all-reduces of GPU buffers
+# across "hosts" that are processes on one GPU machine: HOSTS processes (default 2 and
+# then 4), all on GPU 0, each claiming a host of its own (LOOM_HOST_ID, NCCL_TESTS_DEVICE=0),
+# so every byte between them goes over loopback TCP, under CUDA MPS (started here where the
+# machine has it). For each host count: the bare-socket probe (scripts/bench/tcp_ring_probe)
+# gives the network's rate, loom-model --net-gbps at that rate predicts every algorithm, and
+# all_reduce_perf times each one forced (LOOM_ALGO ring, tree, direct, doubling, oneshot) and
+# the tuner's own choice, 8 B to 16 MiB, -c 1. Writes OUTDIR/model_check_gpu.md (measured
+# against predicted, scripts/model_table.py) and the raw CSV and logs.
+#
+# PREFIX is an install tree built with MPI whose bin/ holds tcp_ring_probe (or a compiler
+# is on PATH). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -u
+prefix=$(cd "${1:?usage: model_check_gpu.sh PREFIX OUTDIR [HOSTS...]}" && pwd)
+out=${2:?usage: model_check_gpu.sh PREFIX OUTDIR [HOSTS...]}
+shift 2
+hosts=("$@")
+((${#hosts[@]} > 0)) || hosts=(2 4)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
+bin=$prefix/bin
+mps=/usr/local/nvidia/bin/nvidia-cuda-mps-control
+[ -x "$mps" ] || mps=$(command -v nvidia-cuda-mps-control || true)
+if [ -n "$mps" ]; then
+  "$mps" -d && echo "MPS started"
+  trap 'echo quit | "$mps"' EXIT
+else
+  echo "no nvidia-cuda-mps-control: the processes time-slice the GPU (the times mean little)"
+fi
+probe=$bin/tcp_ring_probe
+if [ ! -x "$probe" ]; then
+  probe=$out/tcp_ring_probe
+  c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$probe" || exit 1
+fi
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
+     -x NCCL_TESTS_DEVICE=0)
+measured=$out/measured_gpu.csv
+predicted=$out/predicted_gpu.csv
+echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
+echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked" > "$predicted"
+rates=""
+status=0
+for n in "${hosts[@]}"; do
+  "$probe" -n "$n" -b 64M -p 1M -w 3 -i 10 > "$out/probe_$n.log" 2>&1
+  # The probe's last line gives the ring's busbw-equivalent rate: "... X GB/s ...".
+  gbps=$(tail -n 1 "$out/probe_$n.log" | grep -oE '[0-9.]+ GB/s' | tail -n 1 | cut -d' ' -f1)
+  [[ -n $gbps ]] || { echo "model_check_gpu: no rate from the probe:"; cat "$out/probe_$n.log"; exit 1; }
+  rates+="$n hosts ${gbps} GB/s; "
+  "$bin/loom-model" -N "$n" -g 1 --net-gbps "$gbps" -c all_reduce -b 8 -e 16M -f 8 --csv |
+    tail -n +2 >> "$predicted"
+  for algo in ring tree direct doubling oneshot default; do
+    ((n == 2)) && [[ $algo == tree ]] && continue
+    ((n & (n - 1))) && [[ $algo == doubling ]] && continue
+    env_algo=()
+    [[ $algo != default ]] && env_algo=(-x LOOM_ALGO="$algo")
+    log=$out/allreduce_${n}_$algo.log
+    timeout 180 "${mpi[@]}" "${env_algo[@]}" -np "$n" bash -c \
+      'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x \
+      "$bin/all_reduce_perf" -b 8 -e 16M -f 8 -c 1 -n 20 -w 5 > "$log" 2>&1 || {
+      status=1
+      echo "model_check_gpu: $n hosts, $algo failed:"
+      tail -n 5 "$log"
+    }
+    # Rows: size count type redop root time algbw busbw #wrong ...: out-of-place time.
+    awk -v a="$algo" -v n="$n" '/^ +[0-9]+ +[0-9]+ / { printf "%s,%s,%s,%s,20,%s\n", a, n, $1, $6, $9 }' \
+      "$log" >> "$measured"
+    echo "model_check_gpu: $n hosts, $algo done"
+  done
+done
+desc="Processes as hosts on one GPU ($(nvidia-smi -L 2>/dev/null | head -n 1 | cut -d'(' -f1)), "
+desc+="$(nproc) cores, under CUDA MPS; every byte over loopback TCP. $(date -u '+%Y-%m-%d %H:%M UTC'). "
+desc+="all_reduce_perf -b 8 -e 16M -f 8 -c 1 -n 20 -w 5, float sum, out-of-place time per call. "
+desc+="The model's network rate is the bare-socket probe's (tcp_ring_probe -n N -b 64M -p 1M): ${rates}"
+desc+="Each cell: measured / predicted µs (prediction error). \`default\`: LOOM_ALGO unset, the "
+desc+="tuner's choice. Written by scripts/model_check_gpu.sh."
+python3 "$here/model_table.py" "$measured" "$predicted" gpu \
+  "The cost model against measured all-reduces of GPU buffers across hosts" "$desc" \
+  > "$out/model_check_gpu.md" || status=1
+echo "model_check_gpu: wrote $out/model_check_gpu.md"
+exit $status
