@@ -32,20 +32,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
 bin=$prefix/bin
-mps=/usr/local/nvidia/bin/nvidia-cuda-mps-control
-[ -x "$mps" ] || mps=$(command -v nvidia-cuda-mps-control || true)
-if [ -n "$mps" ]; then
-  "$mps" -d && echo "MPS started"
-  trap 'echo quit | "$mps"' EXIT
-else
-  echo "no nvidia-cuda-mps-control: the processes will time-slice the GPU (times mean little)"
-fi
-probe=$out/tcp_ring_probe
-if [ -x "$bin/tcp_ring_probe" ]; then
-  probe=$bin/tcp_ring_probe  # built beforehand (machines without a compiler)
-else
-  c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$probe" || exit 1
-fi
+source "$here/lib/gpu_hosts.sh"
+loom_start_mps
+probe=$(loom_ring_probe "$bin" "$out" "$here") || exit 1
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=INIT,NET)
 # Each process a host of its own; its loom log in a file of its own.

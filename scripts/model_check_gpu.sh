@@ -25,19 +25,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
 bin=$prefix/bin
-mps=/usr/local/nvidia/bin/nvidia-cuda-mps-control
-[ -x "$mps" ] || mps=$(command -v nvidia-cuda-mps-control || true)
-if [ -n "$mps" ]; then
-  "$mps" -d && echo "MPS started"
-  trap 'echo quit | "$mps"' EXIT
-else
-  echo "no nvidia-cuda-mps-control: the processes time-slice the GPU (the times mean little)"
-fi
-probe=$bin/tcp_ring_probe
-if [ ! -x "$probe" ]; then
-  probe=$out/tcp_ring_probe
-  c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$probe" || exit 1
-fi
+source "$here/lib/gpu_hosts.sh"
+loom_start_mps
+probe=$(loom_ring_probe "$bin" "$out" "$here") || exit 1
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0)
 measured=$out/measured_gpu.csv

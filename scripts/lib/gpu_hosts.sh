@@ -1,0 +1,31 @@
+# shellcheck shell=bash
+# For scripts that run processes as hosts on one GPU machine (source it):
+#
+#   loom_start_mps                 starts CUDA MPS where the machine has it and stops it
+#                                  when the script exits (sets an EXIT trap); says so
+#                                  where it has not: the processes then time-slice the GPU
+#   loom_ring_probe BIN OUT HERE   the path of tcp_ring_probe: BIN/tcp_ring_probe where it
+#                                  was built beforehand, else compiled into OUT from
+#                                  HERE/bench/tcp_ring_probe.cc (HERE: the scripts folder)
+
+loom_start_mps() {
+  local mps=/usr/local/nvidia/bin/nvidia-cuda-mps-control
+  [ -x "$mps" ] || mps=$(command -v nvidia-cuda-mps-control || true)
+  if [ -n "$mps" ]; then
+    "$mps" -d && echo "MPS started"
+    # shellcheck disable=SC2064
+    trap "echo quit | '$mps'" EXIT
+  else
+    echo "no nvidia-cuda-mps-control: the processes will time-slice the GPU (times mean little)"
+  fi
+}
+
+loom_ring_probe() {
+  local bin=$1 out=$2 here=$3
+  if [ -x "$bin/tcp_ring_probe" ]; then
+    echo "$bin/tcp_ring_probe"  # built beforehand (machines without a compiler)
+  else
+    c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$out/tcp_ring_probe" || return 1
+    echo "$out/tcp_ring_probe"
+  fi
+}
