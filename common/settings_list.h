@@ -111,8 +111,9 @@
     "other forms at most sizes on 2 x H200; needs NVLink between the GPUs)") \
   X(kUser, kNet, "LOOM_NET", "NCCL_NET", kString, "auto", "", \
     "network backend between hosts (any case): auto (IB when an RDMA device is usable, else " \
-    "Socket), Socket, or IB (an error at init when no RDMA device can be used; host buffers " \
-    "then go over it too)") \
+    "Socket), Socket, IB (an error at init when no RDMA device can be used) or UCX (UCX's UCP, " \
+    "its own UCX_* settings choosing how; an error when libucp cannot be loaded); host buffers " \
+    "go over IB and UCX too") \
   /* ibverbs (transports/net/ib) */ \
   X(kUser, kIbHca, "LOOM_IB_HCA", "NCCL_IB_HCA", kString, "", "", \
     "RDMA devices to use: prefix list with optional :port (mlx5_0:1,mlx5_1), ^ to exclude, = " \

@@ -17,7 +17,7 @@ LOOM_JOBS="${LOOM_JOBS:-2}"
 # ThreadSanitizer pass of scripts/test.sh) are optional: when they cannot be installed the
 # scripts go on without them.
 LOOM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev
-  libpugixml-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin libibverbs-dev iproute2 clang)
+  libpugixml-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin libibverbs-dev libucx-dev iproute2 clang)
 LOOM_OPTIONAL_PACKAGES=" ccache iproute2 clang "
 
 loom_log() { printf '[loom] %s\n' "$*" >&2; }

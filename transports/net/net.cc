@@ -11,10 +11,25 @@
 #ifdef LOOM_HAVE_VERBS
 #include "transports/net/ib/ib.h"
 #endif
+#ifdef LOOM_HAVE_UCX
+#include "transports/net/ucx/ucx.h"
+#endif
 
 namespace loom::transport::net {
 
 namespace {
+
+// The built backends, for the messages that list them.
+#ifdef LOOM_HAVE_VERBS
+constexpr const char* kIbName = ", IB";
+#else
+constexpr const char* kIbName = "";
+#endif
+#ifdef LOOM_HAVE_UCX
+constexpr const char* kUcxName = ", UCX";
+#else
+constexpr const char* kUcxName = "";
+#endif
 
 bool automatic(const std::string& name) {
   return strcasecmp(name.c_str(), "auto") == 0;
@@ -41,15 +56,30 @@ Result<std::unique_ptr<Backend>> tryIb(const Context& ctx, const std::string& na
 #endif
 }
 
+// ucx, which is used only where asked for.
+Result<std::unique_ptr<Backend>> tryUcx(const Context& ctx, const std::string& name) {
+#ifdef LOOM_HAVE_UCX
+  auto ucx = ucx::makeUcxBackend(ctx);
+  if (!ucx) return ucx.status().withContext("LOOM_NET/NCCL_NET=" + name);
+  return ucx;
+#else
+  return errorf(Code::kInvalidUsage,
+                "LOOM_NET/NCCL_NET=%s: this build has no ucx backend (it was built without "
+                "UCX's headers, libucx-dev); there is: Socket%s",
+                name.c_str(), kIbName);
+#endif
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Backend>> makeNonSocketBackend(const Context& ctx) {
   const std::string name = settings::get(settings::kNet);
   if (automatic(name) || strcasecmp(name.c_str(), "ib") == 0) return tryIb(ctx, name);
+  if (strcasecmp(name.c_str(), "ucx") == 0) return tryUcx(ctx, name);
   if (strcasecmp(name.c_str(), "socket") == 0) return std::unique_ptr<Backend>();
   return errorf(Code::kInvalidUsage,
-                "LOOM_NET/NCCL_NET=%s: no such network backend (there is: Socket, IB)",
-                name.c_str());
+                "LOOM_NET/NCCL_NET=%s: no such network backend (there is: Socket%s%s)",
+                name.c_str(), kIbName, kUcxName);
 }
 
 Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx) {

@@ -1,0 +1,24 @@
+// The ucx network backend (LOOM_NET=ucx): UCX's UCP tag API under the network interface
+// (transports/net/net.h), so loom reaches every network UCX reaches (InfiniBand and RoCE
+// through HPC-X, TCP, shared memory) with UCX's own variables (UCX_TLS, UCX_NET_DEVICES)
+// choosing how.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "transports/net/net.h"
+
+namespace loom::transport::net::ucx {
+
+// What this process's UCX is: "UCX 1.13.1, host memory (built without CUDA)"; an error
+// when libucp cannot be loaded or initialised.
+Result<std::string> describeUcx();
+
+// A backend whose devices are the interfaces LOOM_SOCKET_IFNAME keeps (each connection
+// is set up through a TCP socket there, which then stays open to notice a peer that is
+// gone); an error that says what is missing otherwise.
+Result<std::unique_ptr<Backend>> makeUcxBackend(const Context& ctx);
+
+}  // namespace loom::transport::net::ucx
