@@ -34,6 +34,7 @@ Loaded load() {
   c.getVersion = reinterpret_cast<decltype(c.getVersion)>(sym("ucp_get_version"));
   c.configRead = reinterpret_cast<decltype(c.configRead)>(sym("ucp_config_read"));
   c.configRelease = reinterpret_cast<decltype(c.configRelease)>(sym("ucp_config_release"));
+  c.configModify = reinterpret_cast<decltype(c.configModify)>(sym("ucp_config_modify"));
   c.initVersion = reinterpret_cast<decltype(c.initVersion)>(sym("ucp_init_version"));
   c.cleanup = reinterpret_cast<decltype(c.cleanup)>(sym("ucp_cleanup"));
   c.contextQuery = reinterpret_cast<decltype(c.contextQuery)>(sym("ucp_context_query"));
@@ -44,6 +45,8 @@ Loaded load() {
   c.workerReleaseAddress =
       reinterpret_cast<decltype(c.workerReleaseAddress)>(sym("ucp_worker_release_address"));
   c.workerProgress = reinterpret_cast<decltype(c.workerProgress)>(sym("ucp_worker_progress"));
+  c.workerGetEfd = reinterpret_cast<decltype(c.workerGetEfd)>(sym("ucp_worker_get_efd"));
+  c.workerArm = reinterpret_cast<decltype(c.workerArm)>(sym("ucp_worker_arm"));
   c.epCreate = reinterpret_cast<decltype(c.epCreate)>(sym("ucp_ep_create"));
   c.epCloseNbx = reinterpret_cast<decltype(c.epCloseNbx)>(sym("ucp_ep_close_nbx"));
   c.epFlushNbx = reinterpret_cast<decltype(c.epFlushNbx)>(sym("ucp_ep_flush_nbx"));

@@ -16,6 +16,7 @@ struct UcpCalls {
   ucs_status_t (*configRead)(const char* envPrefix, const char* filename,
                              ucp_config_t** config) = nullptr;
   void (*configRelease)(ucp_config_t* config) = nullptr;
+  ucs_status_t (*configModify)(ucp_config_t* config, const char* name, const char* value) = nullptr;
   ucs_status_t (*initVersion)(unsigned apiMajor, unsigned apiMinor, const ucp_params_t* params,
                               const ucp_config_t* config, ucp_context_h* context) = nullptr;
   void (*cleanup)(ucp_context_h context) = nullptr;
@@ -28,6 +29,8 @@ struct UcpCalls {
                                    size_t* length) = nullptr;
   void (*workerReleaseAddress)(ucp_worker_h worker, ucp_address_t* address) = nullptr;
   unsigned (*workerProgress)(ucp_worker_h worker) = nullptr;
+  ucs_status_t (*workerGetEfd)(ucp_worker_h worker, int* fd) = nullptr;
+  ucs_status_t (*workerArm)(ucp_worker_h worker) = nullptr;
 
   ucs_status_t (*epCreate)(ucp_worker_h worker, const ucp_ep_params_t* params,
                            ucp_ep_h* ep) = nullptr;

@@ -1,0 +1,234 @@
+#include "transports/net/ucx/striped.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <utility>
+
+namespace loom::transport::net::ucx {
+
+Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending)
+    : lanes_(std::move(lanes)),
+      sending_(sending),
+      nlanes_(static_cast<int>(lanes_.size())),
+      helpers_(new Helper[lanes_.size()]) {
+  for (int k = 1; k < nlanes_; ++k) {
+    helpers_[k].wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (helpers_[k].wakeFd < 0) {
+      stopped(k, sysError(errno, "net/ucx: eventfd"));
+      continue;
+    }
+    helpers_[k].thread = std::thread([this, k] { helperMain(k); });
+  }
+}
+
+Striped::~Striped() {
+  stop_.store(true, std::memory_order_release);
+  wakeHelpers();
+  for (int k = 1; k < nlanes_; ++k) {
+    if (helpers_[k].thread.joinable()) helpers_[k].thread.join();
+    if (helpers_[k].wakeFd >= 0) ::close(helpers_[k].wakeFd);
+  }
+  // Lane 0 last: its heartbeat tells the other lanes' flushes when the peer has gone.
+  for (int k = nlanes_ - 1; k >= 0; --k) lanes_[k].reset();
+}
+
+void Striped::partRange(size_t total, int k, size_t* begin, size_t* end) const {
+  if (nlanes_ == 1 || total < kMinPart) {
+    *begin = 0;
+    *end = k == 0 ? total : 0;
+    return;
+  }
+  if (k == 0) {
+    *begin = *end = 0;
+    return;
+  }
+  const size_t parts = static_cast<size_t>(nlanes_ - 1);
+  size_t per = (total + parts - 1) / parts;
+  per = (per + 63) / 64 * 64;
+  *begin = std::min(total, per * (k - 1));
+  *end = std::min(total, per * k);
+}
+
+uint64_t Striped::oldestInUse() const {
+  uint64_t oldest = freed_;
+  for (int k = 1; k < nlanes_; ++k)
+    oldest = std::min(oldest, helpers_[k].done.load(std::memory_order_acquire));
+  return oldest;
+}
+
+void Striped::wakeHelpers() {
+  const uint64_t one = 1;
+  for (int k = 1; k < nlanes_; ++k) {
+    if (helpers_[k].wakeFd >= 0 && ::write(helpers_[k].wakeFd, &one, sizeof(one)) < 0) {
+      // Full (it never is: the helper drains it before it sleeps): nothing to do.
+    }
+  }
+}
+
+Status Striped::post(void* data, size_t size, Request** request) {
+  *request = nullptr;
+  const uint64_t seq = posted_.load(std::memory_order_relaxed);
+  if (seq - oldestInUse() >= static_cast<uint64_t>(kMaxRequests)) {
+    wakeHelpers();  // one that sleeps behind a run of small messages holds the slot
+    return Status::ok();
+  }
+  Message& m = msgs_[seq % kMaxRequests];
+  m = Message{};
+  m.data = static_cast<char*>(data);
+  m.seq = seq;
+  size_t b = 0, e = 0;
+  if (sending_) {
+    m.size = size;
+    m.header = size;
+    partRange(size, 0, &b, &e);
+  } else {
+    m.capacity = size;
+    e = size;  // lane 0 takes all of a small message; a large one's header only
+  }
+  LOOM_TRY(lanes_[0]->post(m.data + b, e - b, &m.header, &m.head));
+  if (!m.head) return Status::ok();
+  posted_.store(seq + 1, std::memory_order_release);
+  // The helpers take a send's parts at once, a receive's once its size is known; behind
+  // by half the window, they step over small messages.
+  if ((sending_ && size >= kMinPart) || seq + 1 - oldestInUse() >= kMaxRequests / 2) {
+    wakeHelpers();
+  }
+  *request = reinterpret_cast<Request*>(&m);
+  return Status::ok();
+}
+
+Status Striped::test(Request* request, bool* done, size_t* size) {
+  auto* m = reinterpret_cast<Message*>(request);
+  *done = false;
+  if (m->seq != freed_) {
+    return errorf(Code::kInternalError, "net/ucx: requests to %s tested out of order",
+                  lanes_[0]->peer().c_str());
+  }
+  if (!m->headDone) {
+    bool headDone = false;
+    size_t got = 0;
+    LOOM_TRY(lanes_[0]->test(m->head, &headDone, &got));
+    if (!headDone) return Status::ok();
+    m->headDone = true;
+    if (!sending_) {
+      m->size = m->header;
+      if (m->size > m->capacity) {
+        return errorf(Code::kInvalidUsage,
+                      "net/ucx: %s sent a %llu-byte message into a %zu-byte receive (the ranks "
+                      "disagree on the operation, or on LOOM_BUFFSIZE)",
+                      lanes_[0]->peer().c_str(), (unsigned long long)m->size, m->capacity);
+      }
+      size_t b, e;
+      partRange(m->size, 0, &b, &e);
+      if (got != e - b) {
+        return errorf(Code::kRemoteError,
+                      "net/ucx: %s sent %zu bytes on lane 0 of a %zu-byte message",
+                      lanes_[0]->peer().c_str(), got, m->size);
+      }
+      sized_.store(m->seq + 1, std::memory_order_release);
+      if (m->size >= kMinPart) wakeHelpers();
+    }
+  }
+  if (nlanes_ > 1 && m->size >= kMinPart) {
+    for (int k = 1; k < nlanes_; ++k) {
+      if (helpers_[k].done.load(std::memory_order_acquire) > m->seq) continue;
+      LOOM_TRY(helperError(k));
+      return lanes_[0]->heartbeat();  // still waiting on lane k: has the peer gone?
+    }
+  }
+  *done = true;
+  *size = m->size;
+  ++freed_;
+  return Status::ok();
+}
+
+void Striped::shutdown() {
+  for (auto& lane : lanes_) lane->shutdown();
+}
+
+Status Striped::helperError(int k) {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return helpers_[k].error;
+}
+
+void Striped::stopped(int k, Status st) {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  helpers_[k].error = std::move(st);
+}
+
+// Lane k's thread: posts its part of every message once it may (a send's at once, a
+// receive's once lane 0 has read its size), progresses the lane while parts are in
+// flight, and sleeps in poll() when a round moved nothing: on its wake-up descriptor,
+// and on the worker's event descriptor while parts are in flight.
+void Striped::helperMain(int k) {
+  Lane& lane = *lanes_[k];
+  Helper& me = helpers_[k];
+  auto efd = lane.eventFd();
+  if (!efd) {
+    stopped(k, efd.status());
+    return;
+  }
+  std::deque<std::pair<uint64_t, LaneRequest*>> inFlight;  // null: no part of that message
+  uint64_t next = 0;
+  std::atomic<uint64_t>& available = sending_ ? posted_ : sized_;
+  while (!stop_.load(std::memory_order_acquire)) {
+    uint64_t drained = 0;
+    while (::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
+    }
+    bool moved = false;
+    while (next < available.load(std::memory_order_acquire)) {
+      Message& m = msgs_[next % kMaxRequests];
+      size_t b, e;
+      partRange(m.size, k, &b, &e);
+      LaneRequest* r = nullptr;
+      if (b < e) {
+        Status st = lane.post(m.data + b, e - b, nullptr, &r);
+        if (!st) {
+          stopped(k, st);
+          return;
+        }
+        if (!r) break;  // the lane is full: test first
+      }
+      inFlight.emplace_back(next++, r);
+      moved = true;
+    }
+    while (!inFlight.empty()) {
+      auto [seq, r] = inFlight.front();
+      if (r) {
+        bool done = false;
+        size_t got = 0;
+        Status st = lane.test(r, &done, &got);
+        if (!st) {
+          stopped(k, st);
+          return;
+        }
+        if (!done) break;
+        size_t b, e;
+        partRange(msgs_[seq % kMaxRequests].size, k, &b, &e);
+        if (got != e - b) {
+          stopped(k, errorf(Code::kRemoteError, "net/ucx: %s sent %zu bytes of a %zu-byte part",
+                            lane.peer().c_str(), got, e - b));
+          return;
+        }
+      }
+      inFlight.pop_front();
+      me.done.store(seq + 1, std::memory_order_release);
+      moved = true;
+    }
+    if (moved) continue;
+    pollfd fds[2] = {{me.wakeFd, POLLIN, 0}, {*efd, POLLIN, 0}};
+    nfds_t n = 1;
+    if (!inFlight.empty()) {
+      if (lane.arm() == UCS_ERR_BUSY) continue;  // events wait: progress them first
+      n = 2;
+    }
+    // The timeout is only a safety net: every change that matters wakes the poll.
+    ::poll(fds, n, 100);
+  }
+}
+
+}  // namespace loom::transport::net::ucx

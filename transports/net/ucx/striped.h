@@ -1,0 +1,75 @@
+// One direction of a ucx connection over its lanes (lane.h): lane 0 carries every
+// message's 8-byte size, and with it all of a message under kMinPart; a larger one is cut
+// into a part per further lane. The caller's test() moves lane 0 (a small message never
+// waits for another thread); each further lane has a thread of its own that posts and
+// progresses its parts, so several cores move one message (UCX progresses a worker on
+// one thread at a time), and sleeps in poll() on its worker's event descriptor and a
+// wake-up descriptor of its own when nothing moves (spinning threads would outnumber
+// the cores with a few hosts per machine).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "transports/net/net.h"
+#include "transports/net/ucx/lane.h"
+
+namespace loom::transport::net::ucx {
+
+inline constexpr size_t kMinPart = 64 * 1024;  // below this a message goes on lane 0 alone
+inline constexpr int kMaxLanes = 16;
+
+class Striped {
+ public:
+  Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending);
+  ~Striped();
+  Striped(const Striped&) = delete;
+  Striped& operator=(const Striped&) = delete;
+
+  // A send of `size` bytes, or a receive of at most `size`; *request stays null when
+  // kMaxRequests messages are in flight.
+  Status post(void* data, size_t size, Request** request);
+  Status test(Request* request, bool* done, size_t* size);
+  void shutdown();
+
+ private:
+  struct Message {
+    char* data = nullptr;
+    size_t capacity = 0;  // a receive: the buffer's size
+    size_t size = 0;      // a send: its bytes; a receive: what lane 0's header said
+    uint64_t header = 0;
+    uint64_t seq = 0;
+    LaneRequest* head = nullptr;  // on lane 0
+    bool headDone = false;
+  };
+  struct Helper {
+    std::atomic<uint64_t> done{0};  // messages this lane has finished with, in order
+    Status error;                   // why it stopped (under errorMutex_)
+    int wakeFd = -1;                // an eventfd: work for it, or the end
+    std::thread thread;
+  };
+
+  void helperMain(int k);
+  void partRange(size_t total, int k, size_t* begin, size_t* end) const;
+  uint64_t oldestInUse() const;
+  void wakeHelpers();
+  Status helperError(int k);
+  void stopped(int k, Status st);
+
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  const bool sending_;
+  const int nlanes_;
+  Message msgs_[kMaxRequests];
+  std::atomic<uint64_t> posted_{0};    // a send: messages the helpers may take
+  std::atomic<uint64_t> sized_{0};     // a receive: messages whose size lane 0 has read
+  uint64_t freed_ = 0;                 // messages test() has handed back (the caller's)
+  std::unique_ptr<Helper[]> helpers_;  // index k for lane k (0 unused)
+  std::atomic<bool> stop_{false};
+  std::mutex errorMutex_;
+};
+
+}  // namespace loom::transport::net::ucx
