@@ -4,6 +4,9 @@
 
 #include <strings.h>
 
+#include <climits>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
 
 #include "common/log.h"
@@ -71,6 +74,20 @@ Result<std::unique_ptr<Backend>> tryUcx(const Context& ctx, const std::string& n
 }
 
 }  // namespace
+
+Properties interfaceProperties(const NetInterface& i) {
+  Properties p;
+  p.name = i.name;
+  p.ptrSupport = kPtrHost;
+  p.speedMbps = 10000;
+  std::ifstream speed("/sys/class/net/" + i.name + "/speed");
+  int mbps = 0;
+  if (speed >> mbps && mbps > 0) p.speedMbps = mbps;
+  char real[PATH_MAX];
+  if (::realpath(("/sys/class/net/" + i.name + "/device").c_str(), real)) p.pciPath = real;
+  p.maxRecvs = 1;
+  return p;
+}
 
 Result<std::unique_ptr<Backend>> makeNonSocketBackend(const Context& ctx) {
   const std::string name = settings::get(settings::kNet);

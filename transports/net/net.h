@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "common/socket.h"
 #include "common/status.h"
 
 namespace loom::transport::net {
@@ -131,6 +132,11 @@ class Backend {
   // helpers; those that ended count too), for the proxy's CPU report.
   virtual double threadCpuSeconds() const { return 0; }
 };
+
+// The properties of a device that is a network interface (the socket and ucx backends):
+// its name, line rate from sysfs (10 Gb/s, NCCL's assumption, where it does not say), PCI
+// path, host memory and one buffer per receive.
+Properties interfaceProperties(const NetInterface& i);
 
 // The socket backend (LOOM_NET=socket; NCCL's name "Socket" works too).
 Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx);

@@ -25,7 +25,6 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -501,17 +500,7 @@ class SocketBackend final : public Backend {
 
   Status properties(int dev, Properties* p) const override {
     LOOM_TRY(checkDev(dev));
-    const NetInterface& i = ifs_[dev];
-    *p = Properties{};
-    p->name = i.name;
-    p->ptrSupport = kPtrHost;
-    p->speedMbps = 10000;  // NCCL's assumption where the interface does not say
-    std::ifstream speed("/sys/class/net/" + i.name + "/speed");
-    int mbps = 0;
-    if (speed >> mbps && mbps > 0) p->speedMbps = mbps;
-    char real[PATH_MAX];
-    if (::realpath(("/sys/class/net/" + i.name + "/device").c_str(), real)) p->pciPath = real;
-    p->maxRecvs = 1;
+    *p = interfaceProperties(ifs_[dev]);
     return Status::ok();
   }
 

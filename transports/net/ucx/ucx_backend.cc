@@ -25,10 +25,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -339,17 +337,8 @@ class UcxBackend final : public Backend {
 
   Status properties(int dev, Properties* p) const override {
     LOOM_TRY(checkDev(dev));
-    const NetInterface& i = ifs_[dev];
-    *p = Properties{};
-    p->name = i.name;
-    p->ptrSupport = kPtrHost | (ucp_->cuda() ? kPtrCuda : 0);
-    p->speedMbps = 10000;  // as the socket backend: where the interface does not say
-    std::ifstream speed("/sys/class/net/" + i.name + "/speed");
-    int mbps = 0;
-    if (speed >> mbps && mbps > 0) p->speedMbps = mbps;
-    char real[PATH_MAX];
-    if (::realpath(("/sys/class/net/" + i.name + "/device").c_str(), real)) p->pciPath = real;
-    p->maxRecvs = 1;
+    *p = interfaceProperties(ifs_[dev]);
+    if (ucp_->cuda()) p->ptrSupport |= kPtrCuda;
     return Status::ok();
   }
 
