@@ -12,10 +12,6 @@
 
 namespace loom::transport::net::ucx {
 
-// What this process's UCX is: "UCX 1.13.1, host memory (built without CUDA)"; an error
-// when libucp cannot be loaded or initialised.
-Result<std::string> describeUcx();
-
 // A backend whose devices are the interfaces LOOM_SOCKET_IFNAME keeps (each connection
 // is set up through a TCP socket there, which then stays open to notice a peer that is
 // gone); an error that says what is missing otherwise.

@@ -583,11 +583,6 @@ Result<Opened> open() {
 
 }  // namespace
 
-Result<std::string> describeUcx() {
-  LOOM_ASSIGN_OR_RETURN(Opened o, open());
-  return o.description;
-}
-
 Result<std::unique_ptr<Backend>> makeUcxBackend(const Context& ctx) {
   LOOM_ASSIGN_OR_RETURN(Opened o, open());
   LOOM_ASSIGN_OR_RETURN(auto ifs, findInterfacesFromSettings());
