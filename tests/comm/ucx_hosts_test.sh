@@ -25,7 +25,8 @@ cleanup() {
   [[ -n "${LOOM_KEEP_LOGS:-}" ]] || rm -rf "$logs"
 }
 trap cleanup EXIT
-port=$((20000 + RANDOM % 20000))
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../../scripts/lib/ports.sh"
+port=$(loom_free_port)
 if [[ "$mode" == netns ]]; then
   if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit 77; fi
   if ! command -v ip >/dev/null; then echo "SKIP: no 'ip' command (iproute2)"; exit 77; fi
