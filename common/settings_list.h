@@ -112,8 +112,15 @@
   X(kUser, kNet, "LOOM_NET", "NCCL_NET", kString, "auto", "", \
     "network backend between hosts (any case): auto (IB when an RDMA device is usable, else " \
     "Socket), Socket, IB (an error at init when no RDMA device can be used) or UCX (UCX's UCP, " \
-    "its own UCX_* settings choosing how; an error when libucp cannot be loaded); host buffers " \
-    "go over IB and UCX too") \
+    "its own UCX_* settings choosing how; an error when libucp cannot be loaded), or the name " \
+    "of an external plugin that LOOM_NET_PLUGIN loads; host buffers go over IB, UCX and " \
+    "plugins too") \
+  X(kUser, kNetPlugin, "LOOM_NET_PLUGIN", "NCCL_NET_PLUGIN", kString, "", "", \
+    "NCCL network plugins to try, comma-separated: each name as it is and as " \
+    "libnccl-net-NAME.so (a path or lib...so as it is); none: no plugin (unset: " \
+    "libnccl-net.so where the loader finds one). The first with ncclNetPlugin_v11, v10, v9 " \
+    "or v8 whose init succeeds is used before loom's own backends; one that fails is named " \
+    "in a warning and loom goes on without it") \
   /* ibverbs (transports/net/ib) */ \
   X(kUser, kIbHca, "LOOM_IB_HCA", "NCCL_IB_HCA", kString, "", "", \
     "RDMA devices to use: prefix list with optional :port (mlx5_0:1,mlx5_1), ^ to exclude, = " \

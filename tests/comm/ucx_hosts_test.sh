@@ -25,7 +25,9 @@ cleanup() {
   [[ -n "${LOOM_KEEP_LOGS:-}" ]] || rm -rf "$logs"
 }
 trap cleanup EXIT
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../../scripts/lib/ports.sh"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/../../scripts/lib/ports.sh"
+source "$here/../../scripts/lib/host_tests.sh"
 port=$(loom_free_port)
 if [[ "$mode" == netns ]]; then
   if [[ $(id -u) -ne 0 ]]; then echo "SKIP: network namespaces need root"; exit 77; fi
@@ -58,39 +60,13 @@ if [[ "$mode" == netns ]]; then
     pids+=($!)
   done
 elif [[ "$mode" == kill ]]; then
-  n=3
-  start=$(date +%s)
-  for ((r = 0; r < n; r++)); do
-    "${common[@]}" LOOM_COMM_ID="127.0.0.1:$port" LOOM_NRANKS=$n LOOM_RANK=$r \
-      LOOM_HOST_ID="host$r" "$check" --loop 20 > "$logs/$r.log" 2>&1 &
-    pids+=($!)
-  done
-  sleep 1.5
-  kill -9 "${pids[2]}"
-  rc=0
-  for r in 0 1; do
-    if wait "${pids[$r]}"; then rc=1; echo "rank $r did not notice rank 2's death"; fi
-    grep -h "failed" "$logs/$r.log" | tail -n 1 | cut -c1-300
-    grep -q "rank 2" "$logs/$r.log" || { echo "rank $r's error does not name rank 2:"; tail -n 3 "$logs/$r.log"; rc=1; }
-  done
-  took=$(( $(date +%s) - start ))
-  echo "survivors done ${took} s after the start (kill at 1.5 s)"
-  (( took <= 17 )) || { echo "too slow"; rc=1; }
-  pids=()
-  exit $rc
+  loom_hosts_kill "$check" "$logs" "$port" "${common[@]:1}"
+  exit $?
 else
-  for ((r = 0; r < n; r++)); do
-    "${common[@]}" LOOM_COMM_ID="127.0.0.1:$port" LOOM_NRANKS=$n LOOM_RANK=$r \
-      LOOM_HOST_ID="host$r" "$check" > "$logs/$r.log" 2>&1 &
-    pids+=($!)
-  done
+  loom_hosts_start "$check" "$logs" "$port" "$n" "${common[@]:1}"
 fi
 rc=0
-for ((r = 0; r < n; r++)); do
-  if ! wait "${pids[$r]}"; then rc=1; echo "rank $r failed:"; fi
-  tail -n 3 "$logs/$r.log"
-done
-pids=()
+loom_hosts_wait "$logs" "$n" || rc=1
 grep -h "connected to rank" "$logs"/*.log | sed 's/.*loom INFO //' | sort | uniq -c
 grep -q "connected to rank .* via net/ucx" "$logs"/*.log || { echo "no net/ucx connection seen"; rc=1; }
 grep -h "net/ucx: UCX" "$logs"/*.log | sed 's/.*loom INFO //' | sort -u

@@ -1,5 +1,5 @@
-// Which network backend a communicator gets: LOOM_NET (or NCCL_NET), or the best one
-// this machine can use.
+// Which network backend a communicator gets: LOOM_NET (or NCCL_NET), an external NCCL
+// plugin (LOOM_NET_PLUGIN), or the best one this machine can use.
 #include "transports/net/net.h"
 
 #include <strings.h>
@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/settings.h"
+#include "transports/net/plugin/plugin.h"
 #ifdef LOOM_HAVE_VERBS
 #include "transports/net/ib/ib.h"
 #endif
@@ -89,18 +90,50 @@ Properties interfaceProperties(const NetInterface& i) {
   return p;
 }
 
-Result<std::unique_ptr<Backend>> makeNonSocketBackend(const Context& ctx) {
-  const std::string name = settings::get(settings::kNet);
+namespace {
+
+bool builtinName(const std::string& name) {
+  return automatic(name) || strcasecmp(name.c_str(), "ib") == 0 ||
+         strcasecmp(name.c_str(), "ucx") == 0 || strcasecmp(name.c_str(), "socket") == 0;
+}
+
+// loom's own backends other than sockets, as `name` (auto, ib, ucx, socket) asks.
+Result<std::unique_ptr<Backend>> builtinNonSocket(const Context& ctx, const std::string& name) {
   if (automatic(name) || strcasecmp(name.c_str(), "ib") == 0) return tryIb(ctx, name);
   if (strcasecmp(name.c_str(), "ucx") == 0) return tryUcx(ctx, name);
-  if (strcasecmp(name.c_str(), "socket") == 0) return std::unique_ptr<Backend>();
-  return errorf(Code::kInvalidUsage,
-                "LOOM_NET/NCCL_NET=%s: no such network backend (there is: Socket%s%s)",
-                name.c_str(), kIbName, kUcxName);
+  return std::unique_ptr<Backend>();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> makeNonSocketBackend(const Context& ctx) {
+  const std::string name = settings::get(settings::kNet);
+  if (!builtinName(name) || automatic(name)) {
+    // An external plugin first, as NCCL does (LOOM_NET then names either it or nothing).
+    std::string why;
+    LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> p,
+                          plugin::makePluginBackend(ctx, automatic(name) ? "" : name, &why));
+    if (p) return p;
+    if (!automatic(name))
+      return errorf(Code::kInvalidUsage,
+                    "LOOM_NET/NCCL_NET=%s: no such network backend (there is: Socket%s%s%s%s)",
+                    name.c_str(), kIbName, kUcxName, why.empty() ? "" : "; plugins: ", why.c_str());
+  }
+  return builtinNonSocket(ctx, name);
 }
 
 Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx) {
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, makeNonSocketBackend(ctx));
+  if (b) return b;
+  return makeSocketBackend(ctx);
+}
+
+Result<std::unique_ptr<Backend>> makeBuiltinBackend(const Context& ctx, const std::string& name) {
+  if (!builtinName(name))
+    return errorf(Code::kInvalidUsage,
+                  "%s: no such network backend of loom's (there is: Socket%s%s)", name.c_str(),
+                  kIbName, kUcxName);
+  LOOM_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, builtinNonSocket(ctx, name));
   if (b) return b;
   return makeSocketBackend(ctx);
 }

@@ -141,12 +141,15 @@ Properties interfaceProperties(const NetInterface& i);
 // The socket backend (LOOM_NET=socket; NCCL's name "Socket" works too).
 Result<std::unique_ptr<Backend>> makeSocketBackend(const Context& ctx);
 
-// The backend that LOOM_NET (or NCCL_NET) names, or the default (auto: ib where an RDMA
-// port is usable, else sockets); an unknown or unusable name is an error that lists the
-// ones there are.
+// The backend that LOOM_NET (or NCCL_NET) names, or the default (auto: an external NCCL
+// plugin where LOOM_NET_PLUGIN finds one, else ib where an RDMA port is usable, else
+// sockets); an unknown or unusable name is an error that lists the ones there are.
 Result<std::unique_ptr<Backend>> makeBackend(const Context& ctx);
-// The same, but null where that would be the socket backend (host buffers have the tcp
-// transport for sockets).
+// One of loom's own backends by name (auto, socket, ib, ucx; any case), never a plugin:
+// what loom's exported plugin (libnccl-net-loom.so) runs on.
+Result<std::unique_ptr<Backend>> makeBuiltinBackend(const Context& ctx, const std::string& name);
+// The same as makeBackend, but null where that would be the socket backend (host buffers have the
+// tcp transport for sockets).
 Result<std::unique_ptr<Backend>> makeNonSocketBackend(const Context& ctx);
 
 }  // namespace loom::transport::net
