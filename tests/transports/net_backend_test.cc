@@ -168,7 +168,9 @@ const std::vector<size_t> kSizes = {
 // UCX's own choice of transports (here tcp, and cma for large messages: its shared-memory
 // ones lack the peer-failure handling the backend asks for) and "ucx_tcp" with UCX_TLS=tcp;
 // "plugin_vN": loom's sockets exported through NCCL's plugin ABI version N
-// (libnccl-net-loomvN.so) and loaded back through it.
+// (libnccl-net-loomvN.so) and loaded back through it. The plugin holds its own copy of
+// loom's settings, which this process's ScopedSettings do not reach: it runs at the
+// defaults (and a short handshake or several sockets are not tested through it).
 class Net : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {

@@ -42,7 +42,7 @@ void expectFallback(const std::string& setting, const std::string& reason) {
   EXPECT_NE(why.find(reason), std::string::npos) << why;
   auto own = makeBackend(Context{});
   ASSERT_TRUE(own.isOk()) << own.status().message();
-  EXPECT_STREQ((*own)->name(), "socket");
+  EXPECT_STRNE((*own)->name(), "Loom");  // sockets here; ib on a machine with an RDMA port
 }
 
 TEST(NetPlugin, MissingLibraryFallsBack) {

@@ -1,5 +1,5 @@
-// libnccl-net-loom.so: loom's own network backends (the one LOOM_NET picks: sockets unless
-// an RDMA port or LOOM_NET=ucx says otherwise) exported through NCCL's plugin ABI
+// libnccl-net-loom.so: loom's own network backends (sockets unless LOOM_NET says ib or
+// ucx) exported through NCCL's plugin ABI
 // (nccl_net_abi.h) as ncclNetPlugin_v11, v10, v9 and v8, so NVIDIA's NCCL
 // (NCCL_NET_PLUGIN=loom) and loom itself (LOOM_NET_PLUGIN=loom) can run over them. The
 // tests build variants with one version each (LOOM_EXPORT_ONLY=N) and one whose init
@@ -42,8 +42,8 @@ ncclNetResult_t report(const Status& st) {
   if (st) return kNcclNetSuccess;
   if (ncclNetLogger_t log = gLog.load())
     log(2, 0x10, __FILE__, __LINE__, "NET/Loom: %s", st.message().c_str());
-  const int c = static_cast<int>(st.code());
-  return c >= kNcclNetSystemError && c <= kNcclNetRemoteError ? c : kNcclNetSystemError;
+  const int c = static_cast<int>(st.code());  // loom's codes are ncclResult_t's
+  return c >= kNcclNetUnhandledCudaError && c <= kNcclNetRemoteError ? c : kNcclNetSystemError;
 }
 
 ncclNetResult_t misuse(const char* what) {
@@ -58,12 +58,14 @@ struct ExportContext {
 };
 using ContextPtr = std::shared_ptr<ExportContext>;
 
-// What LOOM_NET (or NCCL_NET, which names this plugin to NCCL) means for the backend here.
+// The backend exported: loom's sockets, unless LOOM_NET (or NCCL_NET, which names this
+// plugin to NCCL) asks for ib or ucx. NCCL has IB of its own; what it lacks is sockets
+// that carry several streams per peer.
 std::string backendName() {
   const std::string n = settings::get(settings::kNet);
-  for (const char* own : {"socket", "ib", "ucx"})
+  for (const char* own : {"ib", "ucx"})
     if (strcasecmp(n.c_str(), own) == 0) return n;
-  return "auto";
+  return "socket";
 }
 
 struct Global {
@@ -148,7 +150,10 @@ struct ExportListen {
 };
 
 ContextPtr contextOf(void* ctx) {
-  return ctx ? *static_cast<ContextPtr*>(ctx) : global().process;
+  if (ctx) return *static_cast<ContextPtr*>(ctx);
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return g.process;
 }
 
 // --- the calls, one body for every version ------------------------------------------
@@ -362,9 +367,6 @@ ncclNetResult_t finalizeV11(void* ctx) {
   delete static_cast<ContextPtr*>(ctx);  // comms still open keep the backend alive
   return kNcclNetSuccess;
 }
-ncclNetResult_t setNetAttrV11(void*, ncclNetAttr_v11_t*) {
-  return kNcclNetSuccess;
-}
 
 ncclNetResult_t propsV8(int dev, ncclNetProperties_v8_t* p) {
   const Properties* q = propsOf(dev);
@@ -454,9 +456,10 @@ __attribute__((visibility("default"))) ncclNet_v10_t ncclNetPlugin_v10 = {
 #endif
 #if LOOM_EXPORT_ONLY == 0 || LOOM_EXPORT_ONLY == 11
 __attribute__((visibility("default"))) ncclNet_v11_t ncclNetPlugin_v11 = {
-    "Loom",      initV11, devices,  propsV11, listen,      connectV11,   accept,    regMr,
-    regMrDmaBuf, deregMr, isendV10, irecvV10, iflush,      test,         closeComm, closeComm,
-    closeListen, nullptr, nullptr,  nullptr,  finalizeV11, setNetAttrV11};
+    "Loom",      initV11, devices,  propsV11, listen,      connectV11, accept,    regMr,
+    regMrDmaBuf, deregMr, isendV10, irecvV10, iflush,      test,       closeComm, closeComm,
+    closeListen, nullptr, nullptr,  nullptr,  finalizeV11, nullptr};  // no setNetAttr: NCCL skips
+                                                                      // the per-op hints
 #endif
 
 }  // extern "C"

@@ -255,3 +255,14 @@ struct ncclNet_v11_t {
 };
 
 }  // extern "C"
+
+// The sizes NCCL 2.28.9's structs have on LP64 machines (x86-64, aarch64).
+static_assert(sizeof(ncclNetProperties_v8_t) == 64);
+static_assert(sizeof(ncclNetProperties_v9_t) == 104);
+static_assert(offsetof(ncclNetProperties_v9_t, maxP2pBytes) == 88);
+static_assert(sizeof(ncclNetProperties_v11_t) == 112);
+static_assert(sizeof(ncclNetDeviceHandle_loom_t) == 32);
+static_assert(sizeof(ncclNet_v8_t) == 19 * sizeof(void*));
+static_assert(sizeof(ncclNet_v9_t) == 20 * sizeof(void*));
+static_assert(sizeof(ncclNet_v10_t) == 20 * sizeof(void*));
+static_assert(sizeof(ncclNet_v11_t) == 22 * sizeof(void*));

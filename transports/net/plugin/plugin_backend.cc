@@ -6,6 +6,7 @@
 #include <link.h>
 #include <strings.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdarg>
 #include <cstdio>
@@ -37,7 +38,7 @@ void pluginLog(int level, unsigned long /*flags*/, const char* /*file*/, int /*l
   va_end(ap);
   size_t n = std::strlen(text);
   while (n > 0 && text[n - 1] == '\n') text[--n] = '\0';
-  if (level == 2) {
+  if (level == 2 || level == 4) {  // NCCL_LOG_WARN, NCCL_LOG_ABORT
     tLastWarning = text;
     LOOM_WARN(kNet, "net plugin: %s", text);
   } else if (level == 3) {
@@ -68,6 +69,7 @@ const char* resultName(ncclNetResult_t r) {
 
 Code codeOf(ncclNetResult_t r) {
   switch (r) {
+    case kNcclNetUnhandledCudaError: return Code::kCudaError;
     case kNcclNetInternalError: return Code::kInternalError;
     case kNcclNetInvalidArgument: return Code::kInvalidArgument;
     case kNcclNetInvalidUsage: return Code::kInvalidUsage;
@@ -89,8 +91,13 @@ struct Library {
   bool initDone = false;
   Status initStatus;
 
+  // Every call's result goes through here: a warning of a call that succeeded is dropped,
+  // so that only the failing call's own reaches its error.
   Status check(ncclNetResult_t r, const char* what) const {
-    if (r == kNcclNetSuccess) return Status::ok();
+    if (r == kNcclNetSuccess) {
+      if (!tLastWarning.empty()) tLastWarning.clear();
+      return Status::ok();
+    }
     std::string last;
     last.swap(tLastWarning);
     return errorf(codeOf(r), "net plugin %s (%s, v%d): %s failed with %s%s%s", name.c_str(),
@@ -153,18 +160,17 @@ class PluginSend : public SendComm {
   ~PluginSend() override { close(); }
 
   Result<MemHandle> regMr(void* data, size_t size, MemType type) override {
-    if (!comm_) return shutDown(lib());
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     void* mh = nullptr;
     LOOM_TRY(named(lib().check(callRegMr(lib(), comm_, data, size, type, &mh), "regMr")));
     return mh;
   }
   Status deregMr(MemHandle mh) override {
-    if (!comm_) return Status::ok();  // closed: the plugin freed it
     return named(lib().check(callDeregMr(lib(), comm_, mh), "deregMr"));
   }
   Status isend(const void* data, size_t size, int tag, MemHandle mh, Request** request) override {
     *request = nullptr;
-    if (!comm_) return shutDown(lib());
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     const Library& l = lib();
     void* req = nullptr;
     void* d = const_cast<void*>(data);
@@ -188,14 +194,16 @@ class PluginSend : public SendComm {
   }
   Status test(Request* request, bool* done, size_t* size) override {
     *done = false;
-    if (!comm_) return shutDown(lib());
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     int d = 0, s = 0;
     LOOM_TRY(named(lib().check(callTest(lib(), request, &d, &s), "test of a send")));
     *done = d != 0;
     if (*done) *size = static_cast<size_t>(s);
     return Status::ok();
   }
-  void shutdown() override { close(); }
+  // From any thread (an abort): later calls fail; the plugin's comm is closed by the
+  // destructor, on the thread that owns it (the ABI has nothing safe to call meanwhile).
+  void shutdown() override { shut_.store(true, std::memory_order_release); }
 
  private:
   const Library& lib() const { return *ctx_->lib; }
@@ -216,6 +224,7 @@ class PluginSend : public SendComm {
   ContextPtr ctx_;
   void* comm_;
   int peer_;
+  std::atomic<bool> shut_{false};
 };
 
 class PluginRecv : public RecvComm {
@@ -224,19 +233,18 @@ class PluginRecv : public RecvComm {
   ~PluginRecv() override { close(); }
 
   Result<MemHandle> regMr(void* data, size_t size, MemType type) override {
-    if (!comm_) return shutDown(lib());
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     void* mh = nullptr;
     LOOM_TRY(lib().check(callRegMr(lib(), comm_, data, size, type, &mh), "regMr"));
     return mh;
   }
   Status deregMr(MemHandle mh) override {
-    if (!comm_) return Status::ok();
     return lib().check(callDeregMr(lib(), comm_, mh), "deregMr");
   }
   Status irecv(int n, void** data, const size_t* sizes, const int* tags, const MemHandle* mh,
                Request** request) override {
     *request = nullptr;
-    if (!comm_) return shutDown(lib());
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     if (n < 1 || n > kMaxRecvs)
       return errorf(Code::kInternalError, "net plugin: %d buffers for one receive (1 to %d)", n,
                     kMaxRecvs);
@@ -270,7 +278,7 @@ class PluginRecv : public RecvComm {
   }
   Status test(Request* request, bool* done, size_t* sizes) override {
     *done = false;
-    if (!comm_) return shutDown(lib());
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     int d = 0, s[kMaxRecvs] = {};
     LOOM_TRY(lib().check(callTest(lib(), request, &d, s), "test of a receive"));
     if (!d) return Status::ok();
@@ -282,7 +290,7 @@ class PluginRecv : public RecvComm {
   Status iflush(int n, void** data, const size_t* sizes, const MemHandle* mh,
                 Request** request) override {
     *request = nullptr;
-    if (!comm_) return shutDown(lib());
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     if (n < 1 || n > kMaxRecvs)
       return errorf(Code::kInternalError, "net plugin: %d buffers to flush", n);
     const Library& l = lib();
@@ -305,7 +313,9 @@ class PluginRecv : public RecvComm {
     *request = reinterpret_cast<Request*>(req);
     return Status::ok();
   }
-  void shutdown() override { close(); }
+  // From any thread (an abort): later calls fail; the plugin's comm is closed by the
+  // destructor, on the thread that owns it (the ABI has nothing safe to call meanwhile).
+  void shutdown() override { shut_.store(true, std::memory_order_release); }
 
  private:
   const Library& lib() const { return *ctx_->lib; }
@@ -336,6 +346,7 @@ class PluginRecv : public RecvComm {
   ContextPtr ctx_;
   void* comm_;
   std::vector<std::pair<void*, int>> inFlight_;
+  std::atomic<bool> shut_{false};
 };
 
 class PluginListen : public ListenComm {
@@ -480,6 +491,14 @@ std::shared_ptr<Library> open(const std::string& candidate, std::string* why) {
     *why = e ? e : candidate + ": cannot be loaded";  // dlerror names the file
     return nullptr;
   }
+  // The same library reached by another name (a path, or NCCL's short name) is the same
+  // plugin: one Library, one init.
+  static std::map<void*, std::shared_ptr<Library>> byHandle;
+  if (auto it = byHandle.find(h); it != byHandle.end()) {
+    dlclose(h);  // the reference this dlopen added
+    loaded[candidate] = it->second;
+    return it->second;
+  }
   auto lib = std::make_shared<Library>();
   lib->path = candidate;
   if (link_map* lm = nullptr;
@@ -506,6 +525,7 @@ std::shared_ptr<Library> open(const std::string& candidate, std::string* why) {
   }
   if (lib->name.empty()) lib->name = "plugin";
   loaded[candidate] = lib;
+  byHandle[h] = lib;
   return lib;
 }
 
@@ -538,7 +558,13 @@ Result<std::unique_ptr<Backend>> start(const std::shared_ptr<Library>& lib, cons
   if (ndev <= 0)
     return errorf(Code::kSystemError, "net plugin %s (%s): no devices", l.name.c_str(),
                   l.path.c_str());
-  return std::unique_ptr<Backend>(std::make_unique<PluginBackend>(std::move(pc), ndev));
+  auto b = std::make_unique<PluginBackend>(std::move(pc), ndev);
+  // A device loom cannot drive (GPU offload) rules the plugin out here, before it is chosen.
+  for (int d = 0; d < ndev; ++d) {
+    Properties p;
+    LOOM_TRY(b->properties(d, &p));
+  }
+  return std::unique_ptr<Backend>(std::move(b));
 }
 
 bool endsWith(const std::string& s, const char* tail) {
