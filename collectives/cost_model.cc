@@ -269,17 +269,27 @@ Fabric hostMemoryFabric(int hosts, int ranksPerHost, double netGbps) {
   return f;
 }
 
-Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps) {
+Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps, NetPath path) {
   Fabric f;
   f.hosts = hosts;
   f.ranksPerHost = gpusPerHost;
   f.intra = {3.0, intraGbps};  // NVLink mesh: a flag round trip per step
-  f.inter = {12.0, nicGbps};   // network transport: broadcast of 8 B between 2 hosts
   f.baseUs = 2.0;
   f.messageUs = 1.0;
+  if (path == NetPath::kRdma) {
+    f.inter = {12.0, nicGbps};  // not measured (no RDMA NIC lent): near NCCL's IB figures
+  } else {
+    // Sockets, measured with GPU buffers on one H200, processes as hosts under MPS
+    // (scripts/model_check_gpu.sh, 2026-12-03 20:30 UTC, all-reduce 8 and 64 B): ring,
+    // direct and recursive doubling at 2 and 4 hosts, 30-150 us, fit within 18 % by 29 us
+    // a step (the kernel's flags through mapped host memory, the proxy's wake-ups, the
+    // sockets) and 8 us a further message of a step, on the same 2 us a call.
+    f.inter = {29.0, nicGbps};
+    if (hosts > 1) f.messageUs = 8.0;
+  }
   f.gpu = true;
   f.intraName = "nvlink";
-  f.interName = "net";
+  f.interName = path == NetPath::kRdma ? "rdma" : "net";
   return f;
 }
 

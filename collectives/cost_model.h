@@ -96,8 +96,11 @@ double busGBs(CollType type, size_t bytes, int nranks, double us);
 // The 2-core development VM: ranks in processes of one host, over shared memory, or each
 // a host of its own over TCP whose link is shaped to `netGbps` (tc tbf).
 Fabric hostMemoryFabric(int hosts, int ranksPerHost, double netGbps);
+// How GPU buffers cross hosts: RDMA NICs (ibverbs ports) or sockets (the socket backend,
+// TCP through the proxy and its helper threads).
+enum class NetPath { kSockets, kRdma };
 // GPUs with NVLink inside a host (intraGbps per GPU) and `nicGbps` of NICs per host
-// (GPU buffers over the network transport).
-Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps);
+// (GPU buffers over the network transport, by `path`).
+Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps, NetPath path);
 
 }  // namespace loom::collectives::model

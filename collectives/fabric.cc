@@ -14,13 +14,15 @@ constexpr double kUnknownNicGbps = 10.0 / 8;
 
 Fabric fabricOf(const topology::Graph& graph, const FabricOptions& o, std::string* why) {
   double nicGbps = 0;
-  int nics = 0;
+  int nics = 0, rdma = 0;
   for (int n : graph.nets()) {
     const topology::Net& net = *graph.nodes()[n].net;
     if (net.attr("virtual") == "1") continue;  // bridges, ifb, veth: no wire of their own
     nicGbps += net.speedMbps > 0 ? net.speedMbps / 8000.0 : kUnknownNicGbps;
     ++nics;
+    if (net.port > 0) ++rdma;  // an RDMA port (sockets have none)
   }
+  const NetPath path = nics > 0 && rdma == nics ? NetPath::kRdma : NetPath::kSockets;
   // No NIC at all: planned as one of unknown speed.
   const double net = o.netGbps > 0 ? o.netGbps : nics > 0 ? nicGbps : kUnknownNicGbps;
   const int gpus = graph.gpuCount();
@@ -41,13 +43,14 @@ Fabric fabricOf(const topology::Graph& graph, const FabricOptions& o, std::strin
     // The GPUs' bandwidth to each other: the path between the first two (NVLink through
     // NVSwitch or direct, else PCIe), as the topology's links give it.
     const double intra = gpus > 1 ? graph.gpuToGpu(0, 1).bw : 0;
-    f = gpuFabric(o.hosts, perHost, intra, net);
+    f = gpuFabric(o.hosts, perHost, intra, net, path);
     std::snprintf(line, sizeof(line),
                   "GPU buffers: %d GPU(s) a host, %.4g GB/s between GPUs (%s); %.4g GB/s of "
-                  "network per host (%s)",
+                  "network per host (%s), over %s",
                   perHost, intra,
                   gpus > 1 ? topology::pathTypeName(graph.gpuToGpu(0, 1).type) : "one GPU", net,
-                  o.netGbps > 0 ? "as given" : (std::to_string(nics) + " NIC(s)").c_str());
+                  o.netGbps > 0 ? "as given" : (std::to_string(nics) + " NIC(s)").c_str(),
+                  path == NetPath::kRdma ? "RDMA" : "sockets");
   }
   if (why) *why = line;
   return f;

@@ -86,6 +86,8 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
       // (47-61) against 71 (54-78) for one-shot.
       const bool small = n > 1 && bytes * (n - 1) <= kOneShotMaxBytes;
       const bool doubling = n > 2 && (n & (n - 1)) == 0 && algoAllowed(forced, "doubling");
+      // Forced, recursive doubling runs on 2 ranks too (one exchange of the whole buffer).
+      const bool doublingFits = n >= 2 && (n & (n - 1)) == 0 && algoAllowed(forced, "doubling");
       const bool oneShot = n > 1 && algoAllowed(forced, "oneshot");
       if (small && doubling && (req.network || !oneShot)) {
         c.algo = Algorithm::kDoubling;
@@ -113,7 +115,7 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
                                : "forced by LOOM_ALGO";
         break;
       }
-      if (doubling && !ring && !tree) {
+      if (doublingFits && !ring && !tree) {
         c.algo = Algorithm::kDoubling;
         c.reason = "forced by LOOM_ALGO";
         break;

@@ -30,8 +30,9 @@ double Communicator::estimateUs(const Operation& op) {
     if (!made) {
       // No topology of this host (detection failed): PCIe between GPUs and one NIC of
       // unknown speed, as planned elsewhere.
-      f = o.hostMemory ? model::hostMemoryFabric(o.hosts, o.ranksPerHost, 0)
-                       : model::gpuFabric(o.hosts, o.ranksPerHost, 24.0, 10.0 / 8);
+      f = o.hostMemory
+              ? model::hostMemoryFabric(o.hosts, o.ranksPerHost, 0)
+              : model::gpuFabric(o.hosts, o.ranksPerHost, 24.0, 10.0 / 8, model::NetPath::kSockets);
     }
     fabric_ = f;
   }

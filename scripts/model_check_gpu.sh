@@ -5,8 +5,8 @@
 # across "hosts" that are processes on one GPU machine: HOSTS processes (default 2 and
 # then 4), all on GPU 0, each claiming a host of its own (LOOM_HOST_ID, NCCL_TESTS_DEVICE=0),
 # so every byte between them goes over loopback TCP, under CUDA MPS (started here where the
-# machine has it). For each host count: the bare-socket probe (scripts/bench/tcp_ring_probe)
-# gives the network's rate, loom-model --net-gbps at that rate predicts every algorithm, and
+# machine has it). For each host count: the bare-socket probe (scripts/bench/tcp_ring_probe,
+# with as many sockets and threads per peer as loom's socket backend) gives the network's rate, loom-model --net-gbps at that rate predicts every algorithm, and
 # all_reduce_perf times each one forced (LOOM_ALGO ring, tree, direct, doubling, oneshot) and
 # the tuner's own choice, 8 B to 16 MiB, -c 1. Writes OUTDIR/model_check_gpu.md (measured
 # against predicted, scripts/model_table.py) and the raw CSV and logs.
@@ -36,8 +36,13 @@ echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
 echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked" > "$predicted"
 rates=""
 status=0
+# As many sockets (each with a thread) per peer as loom's socket backend uses for GPU
+# buffers: LOOM_SOCKET_NTHREADS (4 where unset) x LOOM_NSOCKS_PERTHREAD (1).
+threads=${LOOM_SOCKET_NTHREADS:-${NCCL_SOCKET_NTHREADS:-4}}
+[[ $threads == auto ]] && threads=4
+socks=$(( threads * ${LOOM_NSOCKS_PERTHREAD:-${NCCL_NSOCKS_PERTHREAD:-1}} ))
 for n in "${hosts[@]}"; do
-  "$probe" -n "$n" -b 64M -p 1M -w 3 -i 10 > "$out/probe_$n.log" 2>&1
+  "$probe" -n "$n" -s "$socks" -b 64M -p 1M -w 3 -i 10 > "$out/probe_$n.log" 2>&1
   # The probe's last line gives the ring's busbw-equivalent rate: "... X GB/s ...".
   gbps=$(tail -n 1 "$out/probe_$n.log" | grep -oE '[0-9.]+ GB/s' | tail -n 1 | cut -d' ' -f1)
   [[ -n $gbps ]] || { echo "model_check_gpu: no rate from the probe:"; cat "$out/probe_$n.log"; exit 1; }
@@ -66,7 +71,7 @@ done
 desc="Processes as hosts on one GPU ($(nvidia-smi -L 2>/dev/null | head -n 1 | cut -d'(' -f1)), "
 desc+="$(nproc) cores, under CUDA MPS; every byte over loopback TCP. $(date -u '+%Y-%m-%d %H:%M UTC'). "
 desc+="all_reduce_perf -b 8 -e 16M -f 8 -c 1 -n 20 -w 5, float sum, out-of-place time per call. "
-desc+="The model's network rate is the bare-socket probe's (tcp_ring_probe -n N -b 64M -p 1M): ${rates}"
+desc+="The model's network rate is the bare-socket probe's (tcp_ring_probe -n N -s $socks -b 64M -p 1M): ${rates}"
 desc+="Each cell: measured / predicted µs (prediction error). \`default\`: LOOM_ALGO unset, the "
 desc+="tuner's choice. Written by scripts/model_check_gpu.sh."
 python3 "$here/model_table.py" "$measured" "$predicted" gpu \

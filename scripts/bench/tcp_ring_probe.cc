@@ -8,7 +8,11 @@
 // timing are its own; scripts/compare_ompi.sh runs it beside both libraries).
 //
 //   tcp_ring_probe [-n procs] [-b bytes per process and round] [-p bytes per send]
-//                  [-w warm-up rounds] [-i timed rounds] [-d]
+//                  [-w warm-up rounds] [-i timed rounds] [-d] [-s sockets per peer]
+//
+// With -s S each pair of neighbours is joined by S sockets, each moved by a thread of its
+// own, the bytes split evenly among them: what loom's socket backend does with
+// LOOM_SOCKET_NTHREADS x LOOM_NSOCKS_PERTHREAD = S (4 by default).
 //
 // Defaults: 4 processes, 12 MiB a round (what each rank sends in an 8 MiB all-reduce over
 // 4 ranks), 128 KiB per send (loom's piece over sockets), 3 warm-up and 20 timed rounds.
@@ -34,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -50,6 +55,7 @@ struct Options {
   int warmup = 3;
   int iters = 20;
   bool direct = false;  // every process to every other, instead of a ring
+  int socks = 1;        // sockets (and threads) per pair of neighbours
 };
 
 size_t parseSize(const char* s) {
@@ -94,15 +100,18 @@ Options parse(int argc, char** argv) {
       o.warmup = std::atoi(v);
     else if (a == "-i")
       o.iters = std::atoi(v);
+    else if (a == "-s")
+      o.socks = std::atoi(v);
     else {
-      std::fprintf(stderr, "tcp_ring_probe: unknown option %s (-n -b -p -w -i -d)\n", a.c_str());
+      std::fprintf(stderr, "tcp_ring_probe: unknown option %s (-n -b -p -w -i -d -s)\n", a.c_str());
       std::exit(2);
     }
   }
-  if (o.procs < 2 || o.procs > 64 || o.bytes < size_t(o.procs) || o.piece == 0 || o.iters < 1 ||
-      o.warmup < 0) {
+  if (o.procs < 2 || o.procs > 64 || o.bytes < size_t(o.procs) * size_t(o.socks) || o.piece == 0 ||
+      o.iters < 1 || o.warmup < 0 || o.socks < 1 || o.socks > 16) {
     std::fprintf(stderr,
-                 "tcp_ring_probe: need 2 <= -n <= 64, -b >= -n, -p > 0, -i >= 1, -w >= 0\n");
+                 "tcp_ring_probe: need 2 <= -n <= 64, 1 <= -s <= 16, -b >= -n x -s, -p > 0, -i >= "
+                 "1, -w >= 0\n");
     std::exit(2);
   }
   return o;
@@ -115,7 +124,7 @@ int listenLoopback(uint16_t* port) {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) die("bind");
-  if (listen(fd, 64) != 0) die("listen");
+  if (listen(fd, 1024) != 0) die("listen");  // -d -s: up to 63 x 16 connections at once
   socklen_t len = sizeof(a);
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) die("getsockname");
   *port = ntohs(a.sin_port);
@@ -208,11 +217,12 @@ void exchange(const std::vector<int>& outs, const std::vector<int>& ins, size_t 
 double runRank(int rank, const Options& o, const std::vector<int>& listeners,
                const std::vector<uint16_t>& ports) {
   // Ring: connect to the next rank and accept the previous one. Direct: connect to every
-  // other rank and accept as many (the listen backlogs make the order safe).
+  // other rank and accept as many (the listen backlogs make the order safe). -s: that
+  // many connections to each.
   std::vector<int> outs, ins;
   const int n = o.procs;
   for (int q = 1; q < (o.direct ? n : 2); ++q)
-    outs.push_back(connectLoopback(ports[(rank + q) % n]));
+    for (int k = 0; k < o.socks; ++k) outs.push_back(connectLoopback(ports[(rank + q) % n]));
   for (size_t k = 0; k < outs.size(); ++k) {
     int fd = accept(listeners[rank], nullptr, nullptr);
     if (fd < 0) die("accept");
@@ -220,14 +230,29 @@ double runRank(int rank, const Options& o, const std::vector<int>& listeners,
   }
   for (int fd : outs) tune(fd);
   for (int fd : ins) tune(fd);
+  // Every socket carries the same share, so each thread's receives match some senders'.
   const size_t bytes = o.bytes / outs.size();
-  std::vector<char> sbuf(o.piece), rbuf(o.piece);
-  for (size_t i = 0; i < sbuf.size(); ++i) sbuf[i] = static_cast<char>(i * 131 + rank);
-  for (int w = 0; w < o.warmup; ++w) exchange(outs, ins, bytes, o.piece, sbuf.data(), rbuf.data());
+  const int threads = o.socks;
+  std::vector<std::vector<int>> tout(threads), tin(threads);
+  for (size_t k = 0; k < outs.size(); ++k) tout[k % threads].push_back(outs[k]);
+  for (size_t k = 0; k < ins.size(); ++k) tin[k % threads].push_back(ins[k]);
+  std::vector<std::vector<char>> sbuf(threads, std::vector<char>(o.piece)),
+      rbuf(threads, std::vector<char>(o.piece));
+  for (auto& b : sbuf)
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>(i * 131 + rank);
+  auto round = [&](size_t each, size_t piece) {
+    if (threads == 1) return exchange(outs, ins, each, piece, sbuf[0].data(), rbuf[0].data());
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back(
+          [&, t] { exchange(tout[t], tin[t], each, piece, sbuf[t].data(), rbuf[t].data()); });
+    for (auto& t : ts) t.join();
+  };
+  for (int w = 0; w < o.warmup; ++w) round(bytes, o.piece);
   // Start together: one byte on every connection.
-  exchange(outs, ins, 1, 1, sbuf.data(), rbuf.data());
+  exchange(outs, ins, 1, 1, sbuf[0].data(), rbuf[0].data());
   auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.iters; ++i) exchange(outs, ins, bytes, o.piece, sbuf.data(), rbuf.data());
+  for (int i = 0; i < o.iters; ++i) round(bytes, o.piece);
   auto t1 = std::chrono::steady_clock::now();
   for (int fd : outs) close(fd);
   for (int fd : ins) close(fd);
@@ -236,7 +261,8 @@ double runRank(int rank, const Options& o, const std::vector<int>& listeners,
 
 // What one process sends a round.
 size_t bytesPerRound(const Options& o) {
-  return o.direct ? o.bytes / size_t(o.procs - 1) * size_t(o.procs - 1) : o.bytes;
+  const size_t conns = size_t(o.direct ? o.procs - 1 : 1) * size_t(o.socks);
+  return o.bytes / conns * conns;
 }
 
 }  // namespace
@@ -300,9 +326,10 @@ int main(int argc, char** argv) {
   const double total = double(bytesPerRound(o)) * o.iters * o.procs;
   const double gbs = total / slowest / 1e9;
   std::printf(
-      "tcp_ring_probe: %d processes, %s, %zu bytes each per round in sends of %zu, %d rounds: "
-      "%.3f GB/s in all; all-reduce busbw equivalent %.3f GB/s\n",
-      o.procs, o.direct ? "each to every other" : "a ring", o.bytes, o.piece, o.iters, gbs,
+      "tcp_ring_probe: %d processes, %s, %d socket(s) and thread(s) per peer, %zu bytes each per "
+      "round in sends of %zu, %d rounds: %.3f GB/s in all; all-reduce busbw equivalent %.3f "
+      "GB/s\n",
+      o.procs, o.direct ? "each to every other" : "a ring", o.socks, o.bytes, o.piece, o.iters, gbs,
       gbs / o.procs);
   return 0;
 }

@@ -20,7 +20,7 @@ double us(CollType t, Algo a, size_t bytes, const Fabric& f) {
 }
 
 Fabric dgx(int hosts) {
-  return gpuFabric(hosts, 8, 450, 400);
+  return gpuFabric(hosts, 8, 450, 400, NetPath::kRdma);
 }
 
 const CollType kTypes[] = {CollType::kAllReduce, CollType::kAllGather, CollType::kReduceScatter,
