@@ -47,10 +47,10 @@ sweep() {  # label hosts plugin(or none)
     echo "## $label: $np hosts, NCCL_NET_PLUGIN=$plugin (exit $status)"
     echo
     if [[ $plugin != none ]]; then
-      echo "- NCCL: $(grep -ho 'Loaded net plugin [^ ]* ([^)]*)' "$out"/*.nccl.log | sort -u | tr '\n' ' ')$(grep -ho 'Using network [A-Za-z]*' "$out"/*.nccl.log | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
-      echo "- loom: $(grep -ho 'NCCL network plugin Loom ([^)]*)' "$out"/*.loom.log | sort -u | sed 's|from .*/|from |' | tr '\n' ' ')"
+      echo "- NCCL: $(grep -aho 'Loaded net plugin [^ ]* ([^)]*)' "$out"/*.nccl.log | sort -u | tr '\n' ' ')$(grep -aho 'Using network [A-Za-z]*' "$out"/*.nccl.log | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
+      echo "- loom: $(grep -aho 'NCCL network plugin Loom ([^)]*)' "$out"/*.loom.log | sort -u | sed 's|from .*/|from |' | tr '\n' ' ')"
     else
-      echo "- NCCL: $(grep -ho 'Using network [A-Za-z]*' "$out"/*.nccl.log | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
+      echo "- NCCL: $(grep -aho 'Using network [A-Za-z]*' "$out"/*.nccl.log | sort | uniq -c | tr -s ' ' | tr '\n' ' ')"
     fi
     echo "- wrong results (loom, NCCL): $(awk '/^ +[0-9]+ +[0-9]+ / {l += $9 + $13; n += $16 + $20} END {print l + 0, n + 0}' "$log")"
     echo
@@ -62,8 +62,8 @@ sweep() {  # label hosts plugin(or none)
   } >> "$md"
   [[ $status == 0 ]] || rc=1
   if [[ $plugin != none ]]; then
-    grep -q "Using network Loom" "$out"/*.nccl.log || { echo "- **NCCL did not use the plugin**" >> "$md"; rc=1; }
-    grep -q "NCCL network plugin Loom" "$out"/*.loom.log || { echo "- **loom did not use the plugin**" >> "$md"; rc=1; }
+    grep -aq "Using network Loom" "$out"/*.nccl.log || { echo "- **NCCL did not use the plugin**" >> "$md"; rc=1; }
+    grep -aq "NCCL network plugin Loom" "$out"/*.loom.log || { echo "- **loom did not use the plugin**" >> "$md"; rc=1; }
   fi
 }
 for np in "${hosts[@]}"; do
