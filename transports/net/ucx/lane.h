@@ -32,11 +32,16 @@ class UcpContext {
   bool cuda() const { return cuda_; }
   std::string error(ucs_status_t s) const { return u_->statusString(s); }
   Result<ucp_worker_h> newWorker() const;
+  // CPU nanoseconds of the lane threads that have ended (Striped's helpers), for the
+  // proxy's CPU report.
+  void addThreadCpuNs(int64_t ns) { threadCpuNs_.fetch_add(ns, std::memory_order_relaxed); }
+  int64_t threadCpuNs() const { return threadCpuNs_.load(std::memory_order_relaxed); }
 
  private:
   const UcpCalls* u_;
   ucp_context_h h_;
   bool cuda_;
+  std::atomic<int64_t> threadCpuNs_{0};
 };
 
 // A message in flight on a lane.

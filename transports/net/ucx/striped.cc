@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,8 +11,20 @@
 
 namespace loom::transport::net::ucx {
 
-Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending)
+namespace {
+
+int64_t threadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending,
+                 std::shared_ptr<UcpContext> ucp)
     : lanes_(std::move(lanes)),
+      ucp_(std::move(ucp)),
       sending_(sending),
       nlanes_(static_cast<int>(lanes_.size())),
       helpers_(new Helper[lanes_.size()]) {
@@ -21,7 +34,10 @@ Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending)
       stopped(k, sysError(errno, "net/ucx: eventfd"));
       continue;
     }
-    helpers_[k].thread = std::thread([this, k] { helperMain(k); });
+    helpers_[k].thread = std::thread([this, k] {
+      helperMain(k);
+      ucp_->addThreadCpuNs(threadCpuNs());
+    });
   }
 }
 

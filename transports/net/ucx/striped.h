@@ -25,7 +25,8 @@ inline constexpr int kMaxLanes = 16;
 
 class Striped {
  public:
-  Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending);
+  // `ucp` collects the CPU time of the lane threads when they end.
+  Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending, std::shared_ptr<UcpContext> ucp);
   ~Striped();
   Striped(const Striped&) = delete;
   Striped& operator=(const Striped&) = delete;
@@ -61,6 +62,7 @@ class Striped {
   void stopped(int k, Status st);
 
   std::vector<std::unique_ptr<Lane>> lanes_;
+  std::shared_ptr<UcpContext> ucp_;
   const bool sending_;
   const int nlanes_;
   Message msgs_[kMaxRequests];

@@ -295,7 +295,7 @@ class UcxListen final : public ListenComm {
       return errorf(Code::kRemoteError, "net/ucx: %s broke the set-up protocol", what.c_str());
     }
     *comm = std::make_unique<UcxRecv>(
-        std::make_unique<Striped>(std::move(lanes_), /*sending=*/false), ucp_);
+        std::make_unique<Striped>(std::move(lanes_), /*sending=*/false, ucp_), ucp_);
     return Status::ok();
   }
 
@@ -333,6 +333,8 @@ class UcxBackend final : public Backend {
       : ctx_(ctx), ucp_(std::move(ucp)), ifs_(std::move(ifs)), rng_(seed()) {}
 
   const char* name() const override { return "ucx"; }
+  // The lane threads of the connections closed so far.
+  double threadCpuSeconds() const override { return ucp_->threadCpuNs() * 1e-9; }
   int devices() const override { return static_cast<int>(ifs_.size()); }
 
   Status properties(int dev, Properties* p) const override {
@@ -503,7 +505,7 @@ class UcxBackend final : public Backend {
     LOOM_ASSIGN_OR_RETURN(size_t n, s.lanes[0]->socket().sendSome(&kReadyByte, 1, what.c_str()));
     if (n == 0) return Status::ok();
     *comm = std::make_unique<UcxSend>(
-        std::make_unique<Striped>(std::move(s.lanes), /*sending=*/true), ucp_);
+        std::make_unique<Striped>(std::move(s.lanes), /*sending=*/true, ucp_), ucp_);
     return Status::ok();
   }
 
