@@ -116,33 +116,29 @@ struct PluginContext {
 };
 using ContextPtr = std::shared_ptr<PluginContext>;
 
-ncclNetResult_t callTest(const Library& l, void* request, int* done, int* sizes) {
+// Calls `f` with the library's table, for the calls whose signature no version changed.
+template <typename F>
+ncclNetResult_t onTable(const Library& l, F f) {
   switch (l.version) {
-    case 8: return l.v8->test(request, done, sizes);
-    case 9: return l.v9->test(request, done, sizes);
-    case 10: return l.v10->test(request, done, sizes);
-    default: return l.v11->test(request, done, sizes);
+    case 8: return f(*l.v8);
+    case 9: return f(*l.v9);
+    case 10: return f(*l.v10);
+    default: return f(*l.v11);
   }
+}
+
+ncclNetResult_t callTest(const Library& l, void* request, int* done, int* sizes) {
+  return onTable(l, [&](const auto& t) { return t.test(request, done, sizes); });
 }
 
 ncclNetResult_t callRegMr(const Library& l, void* comm, void* data, size_t size, MemType type,
                           void** mh) {
-  const int t = type == MemType::kCuda ? kNcclPtrCuda : kNcclPtrHost;
-  switch (l.version) {
-    case 8: return l.v8->regMr(comm, data, size, t, mh);
-    case 9: return l.v9->regMr(comm, data, size, t, mh);
-    case 10: return l.v10->regMr(comm, data, size, t, mh);
-    default: return l.v11->regMr(comm, data, size, t, mh);
-  }
+  const int kind = type == MemType::kCuda ? kNcclPtrCuda : kNcclPtrHost;
+  return onTable(l, [&](const auto& t) { return t.regMr(comm, data, size, kind, mh); });
 }
 
 ncclNetResult_t callDeregMr(const Library& l, void* comm, void* mh) {
-  switch (l.version) {
-    case 8: return l.v8->deregMr(comm, mh);
-    case 9: return l.v9->deregMr(comm, mh);
-    case 10: return l.v10->deregMr(comm, mh);
-    default: return l.v11->deregMr(comm, mh);
-  }
+  return onTable(l, [&](const auto& t) { return t.deregMr(comm, mh); });
 }
 
 constexpr int kMaxRecvs = 8;  // the most buffers loom hands one irecv (NCCL's own limit)
@@ -213,12 +209,7 @@ class PluginSend : public SendComm {
   void close() {
     if (!comm_) return;
     const Library& l = lib();
-    switch (l.version) {
-      case 8: (void)l.v8->closeSend(comm_); break;
-      case 9: (void)l.v9->closeSend(comm_); break;
-      case 10: (void)l.v10->closeSend(comm_); break;
-      default: (void)l.v11->closeSend(comm_); break;
-    }
+    (void)onTable(l, [&](const auto& t) { return t.closeSend(comm_); });
     comm_ = nullptr;
   }
   ContextPtr ctx_;
@@ -334,12 +325,7 @@ class PluginRecv : public RecvComm {
   void close() {
     if (!comm_) return;
     const Library& l = lib();
-    switch (l.version) {
-      case 8: (void)l.v8->closeRecv(comm_); break;
-      case 9: (void)l.v9->closeRecv(comm_); break;
-      case 10: (void)l.v10->closeRecv(comm_); break;
-      default: (void)l.v11->closeRecv(comm_); break;
-    }
+    (void)onTable(l, [&](const auto& t) { return t.closeRecv(comm_); });
     comm_ = nullptr;
     inFlight_.clear();
   }
@@ -354,12 +340,7 @@ class PluginListen : public ListenComm {
   PluginListen(ContextPtr ctx, void* comm) : ctx_(std::move(ctx)), comm_(comm) {}
   ~PluginListen() override {
     const Library& l = *ctx_->lib;
-    switch (l.version) {
-      case 8: (void)l.v8->closeListen(comm_); break;
-      case 9: (void)l.v9->closeListen(comm_); break;
-      case 10: (void)l.v10->closeListen(comm_); break;
-      default: (void)l.v11->closeListen(comm_); break;
-    }
+    (void)onTable(l, [&](const auto& t) { return t.closeListen(comm_); });
   }
   Status accept(std::unique_ptr<RecvComm>* comm) override {
     const Library& l = *ctx_->lib;
