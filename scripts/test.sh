@@ -113,7 +113,14 @@ if ((quick == 0)); then
   echo "== pass 2: AddressSanitizer + UndefinedBehaviorSanitizer build in $ASAN_BUILD_DIR, tests labelled cpu"
   # Leaks inside Open MPI's own libraries are not ours; everything else is reported.
   export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$LOOM_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0}"
-  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+  # intercept_tls_get_addr=0: GCC 12's runtime guesses the bounds of a dlopen'ed library's
+  # thread-local block from a glibc 2.19 header when the block starts 16 bytes past a page,
+  # reads garbage on glibc 2.36, and the leak check at exit dies on it ("Tracer caught
+  # signal 11" after "DTLS ... at 0x434-0x3000001536"). The plugin tests dlopen
+  # libnccl-net-loom.so, whose logging touches such a block: 24 of 25 runs of
+  # plugin_hosts_loopback_4 died so under load with verbose logging, 0 of 15 with this set.
+  # The threads' static TLS, and the heap through glibc's DTV, are still scanned.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:intercept_tls_get_addr=0}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
   sanitizer_pass "asan+ubsan" "$ASAN_BUILD_DIR" -DLOOM_SANITIZE=address,undefined
 else
