@@ -161,7 +161,7 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
     *out = Sum(f, Algo::kRing).done(true);
     return true;
   }
-  // The in-host mesh forms: GPUs of one host, through peer memory (comm/device_comm.cc);
+  // The in-host mesh forms: GPUs of one host, through peer memory (collectives/device/mesh_plan.h);
   // there the mesh forms are the only ones.
   const bool mesh = f.gpu && f.hosts == 1;
   const bool meshAlgo = a == Algo::kMeshOneShot || a == Algo::kMeshTwoShot;

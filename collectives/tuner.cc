@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "collectives/algo_request.h"
 #include "collectives/cost_model.h"
 
 namespace loom::collectives {
@@ -24,24 +25,6 @@ const model::Fabric& flatFabric(int n) {
   return f;
 }
 
-bool algoAllowed(const std::string& forced, const char* name) {
-  if (forced.empty()) return true;
-  // NCCL syntax: comma list, optionally "^" to exclude.
-  bool exclude = forced[0] == '^';
-  std::string list = exclude ? forced.substr(1) : forced;
-  bool listed = false;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t comma = list.find(',', pos);
-    std::string tok =
-        list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (strcasecmp(tok.c_str(), name) == 0) listed = true;
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return exclude ? !listed : listed;
-}
-
 }  // namespace
 
 std::string TunerChoice::text() const {
@@ -52,27 +35,11 @@ std::string TunerChoice::text() const {
 }
 
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced) {
-  if (!forced.empty()) {
-    std::string f = forced[0] == '^' ? forced.substr(1) : forced;
-    size_t pos = 0;
-    while (pos <= f.size()) {
-      size_t comma = f.find(',', pos);
-      std::string tok = f.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      static const char* kKnown[] = {"ring",          "tree",         "chain", "direct",
-                                     "oneshot",       "doubling",     "nvls",  "nvlstree",
-                                     "collnetdirect", "collnetchain", "pat"};
-      bool ok = false;
-      for (const char* k : kKnown) ok = ok || strcasecmp(tok.c_str(), k) == 0;
-      if (!ok) {
-        return errorf(Code::kInvalidArgument,
-                      "LOOM_ALGO/NCCL_ALGO names unknown algorithm '%s' (loom knows ring, tree, "
-                      "chain, oneshot, doubling, direct)",
-                      tok.c_str());
-      }
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
-  }
+  LOOM_ASSIGN_OR_RETURN(const AlgoRequest parsed, AlgoRequest::parse(forced));
+  return chooseAlgorithm(req, parsed);
+}
+
+Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& forced) {
   TunerChoice c;
   const size_t bytes = req.count * req.elemSize;
   const int n = req.nranks;
@@ -85,10 +52,10 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
       // 4 ranks on 2 cores over loopback TCP, 8 bytes, 5 interleaved runs: median 55 us
       // (47-61) against 71 (54-78) for one-shot.
       const bool small = n > 1 && bytes * (n - 1) <= kOneShotMaxBytes;
-      const bool doubling = n > 2 && (n & (n - 1)) == 0 && algoAllowed(forced, "doubling");
+      const bool doubling = n > 2 && (n & (n - 1)) == 0 && forced.allows(AlgoName::kDoubling);
       // Forced, recursive doubling runs on 2 ranks too (one exchange of the whole buffer).
-      const bool doublingFits = n >= 2 && (n & (n - 1)) == 0 && algoAllowed(forced, "doubling");
-      const bool oneShot = n > 1 && algoAllowed(forced, "oneshot");
+      const bool doublingFits = n >= 2 && (n & (n - 1)) == 0 && forced.allows(AlgoName::kDoubling);
+      const bool oneShot = n > 1 && forced.allows(AlgoName::kOneShot);
       if (small && doubling && (req.network || !oneShot)) {
         c.algo = Algorithm::kDoubling;
         c.reason =
@@ -100,15 +67,16 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
         c.reason = "small message: one-shot";
         break;
       }
-      bool ring = algoAllowed(forced, "ring");
-      bool tree = algoAllowed(forced, "tree") && n > 2;
+      // twoshot (the GPU mesh's name) is the ring here: reduce-scatter, then all-gather.
+      bool ring = forced.allows(AlgoName::kRing) || forced.names(AlgoName::kTwoShot);
+      bool tree = forced.allows(AlgoName::kTree) && n > 2;
       // Over sockets with few ranks, direct reduce-scatter and all-gather: two hops a
       // block instead of 2(n-1), and no dependence on which ranks share a core. 4 ranks
       // on 2 cores over loopback TCP, 3 interleaved runs against the ring: 128 KiB
       // 383-402 us against 656-1058, 512 KiB 506-531 against 515-700, 2 MiB 2.6-3.5 ms
       // against 3.6-3.7, 8 MiB 10.5-13.7 against 15.3-17.6, 64 MiB 85-87 against 93-145.
       // Over shared memory the ring stays ahead (512 KiB 113-116 us against 131-134).
-      const bool direct = n > 2 && n - 1 <= kMaxStepPeers && algoAllowed(forced, "direct");
+      const bool direct = n > 2 && n - 1 <= kMaxStepPeers && forced.allows(AlgoName::kDirect);
       if (direct && (req.network || (!ring && !tree))) {
         c.algo = Algorithm::kDirect;
         c.reason = req.network ? "sockets, few ranks: direct reduce-scatter and all-gather"
@@ -136,14 +104,14 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
         c.reason = "forced by LOOM_ALGO";
       } else {
         c.algo = Algorithm::kRing;
-        c.reason = ring && !forced.empty() ? "forced by LOOM_ALGO" : "ring is the only choice";
+        c.reason = ring && forced.set() ? "forced by LOOM_ALGO" : "ring is the only choice";
         if (!ring) c.reason = "no allowed algorithm fits this rank count; using ring";
       }
       break;
     }
     case CollType::kBroadcast: {
-      bool chain = algoAllowed(forced, "chain") || algoAllowed(forced, "ring");
-      bool tree = algoAllowed(forced, "tree");
+      bool chain = forced.allows(AlgoName::kChain) || forced.allows(AlgoName::kRing);
+      bool tree = forced.allows(AlgoName::kTree);
       // A pipelined chain moves each byte once per link at full bandwidth; a tree halves
       // the hops but sends twice from inner nodes: chain for large, tree for small.
       if (tree && (!chain || (bytes < 256 * 1024 && n > 4))) {
@@ -173,7 +141,7 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
   return c;
 }
 
-Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const std::string& forced) {
+Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& forced) {
   req.network = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
   if (c.algo != Algorithm::kOneShot) return c;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/algo_request.h"
 #include "collectives/schedule.h"
 #include "common/status.h"
 
@@ -43,8 +44,10 @@ struct TunerChoice {
   std::string text() const;
 };
 
-// `forced` is the LOOM_ALGO text (empty: choose). Unknown names are an error; an
+// `forced` is LOOM_ALGO, parsed (collectives/algo_request.h; nothing set: choose). An
 // algorithm that does not exist for the collective falls back with the reason noted.
+Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& forced);
+// The same from the text (tests and tools): unknown names are an error.
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced);
 
 // The algorithm of a collective on device buffers over the network (the GPU network
@@ -52,7 +55,7 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
 // never the one-shot all-reduce, whose gathered inputs would need scratch memory on the
 // GPU: recursive doubling where the rank count is a power of two, else direct for up to
 // kMaxStepPeers + 1 ranks, else the ring.
-Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const std::string& forced);
+Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& forced);
 
 // The piece size (bytes) of a collective on device buffers over the network: as
 // hostPieceBytes, but up to the whole slot (the network executor's slots are larger, and

@@ -20,6 +20,7 @@
 #include "common/handshake.h"
 #include "common/socket.h"
 #include "common/status.h"
+#include "transports/setup_channel.h"
 
 namespace loom::comm {
 
@@ -27,32 +28,32 @@ namespace loom::comm {
 // for one communicator. The thread ends when all ranks were served or on timeout.
 Status startRoot(IdContents* id, int64_t timeoutMs);
 
-class Bootstrap {
+class Bootstrap final : public transport::SetupChannel {
  public:
   // Joins the communicator of `id` as `rank` of `nranks`.
   static Result<std::unique_ptr<Bootstrap>> join(const IdContents& id, int rank, int nranks,
                                                  int64_t timeoutMs,
                                                  const std::atomic<bool>* abortFlag);
-  ~Bootstrap();
+  ~Bootstrap() override;
 
-  int rank() const { return rank_; }
-  int nranks() const { return nranks_; }
+  int rank() const override { return rank_; }
+  int nranks() const override { return nranks_; }
   const SocketAddress& address(int rank) const { return addresses_[rank]; }
 
   // Point to point: `tag` tells messages apart; sizes must match exactly.
-  Status send(int peer, uint64_t tag, const void* data, size_t size);
+  Status send(int peer, uint64_t tag, const void* data, size_t size) override;
   Status recv(int peer, uint64_t tag, void* data, size_t size);
   // recv that never waits: false when the message is not here yet (for a thread that
   // polls, such as the network proxy). Any thread.
-  Result<bool> tryRecv(int peer, uint64_t tag, void* data, size_t size);
+  Result<bool> tryRecv(int peer, uint64_t tag, void* data, size_t size) override;
   // `data` holds nranks blocks of `size` bytes; block `rank()` is this rank's.
-  Status allGather(void* data, size_t size);
-  Status barrier();
+  Status allGather(void* data, size_t size) override;
+  Status barrier() override;
   // A fresh tag for one collective exchange (every rank calls in the same order).
   uint64_t nextTag() { return ++tagCounter_ << 8; }
   // kRemoteError when `peer`'s process is gone (its listener refuses connections); ok
   // when it answers within `ms` or cannot be told. Any thread.
-  Status probe(int peer, int64_t ms = 1000);
+  Status probe(int peer, int64_t ms = 1000) override;
 
  private:
   Bootstrap() = default;

@@ -72,7 +72,8 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   rank_ = rank;
   nranks_ = nranks;
   timeoutMs_ = settings::get(settings::kTimeoutMs);
-  forcedAlgo_ = settings::get(settings::kAlgo);
+  LOOM_ASSIGN_OR_RETURN(forcedAlgo_,
+                        collectives::AlgoRequest::parse(settings::get(settings::kAlgo)));
   log::RankScope scope(rank);
   if (rank == 0 && id.fromEnv) {
     IdContents rootId = id;
@@ -189,10 +190,11 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
             allowed.empty() ? "" : ", LOOM_TRANSPORTS=", allowed.c_str());
   logTopologyChoices();
   if (cudaDev_ >= 0) {
-    DeviceCommContext dc;
+    collectives::device::ExecutorContext dc;
     dc.abortFlag = &abortFlag_;
     dc.commHash = context_.commHash;
-    auto device = DeviceComm::create(*bootstrap_, peers_, rank_, cudaDev_, dc);
+    auto device =
+        collectives::device::DeviceExecutor::create(*bootstrap_, peers_, rank_, cudaDev_, dc);
     if (!device)
       return device.status().withContext("rank " + std::to_string(rank) + " on GPU " +
                                          std::to_string(cudaDev_));
@@ -483,7 +485,7 @@ Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
     return device_->runP2p(ops, begin, j);
   }
   ++*i;
-  DeviceRedOp red;
+  collectives::device::ExecutorRedOp red;
   bool reduces = op.type == collectives::CollType::kAllReduce ||
                  op.type == collectives::CollType::kReduce ||
                  op.type == collectives::CollType::kReduceScatter;
@@ -539,7 +541,7 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   log::RankScope scope(rank_);
   // The group's postings are good for this run only.
   struct EndGroup {
-    DeviceComm* d;
+    collectives::device::DeviceExecutor* d;
     ~EndGroup() {
       if (d) d->endGroup();
     }

@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "collectives/cost_model.h"
+#include "collectives/device/executor.h"
 #include "collectives/host_executor.h"
+#include "collectives/operation.h"
 #include "collectives/schedule.h"
 #include "collectives/tuner.h"
 #include "comm/bootstrap.h"
-#include "comm/device_comm.h"
+#include "comm/device_memory.h"
 #include "comm/progress_report.h"
 #include "comm/spin_worker.h"
 #include "comm/topology_view.h"
@@ -30,18 +32,7 @@
 namespace loom::comm {
 
 // One call of the C API, as queued inside a group.
-struct Operation {
-  collectives::CollType type = collectives::CollType::kAllReduce;
-  const void* sendbuff = nullptr;
-  void* recvbuff = nullptr;
-  size_t count = 0;
-  DataType dtype = DataType::kFloat32;
-  int ncclOp = 0;  // ncclRedOp_t value
-  int root = 0;    // root, or the peer for Send/Recv
-  bool isSend = false;
-  bool onDevice = false;  // the buffers are GPU memory (decided once, by the C API)
-  cudaStream_t stream = nullptr;
-};
+using Operation = collectives::Operation;
 
 // The set-up message a receiver sends its sender (see ensureConnected).
 struct ConnectMessage {
@@ -75,7 +66,7 @@ class Communicator : public collectives::ConnectionProvider {
   // Send/Recv calls go together). Host memory: returns when they are complete.
   Status execute(const std::vector<Operation>& ops);
   // Before any communicator of a group runs its calls: lets the GPU side see the calls
-  // of the group's other ranks in this process (DeviceComm::postGroup).
+  // of the group's other ranks in this process (DeviceExecutor::postGroup).
   void postGroup(uint64_t group, const std::vector<Operation>& ops) {
     if (device_) device_->postGroup(group, ops);
   }
@@ -169,7 +160,7 @@ class Communicator : public collectives::ConnectionProvider {
   std::vector<int> recvTransport_;
   std::vector<UserOp> userOps_;
   mutable std::mutex opsMutex_;
-  std::string forcedAlgo_;
+  collectives::AlgoRequest forcedAlgo_;  // LOOM_ALGO, parsed at init
   int64_t spinUs_ = 50;
   bool launchThreads_ = true;
   bool networkPeers_ = false;  // some peer is reached through a network transport
@@ -186,7 +177,7 @@ class Communicator : public collectives::ConnectionProvider {
   collectives::Schedule schedule_;  // the last host schedule built (scheduleFor)
   std::vector<char> scratch_;       // one-shot all-reduce's gathered blocks
   ConnectMessage selfMessage_;
-  std::unique_ptr<DeviceComm> device_;  // null for host-memory communicators
+  std::unique_ptr<collectives::device::DeviceExecutor> device_;  // null: host memory only
   TopologyView topo_;
   std::optional<collectives::model::Fabric> fabric_;  // estimateUs's, made at its first use
   // Who is stuck (progress_report.h): this rank's record, the server that answers with

@@ -170,8 +170,9 @@
     "slots per connection FIFO") \
   /* collectives */ \
   X(kTuning, kAlgo, "LOOM_ALGO", "NCCL_ALGO", kString, "", "", \
-    "force an algorithm: ring, tree (double binary tree), chain, oneshot; host all-reduce also " \
-    "doubling (recursive doubling) or direct (up to 4 ranks); on GPUs oneshot or twoshot") \
+    "force algorithms (NCCL's syntax: a comma list, or ^ and a list to leave out; any case): " \
+    "ring, tree (double binary tree), chain, oneshot, twoshot (the ring on host memory), " \
+    "doubling (recursive doubling) or direct; an unknown name fails the communicator's init") \
   X(kTuning, kProto, "LOOM_PROTO", "NCCL_PROTO", kChoice, "auto", "auto|simple|ll|ll128", \
     "force a protocol (any case): simple, ll (GPU all-reduce, reduce and reduce-scatter up to " \
     "1 MiB per peer) or ll128 (up to 8 MiB per peer on 2 ranks, 2 MiB above); auto chooses") \

@@ -1,5 +1,5 @@
 // All-reduce and reduce by the copy engines, for ranks of one process (how the calls are
-// issued: CudaDeviceComm::launchChunked in comm/device_one_process.cc).
+// issued: CudaExecutor::launchChunked in cuda_executor_local.cc).
 //
 // Each rank owns a segment of the elements (all-reduce: 1/n each; reduce: the root all).
 // Every other rank pushes its input's part of that segment, chunk by chunk, into the

@@ -4,7 +4,7 @@
 // That is the case for ranks driven from one process (ncclCommInitAll, `-g N`) whose
 // calls meet in one group: the communicator learns the peers' pointers at ncclGroupEnd
 // and each rank pushes its data straight into the peers' output buffers with
-// cudaMemcpyAsync, between two barriers (comm/device_one_process.cc). On an H200 pair one copy
+// cudaMemcpyAsync, between two barriers (cuda_executor_local.cc). On an H200 pair one copy
 // engine carries about 395 GB/s one way and 390 each way with both busy, where SM stores
 // top out near 365 (docs/perf/h200x2.md).
 //

@@ -329,7 +329,7 @@ Status NetExecutor::launch(const Plan& plan, const NetCall& call, cudaStream_t s
 }
 
 Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, DataType type,
-                                  const NetReduction& red, const std::string& algoText,
+                                  const NetReduction& red, const AlgoRequest& algo,
                                   cudaStream_t stream, std::string* why) {
   LOOM_TRY(error());
   const size_t bytes = req.count * req.elemSize;
@@ -349,7 +349,7 @@ Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, Da
                            : netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
   req.pieceElems = std::max<size_t>(1, std::min<size_t>(piece, options_.slotBytes) / req.elemSize);
   req.network = true;
-  LOOM_ASSIGN_OR_RETURN(TunerChoice choice, chooseNetAlgorithm(req, algoText));
+  LOOM_ASSIGN_OR_RETURN(TunerChoice choice, chooseNetAlgorithm(req, algo));
   LOOM_ASSIGN_OR_RETURN(Plan * plan, collectivePlan(req, choice.algo, lanes));
   LOOM_TRY(connect(plan->sends, plan->recvs));
   if (why) {

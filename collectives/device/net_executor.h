@@ -67,10 +67,10 @@ class NetExecutor {
   ~NetExecutor();
 
   // Enqueues a collective (`req` as the host tuner takes it; its pieceElems is set here)
-  // on `stream`: in, out, the reduction, and `algoText` for LOOM_ALGO. `why` gets the
+  // on `stream`: in, out, the reduction, and `algo`, LOOM_ALGO parsed. `why` gets the
   // algorithm and the reason, for the log.
   Status runCollective(CollRequest req, const void* in, void* out, DataType type,
-                       const NetReduction& red, const std::string& algoText, cudaStream_t stream,
+                       const NetReduction& red, const AlgoRequest& algo, cudaStream_t stream,
                        std::string* why);
   // Enqueues a group's Send/Recv calls with peers (all on `stream`): `sends[i]` and
   // `recvs[i]` as (buffer, bytes, peer); calls with this rank itself are the caller's.

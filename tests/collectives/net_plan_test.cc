@@ -107,10 +107,11 @@ TEST(NetPlan, SplitPutsTheKthUseOfAConnectionInSubPhaseK) {
 
 TEST(NetPlan, NoOneShotOverTheNetwork) {
   for (int n : {2, 3, 4, 5, 8}) {
-    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), "");
+    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), AlgoRequest());
     ASSERT_TRUE(c.isOk());
     EXPECT_NE(c->algo, Algorithm::kOneShot) << n;
-    auto f = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), "oneshot");
+    auto f = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
+                                *AlgoRequest::parse("oneshot"));
     ASSERT_TRUE(f.isOk());
     EXPECT_NE(f->algo, Algorithm::kOneShot) << n;
   }

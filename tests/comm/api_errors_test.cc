@@ -1,7 +1,7 @@
 // Errors through the C API that must say what happened to whoever asks, and no more:
 // ncclGetLastError from a thread that made no failing call (PyTorch's watchdog), a
 // PreMulSum op used with the wrong type (an argument error, not a broken communicator),
-// and an invalid call inside a group (ncclGroupEnd fails too).
+// an invalid call inside a group (ncclGroupEnd fails too), and a misspelt LOOM_ALGO.
 #include <gtest/gtest.h>
 #include <nccl.h>
 #include <stdlib.h>
@@ -93,3 +93,20 @@ TEST(ApiErrors, InvalidCallInAGroupFailsTheGroup) {
 }
 
 }  // namespace
+
+// A misspelt LOOM_ALGO fails the communicator's init with a message that names it, on
+// host memory as on GPUs (one parser, collectives/algo_request.h), instead of failing each
+// call later (host) or being ignored (GPU mesh).
+TEST(ApiErrors, UnknownAlgorithmFailsInitNamingIt) {
+  setenv("LOOM_ALGO", "ring,warp", 1);
+  std::vector<ncclComm_t> comms(2, nullptr);
+  const ncclResult_t r = ncclCommInitAll(comms.data(), 2, nullptr);
+  unsetenv("LOOM_ALGO");
+  EXPECT_EQ(r, ncclInvalidArgument);
+  const std::string said = ncclGetLastError(nullptr);
+  EXPECT_NE(said.find("'warp'"), std::string::npos) << said;
+  EXPECT_NE(said.find("LOOM_ALGO"), std::string::npos) << said;
+  for (auto c : comms) {
+    if (c) ncclCommDestroy(c);
+  }
+}

@@ -3,17 +3,14 @@
 // read its peers' inputs (the pulled all-reduce), let the copy engines write straight into
 // their outputs (broadcast, all-gather, all-to-all), or push its input in chunks to the
 // rank that reduces them (the chunked reduce and all-reduce, collectives/device/chunk_plan.h).
-#include "comm/device_comm.h"
-
-#if LOOM_HAVE_CUDA
 #include <algorithm>
 #include <cstring>
 
-#include "comm/cuda_device_comm.h"
+#include "collectives/device/cuda_executor.h"
 #include "common/cuda_probe.h"
 #include "common/log.h"
 
-namespace loom::comm::detail {
+namespace loom::collectives::device {
 
 // One Clique per communicator (its token agreed at init), shared by its ranks here.
 std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks) {
@@ -31,9 +28,9 @@ std::shared_ptr<Clique> cliqueFor(uint64_t token, int nranks) {
   return c;
 }
 
-bool CudaDeviceComm::peerBuffers(const Operation& op, size_t index,
-                                 std::vector<dev::RankBuffers>* all, bool* inputsMapped,
-                                 bool* outputsMapped, bool* anyCaptured) {
+bool CudaExecutor::peerBuffers(const Operation& op, size_t index,
+                               std::vector<dev::RankBuffers>* all, bool* inputsMapped,
+                               bool* outputsMapped, bool* anyCaptured) {
   if (!clique_ || group_ == 0) return false;
   all->assign(nranks_, {});
   if (inputsMapped) *inputsMapped = true;
@@ -55,7 +52,7 @@ bool CudaDeviceComm::peerBuffers(const Operation& op, size_t index,
   return true;
 }
 
-Status CudaDeviceComm::failCliqueOn(Status st) {
+Status CudaExecutor::failCliqueOn(Status st) {
   if (!st && clique_) {
     std::lock_guard<std::mutex> lock(clique_->mutex);
     for (volatile int* f : clique_->abortFlags) {
@@ -65,7 +62,7 @@ Status CudaDeviceComm::failCliqueOn(Status st) {
   return st;
 }
 
-bool CudaDeviceComm::outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes) {
+bool CudaExecutor::outputsApart(const std::vector<dev::RankBuffers>& all, size_t bytes) {
   for (const auto& o : all) {
     auto out = reinterpret_cast<uintptr_t>(o.out);
     for (const auto& i : all) {
@@ -76,8 +73,8 @@ bool CudaDeviceComm::outputsApart(const std::vector<dev::RankBuffers>& all, size
   return true;
 }
 
-bool CudaDeviceComm::rootOutputApart(const std::vector<dev::RankBuffers>& all, int root,
-                                     size_t bytes) {
+bool CudaExecutor::rootOutputApart(const std::vector<dev::RankBuffers>& all, int root,
+                                   size_t bytes) {
   auto out = reinterpret_cast<uintptr_t>(all[root].out);
   for (size_t r = 0; r < all.size(); ++r) {
     auto in = reinterpret_cast<uintptr_t>(all[r].in);
@@ -87,15 +84,15 @@ bool CudaDeviceComm::rootOutputApart(const std::vector<dev::RankBuffers>& all, i
   return true;
 }
 
-bool CudaDeviceComm::allInPlace(const std::vector<dev::RankBuffers>& all) {
+bool CudaExecutor::allInPlace(const std::vector<dev::RankBuffers>& all) {
   for (const auto& b : all) {
     if (b.in != b.out) return false;
   }
   return true;
 }
 
-Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInputs& in,
-                                  cudaStream_t stream, const char* form, bool twoShot) {
+Status CudaExecutor::launchPull(const dev::MeshCall& call, const dev::PullInputs& in,
+                                cudaStream_t stream, const char* form, bool twoShot) {
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
@@ -112,9 +109,9 @@ Status CudaDeviceComm::launchPull(const dev::MeshCall& call, const dev::PullInpu
   return recordDone(stream, cap);
 }
 
-Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
-                                    const std::vector<dev::CopyStep>& steps, cudaStream_t stream,
-                                    const char* form) {
+Status CudaExecutor::launchCopies(const dev::MeshCall& call,
+                                  const std::vector<dev::CopyStep>& steps, cudaStream_t stream,
+                                  const char* form) {
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
@@ -149,11 +146,11 @@ Status CudaDeviceComm::launchCopies(const dev::MeshCall& call,
   return recordDone(stream, cap);
 }
 
-std::vector<void*> CudaDeviceComm::chunkScratch() {
+std::vector<void*> CudaExecutor::chunkScratch() {
   std::lock_guard<std::mutex> lock(clique_->mutex);
   if (clique_->scratchFailed) return {};
   if (!clique_->scratch[0]) {
-    const size_t bytes = chunkSlots_ * size_t(nranks_ - 1) * chunkMax_;
+    const size_t bytes = dev::kChunkSlots * size_t(nranks_ - 1) * limits_.chunkMax;
     for (int r = 0; r < nranks_; ++r) {
       DeviceGuard guard(clique_->devices[r]);
       if (cudaMalloc(&clique_->scratch[r], bytes) != cudaSuccess) {
@@ -192,9 +189,9 @@ std::vector<void*> CudaDeviceComm::chunkScratch() {
   return clique_->scratch;
 }
 
-Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& call,
-                                     const std::vector<dev::RankBuffers>& all,
-                                     const std::vector<void*>& scratch) {
+Status CudaExecutor::launchChunked(const Operation& op, const dev::MeshCall& call,
+                                   const std::vector<dev::RankBuffers>& all,
+                                   const std::vector<void*>& scratch) {
   DeviceGuard guard(device_);
   cudaStream_t stream = op.stream;
   LOOM_TRY(order(stream, false));
@@ -209,11 +206,12 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   // waits for the reduction of the chunk four before it, not two, and a waiting kernel
   // comes every second chunk (8 GiB: 375.9-376.4 GB/s against 369.5-373.4,
   // docs/perf/h200x2.md, session 7).
-  const int slots = gather ? arSlots_ : static_cast<int>(chunkSlots_);
-  const size_t region = chunkSlots_ * chunkMax_;  // each peer's part of an owner's scratch
+  const int slots = gather ? limits_.allReduceSlots : static_cast<int>(dev::kChunkSlots);
+  const size_t region =
+      dev::kChunkSlots * limits_.chunkMax;  // each peer's part of an owner's scratch
   const size_t slotBytes = region / static_cast<size_t>(slots) / (64 * 1024) * (64 * 1024);
-  size_t chunkBytes = gather ? std::min(slotBytes, kChunkAllReduceBytes) : slotBytes;
-  if (chunkSize_ > 0) chunkBytes = std::min(chunkSize_, slotBytes);
+  size_t chunkBytes = gather ? std::min(slotBytes, dev::kChunkAllReduceBytes) : slotBytes;
+  if (limits_.chunkSize > 0) chunkBytes = std::min(limits_.chunkSize, slotBytes);
   const dev::ChunkPlan plan(op.count, es, n, gather ? -1 : op.root, chunkBytes);
   if (log::enabled(log::kInfo, log::kColl)) {
     LOOM_INFO(kColl,
@@ -341,6 +339,4 @@ Status CudaDeviceComm::launchChunked(const Operation& op, const dev::MeshCall& c
   return recordDone(stream, false);
 }
 
-}  // namespace loom::comm::detail
-
-#endif  // LOOM_HAVE_CUDA
+}  // namespace loom::collectives::device

@@ -8,21 +8,18 @@
 //
 // Ranks of one process already read each other's buffers through peer access (the
 // one-process forms), so there a registration is accepted and kept, without effect.
-#include "comm/device_comm.h"
-
-#if LOOM_HAVE_CUDA
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cstring>
 
-#include "comm/cuda_device_comm.h"
+#include "collectives/device/cuda_executor.h"
 #include "common/cuda_probe.h"
 #include "common/log.h"
 
-namespace loom::comm::detail {
+namespace loom::collectives::device {
 
-Result<void*> CudaDeviceComm::registerBuffer(void* buff, size_t bytes) {
+Result<void*> CudaExecutor::registerBuffer(void* buff, size_t bytes) {
   auto reg = std::make_unique<Registration>();
   reg->begin = reinterpret_cast<uintptr_t>(buff);
   reg->end = reg->begin + bytes;
@@ -88,7 +85,7 @@ Result<void*> CudaDeviceComm::registerBuffer(void* buff, size_t bytes) {
   return handle;
 }
 
-Status CudaDeviceComm::deregisterBuffer(void* handle) {
+Status CudaExecutor::deregisterBuffer(void* handle) {
   std::lock_guard<std::mutex> lock(regMutex_);
   for (size_t i = 0; i < registrations_.size(); ++i) {
     if (registrations_[i].get() != handle) continue;
@@ -103,7 +100,7 @@ Status CudaDeviceComm::deregisterBuffer(void* handle) {
                 handle);
 }
 
-Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t generation) {
+Result<char*> CudaExecutor::importedBase(int r, uint32_t entry, uint64_t generation) {
   Import& im = imports_[{r, entry}];
   if (im.base && im.generation == generation) return im.base;
   transport::p2p::Export x;
@@ -138,8 +135,8 @@ Result<char*> CudaDeviceComm::importedBase(int r, uint32_t entry, uint64_t gener
   return im.base;
 }
 
-Result<char*> CudaDeviceComm::postedAt(int r, uint32_t entry, uint64_t generation, uint64_t offset,
-                                       size_t bytes, const char* what) {
+Result<char*> CudaExecutor::postedAt(int r, uint32_t entry, uint64_t generation, uint64_t offset,
+                                     size_t bytes, const char* what) {
   LOOM_ASSIGN_OR_RETURN(char* base, importedBase(r, entry, generation));
   const uint64_t size = imports_[{r, entry}].bytes;
   if (offset + bytes > size) {
@@ -151,7 +148,7 @@ Result<char*> CudaDeviceComm::postedAt(int r, uint32_t entry, uint64_t generatio
   return base + offset;
 }
 
-Status CudaDeviceComm::closeImport(Import& im) {
+Status CudaExecutor::closeImport(Import& im) {
   if (im.opened) {
     if (importsInGraph_) {
       // A CUDA graph captured a call that read peers' allocations and may be replayed
@@ -169,7 +166,7 @@ Status CudaDeviceComm::closeImport(Import& im) {
   return Status::ok();
 }
 
-Status CudaDeviceComm::pruneImports() {
+Status CudaExecutor::pruneImports() {
   for (auto it = imports_.begin(); it != imports_.end();) {
     transport::p2p::Export x;
     if (board_->read(it->first.first, static_cast<int>(it->first.second), it->second.generation,
@@ -183,7 +180,7 @@ Status CudaDeviceComm::pruneImports() {
   return Status::ok();
 }
 
-void CudaDeviceComm::closeImports() {
+void CudaExecutor::closeImports() {
   for (auto& [key, im] : imports_) {
     if (im.opened && im.base) cudaIpcCloseMemHandle(im.base);
   }
@@ -198,8 +195,8 @@ void CudaDeviceComm::closeImports() {
   cudaGetLastError();
 }
 
-Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequest& req,
-                                             dev::PullInputs* in) {
+Result<int> CudaExecutor::registeredInputs(const Operation& op, const PullRequest& req,
+                                           dev::PullInputs* in) {
   DeviceGuard guard(device_);  // the mappings go to our GPU, whatever the thread's current one
   size_t bytes = 0, outBytes = 0;
   callBytes(op, nranks_, &bytes, &outBytes);
@@ -315,6 +312,4 @@ Result<int> CudaDeviceComm::registeredInputs(const Operation& op, const PullRequ
   return form;
 }
 
-}  // namespace loom::comm::detail
-
-#endif  // LOOM_HAVE_CUDA
+}  // namespace loom::collectives::device

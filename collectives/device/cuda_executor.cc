@@ -1,55 +1,19 @@
-#include "comm/device_comm.h"
+// The CUDA executor (cuda_executor.h): set-up, and each call's plan (mesh_plan.h) run on the
+// mesh; the network form, the forms of ranks of one process and registration are in
+// cuda_executor_net.cc, cuda_executor_local.cc and cuda_executor_registration.cc.
+#include "collectives/device/cuda_executor.h"
 
-#include "comm/communicator.h"
-#include "common/cuda_probe.h"
-#include "common/log.h"
-#include "common/settings.h"
-
-#if LOOM_HAVE_CUDA
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
 
-#include "comm/cuda_device_comm.h"
-#endif
+#include "common/cuda_probe.h"
+#include "common/log.h"
+#include "common/settings.h"
 
-namespace loom::comm {
-
-bool isDeviceBuffer(const void* p) {
-  return cuda::isDevicePointer(p);
-}
-
-#if !LOOM_HAVE_CUDA
-
-int currentDevice() {
-  return -1;
-}
-bool copyDeviceToHost(void*, const void*, size_t) {
-  return false;
-}
-void* deviceAlloc(size_t) {
-  return nullptr;
-}
-void deviceFree(void*) {}
-Result<std::unique_ptr<DeviceComm>> DeviceComm::create(Bootstrap&,
-                                                       const std::vector<transport::PeerInfo>&, int,
-                                                       int, const DeviceCommContext&) {
-  return std::unique_ptr<DeviceComm>();
-}
-
-#else
-
-namespace detail {
-
-// LOOM_ALGO and LOOM_PROTO are matched without regard to case.
-static std::string lowered(const char* text) {
-  std::string t = text;
-  for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return t;
-}
+namespace loom::collectives::device {
 
 // Bytes of input and output of one call on one rank.
 void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
@@ -63,7 +27,7 @@ void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
   }
 }
 
-CudaDeviceComm::~CudaDeviceComm() {
+CudaExecutor::~CudaExecutor() {
   DeviceGuard guard(device_);
   net_.reset();  // waits for its kernels first
   for (void* p : netScratch_) cudaFree(p);
@@ -94,8 +58,8 @@ CudaDeviceComm::~CudaDeviceComm() {
 // kernel must be resident at once, since each waits for its peers. Caps the blocks (the
 // same on every rank: from every rank's GPU), and warns where CUDA's hardware queues may
 // be too few.
-void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus, int rank,
-                                     int sharing, int64_t* blocks) {
+void CudaExecutor::capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus, int rank,
+                                   int sharing, int64_t* blocks) {
   const int64_t cap = transport::p2p::sharedGpuBlockCap(gpus);
   if (cap > 0 && *blocks > cap) {
     LOOM_INFO(kInit,
@@ -119,8 +83,9 @@ void CudaDeviceComm::capForSharedGpu(const std::vector<transport::p2p::GpuIdenti
   }
 }
 
-Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers,
-                            int rank, int device, const DeviceCommContext& context) {
+Status CudaExecutor::init(transport::SetupChannel& bootstrap,
+                          const std::vector<transport::PeerInfo>& peers, int rank, int device,
+                          const ExecutorContext& context) {
   context_ = context;
   rank_ = rank;
   nranks_ = static_cast<int>(peers.size());
@@ -179,24 +144,32 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   const bool two = nranks_ == 2;
   const uint64_t never = UINT64_MAX;
   const size_t llRegion = dev::kLLBlocks * dev::kLLPayload;
-  mine.llBytes = get(settings::kP2pLlBytes).upTo(nranks_ <= 2 ? llRegion : 256 << 10);
-  mine.ll128Bytes = get(settings::kP2pLl128Bytes).upTo(0);
-  mine.oneShotBytes = get(settings::kP2pOneshotBytes).upTo(nranks_ <= 2 ? 4 << 20 : 256 << 10);
-  mine.ceBytes = get(settings::kP2pCeBytes).from(16 << 20);
-  mine.reduceDirectBytes = get(settings::kP2pReduceDirectBytes).upTo(0);
-  mine.pullBytes = get(settings::kP2pPullBytes).upTo(0);
-  mine.pullReduceBytes = get(settings::kP2pPullReduceBytes).upTo(0);
-  mine.twoShotReduceBytes = get(settings::kP2pTwoshotReduceBytes).upTo(0);
-  mine.cePullBytes = get(settings::kP2pCePullBytes).from(never);
-  mine.chunkBytes = get(settings::kP2pCeReduceBytes).from(two ? 2 << 20 : never);
-  mine.chunkAllReduceBytes = get(settings::kP2pCeAllreduceBytes).from(two ? 256 << 20 : never);
-  mine.chunkSize = get(settings::kP2pCeChunkBytes).orAuto(0);
-  mine.scratchBytes = get(settings::kP2pCeScratchBytes).orAuto(0);
+  dev::MeshSizes& sz = mine.sizes;
+  sz.llBytes = get(settings::kP2pLlBytes).upTo(nranks_ <= 2 ? llRegion : 256 << 10);
+  sz.ll128Bytes = get(settings::kP2pLl128Bytes).upTo(0);
+  sz.oneShotBytes = get(settings::kP2pOneshotBytes).upTo(nranks_ <= 2 ? 4 << 20 : 256 << 10);
+  sz.ceBytes = get(settings::kP2pCeBytes).from(16 << 20);
+  sz.reduceDirectBytes = get(settings::kP2pReduceDirectBytes).upTo(0);
+  sz.pullBytes = get(settings::kP2pPullBytes).upTo(0);
+  sz.pullReduceBytes = get(settings::kP2pPullReduceBytes).upTo(0);
+  sz.twoShotReduceBytes = get(settings::kP2pTwoshotReduceBytes).upTo(0);
+  sz.cePullBytes = get(settings::kP2pCePullBytes).from(never);
+  sz.chunkReduceBytes = get(settings::kP2pCeReduceBytes).from(two ? 2 << 20 : never);
+  sz.chunkAllReduceBytes = get(settings::kP2pCeAllreduceBytes).from(two ? 256 << 20 : never);
+  sz.chunkSize = get(settings::kP2pCeChunkBytes).orAuto(0);
+  sz.scratchBytes = get(settings::kP2pCeScratchBytes).orAuto(0);
   if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
-  std::snprintf(mine.algo, sizeof(mine.algo), "%s", settings::get(settings::kAlgo).c_str());
-  const std::string forcedProto = settings::get(settings::kProto);
-  std::snprintf(mine.proto, sizeof(mine.proto), "%s",
-                forcedProto == "auto" ? "" : forcedProto.c_str());
+  const std::string algoText = settings::get(settings::kAlgo);
+  if (algoText.size() >= sizeof(mine.algo)) {
+    return errorf(Code::kInvalidArgument, "LOOM_ALGO/NCCL_ALGO is longer than %zu characters",
+                  sizeof(mine.algo) - 1);
+  }
+  LOOM_ASSIGN_OR_RETURN(const collectives::AlgoRequest algo,
+                        collectives::AlgoRequest::parse(algoText));
+  LOOM_ASSIGN_OR_RETURN(const collectives::Proto proto,
+                        collectives::parseProto(settings::get(settings::kProto)));
+  std::snprintf(mine.algo, sizeof(mine.algo), "%s", algoText.c_str());
+  std::snprintf(mine.proto, sizeof(mine.proto), "%s", collectives::protoText(proto));
   std::vector<MeshAgreement> all(nranks_);
   all[rank] = mine;
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(MeshAgreement)));
@@ -207,15 +180,8 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
       why_ = "rank " + std::to_string(r) + ": " + all[r].why;
       break;
     }
-    if (all[r].llBytes != mine.llBytes || all[r].ll128Bytes != mine.ll128Bytes ||
-        all[r].oneShotBytes != mine.oneShotBytes || all[r].ceBytes != mine.ceBytes ||
-        all[r].reduceDirectBytes != mine.reduceDirectBytes || all[r].pullBytes != mine.pullBytes ||
-        all[r].pullReduceBytes != mine.pullReduceBytes ||
-        all[r].twoShotReduceBytes != mine.twoShotReduceBytes ||
-        all[r].cePullBytes != mine.cePullBytes || all[r].chunkBytes != mine.chunkBytes ||
-        all[r].chunkAllReduceBytes != mine.chunkAllReduceBytes ||
-        all[r].chunkSize != mine.chunkSize || all[r].scratchBytes != mine.scratchBytes ||
-        std::strcmp(all[r].algo, mine.algo) != 0 || std::strcmp(all[r].proto, mine.proto) != 0) {
+    if (!(all[r].sizes == mine.sizes) || std::strcmp(all[r].algo, mine.algo) != 0 ||
+        std::strcmp(all[r].proto, mine.proto) != 0) {
       return errorf(
           Code::kInvalidUsage,
           "rank %d and rank %d differ in LOOM_ALGO/LOOM_PROTO/"
@@ -226,10 +192,10 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
           "LOOM_P2P_CE_REDUCE_BYTES, LOOM_P2P_CE_ALLREDUCE_BYTES, "
           "LOOM_P2P_CE_CHUNK_BYTES, LOOM_P2P_CE_SCRATCH_BYTES) (\"%s\"/\"%s\"/%llu/%llu/%llu "
           "against \"%s\"/\"%s\"/%llu/%llu/%llu): every rank must pick the same GPU algorithm",
-          r, rank, all[r].algo, all[r].proto, (unsigned long long)all[r].llBytes,
-          (unsigned long long)all[r].oneShotBytes, (unsigned long long)all[r].ceBytes, mine.algo,
-          mine.proto, (unsigned long long)mine.llBytes, (unsigned long long)mine.oneShotBytes,
-          (unsigned long long)mine.ceBytes);
+          r, rank, all[r].algo, all[r].proto, (unsigned long long)all[r].sizes.llBytes,
+          (unsigned long long)all[r].sizes.oneShotBytes, (unsigned long long)all[r].sizes.ceBytes,
+          mine.algo, mine.proto, (unsigned long long)sz.llBytes,
+          (unsigned long long)sz.oneShotBytes, (unsigned long long)sz.ceBytes);
     }
     if (all[r].shareGpu != mine.shareGpu) {
       return errorf(Code::kInvalidUsage,
@@ -251,8 +217,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
   // peer and call on 2 ranks (17.5 MiB of window per peer), 2 MiB above; at least 16 KiB
   // per block (meshShape). LOOM_PROTO=simple or ll turn LL128 off (chooseForms), so no
   // region then either.
-  const std::string proto = lowered(mine.proto);
-  if (proto == "ll128" || (mine.ll128Bytes > 0 && proto != "simple" && proto != "ll")) {
+  if (dev::meshNeedsLL128(sz, proto)) {
     geo.ll128Lines = nranks_ <= 2 ? 560 : 144;
     // The protocol needs each 128-byte line to arrive whole, as over NVLink; over PCIe a
     // reader can see a line's flag before its data (NCCL keeps LL128 off there too).
@@ -264,14 +229,11 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
                 rank);
     }
   }
-  ctx_.geo = geo;  // chooseForms reads the LL128 capacity
-  chooseForms(mine);
-  if (sharing > 1) {
-    // The LL forms launch a block per 8 KiB (LL) or 16 KiB (LL128) sent to each peer,
-    // regardless of LOOM_P2P_BLOCKS: keep them within the blocks that fit.
-    llLimit_ = std::min(llLimit_, size_t(geo.maxBlocks) * dev::kLLPayload);
-    ll128Limit_ = std::min(ll128Limit_, size_t(geo.maxBlocks) * 16 * 1024);
-  }
+  ctx_.geo = geo;
+  // Where ranks share a GPU the LL forms, which launch a block per 8 KiB (LL) or 16 KiB
+  // (LL128) sent to each peer regardless of LOOM_P2P_BLOCKS, stay within the blocks that fit.
+  limits_ = dev::resolveMeshLimits(sz, algo, proto, nranks_, geo.ll128Capacity(),
+                                   sharing > 1 ? geo.maxBlocks : 0);
   timeoutMs_ = settings::get(settings::kTimeoutMs);
   bool oneProcess = true;
   for (const auto& g : gpus)
@@ -315,7 +277,7 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
     clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
     clique_->devices[rank_] = device_;
   }
-  // Registration between processes (comm/device_registration.cc), when each rank is a
+  // Registration between processes (cuda_executor_registration.cc), when each rank is a
   // process of its own: a registered call waits on the host for its peers' posts, and a
   // thread that issued one rank's call before another's of the same process would wait
   // for itself. Every rank gets the same outcome: without the board, registration is kept
@@ -368,12 +330,13 @@ Status CudaDeviceComm::init(Bootstrap& bootstrap, const std::vector<transport::P
               "(LOOM_P2P_CE_BYTES); reduce from %zu bytes and all-reduce from %zu move their data "
               "with them in chunks of up to %zu bytes, reduced locally (LOOM_P2P_CE_REDUCE_BYTES, "
               "LOOM_P2P_CE_ALLREDUCE_BYTES, LOOM_P2P_CE_SCRATCH_BYTES; SIZE_MAX: never)",
-              device_, ceMin_, chunkReduceMin_, chunkAllReduceMin_, chunkMax_);
+              device_, limits_.ceMin, limits_.chunkReduceMin, limits_.chunkAllReduceMin,
+              limits_.chunkMax);
   }
   return Status::ok();
 }
 
-void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops) {
+void CudaExecutor::postGroup(uint64_t group, const std::vector<Operation>& ops) {
   group_ = 0;
   cursor_ = 0;
   if (!clique_) return;
@@ -386,10 +349,11 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
     // cudaMalloc memory only: a copy between GPUs from or into a stream-ordered pool
     // (cudaMallocAsync) or VMM memory fails. Ask the driver where such a form may run.
     const size_t bytes = o.count * dataTypeSize(o.dtype);
-    const bool chunked = chunkedSize(o.type, bytes);
+    const bool chunked = limits_.chunkedSize(o.type, bytes);
     const bool reduce = o.type == collectives::CollType::kReduce;
-    const bool ask = (o.type == collectives::CollType::kAllReduce && pullSize(bytes)) ||
-                     (reduce && twoShotReduceSize(bytes)) || bytes >= ceMin_ || chunked;
+    const bool ask = (o.type == collectives::CollType::kAllReduce && limits_.pullSize(bytes)) ||
+                     (reduce && limits_.twoShotReduceSize(bytes)) || bytes >= limits_.ceMin ||
+                     chunked;
     const bool inMapped = ask && cuda::isPeerMappableDevicePointer(o.sendbuff);
     const bool outMapped =
         ask &&
@@ -405,7 +369,7 @@ void CudaDeviceComm::postGroup(uint64_t group, const std::vector<Operation>& ops
   group_ = group;
 }
 
-Status CudaDeviceComm::kernelError() const {
+Status CudaExecutor::kernelError() const {
   if (net_) return net_->error();
   if (!hostFlags_) return Status::ok();
   int e = reinterpret_cast<volatile int*>(hostFlags_)[1];
@@ -420,17 +384,43 @@ Status CudaDeviceComm::kernelError() const {
   return Status::ok();
 }
 
-void CudaDeviceComm::abort() {
+void CudaExecutor::abort() {
   if (hostFlags_) reinterpret_cast<volatile int*>(hostFlags_)[0] = 1;
   if (net_) net_->abort();
 }
 
-Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
+Status CudaExecutor::run(const Operation& op, const ExecutorRedOp& red) {
   if (!mesh_) return runNet(op, red);
   const size_t index = cursor_++;  // this call's place among the group's device collectives
   if (op.count == 0) return Status::ok();
-  const char* why = "the one direct form on a GPU mesh";
+  if (op.type == collectives::CollType::kSendRecv) {
+    return errorf(Code::kInternalError, "Send/Recv reached the GPU mesh's collective path");
+  }
+  // The facts the plan reads (collectives/device/mesh_plan.h); every rank's buffers only
+  // where the plan may use them.
+  const size_t block = op.count * dataTypeSize(op.dtype);
+  dev::MeshCallFacts facts;
+  facts.type = op.type;
+  facts.bytes = block;
+  facts.plainOp = op.ncclOp < ncclNumOps && !red.scalarDevice;
+  facts.builtinOp = facts.plainOp && red.op.kind != RedKind::kPreMulSum;
+  facts.board = board_ != nullptr;
+  std::vector<dev::RankBuffers> all;
+  if (dev::meshNeedsPeerFacts(limits_, op.type, block) &&
+      peerBuffers(op, index, &all, &facts.inMapped, &facts.outMapped, &facts.captured)) {
+    facts.peersKnown = true;
+    facts.outputsApart = outputsApart(all, block);
+    facts.allInPlace = allInPlace(all);
+    if (op.type == collectives::CollType::kReduce)
+      facts.rootOutputApart = rootOutputApart(all, op.root, block);
+    const char* unused = nullptr;
+    const dev::MeshKind kind = dev::meshKind(limits_, op.type, block, &unused);
+    if (dev::copyOnly(kind))
+      facts.copyPlanSafe = dev::copyPlanSafe(kind, nranks_, op.root, block, all.data());
+  }
+  const dev::MeshPlan plan = dev::planMeshCall(limits_, facts);
   dev::MeshCall call;
+  call.kind = plan.kind;
   call.type = op.dtype;
   call.red = red.op.kind;
   call.scalar = red.op.scalar;
@@ -440,137 +430,98 @@ Status CudaDeviceComm::run(const Operation& op, const DeviceRedOp& red) {
   call.out = op.recvbuff;
   call.count = op.count;
   call.root = op.root;
-  switch (op.type) {
-    case collectives::CollType::kAllReduce: call.kind = allReduceKind(op, &why); break;
-    case collectives::CollType::kAllGather: call.kind = dev::MeshKind::kAllGather; break;
-    case collectives::CollType::kBroadcast: call.kind = dev::MeshKind::kBroadcast; break;
-    case collectives::CollType::kReduceScatter: call.kind = reduceScatterKind(op, &why); break;
-    case collectives::CollType::kReduce: call.kind = reduceKind(op, &why); break;
-    case collectives::CollType::kAllToAll: call.kind = dev::MeshKind::kAllToAll; break;
-    default:
-      return errorf(Code::kInternalError, "collective %d has no GPU mesh form",
-                    static_cast<int>(op.type));
+  for (int i = 0; i < plan.nsteps; ++i) {
+    const dev::MeshStep& step = plan.steps[i];
+    LOOM_ASSIGN_OR_RETURN(const bool ran, runStep(step, op, call, all, facts));
+    if (ran) return Status::ok();
   }
-  const size_t block = op.count * dataTypeSize(op.dtype);
-  std::vector<dev::RankBuffers> all;
-  bool inMapped = false, outMapped = false, captured = true;
-  // Mid-size reduce, every rank's buffers known (ranks of this process): rank r reduces
-  // part r of every input and stores it into the root's output, so every rank's SMs and
-  // both directions of its links carry a share (the two-shot all-reduce, less the stores
-  // into the other outputs). No pre-op, as the pulled all-reduce. The root's output must
-  // not overlap any input but its own, and that only as the same buffer (each element is
-  // then read and written by one thread).
-  const bool builtinOp =
-      red.op.kind != RedKind::kPreMulSum && !red.scalarDevice && op.ncclOp < ncclNumOps;
-  if (op.type == collectives::CollType::kReduce && twoShotReduceSize(block) && builtinOp &&
-      peerBuffers(op, index, &all, &inMapped, &outMapped) && inMapped && outMapped &&
-      rootOutputApart(all, op.root, block)) {
-    dev::PullInputs in;
-    in.writer = op.root;
-    for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
-    in.outputs[op.root] = all[op.root].out;
-    return failCliqueOn(launchPull(
-        call, in, op.stream, "ranks of one process, size <= LOOM_P2P_TWOSHOT_REDUCE_BYTES", true));
-  }
-  // Large all-reduce and reduce, every rank's buffers known and none in a graph capture:
-  // the copy engines move the data in chunks, kernels reduce them locally. A user's
-  // PreMulSum scalar may differ between ranks, so only ncclAvg's (1/n) is applied here.
-  // Peers write into an all-reduce's outputs, so those must be mapped; a reduce's output
-  // is written by the root's own kernel only (the others' may even be null, as NCCL allows).
-  if (chunkedSize(op.type, block) && op.ncclOp < ncclNumOps && !red.scalarDevice &&
-      peerBuffers(op, index, &all, &inMapped, &outMapped, &captured) && inMapped && !captured &&
-      (outMapped || op.type == collectives::CollType::kReduce)) {
-    std::vector<void*> scratch = chunkScratch();
-    if (!scratch.empty()) return failCliqueOn(launchChunked(op, call, all, scratch));
-  }
-  // Ranks in several processes, memory registered: an all-reduce or reduce reads the
-  // peers' inputs where they lie when every rank whose input is read posted a registered
-  // one (registeredInputs; every rank exchanges posts for the same calls, so all decide
-  // alike). No pre-op in the pulled kernel: not for PreMulSum (ncclAvg on floats included).
-  if (board_ && builtinOp &&
-      ((op.type == collectives::CollType::kAllReduce && pullSize(block)) ||
-       (op.type == collectives::CollType::kReduce && pastFlagForms(block) &&
-        block <= pullReduceMax_))) {
-    dev::PullInputs in;
-    in.writer = op.type == collectives::CollType::kReduce ? op.root : -1;
-    PullRequest req;
-    req.reader = in.writer;
-    LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
-    if (form != 0) {
+  return errorf(Code::kInternalError, "the GPU mesh's plan for %s ran nothing",
+                collectives::collTypeName(op.type));
+}
+
+Result<bool> CudaExecutor::runStep(const dev::MeshStep& step, const Operation& op,
+                                   const dev::MeshCall& call,
+                                   const std::vector<dev::RankBuffers>& all,
+                                   const dev::MeshCallFacts& facts) {
+  const size_t block = facts.bytes;
+  switch (step.route) {
+    case dev::MeshRoute::kKernel: LOOM_TRY(launch(call, op.stream, step.why)); return true;
+    case dev::MeshRoute::kPulledReduce: {
+      dev::PullInputs in;
+      in.writer = op.root;
+      for (int r = 0; r < nranks_; ++r) in.inputs[r] = all[r].in;
+      in.outputs[op.root] = all[op.root].out;
+      LOOM_TRY(failCliqueOn(launchPull(call, in, op.stream, step.why, true)));
+      return true;
+    }
+    case dev::MeshRoute::kChunked: {
+      std::vector<void*> scratch = chunkScratch();
+      if (scratch.empty()) return false;  // every rank alike: the next step
+      LOOM_TRY(failCliqueOn(launchChunked(op, call, all, scratch)));
+      return true;
+    }
+    case dev::MeshRoute::kRegisteredPull: {
+      // Every rank exchanges posts for the same calls, so all decide alike.
+      dev::PullInputs in;
+      in.writer = op.type == collectives::CollType::kReduce ? op.root : -1;
+      PullRequest req;
+      req.reader = in.writer;
+      LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
+      if (form == 0) return false;
       LOOM_ASSIGN_OR_RETURN(const bool inGraph, capturing(op.stream));
       if (inGraph) importsInGraph_ = true;  // its mappings stay until the end
       if (form == 2) {
         for (int r = 0; r < nranks_; ++r) in.outputs[r] = const_cast<void*>(in.inputs[r]);
-        return launchPull(call, in, op.stream,
-                          "registered buffers, in place, size <= LOOM_P2P_PULL_BYTES", true);
+        LOOM_TRY(launchPull(call, in, op.stream,
+                            "registered buffers, in place, size <= LOOM_P2P_PULL_BYTES", true));
+      } else if (form == 3) {
+        LOOM_TRY(launchPull(call, in, op.stream,
+                            "registered inputs and outputs, size <= LOOM_P2P_PULL_BYTES", true));
+      } else {
+        LOOM_TRY(launchPull(call, in, op.stream,
+                            in.writer < 0
+                                ? "registered inputs, size <= LOOM_P2P_PULL_BYTES"
+                                : "registered inputs, size <= LOOM_P2P_PULL_REDUCE_BYTES"));
       }
-      if (form == 3) {
-        return launchPull(call, in, op.stream,
-                          "registered inputs and outputs, size <= LOOM_P2P_PULL_BYTES", true);
+      return true;
+    }
+    case dev::MeshRoute::kPulledAllReduce:
+    case dev::MeshRoute::kPulledOneShot: {
+      dev::PullInputs in;
+      for (int r = 0; r < nranks_; ++r) {
+        in.inputs[r] = all[r].in;
+        in.outputs[r] = all[r].out;
       }
-      return launchPull(call, in, op.stream,
-                        in.writer < 0 ? "registered inputs, size <= LOOM_P2P_PULL_BYTES"
-                                      : "registered inputs, size <= LOOM_P2P_PULL_REDUCE_BYTES");
+      const bool twoShot = step.route == dev::MeshRoute::kPulledAllReduce;
+      LOOM_TRY(failCliqueOn(launchPull(call, in, op.stream, step.why, twoShot)));
+      return true;
     }
-  }
-  // Mid-size all-reduce, every rank's buffers known: each rank reduces its part from every
-  // input and stores it into every output (two-shot), or, where the outputs cannot be
-  // written from here (a stream-ordered pool's), reads every input and writes only its own
-  // output (one-shot, out of place only). The kernels apply no pre-op, so not for
-  // PreMulSum (a user's, or ncclAvg on floating-point types, which is PreMulSum by 1/n):
-  // those keep the slot kernels.
-  if (op.type == collectives::CollType::kAllReduce && pullSize(block) && builtinOp &&
-      peerBuffers(op, index, &all, &inMapped, &outMapped) && inMapped) {
-    dev::PullInputs in;
-    for (int r = 0; r < nranks_; ++r) {
-      in.inputs[r] = all[r].in;
-      in.outputs[r] = all[r].out;
-    }
-    const bool apart = outputsApart(all, block), inPlace = allInPlace(all);
-    if (outMapped && (apart || inPlace)) {
-      return failCliqueOn(
-          launchPull(call, in, op.stream,
-                     inPlace ? "ranks of one process, in place, size <= LOOM_P2P_PULL_BYTES"
-                             : "ranks of one process, out of place, size <= LOOM_P2P_PULL_BYTES",
-                     true));
-    }
-    if (apart) {
-      return failCliqueOn(launchPull(call, in, op.stream,
-                                     "ranks of one process, out of place, output "
-                                     "not mapped, size <= LOOM_P2P_PULL_BYTES"));
-    }
-  }
-  // Copies only, ranks in several processes, inputs registered: each rank's copy engine
-  // pulls its own output together from the inputs where they lie, between two barriers.
-  if (board_ && dev::copyOnly(call.kind) && pullCopyWins(call.kind, block)) {
-    PullRequest req;
-    if (call.kind == dev::MeshKind::kBroadcast) req.source = op.root;
-    req.layout =
-        dev::pullSafe(call.kind, rank_, nranks_, op.root, block, op.sendbuff, op.recvbuff) ? 1 : 0;
-    dev::PullInputs in;
-    LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
-    if (form != 0) {
+    case dev::MeshRoute::kRegisteredCopies: {
+      PullRequest req;
+      if (call.kind == dev::MeshKind::kBroadcast) req.source = op.root;
+      req.layout =
+          dev::pullSafe(call.kind, rank_, nranks_, op.root, block, op.sendbuff, op.recvbuff) ? 1
+                                                                                             : 0;
+      dev::PullInputs in;
+      LOOM_ASSIGN_OR_RETURN(int form, registeredInputs(op, req, &in));
+      if (form == 0) return false;
       LOOM_ASSIGN_OR_RETURN(const bool inGraph, capturing(op.stream));
       if (inGraph) importsInGraph_ = true;
-      return launchCopies(
+      LOOM_TRY(launchCopies(
           call, dev::planPulls(call.kind, rank_, nranks_, op.root, block, in.inputs, op.recvbuff),
-          op.stream,
-          "registered inputs pulled between processes, size >= "
-          "LOOM_P2P_CE_PULL_BYTES");
+          op.stream, step.why));
+      return true;
     }
+    case dev::MeshRoute::kCopyEngines:
+      LOOM_TRY(failCliqueOn(
+          launchCopies(call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()),
+                       op.stream, step.why)));
+      return true;
   }
-  // Copies only, every rank's buffers known (ranks of this process): the copy engines,
-  // each copy moving one rank's block of `block` bytes.
-  if (dev::copyOnly(call.kind) && block >= ceMin_ &&
-      peerBuffers(op, index, &all, &inMapped, &outMapped) && inMapped && outMapped &&
-      dev::copyPlanSafe(call.kind, nranks_, op.root, block, all.data())) {
-    return failCliqueOn(launchCopies(
-        call, dev::planCopies(call.kind, rank_, nranks_, op.root, block, all.data()), op.stream));
-  }
-  return launch(call, op.stream, why);
+  return false;
 }
 
-Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
+Status CudaExecutor::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
   if (!mesh_) return runNetP2p(ops, begin, end);
   DeviceGuard guard(device_);
   cudaStream_t stream = ops[begin].stream;
@@ -628,121 +579,7 @@ Status CudaDeviceComm::runP2p(const std::vector<Operation>& ops, size_t begin, s
   return launchOrdered(call, stream, cap, &list, "grouped Send/Recv");
 }
 
-void CudaDeviceComm::chooseForms(const MeshAgreement& s) {
-  algoText_ = s.algo;
-  const std::string algo = lowered(s.algo), proto = lowered(s.proto);
-  algoSet_ = !algo.empty();
-  forceOne_ = algo == "oneshot" || algo == "one-shot";
-  forceTwo_ = algo == "twoshot" || algo == "two-shot" || algo == "ring" || algo == "tree";
-  forceDirect_ = forceOne_ || algo == "direct";
-  protoLL_ = proto == "ll";
-  const bool protoLL128 = proto == "ll128";
-  // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
-  // turns it off, LOOM_PROTO=ll uses it up to the region's size). The limit counts what
-  // a rank sends each peer: an all-reduce's or reduce's input, a reduce-scatter's part
-  // per rank. By default the whole region (1 MiB) on 2 ranks, measured there against the
-  // next forms (docs/perf/h200x2.md: at 1 MiB all-reduce 12.4 against 15.5 us, reduce
-  // 11.6 against 16.1, a 2 MiB reduce-scatter 12.7-12.9 against 17.4-17.5), 256 KiB above
-  // (unmeasured).
-  const size_t region = dev::kLLBlocks * dev::kLLPayload;
-  llLimit_ = proto == "simple" || protoLL128 ? 0
-             : protoLL_                      ? region
-                                             : std::min<size_t>(s.llBytes, region);
-  // LL128 above the LL limit (LOOM_PROTO=ll128: from 0; simple and ll turn it off).
-  const size_t capacity = ctx_.geo.ll128Capacity();
-  ll128Limit_ = proto == "simple" || protoLL_ ? 0
-                : protoLL128                  ? capacity
-                                              : std::min<size_t>(s.ll128Bytes, capacity);
-  // The agreed sizes are resolved already (auto for this rank count, off, any).
-  oneShotMax_ = s.oneShotBytes;
-  ceMin_ = s.ceBytes;
-  reduceDirectMax_ = s.reduceDirectBytes;
-  pullMax_ = s.pullBytes;
-  pullReduceMax_ = s.pullReduceBytes;
-  twoShotReduceMax_ = s.twoShotReduceBytes;
-  cePullMin_ = s.cePullBytes;
-  chunkReduceMin_ = s.chunkBytes;
-  chunkAllReduceMin_ = s.chunkAllReduceBytes;
-  chunkSize_ = s.chunkSize;
-  // Slots per peer; a chunk is a multiple of 64 KiB.
-  const size_t scratch = s.scratchBytes;
-  chunkMax_ =
-      nranks_ > 1 ? scratch / (chunkSlots_ * size_t(nranks_ - 1)) / (64 * 1024) * (64 * 1024) : 0;
-  if (chunkMax_ == 0) chunkReduceMin_ = chunkAllReduceMin_ = SIZE_MAX;
-  arSlots_ =
-      chunkSlots_ * chunkMax_ / 4 >= kChunkAllReduceBytes ? 4 : static_cast<int>(chunkSlots_);
-}
-
-dev::MeshKind CudaDeviceComm::allReduceKind(const Operation& op, const char** why) const {
-  size_t bytes = op.count * dataTypeSize(op.dtype);
-  switch (flagForm(bytes)) {
-    case FlagForm::kLL:
-      *why = protoLL_ ? "LOOM_PROTO=ll" : "size <= LOOM_P2P_LL_BYTES";
-      return dev::MeshKind::kAllReduceLL;
-    case FlagForm::kLL128:
-      *why = "size <= LOOM_P2P_LL128_BYTES";
-      return dev::MeshKind::kAllReduceLL128;
-    case FlagForm::kNone: break;
-  }
-  if (forceOne_) {
-    *why = "LOOM_ALGO=oneshot";
-    return dev::MeshKind::kAllReduceOneShot;
-  }
-  if (forceTwo_) {
-    *why = "LOOM_ALGO asks for two-shot (ring and tree map to it on a GPU mesh)";
-    return dev::MeshKind::kAllReduceTwoShot;
-  }
-  if (bytes <= oneShotMax_) {
-    *why = "size <= LOOM_P2P_ONESHOT_BYTES (one synchronisation, same bytes for 2 ranks)";
-    return dev::MeshKind::kAllReduceOneShot;
-  }
-  *why = "size > LOOM_P2P_ONESHOT_BYTES (each rank reduces 1/n of the data)";
-  return dev::MeshKind::kAllReduceTwoShot;
-}
-
-dev::MeshKind CudaDeviceComm::reduceScatterKind(const Operation& op, const char** why) const {
-  // The LL forms while each rank's part (what it sends each peer) fits their limits.
-  switch (flagForm(op.count * dataTypeSize(op.dtype))) {
-    case FlagForm::kLL:
-      *why = protoLL_ ? "LOOM_PROTO=ll" : "part per rank <= LOOM_P2P_LL_BYTES";
-      return dev::MeshKind::kReduceScatterLL;
-    case FlagForm::kLL128:
-      *why = "part per rank <= LOOM_P2P_LL128_BYTES";
-      return dev::MeshKind::kReduceScatterLL128;
-    case FlagForm::kNone: break;
-  }
-  return dev::MeshKind::kReduceScatter;
-}
-
-dev::MeshKind CudaDeviceComm::reduceKind(const Operation& op, const char** why) const {
-  size_t bytes = op.count * dataTypeSize(op.dtype);
-  switch (flagForm(bytes)) {
-    case FlagForm::kLL:
-      *why = protoLL_ ? "LOOM_PROTO=ll"
-                      : "size <= LOOM_P2P_LL_BYTES (the LL all-reduce, only the root writes)";
-      return dev::MeshKind::kReduceLL;
-    case FlagForm::kLL128:
-      *why = "size <= LOOM_P2P_LL128_BYTES (the LL128 all-reduce, only the root writes)";
-      return dev::MeshKind::kReduceLL128;
-    case FlagForm::kNone: break;
-  }
-  if (forceDirect_) {
-    *why = "LOOM_ALGO asks for one stage (direct to the root)";
-    return dev::MeshKind::kReduceDirect;
-  }
-  if (forceTwo_) {
-    *why = "LOOM_ALGO asks for two stages (reduce-scatter + gather)";
-    return dev::MeshKind::kReduce;
-  }
-  if (nranks_ == 2 && bytes <= reduceDirectMax_) {
-    *why = "2 ranks and size <= LOOM_P2P_REDUCE_DIRECT_BYTES";
-    return dev::MeshKind::kReduceDirect;
-  }
-  *why = nranks_ == 2 ? "size > LOOM_P2P_REDUCE_DIRECT_BYTES" : "more than 2 ranks";
-  return dev::MeshKind::kReduce;
-}
-
-Status CudaDeviceComm::order(cudaStream_t stream, bool cap) {
+Status CudaExecutor::order(cudaStream_t stream, bool cap) {
   if (!haveLast_ || stream == lastStream_) return Status::ok();
   if (cap != lastCaptured_) {
     if (!warnedCapture_) {
@@ -761,7 +598,7 @@ Status CudaDeviceComm::order(cudaStream_t stream, bool cap) {
   return Status::ok();
 }
 
-Status CudaDeviceComm::join(cudaStream_t earlier, cudaStream_t later) {
+Status CudaExecutor::join(cudaStream_t earlier, cudaStream_t later) {
   LOOM_ASSIGN_OR_RETURN(const bool earlierCapturing, capturing(earlier));
   LOOM_ASSIGN_OR_RETURN(const bool laterCapturing, capturing(later));
   if (earlierCapturing != laterCapturing) return Status::ok();
@@ -769,7 +606,7 @@ Status CudaDeviceComm::join(cudaStream_t earlier, cudaStream_t later) {
   return cudaStatus(cudaStreamWaitEvent(later, joinEvent_, 0), "cudaStreamWaitEvent");
 }
 
-Result<bool> CudaDeviceComm::capturing(cudaStream_t s) {
+Result<bool> CudaExecutor::capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (const cudaError_t e = cudaStreamIsCapturing(s, &st); e != cudaSuccess) {
     cudaGetLastError();
@@ -783,7 +620,7 @@ Result<bool> CudaDeviceComm::capturing(cudaStream_t s) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-Status CudaDeviceComm::recordDone(cudaStream_t stream, bool cap) {
+Status CudaExecutor::recordDone(cudaStream_t stream, bool cap) {
   LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, stream), "cudaEventRecord"));
   lastStream_ = stream;
   lastCaptured_ = cap;
@@ -791,15 +628,15 @@ Status CudaDeviceComm::recordDone(cudaStream_t stream, bool cap) {
   return Status::ok();
 }
 
-Status CudaDeviceComm::launch(const dev::MeshCall& call, cudaStream_t stream, const char* why) {
+Status CudaExecutor::launch(const dev::MeshCall& call, cudaStream_t stream, const char* why) {
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   return launchOrdered(call, stream, cap, nullptr, why);
 }
 
-Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
-                                     const dev::P2pList* p2p, const char* why) {
+Status CudaExecutor::launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
+                                   const dev::P2pList* p2p, const char* why) {
   if (log::enabled(log::kInfo, log::kColl)) {
     auto shape = dev::meshShape(ctx_, call);
     LOOM_INFO(kColl, "GPU %s: %zu x %s, %d blocks, tile %zu elements (%s)",
@@ -813,63 +650,12 @@ Status CudaDeviceComm::launchOrdered(const dev::MeshCall& call, cudaStream_t str
   return recordDone(stream, cap);
 }
 
-}  // namespace detail
-
-int currentDevice() {
-  if (settings::get(settings::kDevice) == "cpu") return -1;
-  int n = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess || n <= 0) {
-    cudaGetLastError();
-    // No GPU, or no driver: host memory, as asked of a machine without GPUs. Any other
-    // error (a driver older than this runtime, say) is said once, since the communicators
-    // then work on host memory where the caller may expect its GPUs.
-    static std::once_flag said;
-    if (e != cudaSuccess && e != cudaErrorNoDevice && e != cudaErrorInsufficientDriver) {
-      std::call_once(said, [e] {
-        LOOM_WARN(kInit, "CUDA cannot count the GPUs (%s: %s): communicators use host memory",
-                  cudaGetErrorName(e), cudaGetErrorString(e));
-      });
-    }
-    return -1;
-  }
-  int d = -1;
-  if (cudaGetDevice(&d) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return d;
+Result<std::unique_ptr<DeviceExecutor>> DeviceExecutor::create(
+    transport::SetupChannel& setup, const std::vector<transport::PeerInfo>& peers, int rank,
+    int device, const ExecutorContext& context) {
+  auto c = std::make_unique<CudaExecutor>();
+  LOOM_TRY(c->init(setup, peers, rank, device, context));
+  return std::unique_ptr<DeviceExecutor>(std::move(c));
 }
 
-bool copyDeviceToHost(void* dst, const void* src, size_t bytes) {
-  if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
-void* deviceAlloc(size_t bytes) {
-  void* p = nullptr;
-  if (cudaMalloc(&p, bytes == 0 ? 1 : bytes) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  return p;
-}
-
-void deviceFree(void* p) {
-  if (p) cudaFree(p);
-  cudaGetLastError();
-}
-
-Result<std::unique_ptr<DeviceComm>> DeviceComm::create(
-    Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank, int device,
-    const DeviceCommContext& context) {
-  auto c = std::make_unique<detail::CudaDeviceComm>();
-  LOOM_TRY(c->init(bootstrap, peers, rank, device, context));
-  return std::unique_ptr<DeviceComm>(std::move(c));
-}
-
-#endif  // LOOM_HAVE_CUDA
-
-}  // namespace loom::comm
+}  // namespace loom::collectives::device

@@ -1,15 +1,11 @@
 // The GPU side of a communicator whose ranks the mesh cannot join (other hosts, or P2P
 // off): every device-buffer call goes to the network executor
 // (collectives/device/net_executor.h), ordered with the communicator's other calls.
-#include "comm/device_comm.h"
-
-#if LOOM_HAVE_CUDA
-#include "comm/communicator.h"
-#include "comm/cuda_device_comm.h"
+#include "collectives/device/cuda_executor.h"
 #include "common/log.h"
 #include "common/settings.h"
 
-namespace loom::comm::detail {
+namespace loom::collectives::device {
 
 namespace {
 
@@ -21,8 +17,8 @@ uint64_t netHandleTag(int sender, int receiver, int lane) {
 
 }  // namespace
 
-Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap,
-                                   const std::vector<transport::PeerInfo>& peers) {
+Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
+                                 const std::vector<transport::PeerInfo>& peers) {
   LOOM_TRY(
       cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
   LOOM_TRY(
@@ -72,7 +68,7 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap,
   }
   o.abortFlag = context_.abortFlag;
   o.commHash = context_.commHash;
-  Bootstrap* bs = &bootstrap;
+  transport::SetupChannel* bs = &bootstrap;
   const int me = rank_;
   dev::NetHandleExchange ex;
   ex.send = [bs, me](int peer, int lane, const transport::net::Handle& h) {
@@ -90,7 +86,7 @@ Status CudaDeviceComm::initNetwork(Bootstrap& bootstrap,
   return Status::ok();
 }
 
-Result<void*> CudaDeviceComm::netScratch(size_t bytes) {
+Result<void*> CudaExecutor::netScratch(size_t bytes) {
   if (netScratchBytes_ >= bytes && !netScratch_.empty()) return netScratch_.back();
   void* p = nullptr;
   LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes), "cudaMalloc of the in-place all-to-all copy"));
@@ -99,7 +95,7 @@ Result<void*> CudaDeviceComm::netScratch(size_t bytes) {
   return p;
 }
 
-Status CudaDeviceComm::runNet(const Operation& op, const DeviceRedOp& red) {
+Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   ++cursor_;
   if (op.count == 0) return Status::ok();
   DeviceGuard guard(device_);
@@ -128,14 +124,14 @@ Status CudaDeviceComm::runNet(const Operation& op, const DeviceRedOp& red) {
   r.scalarDevice = red.scalarDevice;
   r.divisor = red.op.divisor;
   std::string why;
-  LOOM_TRY(net_->runCollective(req, in, op.recvbuff, op.dtype, r, algoText_, op.stream,
+  LOOM_TRY(net_->runCollective(req, in, op.recvbuff, op.dtype, r, limits_.algo, op.stream,
                                log::enabled(log::kInfo, log::kColl) ? &why : nullptr));
   LOOM_INFO(kColl, "GPU %s over the network: %zu x %s (%s)", collectives::collTypeName(op.type),
             op.count, dataTypeName(op.dtype), why.c_str());
   return recordDone(op.stream, cap);
 }
 
-Status CudaDeviceComm::runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
+Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
   DeviceGuard guard(device_);
   cudaStream_t stream = ops[begin].stream;
   // Calls of the group on other streams: those streams' earlier work comes first.
@@ -176,6 +172,4 @@ Status CudaDeviceComm::runNetP2p(const std::vector<Operation>& ops, size_t begin
   return recordDone(stream, cap);
 }
 
-}  // namespace loom::comm::detail
-
-#endif  // LOOM_HAVE_CUDA
+}  // namespace loom::collectives::device

@@ -1,9 +1,10 @@
-// The CUDA side of DeviceComm (comm/device_comm.h), shared by the files that implement it:
-//   comm/device_comm.cc         set-up, the choice of form for each call, the kernels
-//   comm/device_network.cc      device buffers over the network (collectives/device/net_executor.h)
-//   comm/device_one_process.cc  the forms for ranks of one process, which see each other's
-//                               buffers: pulled all-reduce, copy-engine copies, chunked reduce
-// Internal: included only where LOOM_HAVE_CUDA is 1.
+// The CUDA side of DeviceExecutor (executor.h), shared by the files that implement it:
+//   cuda_executor.cc               set-up, each call's plan (mesh_plan.h) run on the mesh
+//   cuda_executor_net.cc           device buffers over the network (net_executor.h)
+//   cuda_executor_local.cc         the forms for ranks of one process, which see each other's
+//                                  buffers: pulled all-reduce, copy-engine copies, chunked reduce
+//   cuda_executor_registration.cc  ncclCommRegister between processes of one host
+// Internal to collectives/device (built only with CUDA).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,16 +19,16 @@
 
 #include "collectives/device/chunk_plan.h"
 #include "collectives/device/copy_plan.h"
+#include "collectives/device/executor.h"
 #include "collectives/device/mesh.h"
+#include "collectives/device/mesh_plan.h"
 #include "collectives/device/net_executor.h"
-#include "comm/communicator.h"
-#include "comm/device_comm.h"
 #include "transports/p2p/p2p_window.h"
 #include "transports/p2p/post_board.h"
 
-namespace loom::comm::detail {
+namespace loom::collectives::device {
 
-namespace dev = collectives::device;
+namespace dev = ::loom::collectives::device;
 using transport::p2p::cudaErrorText;
 
 inline Status cudaStatus(cudaError_t e, const char* what) {
@@ -61,7 +62,7 @@ class DeviceGuard {
 };
 
 // The ranks of one communicator that live in this process, and the calls each posted
-// for the group being run (DeviceComm::postGroup): how a rank learns its peers' buffers.
+// for the group being run (DeviceExecutor::postGroup): how a rank learns its peers' buffers.
 struct Clique {
   struct Call {
     collectives::CollType type;
@@ -83,7 +84,7 @@ struct Clique {
         devices(nranks, -1),
         scratch(nranks, nullptr) {}
   // Only the ranks' kernels write the scratch and the mirror, and every rank's
-  // ~CudaDeviceComm waits for its GPU before it lets go of the Clique.
+  // ~CudaExecutor waits for its GPU before it lets go of the Clique.
   ~Clique() {
     for (size_t r = 0; r < scratch.size(); ++r) {
       if (!scratch[r]) continue;
@@ -123,32 +124,20 @@ struct MeshAgreement {
   int32_t slots = 0;
   int32_t threads = 0;
   uint64_t slotBytes = 0;
-  // The sizes below as LOOM_P2P_* resolve them for this rank count (device_comm.cc).
-  uint64_t llBytes = 0;
-  uint64_t ll128Bytes = 0;
-  uint64_t oneShotBytes = 0;
-  uint64_t ceBytes = 0;
-  uint64_t reduceDirectBytes = 0;
-  uint64_t pullBytes = 0;
-  uint64_t pullReduceBytes = 0;
-  uint64_t twoShotReduceBytes = 0;
-  uint64_t cePullBytes = 0;
-  uint64_t chunkBytes = 0;
-  uint64_t chunkAllReduceBytes = 0;
-  uint64_t chunkSize = 0;
-  uint64_t scratchBytes = 0;
+  // The sizes as LOOM_P2P_* resolve them for this rank count (cuda_executor.cc).
+  dev::MeshSizes sizes;
   uint64_t token = 0;
-  char algo[24] = {0};
+  char algo[64] = {0};  // LOOM_ALGO as given (every rank must give the same)
   char proto[24] = {0};
   char why[96] = {0};
 };
 
-class CudaDeviceComm final : public DeviceComm {
+class CudaExecutor final : public DeviceExecutor {
  public:
-  ~CudaDeviceComm() override;
+  ~CudaExecutor() override;
 
-  Status init(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers, int rank,
-              int device, const DeviceCommContext& context);
+  Status init(transport::SetupChannel& bootstrap, const std::vector<transport::PeerInfo>& peers,
+              int rank, int device, const ExecutorContext& context);
 
   bool mesh() const override { return mesh_; }
 
@@ -161,7 +150,7 @@ class CudaDeviceComm final : public DeviceComm {
 
   void abort() override;
 
-  Status run(const Operation& op, const DeviceRedOp& red) override;
+  Status run(const Operation& op, const ExecutorRedOp& red) override;
 
   Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) override;
 
@@ -169,7 +158,7 @@ class CudaDeviceComm final : public DeviceComm {
   Status deregisterBuffer(void* handle) override;
 
  private:
-  // Registration (comm/device_registration.cc): what ncclCommRegister kept, the
+  // Registration (cuda_executor_registration.cc): what ncclCommRegister kept, the
   // allocations exported for it, and the peers' allocations mapped here.
   struct Registration {
     uintptr_t begin = 0, end = 0;  // what the user registered
@@ -220,64 +209,9 @@ class CudaDeviceComm final : public DeviceComm {
   Status closeImport(Import& im);
   void closeImports();
 
-  // The settings that pick the GPU forms (agreed by every rank), parsed once.
-  void chooseForms(const MeshAgreement& s);
   // LOOM_P2P_SHARE_GPU: caps `blocks` so that every rank's kernel fits on a shared GPU.
   void capForSharedGpu(const std::vector<transport::p2p::GpuIdentity>& gpus, int rank, int sharing,
                        int64_t* blocks);
-
-  // The forms with the flags in the data, for a call that sends each peer `bytes`: LL up to
-  // the LL limit (unless LOOM_ALGO asks for two-shot), LL128 above it up to its own limit
-  // (unless LOOM_ALGO is set at all).
-  enum class FlagForm { kNone, kLL, kLL128 };
-  FlagForm flagForm(size_t bytes) const {
-    if (bytes <= llLimit_ && !forceTwo_) return FlagForm::kLL;
-    if (bytes <= ll128Limit_ && !algoSet_) return FlagForm::kLL128;
-    return FlagForm::kNone;
-  }
-
-  // No LOOM_ALGO and above both flag forms' limits: where the pulled and chunked forms start.
-  bool pastFlagForms(size_t bytes) const {
-    return !algoSet_ && bytes > std::max(llLimit_, ll128Limit_);
-  }
-
-  // Whether a copy collective between processes (registered inputs) pulls its blocks of
-  // `block` bytes with the copy engines: from LOOM_P2P_CE_PULL_BYTES (16 MiB), and where
-  // measured faster than the kernels (2 x H200, session 9, one or two runs, busbw GB/s,
-  // pulls / kernels): all-gather up to 256 MiB a block (16 MiB 259 / 248, 128 MiB 337 /
-  // 314; 256 MiB not measured; 512 MiB 346-350 / 352-353, 4 GiB 350 / 364), broadcast up
-  // to 1 GiB (16 MiB 260 / 251, 1 GiB 379 / 368; not measured above), all-to-all at any
-  // size (16 MiB 255 / 226, 1 GiB 351 / 337, 4 GiB 351 / 351). Pulls top out near 350 GB/s
-  // where the copy engines' pushes reach 390.
-  // Measured on 2 ranks only: with more, each rank's pulls would queue on one stream, so
-  // they stay off there (as the other forms measured on 2 ranks only).
-  bool pullCopyWins(dev::MeshKind kind, size_t block) const {
-    if (nranks_ != 2 || block < cePullMin_) return false;
-    if (kind == dev::MeshKind::kAllGather) return block <= (size_t(256) << 20);
-    if (kind == dev::MeshKind::kBroadcast) return block <= (size_t(1) << 30);
-    return kind == dev::MeshKind::kAllToAll;
-  }
-
-  // Whether an all-reduce of `bytes` may take the pulled form (ranks of one process also
-  // have to agree on the buffers, see run()): up to LOOM_P2P_PULL_BYTES.
-  bool pullSize(size_t bytes) const { return pastFlagForms(bytes) && bytes <= pullMax_; }
-
-  // Whether a reduce of `bytes` may take the two-shot pulled form (ranks of one process,
-  // as the all-reduce): up to LOOM_P2P_TWOSHOT_REDUCE_BYTES.
-  bool twoShotReduceSize(size_t bytes) const {
-    return pastFlagForms(bytes) && bytes <= twoShotReduceMax_;
-  }
-
-  // Whether a call of `type` and `bytes` may take the chunked form (launchChunked): a
-  // reduce from LOOM_P2P_CE_REDUCE_BYTES, an all-reduce from LOOM_P2P_CE_ALLREDUCE_BYTES.
-  bool chunkedSize(collectives::CollType type, size_t bytes) const {
-    if (!pastFlagForms(bytes)) return false;
-    if (type == collectives::CollType::kReduce) return bytes >= chunkReduceMin_;
-    return type == collectives::CollType::kAllReduce && bytes >= chunkAllReduceMin_;
-  }
-
-  // The all-reduce form for `op`, and why (LOOM_DEBUG=INFO with LOOM_DEBUG_SUBSYS=COLL).
-  dev::MeshKind allReduceKind(const Operation& op, const char** why) const;
 
   // Every rank's buffers for the group's index-th device collective, when every rank of
   // the communicator posted the same call in this group (all in this process). Every
@@ -286,6 +220,11 @@ class CudaDeviceComm final : public DeviceComm {
   bool peerBuffers(const Operation& op, size_t index, std::vector<dev::RankBuffers>* all,
                    bool* inputsMapped = nullptr, bool* outputsMapped = nullptr,
                    bool* anyCaptured = nullptr);
+
+  // Runs one step of the call's plan (collectives/device/mesh_plan.h): true when it ran,
+  // false when it declined (every rank alike) and the next step is to be tried.
+  Result<bool> runStep(const dev::MeshStep& step, const Operation& op, const dev::MeshCall& call,
+                       const std::vector<dev::RankBuffers>& all, const dev::MeshCallFacts& facts);
 
   // A rank that fails after it may have enqueued a barrier or a pulled kernel would
   // leave its peers waiting in theirs until LOOM_TIMEOUT_MS: every rank of this process
@@ -333,14 +272,6 @@ class CudaDeviceComm final : public DeviceComm {
   Status launchChunked(const Operation& op, const dev::MeshCall& call,
                        const std::vector<dev::RankBuffers>& all, const std::vector<void*>& scratch);
 
-  // The reduce form: small ones through the LL all-reduce with only the root writing;
-  // then every input straight to the root (one stage; with 2 ranks the same bytes on the
-  // link), or reduce-scatter then gather to the root (each rank reduces 1/n, so the
-  // root's links do not carry every rank's whole input).
-  dev::MeshKind reduceKind(const Operation& op, const char** why) const;
-  // The reduce-scatter form for `op`, and why.
-  dev::MeshKind reduceScatterKind(const Operation& op, const char** why) const;
-
   // Operations of one communicator run in call order even across streams: each launch
   // records lastEvent_, and a launch on another stream waits for it. Within one CUDA
   // graph capture, or outside any, that is an edge; across a capture boundary CUDA allows
@@ -360,30 +291,23 @@ class CudaDeviceComm final : public DeviceComm {
   Status launchOrdered(const dev::MeshCall& call, cudaStream_t stream, bool cap,
                        const dev::P2pList* p2p, const char* why);
 
-  // The network form (comm/device_network.cc): set up at init when the mesh is not, and
+  // The network form (cuda_executor_net.cc): set up at init when the mesh is not, and
   // used for every call then.
-  Status initNetwork(Bootstrap& bootstrap, const std::vector<transport::PeerInfo>& peers);
-  Status runNet(const Operation& op, const DeviceRedOp& red);
+  Status initNetwork(transport::SetupChannel& bootstrap,
+                     const std::vector<transport::PeerInfo>& peers);
+  Status runNet(const Operation& op, const ExecutorRedOp& red);
   Status runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
   // The copy an in-place all-to-all reads from (kept: a captured graph may read it).
   Result<void*> netScratch(size_t bytes);
 
-  DeviceCommContext context_;
+  ExecutorContext context_;
   int rank_ = 0;
   int nranks_ = 0;
   int device_ = -1;
   bool mesh_ = false;
-  std::string algoText_;  // LOOM_ALGO as every rank agreed it
   std::string why_;
-  // The forms' settings (chooseForms).
-  bool algoSet_ = false;      // any LOOM_ALGO: no size-based choice and no one-process forms
-  bool forceOne_ = false;     // LOOM_ALGO=oneshot
-  bool forceTwo_ = false;     // LOOM_ALGO=twoshot (ring, tree)
-  bool forceDirect_ = false;  // LOOM_ALGO=direct or oneshot (reduce)
-  bool protoLL_ = false;      // LOOM_PROTO=ll
-  size_t llLimit_ = 0;        // the LL forms up to this size (bytes sent to each peer)
-  size_t ll128Limit_ = 0;     // the LL128 forms above llLimit_ up to this size
-  size_t oneShotMax_ = 0;
+  // What picks the forms (collectives/device/mesh_plan.h), agreed by every rank at init.
+  dev::MeshLimits limits_;
   int64_t timeoutMs_ = 0;
   std::unique_ptr<transport::p2p::Window> window_;
   uint64_t* state_ = nullptr;
@@ -395,21 +319,10 @@ class CudaDeviceComm final : public DeviceComm {
   cudaEvent_t sideEvent_ = nullptr;  // and the caller's stream waits for it here
   cudaStream_t side_ = nullptr;      // local copies, beside the copies into peers
   std::shared_ptr<Clique> clique_;   // null unless every rank is in this process
-  size_t ceMin_ = 0;                 // LOOM_P2P_CE_BYTES
-  size_t reduceDirectMax_ = 0;       // LOOM_P2P_REDUCE_DIRECT_BYTES
-  size_t pullMax_ = 0;               // LOOM_P2P_PULL_BYTES
-  size_t twoShotReduceMax_ = 0;      // LOOM_P2P_TWOSHOT_REDUCE_BYTES
-  // The chunked all-reduce and reduce (launchChunked): from these sizes, in chunks of
-  // at most chunkMax_ bytes; chunks pushed to each peer and reduced from each, so far.
-  static constexpr size_t chunkSlots_ = 2;  // slots per peer (reduce; the scratch's size)
-  int arSlots_ = 2;                         // the all-reduce's: 4 where each holds 64 MiB
-  bool memopOk_ = true;                     // cuStreamWriteValue64 has not failed
+  // The chunked all-reduce and reduce (launchChunked; sizes and slots in limits_): chunks
+  // pushed to each peer and reduced from each, so far.
+  bool memopOk_ = true;  // cuStreamWriteValue64 has not failed
   static constexpr int kChunkAllReduceBlocks = 48;
-  static constexpr size_t kChunkAllReduceBytes = size_t(64) << 20;
-  size_t chunkReduceMin_ = SIZE_MAX;     // LOOM_P2P_CE_REDUCE_BYTES
-  size_t chunkAllReduceMin_ = SIZE_MAX;  // LOOM_P2P_CE_ALLREDUCE_BYTES
-  size_t chunkSize_ = 0;                 // LOOM_P2P_CE_CHUNK_BYTES (0: by form)
-  size_t chunkMax_ = 0;                  // LOOM_P2P_CE_SCRATCH_BYTES / (2 x peers)
   dev::ChunkCounters chunkCounters_;
   cudaStream_t pushStream_ =
       nullptr;  // our copies: input chunks to their owners, reduced chunks to the peers
@@ -428,10 +341,8 @@ class CudaDeviceComm final : public DeviceComm {
   size_t netScratchBytes_ = 0;
   // Registration between processes (null board: one process, or the board failed).
   std::unique_ptr<transport::p2p::PostBoard> board_;
-  uint64_t boardSeq_ = 0;        // calls that exchanged posts so far (the same count on every rank)
-  size_t pullReduceMax_ = 0;     // LOOM_P2P_PULL_REDUCE_BYTES
-  size_t cePullMin_ = SIZE_MAX;  // LOOM_P2P_CE_PULL_BYTES
-  std::mutex regMutex_;          // registrations may come from another thread than the calls
+  uint64_t boardSeq_ = 0;  // calls that exchanged posts so far (the same count on every rank)
+  std::mutex regMutex_;    // registrations may come from another thread than the calls
   std::vector<std::unique_ptr<Registration>> registrations_;
   std::vector<ExportRef> exports_;
   std::map<std::pair<int, uint32_t>, Import> imports_;  // (rank, entry)
@@ -441,4 +352,4 @@ class CudaDeviceComm final : public DeviceComm {
   std::vector<transport::p2p::Post> posts_;
 };
 
-}  // namespace loom::comm::detail
+}  // namespace loom::collectives::device

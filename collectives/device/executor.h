@@ -1,9 +1,11 @@
-// The GPU side of a communicator: set up at init when the rank has a CUDA device, and
-// used for every operation whose buffers are device memory.
+// The GPU executor: a communicator's device side, set up at init when the rank has a CUDA
+// device, and used for every operation whose buffers are device memory. The communicator
+// (comm/) owns one and hands it each call; the choice of form is collectives/device/
+// mesh_plan.h's and net_plan.h's, the executor runs what they choose.
 //
 // Two modes, decided at init (the same on every rank):
 //   mesh     every rank's GPU maps every other's (one host, P2P over NVLink or PCIe): the
-//            collectives run as kernels on the caller's stream (collectives/device),
+//            collectives run as kernels on the caller's stream (collectives/device/mesh.h),
 //            fully asynchronous and capturable in CUDA graphs.
 //   network  otherwise (ranks on several hosts, P2P disabled or impossible): kernels on
 //            the caller's stream move the data through FIFOs in page-locked host memory
@@ -13,46 +15,43 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "comm/bootstrap.h"
+#include "collectives/operation.h"
 #include "common/datatype.h"
 #include "common/status.h"
+#include "transports/setup_channel.h"
 #include "transports/transport.h"
 
-namespace loom::comm {
+namespace loom::collectives::device {
 
-struct Operation;
-
-// What the communicator hands the device side for a reduction.
-struct DeviceRedOp {
+// What the communicator hands the executor for a reduction.
+struct ExecutorRedOp {
   RedOp op;
   const void* scalarDevice = nullptr;  // PreMulSum scalar in device memory, or null
 };
 
-// What the device side gets from its communicator besides the bootstrap.
-struct DeviceCommContext {
+// What the executor gets from its communicator besides the set-up channel.
+struct ExecutorContext {
   const std::atomic<bool>* abortFlag = nullptr;  // ncclCommAbort
   uint64_t commHash = 0;  // tells this communicator's connections from others'
 };
 
-class DeviceComm {
+class DeviceExecutor {
  public:
-  // Returns null (and no error) when this build has no CUDA. Collective over bootstrap,
-  // which must outlive the object.
-  static Result<std::unique_ptr<DeviceComm>> create(Bootstrap& bootstrap,
-                                                    const std::vector<transport::PeerInfo>& peers,
-                                                    int rank, int device,
-                                                    const DeviceCommContext& context);
-  virtual ~DeviceComm() = default;
+  // Returns null (and no error) when this build has no CUDA. Collective over `setup` (the
+  // communicator's bootstrap), which must outlive the object.
+  static Result<std::unique_ptr<DeviceExecutor>> create(
+      transport::SetupChannel& setup, const std::vector<transport::PeerInfo>& peers, int rank,
+      int device, const ExecutorContext& context);
+  virtual ~DeviceExecutor() = default;
 
   virtual bool mesh() const = 0;
   virtual std::string describe() const = 0;
   // Enqueues one collective on its stream.
-  virtual Status run(const Operation& op, const DeviceRedOp& red) = 0;
+  virtual Status run(const Operation& op, const ExecutorRedOp& red) = 0;
   // Send/Recv calls of one group (all on device memory).
   virtual Status runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) = 0;
   // A group's calls, posted by every communicator of the group before any of them runs
@@ -62,7 +61,7 @@ class DeviceComm {
   virtual void postGroup(uint64_t group, const std::vector<Operation>& ops) = 0;
   virtual void endGroup() = 0;
   // ncclCommRegister: [buff, buff + bytes) may be read by peers in other processes where
-  // it lies (the registered forms, comm/device_registration.cc). Returns the handle for
+  // it lies (the registered forms, cuda_executor_registration.cc). Returns the handle for
   // deregisterBuffer. Memory loom cannot export (not from cudaMalloc) is still accepted,
   // without effect.
   virtual Result<void*> registerBuffer(void* buff, size_t bytes) = 0;
@@ -72,17 +71,4 @@ class DeviceComm {
   virtual void abort() = 0;
 };
 
-// True when `p` is device memory (the CUDA driver says so).
-bool isDeviceBuffer(const void* p);
-// The device the calling thread uses, or -1 without GPUs (or with LOOM_DEVICE=cpu).
-int currentDevice();
-
-}  // namespace loom::comm
-
-namespace loom::comm {
-// Copies `bytes` from device memory to the host (synchronously); false on failure.
-bool copyDeviceToHost(void* dst, const void* src, size_t bytes);
-// Device memory on the current GPU (ncclMemAlloc); null on failure or without CUDA.
-void* deviceAlloc(size_t bytes);
-void deviceFree(void* p);
-}  // namespace loom::comm
+}  // namespace loom::collectives::device
