@@ -215,10 +215,11 @@ void Communicator::logTopologyChoices() {
             t.children[1]);
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_) continue;
-    auto sel = selectTransport(p);
+    auto sel = chooseTransportTo(p);
     if (sel) {
-      LOOM_INFO(kInit, "peer %d: would use %s (%s)", p, transports_[*sel]->name(),
-                peers_[p].hostHash == peers_[rank_].hostHash ? "same host" : "another host");
+      LOOM_INFO(kInit, "peer %d: would use %s (%s; %s)", p, transports_[sel->index]->name(),
+                peers_[p].hostHash == peers_[rank_].hostHash ? "same host" : "another host",
+                sel->reason.c_str());
     }
   }
 }
@@ -237,17 +238,16 @@ Communicator::~Communicator() {
   transports_.clear();
 }
 
+Result<transport::Selection> Communicator::chooseTransportTo(int peer) const {
+  std::vector<transport::Offer> offers(transports_.size());
+  for (size_t i = 0; i < transports_.size(); ++i)
+    offers[i] = {transports_[i]->name(), transports_[i]->canConnect(peers_[rank_], peers_[peer])};
+  return transport::chooseTransport(offers, rank_, peer);
+}
+
 Result<int> Communicator::selectTransport(int peer) const {
-  std::string reasons;
-  for (size_t i = 0; i < transports_.size(); ++i) {
-    auto cap = transports_[i]->canConnect(peers_[rank_], peers_[peer]);
-    if (cap.reachable) return static_cast<int>(i);
-    reasons += std::string(" ") + transports_[i]->name() + ": " + cap.reason + ";";
-  }
-  return errorf(Code::kInvalidUsage,
-                "no transport can reach rank %d from rank %d:%s "
-                "(check LOOM_TRANSPORTS)",
-                peer, rank_, reasons.c_str());
+  LOOM_ASSIGN_OR_RETURN(const transport::Selection s, chooseTransportTo(peer));
+  return s.index;
 }
 
 Status Communicator::ensureConnected(const std::vector<int>& sendPeers,

@@ -27,6 +27,7 @@
 #include "comm/topology_view.h"
 #include "common/datatype.h"
 #include "nccl.h"
+#include "transports/select.h"
 #include "transports/transport.h"
 
 namespace loom::comm {
@@ -133,6 +134,8 @@ class Communicator : public collectives::ConnectionProvider {
   // A PreMulSum scalar in host or device memory; an error when the copy fails (never a
   // made-up value).
   Result<double> readScalar(DataType type, const void* p) const;
+  // The transport for `peer` from the transports' reports (transports/select.h).
+  Result<transport::Selection> chooseTransportTo(int peer) const;
   Result<int> selectTransport(int peer) const;
   void logTopologyChoices();
   void workerMain();

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "common/log.h"
@@ -98,6 +99,12 @@ Result<SocketAddress> SocketAddress::parse(const std::string& text) {
   freeaddrinfo(res);
   a.setPort(static_cast<uint16_t>(p));
   return a;
+}
+
+int interfaceSpeedMbps(const std::string& name) {
+  std::ifstream speed("/sys/class/net/" + name + "/speed");
+  int mbps = 0;
+  return speed >> mbps && mbps > 0 ? mbps : 0;
 }
 
 bool matchInterface(const std::string& filter, const std::string& name) {

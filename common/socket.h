@@ -48,6 +48,11 @@ struct NetInterface {
 // exact names ("^=" exact exclusions). Empty: any but loopback and docker/virtual
 // bridges, falling back to loopback when nothing else exists.
 bool matchInterface(const std::string& filter, const std::string& name);
+// The link speed sysfs gives for interface `name` (/sys/class/net/NAME/speed), in Mb/s; 0
+// when it says nothing (loopback, many virtual NICs) or cannot be read.
+int interfaceSpeedMbps(const std::string& name);
+// What an interface whose speed sysfs does not give is planned as: 10 Gb/s.
+inline constexpr int kUnknownLinkMbps = 10000;
 // All interfaces with an address, after the filter (LOOM_SOCKET_IFNAME) and the family
 // (LOOM_SOCKET_FAMILY), best first. Never empty unless the machine has no interfaces
 // at all (then an error naming the filter).

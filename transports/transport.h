@@ -49,15 +49,19 @@ struct PeerInfo {
   uint64_t cpuMask[16] = {};
 };
 
-// Answer to "can these two ranks connect through you, and how well".
+// Answer to "can these two ranks connect through you, and how well". The communicator
+// chooses among the transports that answer reachable from these reports
+// (transports/select.h), not from their order.
 struct Capability {
   bool reachable = false;
   bool hostMemory = true;     // moves host buffers directly
   bool deviceMemory = false;  // moves device buffers directly (others stage)
-  double bandwidthGBs = 0;    // expected one-way bandwidth
-  double latencyUs = 0;
-  bool network = false;  // every message goes through a network stack (sockets)
-  std::string reason;    // why not reachable (logged at INFO)
+  bool dmaBuf = false;        // takes device memory as a dma-buf (GPUDirect RDMA)
+  bool needsProxy = false;    // a thread of the rank's moves its messages (network backends)
+  double bandwidthGBs = 0;    // expected one-way bandwidth, GB/s
+  double latencyUs = 0;       // expected one-way latency of a small message
+  bool network = false;       // every message goes through a network stack (sockets)
+  std::string reason;         // why not reachable (logged at INFO)
 };
 
 // Sizes shared by all connections of a communicator.

@@ -6,7 +6,6 @@
 
 #include <climits>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 
 #include "common/log.h"
@@ -80,10 +79,8 @@ Properties interfaceProperties(const NetInterface& i) {
   Properties p;
   p.name = i.name;
   p.ptrSupport = kPtrHost;
-  p.speedMbps = 10000;
-  std::ifstream speed("/sys/class/net/" + i.name + "/speed");
-  int mbps = 0;
-  if (speed >> mbps && mbps > 0) p.speedMbps = mbps;
+  const int mbps = interfaceSpeedMbps(i.name);
+  p.speedMbps = mbps > 0 ? mbps : kUnknownLinkMbps;
   char real[PATH_MAX];
   if (::realpath(("/sys/class/net/" + i.name + "/device").c_str(), real)) p.pciPath = real;
   p.maxRecvs = 1;

@@ -376,6 +376,7 @@ class NetTransport final : public Transport {
     }
     c.reachable = true;
     c.hostMemory = true;
+    c.needsProxy = true;  // a connector thread, and the proxy for device buffers
     c.network = true;
     c.bandwidthGBs = props_.speedMbps / 8000.0;
     c.latencyUs = props_.latencyUs;

@@ -366,9 +366,10 @@ class TcpSetup : public RecvSetup {
 
 class TcpTransport : public Transport {
  public:
-  TcpTransport(const TransportContext& ctx, Socket listener, SocketAddress address)
+  TcpTransport(const TransportContext& ctx, Socket listener, SocketAddress address, int speedMbps)
       : ctx_(ctx),
         listener_(std::move(listener)),
+        speedMbps_(speedMbps),
         address_(address),
         arrivals_(&listener_, sizeof(Hello), 5000, "tcp rank " + std::to_string(ctx.self.rank)),
         rng_(std::random_device{}()) {
@@ -381,7 +382,7 @@ class TcpTransport : public Transport {
   Capability canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
     Capability c;
     c.reachable = true;
-    c.bandwidthGBs = 1;
+    c.bandwidthGBs = speedMbps_ / 8000.0;  // the interface's, as the net backends report it
     c.latencyUs = 20;
     c.network = true;
     return c;
@@ -458,6 +459,7 @@ class TcpTransport : public Transport {
  private:
   TransportContext ctx_;
   Socket listener_;
+  int speedMbps_;  // the listening interface's link speed (kUnknownLinkMbps when not known)
   SocketAddress address_;
   Arrivals arrivals_;  // connections to listener_ until their hello is in
   std::mt19937_64 rng_;
@@ -483,7 +485,9 @@ Result<std::unique_ptr<Transport>> makeTcpTransport(const TransportContext& ctx)
   LOOM_ASSIGN_OR_RETURN(Socket listener, Socket::listen(addr));
   LOOM_ASSIGN_OR_RETURN(SocketAddress bound, listener.localAddress());
   LOOM_INFO(kNet, "tcp: listening on %s (%s)", bound.toString().c_str(), ifs.front().name.c_str());
-  return std::unique_ptr<Transport>(new TcpTransport(ctx, std::move(listener), bound));
+  const int mbps = interfaceSpeedMbps(ifs.front().name);
+  return std::unique_ptr<Transport>(
+      new TcpTransport(ctx, std::move(listener), bound, mbps > 0 ? mbps : kUnknownLinkMbps));
 }
 
 }  // namespace loom::transport
