@@ -52,7 +52,10 @@ class AlgoRequest {
   }
   // True when the list names `a` itself (not through "^").
   bool names(AlgoName a) const { return set_ && !exclude_ && allows(a); }
-  // The text as given (for logs and the agreement between ranks).
+  // What the request allows, as one word that ranks can compare: bit i for AlgoName i,
+  // and the top bit when anything was asked.
+  uint32_t allowedMask() const { return mask_ | (set_ ? 0x80000000u : 0u); }
+  // The text as given (for logs).
   const std::string& text() const { return text_; }
 
  private:

@@ -51,7 +51,8 @@ struct PeerInfo {
 
 // Answer to "can these two ranks connect through you, and how well". The communicator
 // chooses among the transports that answer reachable from these reports
-// (transports/select.h), not from their order.
+// (transports/select.h), not from their order. Bandwidth and latency are what the
+// transport knows of its link (0: not known).
 struct Capability {
   bool reachable = false;
   bool hostMemory = true;     // moves host buffers directly
@@ -61,6 +62,7 @@ struct Capability {
   double bandwidthGBs = 0;    // expected one-way bandwidth, GB/s
   double latencyUs = 0;       // expected one-way latency of a small message
   bool network = false;       // every message goes through a network stack (sockets)
+  bool fallback = false;      // the transport that always works, for when nothing else does
   std::string reason;         // why not reachable (logged at INFO)
 };
 

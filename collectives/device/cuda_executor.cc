@@ -160,15 +160,12 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
   sz.scratchBytes = get(settings::kP2pCeScratchBytes).orAuto(0);
   if (rank == 0) mine.token = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32);
   const std::string algoText = settings::get(settings::kAlgo);
-  if (algoText.size() >= sizeof(mine.algo)) {
-    return errorf(Code::kInvalidArgument, "LOOM_ALGO/NCCL_ALGO is longer than %zu characters",
-                  sizeof(mine.algo) - 1);
-  }
   LOOM_ASSIGN_OR_RETURN(const collectives::AlgoRequest algo,
                         collectives::AlgoRequest::parse(algoText));
   LOOM_ASSIGN_OR_RETURN(const collectives::Proto proto,
                         collectives::parseProto(settings::get(settings::kProto)));
-  std::snprintf(mine.algo, sizeof(mine.algo), "%s", algoText.c_str());
+  mine.algoAllowed = algo.allowedMask();
+  std::snprintf(mine.algo, sizeof(mine.algo), "%s", algoText.c_str());  // for messages only
   std::snprintf(mine.proto, sizeof(mine.proto), "%s", collectives::protoText(proto));
   std::vector<MeshAgreement> all(nranks_);
   all[rank] = mine;
@@ -180,7 +177,7 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
       why_ = "rank " + std::to_string(r) + ": " + all[r].why;
       break;
     }
-    if (!(all[r].sizes == mine.sizes) || std::strcmp(all[r].algo, mine.algo) != 0 ||
+    if (!(all[r].sizes == mine.sizes) || all[r].algoAllowed != mine.algoAllowed ||
         std::strcmp(all[r].proto, mine.proto) != 0) {
       return errorf(
           Code::kInvalidUsage,

@@ -127,7 +127,8 @@ struct MeshAgreement {
   // The sizes as LOOM_P2P_* resolve them for this rank count (cuda_executor.cc).
   dev::MeshSizes sizes;
   uint64_t token = 0;
-  char algo[64] = {0};  // LOOM_ALGO as given (every rank must give the same)
+  uint32_t algoAllowed = 0;  // LOOM_ALGO parsed: what it allows (every rank must agree)
+  char algo[64] = {0};       // as given, for the message when they do not
   char proto[24] = {0};
   char why[96] = {0};
 };

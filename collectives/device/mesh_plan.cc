@@ -8,12 +8,12 @@ FlagForm MeshLimits::flagForm(size_t bytes) const {
   // LL up to its limit unless LOOM_ALGO asks for two-shot; LL128 above it up to its own
   // limit unless LOOM_ALGO says anything.
   if (bytes <= llLimit && !forceTwoShot) return FlagForm::kLL;
-  if (bytes <= ll128Limit && !algo.set()) return FlagForm::kLL128;
+  if (bytes <= ll128Limit && !algoRestricts) return FlagForm::kLL128;
   return FlagForm::kNone;
 }
 
 bool MeshLimits::pastFlagForms(size_t bytes) const {
-  return !algo.set() && bytes > std::max(llLimit, ll128Limit);
+  return !algoRestricts && bytes > std::max(llLimit, ll128Limit);
 }
 
 bool MeshLimits::chunkedSize(CollType type, size_t bytes) const {
@@ -51,10 +51,13 @@ MeshLimits resolveMeshLimits(const MeshSizes& s, const AlgoRequest& algo, Proto 
   using A = AlgoName;
   const bool two = algo.allows(A::kTwoShot) || algo.allows(A::kRing) || algo.allows(A::kTree);
   const bool one = algo.allows(A::kOneShot), direct = algo.allows(A::kDirect);
-  m.forceOneShot = algo.set() && one && !two;
-  m.forceTwoShot = algo.set() && two && !one;
-  m.forceReduceDirect = algo.set() && (direct || one) && !two;
-  m.forceReduceTwoStage = algo.set() && two && !direct && !one;
+  m.anyTwoShot = two;
+  m.algoRestricts = algo.set() && !(one && direct && algo.allows(A::kTwoShot) &&
+                                    algo.allows(A::kRing) && algo.allows(A::kTree));
+  m.forceOneShot = m.algoRestricts && one && !two;
+  m.forceTwoShot = m.algoRestricts && two && !one;
+  m.forceReduceDirect = m.algoRestricts && (direct || one) && !two;
+  m.forceReduceTwoStage = m.algoRestricts && two && !direct && !one;
   // LL: one-shot with the flags inside the data, for small messages (LOOM_PROTO=simple
   // turns it off, LOOM_PROTO=ll uses it up to the region's size). The limit counts what
   // a rank sends each peer: an all-reduce's or reduce's input, a reduce-scatter's part
@@ -119,7 +122,8 @@ MeshKind allReduceKind(const MeshLimits& m, size_t bytes, const char** why) {
     *why = "LOOM_ALGO asks for two-shot (ring and tree map to it on a GPU mesh)";
     return MeshKind::kAllReduceTwoShot;
   }
-  if (bytes <= m.oneShotMax) {
+  // (A name LOOM_ALGO leaves out is not chosen by size either, where another is allowed.)
+  if (bytes <= m.oneShotMax && (m.algo.allows(AlgoName::kOneShot) || !m.anyTwoShot)) {
     *why = "size <= LOOM_P2P_ONESHOT_BYTES (one synchronisation, same bytes for 2 ranks)";
     return MeshKind::kAllReduceOneShot;
   }
@@ -166,7 +170,8 @@ MeshKind reduceKind(const MeshLimits& m, size_t bytes, const char** why) {
     *why = "LOOM_ALGO asks for two stages (reduce-scatter + gather)";
     return MeshKind::kReduce;
   }
-  if (m.nranks == 2 && bytes <= m.reduceDirectMax) {
+  if (m.nranks == 2 && bytes <= m.reduceDirectMax &&
+      (m.algo.allows(AlgoName::kDirect) || !m.anyTwoShot)) {
     *why = "2 ranks and size <= LOOM_P2P_REDUCE_DIRECT_BYTES";
     return MeshKind::kReduceDirect;
   }

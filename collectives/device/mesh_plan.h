@@ -49,6 +49,11 @@ struct MeshLimits {
   int nranks = 0;
   AlgoRequest algo;  // LOOM_ALGO as every rank agreed it
   Proto proto = Proto::kAuto;
+  // Whether LOOM_ALGO leaves out any of the mesh's names (oneshot, twoshot, ring, tree,
+  // direct): only then do the size rules and the one-process forms stand aside
+  // ("^nvls", NCCL's way to turn NVLink SHARP off, leaves the mesh as it is).
+  bool algoRestricts = false;
+  bool anyTwoShot = true;  // LOOM_ALGO allows twoshot, ring or tree (or says nothing)
   // What LOOM_ALGO forces among the mesh's forms (all false when it forces nothing here).
   bool forceOneShot = false;         // all-reduce: oneshot and none of twoshot, ring, tree
   bool forceTwoShot = false;         // all-reduce: twoshot, ring or tree, and not oneshot

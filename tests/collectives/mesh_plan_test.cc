@@ -119,6 +119,29 @@ TEST(MeshPlan, AlgoForcesTheShots) {
   EXPECT_EQ(routes(p), std::vector<MeshRoute>{R::kKernel});
 }
 
+// LOOM_ALGO restricts the mesh only where it leaves out one of the mesh's names, and what
+// it leaves out is not chosen by size either.
+TEST(MeshPlan, AlgoListsAndExclusions) {
+  // "^nvls" (NCCL's switch for NVLink SHARP) leaves every mesh form as it was.
+  const MeshLimits nvls = limits(2, "^NVLS");
+  EXPECT_FALSE(nvls.algoRestricts);
+  EXPECT_EQ(routes(planMeshCall(nvls, inProcess(CollType::kAllReduce, 8 * MiB))),
+            std::vector<MeshRoute>{R::kPulledAllReduce});
+  // "Ring,Tree": the two-shot, as ring alone.
+  EXPECT_EQ(planMeshCall(limits(2, "Ring,Tree"), call(CollType::kAllReduce, 8)).kind,
+            MeshKind::kAllReduceTwoShot);
+  // "^direct": a 2-rank reduce of up to LOOM_P2P_REDUCE_DIRECT_BYTES takes two stages.
+  EXPECT_EQ(planMeshCall(limits(2, "^direct"), call(CollType::kReduce, 2 * MiB)).kind,
+            MeshKind::kReduce);
+  // A name without a mesh form ("doubling") restricts the mesh but forces nothing: the
+  // size rules choose among the shots as before.
+  const MeshLimits doubling = limits(2, "doubling");
+  EXPECT_TRUE(doubling.algoRestricts);
+  EXPECT_EQ(planMeshCall(doubling, call(CollType::kAllReduce, 2 * MiB)).kind,
+            MeshKind::kAllReduceOneShot);
+  EXPECT_EQ(planMeshCall(doubling, call(CollType::kReduce, 2 * MiB)).kind, MeshKind::kReduceDirect);
+}
+
 TEST(MeshPlan, ReduceForms) {
   const MeshLimits two = limits(2), three = limits(3);
   EXPECT_EQ(planMeshCall(two, call(CollType::kReduce, 1 * MiB)).kind, MeshKind::kReduceLL);

@@ -6,38 +6,70 @@
 namespace loom::transport {
 namespace {
 
-Offer offer(const char* name, double gbs, double us, bool reachable = true) {
+enum Kind { kMemory, kBackend, kFallback };
+
+Offer offer(const char* name, Kind kind, double gbs, double us, bool reachable = true) {
   Offer o;
   o.name = name;
   o.cap.reachable = reachable;
+  o.cap.network = kind != kMemory;
+  o.cap.needsProxy = kind == kBackend;
+  o.cap.fallback = kind == kFallback;
   o.cap.bandwidthGBs = gbs;
   o.cap.latencyUs = us;
   if (!reachable) o.cap.reason = std::string(name) + " cannot";
   return o;
 }
 
-TEST(SelectTransport, FastestReachableWins) {
-  // Another host: the network backend's 400 Gb/s port over tcp on the same host's 25 Gb/s.
-  auto s = chooseTransport(
-      {offer("shm", 10, 1, false), offer("net/ib", 50, 2), offer("tcp", 3.1, 20)}, 0, 1);
-  ASSERT_TRUE(s.isOk());
-  EXPECT_EQ(s->index, 1);
-  EXPECT_NE(s->reason.find("50 GB/s"), std::string::npos) << s->reason;
-  EXPECT_NE(s->reason.find("tcp: 3.1 GB/s"), std::string::npos) << s->reason;
-  // Order does not decide: listed last, the fastest still wins.
-  auto t = chooseTransport({offer("tcp", 1.25, 20), offer("shm", 10, 1)}, 0, 1);
-  ASSERT_TRUE(t.isOk());
-  EXPECT_EQ(t->index, 1);
+int chosen(const std::vector<Offer>& offers) {
+  auto s = chooseTransport(offers, 0, 1);
+  EXPECT_TRUE(s.isOk()) << s.status().message();
+  return s.isOk() ? s->index : -1;
 }
 
-TEST(SelectTransport, LatencyThenOrderBreakTies) {
-  auto s = chooseTransport({offer("a", 1.25, 20), offer("b", 1.25, 5), offer("c", 1.25, 5)}, 0, 1);
+// Two ranks of one host: shared memory, however fast the NIC tcp would use (a 400 GbE
+// port is still loopback TCP between them).
+TEST(SelectTransport, MemoryBeforeTheNetwork) {
+  EXPECT_EQ(chosen({offer("tcp", kFallback, 50, 20), offer("shm", kMemory, 10, 1)}), 1);
+  EXPECT_EQ(chosen({offer("self", kMemory, 10, 0.1), offer("shm", kMemory, 10, 1),
+                    offer("tcp", kFallback, 50, 20)}),
+            0);  // a rank's messages to itself: the lower latency of two memories
+}
+
+// Across hosts: the network backend (configured or found) over the tcp fallback, even
+// where tcp's interface is faster or the backend does not know its speed.
+TEST(SelectTransport, BackendBeforeTheFallback) {
+  const Offer shm = offer("shm", kMemory, 10, 1, false);
+  EXPECT_EQ(chosen({shm, offer("net/ib", kBackend, 25, 0), offer("tcp", kFallback, 100, 20)}), 1);
+  EXPECT_EQ(chosen({shm, offer("tcp", kFallback, 1.25, 20), offer("net/Plugin", kBackend, 0, 0)}),
+            2);
+  // Only the fallback reaches: it is used.
+  EXPECT_EQ(
+      chosen({shm, offer("net/ucx", kBackend, 1.25, 0, false), offer("tcp", kFallback, 1.25, 20)}),
+      2);
+}
+
+TEST(SelectTransport, WithinATierBandwidthThenLatencyThenOrder) {
+  EXPECT_EQ(chosen({offer("a", kMemory, 5, 1), offer("b", kMemory, 10, 2)}), 1);
+  EXPECT_EQ(chosen({offer("a", kMemory, 10, 2), offer("b", kMemory, 10, 1)}), 1);
+  EXPECT_EQ(chosen({offer("a", kMemory, 10, 1), offer("b", kMemory, 10, 1)}), 0);
+  // Not known (0) decides nothing: the next criterion, then the order.
+  EXPECT_EQ(chosen({offer("a", kMemory, 0, 5), offer("b", kMemory, 10, 1)}), 1);
+  EXPECT_EQ(chosen({offer("a", kMemory, 0, 0), offer("b", kMemory, 10, 1)}), 0);
+}
+
+TEST(SelectTransport, TheReasonGivesTheFiguresOfEveryOffer) {
+  auto s =
+      chooseTransport({offer("net/ib", kBackend, 50, 2), offer("tcp", kFallback, 3.1, 20)}, 0, 1);
   ASSERT_TRUE(s.isOk());
-  EXPECT_EQ(s->index, 1);  // the lower latency, and of two equal ones the first
+  EXPECT_NE(s->reason.find("50 GB/s, 2 us, over the network, a proxy thread"), std::string::npos)
+      << s->reason;
+  EXPECT_NE(s->reason.find("tcp: 3.1 GB/s"), std::string::npos) << s->reason;
 }
 
 TEST(SelectTransport, NoneReachableNamesEveryReason) {
-  auto s = chooseTransport({offer("shm", 10, 1, false), offer("net/ib", 50, 2, false)}, 3, 7);
+  auto s = chooseTransport(
+      {offer("shm", kMemory, 10, 1, false), offer("net/ib", kBackend, 50, 2, false)}, 3, 7);
   ASSERT_FALSE(s.isOk());
   EXPECT_EQ(s.status().code(), Code::kInvalidUsage);
   const std::string m = s.status().message();
@@ -45,25 +77,6 @@ TEST(SelectTransport, NoneReachableNamesEveryReason) {
   EXPECT_NE(m.find("shm: shm cannot"), std::string::npos) << m;
   EXPECT_NE(m.find("net/ib: net/ib cannot"), std::string::npos) << m;
   EXPECT_NE(m.find("LOOM_TRANSPORTS"), std::string::npos) << m;
-}
-
-// The defaults loom's transports report keep the choices the list order made before:
-// shared memory on one host, the network backend (its port's speed) or tcp (its
-// interface's) across hosts, self for a rank itself.
-TEST(SelectTransport, LoomsOwnReportsKeepTheUsualChoices) {
-  const Offer self = offer("self", 10, 0.1), shm = offer("shm", 10, 1);
-  const Offer tcp = offer("tcp", 10000 / 8000.0, 20);
-  auto sameHost = chooseTransport({offer("self", 0, 0, false), shm, tcp}, 0, 1);
-  ASSERT_TRUE(sameHost.isOk());
-  EXPECT_EQ(sameHost->index, 1);
-  auto itself = chooseTransport({self, shm, tcp}, 0, 0);
-  ASSERT_TRUE(itself.isOk());
-  EXPECT_EQ(itself->index, 0);
-  // Across hosts a socket backend on the same interface ties with tcp on bandwidth; its
-  // latency (0: unknown) or, failing that, its place before tcp in the list, keeps it.
-  auto across = chooseTransport({offer("shm", 10, 1, false), offer("net/ucx", 1.25, 0), tcp}, 0, 1);
-  ASSERT_TRUE(across.isOk());
-  EXPECT_EQ(across->index, 1);
 }
 
 }  // namespace

@@ -385,6 +385,7 @@ class TcpTransport : public Transport {
     c.bandwidthGBs = speedMbps_ / 8000.0;  // the interface's, as the net backends report it
     c.latencyUs = 20;
     c.network = true;
+    c.fallback = true;
     return c;
   }
   Result<std::unique_ptr<RecvSetup>> listen(const PeerInfo& peer, const Deadline&) override {
