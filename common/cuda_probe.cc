@@ -29,6 +29,11 @@ using CuDeviceGetCount = int (*)(int*);
 using CuDeviceCanAccessPeer = int (*)(int*, int, int);
 using CuDeviceGetP2PAttribute = int (*)(int*, int, int, int);
 using CuStreamWriteValue64 = int (*)(void*, uintptr_t, uint64_t, unsigned);
+using CuDeviceGetAttribute = int (*)(int*, int, int);
+
+constexpr int kAttrComputeMajor = 75;      // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+constexpr int kAttrGpuDirectRdma = 116;    // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+constexpr int kAttrDmaBufSupported = 124;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
 
 struct Driver {
   CuPointerGetAttribute getAttribute = nullptr;    // null: no usable driver (see `error`)
@@ -39,6 +44,7 @@ struct Driver {
   CuDeviceCanAccessPeer canAccessPeer = nullptr;
   CuDeviceGetP2PAttribute p2pAttribute = nullptr;
   CuStreamWriteValue64 writeValue64 = nullptr;
+  CuDeviceGetAttribute deviceAttribute = nullptr;
   std::string error;  // why there is no usable driver
 };
 
@@ -73,6 +79,7 @@ Driver load() {
   sym(lib, d.canAccessPeer, "cuDeviceCanAccessPeer");
   sym(lib, d.p2pAttribute, "cuDeviceGetP2PAttribute");
   sym(lib, d.writeValue64, "cuStreamWriteValue64_v2");
+  sym(lib, d.deviceAttribute, "cuDeviceGetAttribute");
   return d;
 }
 
@@ -171,6 +178,24 @@ Result<int> deviceCount() {
     return errorf(Code::kSystemError, "cuDeviceGetCount failed (CUDA error %d)", rc);
   }
   return count;
+}
+
+Result<GpuRdmaSupport> gpuRdmaSupport(int ordinal) {
+  const Driver& d = driver();
+  if (!d.getAttribute) return errorf(Code::kSystemError, "%s", d.error.c_str());
+  if (!d.deviceGet || !d.deviceAttribute) {
+    return errorf(Code::kSystemError, "libcuda.so.1 lacks cuDeviceGet or cuDeviceGetAttribute");
+  }
+  int dev = 0;
+  if (int rc = d.deviceGet(&dev, ordinal); rc != 0) {
+    return errorf(Code::kSystemError, "cuDeviceGet(%d) failed (CUDA error %d)", ordinal, rc);
+  }
+  GpuRdmaSupport s;
+  int v = 0;
+  if (d.deviceAttribute(&v, kAttrGpuDirectRdma, dev) == 0) s.rdma = v != 0;
+  if (d.deviceAttribute(&v, kAttrDmaBufSupported, dev) == 0) s.dmaBuf = v != 0;
+  if (d.deviceAttribute(&v, kAttrComputeMajor, dev) == 0) s.computeMajor = v;
+  return s;
 }
 
 Result<PeerAccess> peerAccess(int from, int to) {

@@ -48,6 +48,16 @@ std::string deviceBusId(int ordinal);
 // when libcuda.so.1 is missing or cuInit fails; the message says which.
 Result<int> deviceCount();
 
+// What the CUDA driver says of device `ordinal` and GPUDirect RDMA.
+struct GpuRdmaSupport {
+  bool rdma = false;     // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+  bool dmaBuf = false;   // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+  int computeMajor = 0;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+};
+// kSystemError without a driver, or when the driver rejects the device or lacks
+// cuDeviceGetAttribute.
+Result<GpuRdmaSupport> gpuRdmaSupport(int ordinal);
+
 // What the CUDA driver says about device `from` reaching device `to`'s memory.
 struct PeerAccess {
   bool access = false;   // cuDeviceCanAccessPeer

@@ -16,6 +16,8 @@
 #include "tools/topo_record.h"
 #include "topology/topology.h"
 #ifdef LOOM_HAVE_VERBS
+#include "common/cuda_probe.h"
+#include "transports/net/gdr.h"
 #include "transports/net/ib/ib.h"
 #endif
 
@@ -140,8 +142,22 @@ void printIbPorts() {
       std::printf(", %s, %d Gb/s", p.infiniband ? "InfiniBand" : "RoCE", p.speedMbps / 1000);
     }
     std::printf("; %s\n", p.why.c_str());
+    if (!p.usable) continue;
+    std::printf("    dma-buf registration: %s\n", p.dmaBuf ? "yes" : p.dmaBufWhy.c_str());
+    auto gpus = loom::cuda::deviceCount();
+    const int ngpus = gpus.isOk() ? gpus.value() : 0;
+    for (int g = 0; g < ngpus; ++g) {
+      const auto a = loom::transport::net::assessGdrFor(g, p.pciPath, p.dmaBuf, p.dmaBufWhy);
+      std::printf("    GPUDirect RDMA with GPU %d: %s (%s)\n", g,
+                  a.mode == loom::transport::net::GdrMode::kNone
+                      ? "not possible"
+                      : loom::transport::net::gdrModeName(a.mode),
+                  a.why.c_str());
+    }
   }
-  std::printf("  GPU buffers: through page-locked host memory (GPUDirect RDMA not used yet)\n");
+  std::printf(
+      "  GPU buffers: through page-locked host memory (loom's GPUDirect RDMA data path is not "
+      "built yet)\n");
 #endif
 }
 

@@ -6,6 +6,7 @@
 
 #include "collectives/device/net_plan.h"
 #include "common/log.h"
+#include "transports/net/gdr.h"
 #include "transports/net/nic_choice.h"
 
 namespace loom::collectives::device {
@@ -126,12 +127,22 @@ Status NetExecutor::init(NetHandleExchange exchange) {
   const transport::net::NicChoice nic =
       transport::net::chooseNic(gpuPath, paths, names, options_.device);
   dev_ = nic.dev;
-  LOOM_INFO(kNet,
-            "GPU %d (%s) uses %s device %s: %s; GPU buffers go through page-locked host "
-            "memory (GPUDirect RDMA is not implemented)",
-            options_.device, busId, backend_->name(), names[dev_].c_str(), nic.why.c_str());
   transport::net::Properties props;
   LOOM_TRY(backend_->properties(dev_, &props));
+  std::string gdr = "not an RDMA device";
+  if (props.rdma && log::enabled(log::kInfo, log::kNet)) {
+    const transport::net::GdrAssessment a = transport::net::assessGdrFor(
+        options_.device, props.pciPath, props.dmaBufRegistration, props.dmaBufWhy);
+    gdr = a.mode == transport::net::GdrMode::kNone
+              ? "GPUDirect RDMA would not be possible: " + a.why
+              : std::string("GPUDirect RDMA would be possible through ") +
+                    transport::net::gdrModeName(a.mode) + " (" + a.why + ")";
+  }
+  LOOM_INFO(kNet,
+            "GPU %d (%s) uses %s device %s: %s; %s; GPU buffers go through page-locked host "
+            "memory (loom's GPUDirect RDMA data path is not built)",
+            options_.device, busId, backend_->name(), names[dev_].c_str(), nic.why.c_str(),
+            gdr.c_str());
   LOOM_INFO(kInit,
             "GPU %d: device buffers reach the other ranks over the network (%s, %s, %d Mb/s): "
             "kernels on the caller's stream, a proxy thread, up to %d lanes, %u slots x %llu "

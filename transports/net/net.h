@@ -54,6 +54,11 @@ struct Properties {
   int port = 0;
   int maxComms = 65536;
   int maxRecvs = 1;  // buffers one irecv may take
+  // RDMA devices (ib): whether the provider registers dma-buf, whatever ptrSupport says the
+  // backend takes today, for the GPUDirect RDMA assessment (transports/net/gdr.h).
+  bool rdma = false;
+  bool dmaBufRegistration = false;
+  std::string dmaBufWhy;  // why not, where not
 };
 
 // A registration (backend-specific; null for backends that need none).

@@ -175,6 +175,8 @@ struct Port {
   ibv_mtu mtu = IBV_MTU_1024;
   std::string pciPath;
   std::string gidWhy;
+  bool dmaBuf = false;  // the provider registers dma-buf (probeDmaBuf)
+  std::string dmaBufWhy;
 };
 
 struct Tuning {
@@ -869,6 +871,9 @@ class IbBackend final : public Backend {
     p->ptrSupport = kPtrHost;
     p->speedMbps = port.speedMbps;
     p->latencyUs = 0;
+    p->rdma = true;
+    p->dmaBufRegistration = port.dmaBuf;
+    p->dmaBufWhy = port.dmaBufWhy;
     p->port = port.port;
     p->maxComms = std::max(1, port.device->attr.max_qp / std::max(1, tuning_.nqps));
     p->maxRecvs = 1;
@@ -1096,6 +1101,27 @@ std::vector<Gid> gidTable(const Verbs& v, ibv_context* ctx, int port, int length
   return table;
 }
 
+// Whether the provider registers dma-buf, as NCCL asks: a registration of fd -1, which a
+// provider that knows dma-buf refuses for the descriptor and one that does not with
+// EOPNOTSUPP or EPROTONOSUPPORT. `why` says why not.
+bool probeDmaBuf(const Verbs& v, ibv_pd* pd, std::string* why) {
+  if (!v.regDmabufMr) {
+    *why = "libibverbs has no ibv_reg_dmabuf_mr (rdma-core older than 34)";
+    return false;
+  }
+  errno = 0;
+  if (ibv_mr* mr = v.regDmabufMr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE)) {
+    v.deregMr(mr);
+    return true;
+  }
+  const int err = errno;
+  if (err == EOPNOTSUPP || err == EPROTONOSUPPORT) {
+    *why = std::string("the verbs provider does not register dma-buf (") + strerror(err) + ")";
+    return false;
+  }
+  return true;
+}
+
 // Every port of every device, and the usable ones as `usable`.
 Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usable) {
   std::vector<PortReport> reports;
@@ -1130,7 +1156,10 @@ Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usa
       continue;
     }
     if (v.queryDevice(dev->ctx, &dev->attr) != 0) {
-      reports.push_back({name, 0, false, false, 0, -1, "", "ibv_query_device failed"});
+      PortReport r;
+      r.device = name;
+      r.why = "ibv_query_device failed";
+      reports.push_back(r);
       continue;
     }
     for (int p = 1; p <= dev->attr.phys_port_cnt; ++p) {
@@ -1187,6 +1216,24 @@ Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usa
       reports.push_back(r);
     }
     if (!dev->pd) dev->pd = v.allocPd(dev->ctx);
+    if (dev->pd) {
+      std::string why;
+      const bool dmaBuf = probeDmaBuf(v, dev->pd, &why);
+      const std::string pci = sysfsPci(name);
+      for (auto& r : reports) {
+        if (r.device != name) continue;
+        r.pciPath = pci;
+        r.dmaBuf = dmaBuf;
+        r.dmaBufWhy = why;
+      }
+      if (usable) {
+        for (Port& q : *usable) {
+          if (q.device != dev) continue;
+          q.dmaBuf = dmaBuf;
+          q.dmaBufWhy = why;
+        }
+      }
+    }
     if (!dev->pd) {
       for (auto& r : reports)
         if (r.device == name && r.usable) {

@@ -1,0 +1,116 @@
+// The GPUDirect RDMA assessment (transports/net/gdr.h): PCI distances from sysfs paths,
+// NCCL's rule, the peer-memory module, and the ib backend's dma-buf probe against the
+// emulated devices.
+#include "transports/net/gdr.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "common/settings.h"
+#ifdef LOOM_HAVE_VERBS
+#include "transports/net/ib/ib.h"
+#endif
+
+namespace loom::transport::net {
+namespace {
+
+// A root complex, its root port, a PCIe switch (upstream port 01:00.0, downstream ports
+// 02:08.0 and 02:10.0), and a second switch below the first.
+const std::string kRoot = "/sys/devices/pci0000:00/0000:00:01.0";
+const std::string kGpu = kRoot + "/0000:01:00.0/0000:02:08.0/0000:03:00.0";
+const std::string kNicSameSwitch = kRoot + "/0000:01:00.0/0000:02:10.0/0000:04:00.0";
+const std::string kNicBelowSameParent = kRoot + "/0000:01:00.0/0000:02:08.0/0000:03:00.1";
+const std::string kNicTwoSwitches =
+    kRoot + "/0000:01:00.0/0000:02:10.0/0000:05:00.0/0000:06:01.0/0000:07:00.0";
+const std::string kNicOtherRootPort = "/sys/devices/pci0000:00/0000:00:02.0/0000:08:00.0";
+const std::string kNicOtherRoot = "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0";
+
+TEST(Gdr, PciPathsFromSysfs) {
+  EXPECT_EQ(pciPathBetween(kGpu, kNicSameSwitch), PciPath::kPix);
+  EXPECT_EQ(pciPathBetween(kGpu, kNicBelowSameParent), PciPath::kPix);
+  EXPECT_EQ(pciPathBetween(kGpu, kNicTwoSwitches), PciPath::kPxb);
+  EXPECT_EQ(pciPathBetween(kGpu, kNicOtherRootPort), PciPath::kPhb);
+  EXPECT_EQ(pciPathBetween(kGpu, kNicOtherRoot), PciPath::kSys);
+  EXPECT_EQ(pciPathBetween(kGpu, ""), PciPath::kUnknown);  // an emulated or virtual NIC
+  EXPECT_EQ(pciPathBetween("", kNicSameSwitch), PciPath::kUnknown);
+}
+
+GdrFacts capable(PciPath path) {
+  GdrFacts f;
+  f.gpuRdma = f.gpuDmaBuf = f.nicDmaBuf = true;
+  f.computeMajor = 9;
+  f.path = path;
+  return f;
+}
+
+TEST(Gdr, DmaBufThenPeerMemoryWithinTheDistance) {
+  GdrAssessment a = assessGdr(capable(PciPath::kPix));
+  EXPECT_EQ(a.mode, GdrMode::kDmaBuf) << a.why;
+  EXPECT_FALSE(a.flush);  // Hopper and later need no flush
+  GdrFacts f = capable(PciPath::kPxb);
+  f.nicDmaBuf = false;
+  f.nicDmaBufWhy = "the verbs provider does not register dma-buf";
+  EXPECT_EQ(assessGdr(f).mode, GdrMode::kNone);
+  f.peerMem = true;
+  a = assessGdr(f);
+  EXPECT_EQ(a.mode, GdrMode::kPeerMem);
+  EXPECT_NE(a.why.find("does not register dma-buf"), std::string::npos) << a.why;
+  f.computeMajor = 8;  // Ampere: receives into GPU memory need a flush
+  EXPECT_TRUE(assessGdr(f).flush);
+}
+
+TEST(Gdr, NothingBeyondPxbOrWhereTheGpuCannot) {
+  for (PciPath p : {PciPath::kPhb, PciPath::kSys}) {
+    const GdrAssessment a = assessGdr(capable(p));
+    EXPECT_EQ(a.mode, GdrMode::kNone) << pciPathName(p);
+    EXPECT_NE(a.why.find(pciPathName(p)), std::string::npos) << a.why;
+  }
+  const GdrAssessment unknown = assessGdr(capable(PciPath::kUnknown));
+  EXPECT_EQ(unknown.mode, GdrMode::kNone);
+  EXPECT_NE(unknown.why.find("not known"), std::string::npos);
+  GdrFacts f = capable(PciPath::kPix);
+  f.gpuRdma = false;
+  EXPECT_EQ(assessGdr(f).mode, GdrMode::kNone);
+}
+
+TEST(Gdr, PeerMemoryModuleFromSysfs) {
+  char tmpl[] = "/tmp/loom_gdr_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  EXPECT_FALSE(peerMemLoaded(root));
+  ASSERT_EQ(system(("mkdir -p " + root + "/sys/module/nvidia_peermem").c_str()), 0);
+  std::ofstream(root + "/sys/module/nvidia_peermem/version") << "1.0\n";
+  EXPECT_TRUE(peerMemLoaded(root));
+  ASSERT_EQ(system(("rm -rf " + root).c_str()), 0);
+}
+
+// Without a CUDA driver (CI) the assessment says so instead of guessing.
+TEST(Gdr, WithoutACudaDriverItSaysSo) {
+  const GdrAssessment a = assessGdrFor(0, kNicSameSwitch, true, "");
+  if (a.why.find("CUDA driver cannot say") == std::string::npos)
+    GTEST_SKIP() << "a CUDA driver is present: " << a.why;
+  EXPECT_EQ(a.mode, GdrMode::kNone);
+}
+
+#ifdef LOOM_HAVE_VERBS
+// The emulated provider has no dma-buf registration: the probe says so for every port.
+TEST(Gdr, EmulatedProviderRegistersNoDmaBuf) {
+  settings::ScopedSetting emu(settings::kIbEmulate, "roce");
+  auto ports = ib::describePorts();
+  ASSERT_TRUE(ports.isOk()) << ports.status().message();
+  ASSERT_FALSE(ports->empty());
+  for (const auto& p : *ports) {
+    if (!p.usable) continue;
+    EXPECT_FALSE(p.dmaBuf) << p.device;
+    EXPECT_NE(p.dmaBufWhy.find("does not register dma-buf"), std::string::npos) << p.dmaBufWhy;
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace loom::transport::net

@@ -1,0 +1,135 @@
+#include "transports/net/gdr.h"
+
+#include <sys/stat.h>
+
+#include <vector>
+
+#include "common/cuda_probe.h"
+#include "transports/net/nic_choice.h"
+
+namespace loom::transport::net {
+
+namespace {
+
+// The PCI components of a sysfs device path, root first: "pci0000:00", then every bridge
+// and the device ("0000:00:01.0").
+std::vector<std::string> pciHops(const std::string& path) {
+  std::vector<std::string> hops;
+  size_t start = 0;
+  while (start < path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string part = path.substr(start, end - start);
+    if (part.rfind("pci", 0) == 0 || (part.size() >= 12 && part[4] == ':' && part[7] == ':'))
+      hops.push_back(part);
+    start = end + 1;
+  }
+  return hops;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+const char* pciPathName(PciPath p) {
+  switch (p) {
+    case PciPath::kPix: return "PIX";
+    case PciPath::kPxb: return "PXB";
+    case PciPath::kPhb: return "PHB";
+    case PciPath::kSys: return "SYS";
+    case PciPath::kUnknown: return "unknown";
+  }
+  return "?";
+}
+
+PciPath pciPathBetween(const std::string& gpuSysfs, const std::string& nicSysfs) {
+  const std::vector<std::string> g = pciHops(gpuSysfs), n = pciHops(nicSysfs);
+  // A root and a device at least on each side.
+  if (g.size() < 2 || n.size() < 2) return PciPath::kUnknown;
+  size_t shared = 0;
+  while (shared < g.size() && shared < n.size() && g[shared] == n[shared]) ++shared;
+  if (shared == 0) return PciPath::kSys;  // different root complexes
+  if (shared == 1) return PciPath::kPhb;  // the host bridge only
+  // Below a common bridge: PIX where one PCIe switch joins them (the common bridge is
+  // their parent, or the switch's upstream port above two of its downstream ports), else
+  // PXB.
+  const size_t toGpu = g.size() - shared, toNic = n.size() - shared;
+  return toGpu <= 2 && toNic <= 2 ? PciPath::kPix : PciPath::kPxb;
+}
+
+bool peerMemLoaded(const std::string& sysRoot) {
+  const std::string root = sysRoot.empty() || sysRoot.back() != '/' ? sysRoot + "/" : sysRoot;
+  for (const char* p :
+       {"sys/module/nvidia_peermem/version", "sys/kernel/mm/memory_peers/nv_mem/version",
+        "sys/kernel/mm/memory_peers/nv_mem_nc/version"}) {
+    if (exists(root + p)) return true;
+  }
+  return false;
+}
+
+const char* gdrModeName(GdrMode m) {
+  switch (m) {
+    case GdrMode::kDmaBuf: return "dma-buf";
+    case GdrMode::kPeerMem: return "nvidia_peermem";
+    case GdrMode::kNone: return "none";
+  }
+  return "?";
+}
+
+GdrAssessment assessGdr(const GdrFacts& f) {
+  GdrAssessment a;
+  a.flush = f.computeMajor > 0 && f.computeMajor < 9;
+  if (!f.gpuRdma) {
+    a.why = "the CUDA driver does not report GPUDirect RDMA for this GPU";
+    return a;
+  }
+  if (f.path == PciPath::kUnknown) {
+    a.why = "the NIC's place on the PCI tree relative to the GPU is not known";
+    return a;
+  }
+  if (static_cast<int>(f.path) > static_cast<int>(f.maxPath)) {
+    a.why = std::string("the NIC is ") + pciPathName(f.path) + " from the GPU, beyond " +
+            pciPathName(f.maxPath) + " (NCCL's distance rule)";
+    return a;
+  }
+  const std::string at = std::string(" (") + pciPathName(f.path) + ")";
+  if (f.gpuDmaBuf && f.nicDmaBuf) {
+    a.mode = GdrMode::kDmaBuf;
+    a.why = "dma-buf: the GPU exports it and the NIC's provider registers it" + at;
+  } else if (f.peerMem) {
+    a.mode = GdrMode::kPeerMem;
+    a.why = std::string("nvidia_peermem is loaded") +
+            (f.gpuDmaBuf ? "; no dma-buf: " + f.nicDmaBufWhy
+                         : "; no dma-buf: the GPU does not export it") +
+            at;
+  } else {
+    a.why = std::string("no dma-buf (") +
+            (f.gpuDmaBuf ? f.nicDmaBufWhy : "the GPU does not export it") +
+            ") and no nvidia_peermem";
+  }
+  return a;
+}
+
+GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool nicDmaBuf,
+                           const std::string& nicDmaBufWhy) {
+  auto gpu = cuda::gpuRdmaSupport(gpuOrdinal);
+  if (!gpu) {
+    GdrAssessment a;
+    a.why = "the CUDA driver cannot say: " + gpu.status().message();
+    return a;
+  }
+  GdrFacts f;
+  f.gpuRdma = gpu->rdma;
+  f.gpuDmaBuf = gpu->dmaBuf;
+  f.computeMajor = gpu->computeMajor;
+  f.nicDmaBuf = nicDmaBuf;
+  f.nicDmaBufWhy = nicDmaBufWhy;
+  f.peerMem = peerMemLoaded();
+  f.path = pciPathBetween(pciSysfsPath(cuda::deviceBusId(gpuOrdinal)), nicPciPath);
+  return assessGdr(f);
+}
+
+}  // namespace loom::transport::net

@@ -1,0 +1,58 @@
+// GPUDirect RDMA: whether a NIC could read and write a GPU's memory directly, and how
+// (dma-buf, or nvidia_peermem), by NCCL's rules; the facts come from the CUDA driver, the
+// verbs provider, the kernel's modules and the PCI tree. Reported by loom-topo and the
+// network executor's INFO log. loom's data path does not use it yet: GPU buffers go
+// through page-locked host memory (docs/ib.md).
+#pragma once
+
+#include <string>
+
+namespace loom::transport::net {
+
+// How far a NIC is from a GPU on the PCI tree, in NCCL's terms: PIX (behind one PCIe
+// switch), PXB (several switches, no host bridge), PHB (through the host bridge of one
+// root complex), SYS (across root complexes or sockets); unknown where either device is
+// not on PCI (an emulated NIC, a virtual function without a path).
+enum class PciPath { kPix, kPxb, kPhb, kSys, kUnknown };
+const char* pciPathName(PciPath p);
+
+// The path between two sysfs PCI device paths
+// ("/sys/devices/pci0000:00/0000:00:01.0/0000:03:00.0"), from the bridges they share.
+PciPath pciPathBetween(const std::string& gpuSysfs, const std::string& nicSysfs);
+
+// Whether nvidia_peermem (or the older nv_peer_mem) is loaded: what lets ibv_reg_mr take
+// a GPU's virtual address. `sysRoot` is "/" except in tests.
+bool peerMemLoaded(const std::string& sysRoot = "/");
+
+struct GdrFacts {
+  bool gpuDmaBuf = false;    // the CUDA driver exports the GPU's memory as dma-buf
+  bool gpuRdma = false;      // the CUDA driver says the GPU supports GPUDirect RDMA
+  int computeMajor = 0;      // the GPU's compute capability (0: not known)
+  bool nicDmaBuf = false;    // the verbs provider registers dma-buf (ibv_reg_dmabuf_mr)
+  std::string nicDmaBufWhy;  // why not, where not
+  bool peerMem = false;      // peerMemLoaded()
+  PciPath path = PciPath::kUnknown;
+  PciPath maxPath = PciPath::kPxb;  // NCCL's default distance rule (NCCL_NET_GDR_LEVEL)
+};
+
+enum class GdrMode { kDmaBuf, kPeerMem, kNone };
+const char* gdrModeName(GdrMode m);
+
+struct GdrAssessment {
+  GdrMode mode = GdrMode::kNone;
+  bool flush = false;  // a receive into GPU memory needs a flush read (before compute 9.0)
+  std::string why;
+};
+
+// dma-buf where the GPU and the NIC both take it, else peer memory where it is loaded;
+// neither beyond `maxPath` or where the path is unknown, nor where the GPU does not do
+// GPUDirect RDMA.
+GdrAssessment assessGdr(const GdrFacts& f);
+
+// The same for CUDA device `gpuOrdinal` and a NIC at `nicPciPath` (sysfs) whose provider
+// does or does not register dma-buf: the facts read from the CUDA driver, sysfs and the
+// kernel's modules. Without a CUDA driver, the assessment says so.
+GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool nicDmaBuf,
+                           const std::string& nicDmaBufWhy);
+
+}  // namespace loom::transport::net
