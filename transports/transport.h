@@ -57,7 +57,6 @@ struct Capability {
   bool reachable = false;
   bool hostMemory = true;     // moves host buffers directly
   bool deviceMemory = false;  // moves device buffers directly (others stage)
-  bool dmaBuf = false;        // takes device memory as a dma-buf (GPUDirect RDMA)
   bool needsProxy = false;    // a thread of the rank's moves its messages (network backends)
   double bandwidthGBs = 0;    // expected one-way bandwidth, GB/s
   double latencyUs = 0;       // expected one-way latency of a small message

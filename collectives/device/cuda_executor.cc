@@ -561,19 +561,26 @@ Status CudaExecutor::runP2p(const std::vector<Operation>& ops, size_t begin, siz
   }
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
-  for (size_t k = 0; k < selfSends.size(); ++k) {
-    size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
-    size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
+  LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
+  if (list.nops == 0) return recordDone(stream, cap);
+  return launchOrdered(call, stream, cap, &list, "grouped Send/Recv");
+}
+
+Status CudaExecutor::copySelfMessages(const std::vector<const Operation*>& sends,
+                                      const std::vector<const Operation*>& recvs,
+                                      cudaStream_t stream) {
+  for (size_t k = 0; k < sends.size() && k < recvs.size(); ++k) {
+    const size_t sb = sends[k]->count * dataTypeSize(sends[k]->dtype);
+    const size_t rb = recvs[k]->count * dataTypeSize(recvs[k]->dtype);
     if (sb != rb) {
       return errorf(Code::kInvalidUsage,
                     "rank %d: send to itself of %zu bytes meets a receive of %zu", rank_, sb, rb);
     }
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(recvs[k]->recvbuff, sends[k]->sendbuff, sb,
                                         cudaMemcpyDeviceToDevice, stream),
                         "cudaMemcpyAsync"));
   }
-  if (list.nops == 0) return recordDone(stream, cap);
-  return launchOrdered(call, stream, cap, &list, "grouped Send/Recv");
+  return Status::ok();
 }
 
 Status CudaExecutor::order(cudaStream_t stream, bool cap) {
@@ -601,20 +608,6 @@ Status CudaExecutor::join(cudaStream_t earlier, cudaStream_t later) {
   if (earlierCapturing != laterCapturing) return Status::ok();
   LOOM_TRY(cudaStatus(cudaEventRecord(joinEvent_, earlier), "cudaEventRecord"));
   return cudaStatus(cudaStreamWaitEvent(later, joinEvent_, 0), "cudaStreamWaitEvent");
-}
-
-Result<bool> CudaExecutor::capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (const cudaError_t e = cudaStreamIsCapturing(s, &st); e != cudaSuccess) {
-    cudaGetLastError();
-    // Not "not capturing": a stream that cannot be asked (destroyed, of another context,
-    // or a device in error) would fail later with a message further from the cause.
-    return errorf(Code::kInvalidArgument,
-                  "cudaStreamIsCapturing on the caller's stream failed: %s "
-                  "(is the stream valid, and of this communicator's device?)",
-                  cudaGetErrorString(e));
-  }
-  return st != cudaStreamCaptureStatusNone;
 }
 
 Status CudaExecutor::recordDone(cudaStream_t stream, bool cap) {

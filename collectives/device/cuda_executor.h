@@ -283,7 +283,12 @@ class CudaExecutor final : public DeviceExecutor {
   // `later` waits for what was queued on `earlier` so far.
   Status join(cudaStream_t earlier, cudaStream_t later);
 
-  static Result<bool> capturing(cudaStream_t s);
+  static Result<bool> capturing(cudaStream_t s) { return streamCapturing(s); }
+
+  // Sends of a group to this rank itself, copied into its receives of the same group in
+  // order (the counts matched already): an error where a pair's sizes differ.
+  Status copySelfMessages(const std::vector<const Operation*>& sends,
+                          const std::vector<const Operation*>& recvs, cudaStream_t stream);
 
   Status recordDone(cudaStream_t stream, bool cap);
 

@@ -157,17 +157,7 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
     return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
                   rank_, selfSends.size(), selfRecvs.size());
   }
-  for (size_t k = 0; k < selfSends.size(); ++k) {
-    const size_t sb = selfSends[k]->count * dataTypeSize(selfSends[k]->dtype);
-    const size_t rb = selfRecvs[k]->count * dataTypeSize(selfRecvs[k]->dtype);
-    if (sb != rb) {
-      return errorf(Code::kInvalidUsage,
-                    "rank %d: send to itself of %zu bytes meets a receive of %zu", rank_, sb, rb);
-    }
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(selfRecvs[k]->recvbuff, selfSends[k]->sendbuff, sb,
-                                        cudaMemcpyDeviceToDevice, stream),
-                        "cudaMemcpyAsync"));
-  }
+  LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
   LOOM_TRY(net_->runP2p(list, stream));
   return recordDone(stream, cap);
 }

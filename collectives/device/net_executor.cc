@@ -33,20 +33,6 @@ class RelaxedCapture {
   cudaStreamCaptureMode mode_;
 };
 
-Result<bool> capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (const cudaError_t e = cudaStreamIsCapturing(s, &st); e != cudaSuccess) {
-    cudaGetLastError();
-    // Not "not capturing": a stream that cannot be asked (destroyed, of another context,
-    // or a device in error) would fail later with a message further from the cause.
-    return errorf(Code::kInvalidArgument,
-                  "cudaStreamIsCapturing on the caller's stream failed: %s "
-                  "(is the stream valid, and of this communicator's device?)",
-                  cudaGetErrorString(e));
-  }
-  return st != cudaStreamCaptureStatusNone;
-}
-
 const char* closedText(int code) {
   switch (code) {
     case kNetErrorAborted: return "aborted (ncclCommAbort)";
@@ -403,7 +389,7 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
   LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes,
                         makeNetPlan(splitByConnection(sch), options_.slotBytes));
   const auto* h = reinterpret_cast<const NetPlanHeader*>(bytes.data());
-  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
+  LOOM_ASSIGN_OR_RETURN(const bool cap, streamCapturing(stream));
   // A plan whose last kernel is done is reused (eager calls); a captured one is kept.
   Plan* plan = nullptr;
   const size_t size = bytes.size() * sizeof(uint64_t);
@@ -436,6 +422,20 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
   LOOM_TRY(launch(*plan, call, stream));
   if (!cap) LOOM_TRY(cudaStatus(cudaEventRecord(plan->used, stream), "cudaEventRecord"));
   return Status::ok();
+}
+
+Result<bool> streamCapturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (const cudaError_t e = cudaStreamIsCapturing(s, &st); e != cudaSuccess) {
+    cudaGetLastError();
+    // Not "not capturing": a stream that cannot be asked (destroyed, of another context,
+    // or a device in error) would fail later with a message further from the cause.
+    return errorf(Code::kInvalidArgument,
+                  "cudaStreamIsCapturing on the caller's stream failed: %s "
+                  "(is the stream valid, and of this communicator's device?)",
+                  cudaGetErrorString(e));
+  }
+  return st != cudaStreamCaptureStatusNone;
 }
 
 }  // namespace loom::collectives::device

@@ -58,6 +58,10 @@ struct NetHandleExchange {
   std::function<Status(int peer)> peerAlive;  // optional (transport::net::HandleExchange)
 };
 
+// Whether `s` is capturing a CUDA graph; an error (not "no") where the stream cannot be
+// asked. Shared by the GPU executors.
+Result<bool> streamCapturing(cudaStream_t s);
+
 class NetExecutor {
  public:
   static Result<std::unique_ptr<NetExecutor>> create(const NetOptions& options,

@@ -11,22 +11,6 @@ namespace loom::transport::net {
 
 namespace {
 
-// The PCI components of a sysfs device path, root first: "pci0000:00", then every bridge
-// and the device ("0000:00:01.0").
-std::vector<std::string> pciHops(const std::string& path) {
-  std::vector<std::string> hops;
-  size_t start = 0;
-  while (start < path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    const std::string part = path.substr(start, end - start);
-    if (part.rfind("pci", 0) == 0 || (part.size() >= 12 && part[4] == ':' && part[7] == ':'))
-      hops.push_back(part);
-    start = end + 1;
-  }
-  return hops;
-}
-
 bool exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;

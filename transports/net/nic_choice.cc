@@ -8,9 +8,6 @@
 
 namespace loom::transport::net {
 
-namespace {
-
-// The PCI path components ("0000:00:01.0") of a sysfs path, root first.
 std::vector<std::string> pciHops(const std::string& path) {
   std::vector<std::string> hops;
   size_t start = 0;
@@ -24,8 +21,6 @@ std::vector<std::string> pciHops(const std::string& path) {
   }
   return hops;
 }
-
-}  // namespace
 
 NicChoice chooseNic(const std::string& gpuPath, const std::vector<std::string>& nicPaths,
                     const std::vector<std::string>& nicNames, int gpuIndex) {

@@ -20,6 +20,10 @@ struct NicChoice {
 NicChoice chooseNic(const std::string& gpuPath, const std::vector<std::string>& nicPaths,
                     const std::vector<std::string>& nicNames, int gpuIndex);
 
+// The PCI components of a sysfs device path, root first: "pci0000:00", then every bridge
+// and the device ("0000:00:01.0").
+std::vector<std::string> pciHops(const std::string& path);
+
 // The sysfs path of the PCI device with this bus id ("0000:03:00.0"), "" when unknown.
 std::string pciSysfsPath(const std::string& busId);
 
