@@ -25,6 +25,7 @@ constexpr Known kKnown[] = {
     {"collnetdirect", AlgoName::kCollNetDirect},
     {"collnetchain", AlgoName::kCollNetChain},
     {"pat", AlgoName::kPat},
+    {"hier", AlgoName::kHier},
 };
 
 bool same(std::string_view a, const char* b) {

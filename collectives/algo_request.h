@@ -14,6 +14,8 @@ namespace loom::collectives {
 
 // Every name LOOM_ALGO accepts. NCCL's names that loom has no form of (NVLS, CollNet, PAT)
 // are accepted so that a script written for NCCL keeps working; loom never runs them.
+// "hier" is loom's own: the hierarchical GPU forms across hosts (collectives/device/
+// hierarchy.h), mesh inside each host and the network between rails.
 enum class AlgoName : uint8_t {
   kRing,
   kTree,
@@ -27,6 +29,7 @@ enum class AlgoName : uint8_t {
   kCollNetDirect,
   kCollNetChain,
   kPat,
+  kHier,
   kCount
 };
 

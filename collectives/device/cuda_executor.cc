@@ -29,7 +29,9 @@ void callBytes(const Operation& op, int nranks, size_t* in, size_t* out) {
 
 CudaExecutor::~CudaExecutor() {
   DeviceGuard guard(device_);
-  net_.reset();  // waits for its kernels first
+  rail_.reset();  // each waits for its kernels first
+  local_.reset();
+  net_.reset();
   for (void* p : netScratch_) cudaFree(p);
   // Kernels still queued write into the windows: let them finish first.
   if (window_) cudaDeviceSynchronize();
@@ -236,8 +238,10 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
   for (const auto& g : gpus)
     oneProcess = oneProcess && g.process == gpus[0].process && g.hostHash == gpus[0].hostHash;
   if (!mesh_) {
+    if (meshOnly_) return Status::ok();  // a host's part of the hierarchy: its caller says
     LOOM_INFO(kInit, "GPU %d (%s): no GPU mesh, because %s", device_, self.busId, why_.c_str());
-    return initNetwork(bootstrap, peers);
+    LOOM_TRY(initNetwork(bootstrap, peers));
+    return initHierarchy(bootstrap, peers);
   }
   auto window = transport::p2p::Window::create(
       rank, nranks_, device_, geo.windowBytes(), gpus,
@@ -367,6 +371,8 @@ void CudaExecutor::postGroup(uint64_t group, const std::vector<Operation>& ops) 
 }
 
 Status CudaExecutor::kernelError() const {
+  if (local_) LOOM_TRY(local_->kernelError());
+  if (rail_) LOOM_TRY(rail_->error());
   if (net_) return net_->error();
   if (!hostFlags_) return Status::ok();
   int e = reinterpret_cast<volatile int*>(hostFlags_)[1];
@@ -384,6 +390,8 @@ Status CudaExecutor::kernelError() const {
 void CudaExecutor::abort() {
   if (hostFlags_) reinterpret_cast<volatile int*>(hostFlags_)[0] = 1;
   if (net_) net_->abort();
+  if (rail_) rail_->abort();
+  if (local_) local_->abort();
 }
 
 Status CudaExecutor::run(const Operation& op, const ExecutorRedOp& red) {

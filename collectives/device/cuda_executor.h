@@ -4,6 +4,9 @@
 //   cuda_executor_local.cc         the forms for ranks of one process, which see each other's
 //                                  buffers: pulled all-reduce, copy-engine copies, chunked reduce
 //   cuda_executor_registration.cc  ncclCommRegister between processes of one host
+//   cuda_executor_hier.cc          the hierarchical forms across hosts (hierarchy.h): a
+//                                  mesh executor of the host's ranks, a network executor
+//                                  of the rail's
 // Internal to collectives/device (built only with CUDA).
 #pragma once
 
@@ -20,11 +23,13 @@
 #include "collectives/device/chunk_plan.h"
 #include "collectives/device/copy_plan.h"
 #include "collectives/device/executor.h"
+#include "collectives/device/hierarchy.h"
 #include "collectives/device/mesh.h"
 #include "collectives/device/mesh_plan.h"
 #include "collectives/device/net_executor.h"
 #include "transports/p2p/p2p_window.h"
 #include "transports/p2p/post_board.h"
+#include "transports/sub_channel.h"
 
 namespace loom::collectives::device {
 
@@ -145,7 +150,7 @@ class CudaExecutor final : public DeviceExecutor {
   void postGroup(uint64_t group, const std::vector<Operation>& ops) override;
 
   void endGroup() override { group_ = 0; }
-  std::string describe() const override { return mesh_ ? "p2p mesh" : "network (" + why_ + ")"; }
+  std::string describe() const override;
 
   Status kernelError() const override;
 
@@ -306,6 +311,13 @@ class CudaExecutor final : public DeviceExecutor {
   // The copy an in-place all-to-all reads from (kept: a captured graph may read it).
   Result<void*> netScratch(size_t bytes);
 
+  // The hierarchical forms (cuda_executor_hier.cc): set up after the network form where
+  // the ranks' hosts allow it (hierarchy.h) and every host's ranks form a GPU mesh; the
+  // same outcome on every rank.
+  Status initHierarchy(transport::SetupChannel& bootstrap,
+                       const std::vector<transport::PeerInfo>& peers);
+  Status runHier(const Operation& op, const ExecutorRedOp& red);
+
   ExecutorContext context_;
   int rank_ = 0;
   int nranks_ = 0;
@@ -345,6 +357,14 @@ class CudaExecutor final : public DeviceExecutor {
   std::unique_ptr<dev::NetExecutor> net_;
   std::vector<void*> netScratch_;
   size_t netScratchBytes_ = 0;
+  dev::NetOptions netOptions_;  // as agreed at init (the rail's executor takes them too)
+  // The hierarchical forms: the host's ranks over their mesh (a CudaExecutor of its own,
+  // on a channel of the host's ranks), the rail's over the network. Null: not set up.
+  bool meshOnly_ = false;  // this executor is a host's mesh: no network form if no mesh
+  dev::Hierarchy hier_;
+  std::unique_ptr<transport::SubChannel> localChannel_;
+  std::unique_ptr<CudaExecutor> local_;
+  std::unique_ptr<dev::NetExecutor> rail_;
   // Registration between processes (null board: one process, or the board failed).
   std::unique_ptr<transport::p2p::PostBoard> board_;
   uint64_t boardSeq_ = 0;  // calls that exchanged posts so far (the same count on every rank)

@@ -79,6 +79,7 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
   };
   // The proxy thread asks: a short deadline, so a host cut off stalls it only briefly.
   ex.peerAlive = [bs](int peer) { return bs->probe(peer, 200); };
+  netOptions_ = o;
   auto net = dev::NetExecutor::create(o, std::move(ex));
   if (!net) return net.status().withContext("setting up GPU buffers over the network");
   net_ = std::move(net).value();
@@ -96,6 +97,11 @@ Result<void*> CudaExecutor::netScratch(size_t bytes) {
 }
 
 Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
+  const char* flat = "no hierarchy (one rank per host, or a host without a GPU mesh)";
+  if (local_ && rail_) {
+    flat = dev::hierDecline(op.type, op.count, hier_, limits_.algo);
+    if (!flat) return runHier(op, red);
+  }
   ++cursor_;
   if (op.count == 0) return Status::ok();
   DeviceGuard guard(device_);
@@ -126,8 +132,9 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   std::string why;
   LOOM_TRY(net_->runCollective(req, in, op.recvbuff, op.dtype, r, limits_.algo, op.stream,
                                log::enabled(log::kInfo, log::kColl) ? &why : nullptr));
-  LOOM_INFO(kColl, "GPU %s over the network: %zu x %s (%s)", collectives::collTypeName(op.type),
-            op.count, dataTypeName(op.dtype), why.c_str());
+  LOOM_INFO(kColl, "GPU %s over the network: %zu x %s (%s; flat: %s)",
+            collectives::collTypeName(op.type), op.count, dataTypeName(op.dtype), why.c_str(),
+            flat);
   return recordDone(op.stream, cap);
 }
 

@@ -51,9 +51,13 @@ MeshLimits resolveMeshLimits(const MeshSizes& s, const AlgoRequest& algo, Proto 
   using A = AlgoName;
   const bool two = algo.allows(A::kTwoShot) || algo.allows(A::kRing) || algo.allows(A::kTree);
   const bool one = algo.allows(A::kOneShot), direct = algo.allows(A::kDirect);
-  m.anyTwoShot = two;
-  m.algoRestricts = algo.set() && !(one && direct && algo.allows(A::kTwoShot) &&
-                                    algo.allows(A::kRing) && algo.allows(A::kTree));
+  // "hier" alone (the hierarchical form across hosts, whose in-host part is this mesh)
+  // says nothing here.
+  const bool none = !two && !one && !direct && algo.allows(A::kHier);
+  m.anyTwoShot = two || none;
+  m.algoRestricts = algo.set() && !none &&
+                    !(one && direct && algo.allows(A::kTwoShot) && algo.allows(A::kRing) &&
+                      algo.allows(A::kTree));
   m.forceOneShot = m.algoRestricts && one && !two;
   m.forceTwoShot = m.algoRestricts && two && !one;
   m.forceReduceDirect = m.algoRestricts && (direct || one) && !two;

@@ -140,6 +140,12 @@ TEST(MeshPlan, AlgoListsAndExclusions) {
   EXPECT_EQ(planMeshCall(doubling, call(CollType::kAllReduce, 2 * MiB)).kind,
             MeshKind::kAllReduceOneShot);
   EXPECT_EQ(planMeshCall(doubling, call(CollType::kReduce, 2 * MiB)).kind, MeshKind::kReduceDirect);
+  // "hier" asks for the hierarchical form across hosts, whose in-host part is the mesh: the
+  // mesh's forms stay as they were.
+  const MeshLimits hier = limits(2, "hier");
+  EXPECT_FALSE(hier.algoRestricts);
+  EXPECT_EQ(routes(planMeshCall(hier, inProcess(CollType::kAllReduce, 8 * MiB))),
+            std::vector<MeshRoute>{R::kPulledAllReduce});
 }
 
 TEST(MeshPlan, ReduceForms) {

@@ -12,6 +12,7 @@
 
 #include "comm/unique_id.h"
 #include "common/socket.h"
+#include "transports/sub_channel.h"
 
 namespace loom::comm {
 namespace {
@@ -128,6 +129,44 @@ TEST(Bootstrap, SharedSecretKeepsStrangersOut) {
   EXPECT_FALSE(stranger.isOk());
   auto ranks = joinAll(a, 2);
   EXPECT_TRUE(ranks[0] && ranks[1]);
+}
+
+// Sub-channels of the hierarchical GPU forms (transports/sub_channel.h) over a real
+// bootstrap: 2 hosts x 3 ranks, each rank in its host's channel and its rail's, gathering
+// in both while the whole bootstrap gathers too: nothing lands in the wrong exchange.
+TEST(Bootstrap, SubChannelsOfHostsAndRails) {
+  IdContents id = localId();
+  ASSERT_TRUE(startRoot(&id, 20000).isOk());
+  constexpr int kHosts = 2, kLocal = 3, kRanks = kHosts * kLocal;
+  auto b = joinAll(id, kRanks);
+  for (auto& x : b) ASSERT_TRUE(x);
+  std::vector<std::thread> ts;
+  std::vector<int> wrong(kRanks, 0);
+  for (int r = 0; r < kRanks; ++r) {
+    ts.emplace_back([&, r] {
+      const int host = r / kLocal, local = r % kLocal;
+      std::vector<int> hostRanks, railRanks;
+      for (int l = 0; l < kLocal; ++l) hostRanks.push_back(host * kLocal + l);
+      for (int h = 0; h < kHosts; ++h) railRanks.push_back(h * kLocal + local);
+      transport::SubChannel hostCh(*b[r], hostRanks, 1, 20000);
+      transport::SubChannel railCh(*b[r], railRanks, 2, 20000);
+      for (int round = 0; round < 5; ++round) {
+        std::vector<int> hv(kLocal, -1), rv(kHosts, -1), all(kRanks, -1);
+        hv[local] = 100 * round + r;
+        rv[host] = 100 * round + r + 50;
+        all[r] = r * 7 + round;
+        if (!hostCh.allGather(hv.data(), sizeof(int)).isOk()) ++wrong[r];
+        if (!b[r]->allGather(all.data(), sizeof(int)).isOk()) ++wrong[r];
+        if (!railCh.allGather(rv.data(), sizeof(int)).isOk()) ++wrong[r];
+        for (int l = 0; l < kLocal; ++l) wrong[r] += hv[l] != 100 * round + host * kLocal + l;
+        for (int h = 0; h < kHosts; ++h) wrong[r] += rv[h] != 100 * round + h * kLocal + local + 50;
+        for (int k = 0; k < kRanks; ++k) wrong[r] += all[k] != k * 7 + round;
+      }
+      if (!railCh.barrier().isOk()) ++wrong[r];
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(wrong[r], 0) << "rank " << r;
 }
 
 }  // namespace

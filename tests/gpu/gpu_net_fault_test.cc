@@ -8,11 +8,9 @@
 //
 // Needs one GPU; skips with the reason where there is none.
 #include <cuda_runtime.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,8 +25,6 @@
 
 #include "common/socket.h"
 #include "tests/gpu/gpu_test_util.h"
-
-extern char** environ;
 
 namespace {
 
@@ -117,31 +113,17 @@ void spawnRanks(const std::string& mode, std::vector<pid_t>* pids, std::vector<s
   ASSERT_TRUE(probe.isOk());
   const std::string address = probe->localAddress()->toString();
   probe->close();
-  char exe[4096] = {0};
-  ASSERT_GT(readlink("/proc/self/exe", exe, sizeof(exe) - 1), 0);
   for (int r = 0; r < 2; ++r) {
     logs->push_back("/tmp/loom_net_fault_" + std::to_string(getpid()) + "_" + std::to_string(r) +
                     ".log");
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.push_back(*e);
-    env.push_back("LOOM_TEST_FAULT_RANK=" + std::to_string(r));
-    env.push_back("LOOM_COMM_ID=" + address);
-    env.push_back("LOOM_HOST_ID=fault-host-" + std::to_string(r));
-    env.push_back("LOOM_TIMEOUT_MS=20000");
-    env.push_back("LOOM_TEST_FAULT_MODE=" + mode);
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string filter = "--gtest_filter=GpuNetFault.OneRank";
-    char* argv[] = {exe, filter.data(), nullptr};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs->back().c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    ASSERT_EQ(posix_spawn(&pid, exe, &fa, nullptr, argv, envp.data()), 0);
-    posix_spawn_file_actions_destroy(&fa);
+    std::string why;
+    const pid_t pid = loom::test::spawnSelf(
+        "GpuNetFault.OneRank",
+        {"LOOM_TEST_FAULT_RANK=" + std::to_string(r), "LOOM_COMM_ID=" + address,
+         "LOOM_HOST_ID=fault-host-" + std::to_string(r), "LOOM_TIMEOUT_MS=20000",
+         "LOOM_TEST_FAULT_MODE=" + mode},
+        logs->back(), &why);
+    ASSERT_GT(pid, 0) << why;
     pids->push_back(pid);
   }
 }

@@ -10,11 +10,9 @@
 //
 // Skips with a reason where fewer than two GPUs are present (CI has none).
 #include <cuda_runtime.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,8 +26,6 @@
 #include <vector>
 
 #include "tests/gpu/gpu_test_util.h"
-
-extern char** environ;
 
 namespace {
 
@@ -61,34 +57,20 @@ TEST(GpuRegistration, TwoProcesses) {
     std::snprintf(b, sizeof(b), "%02x", static_cast<unsigned char>(id.internal[i]));
     hex += b;
   }
-  const std::string self = "/proc/self/exe";
-  char exe[4096] = {0};
-  ASSERT_GT(readlink(self.c_str(), exe, sizeof(exe) - 1), 0);
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int r = 0; r < 2; ++r) {
     logs.push_back("/tmp/loom_registration_" + std::to_string(getpid()) + "_" + std::to_string(r) +
                    ".log");
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.push_back(*e);
-    env.push_back("LOOM_TEST_REGISTRATION_RANK=" + std::to_string(r));
-    env.push_back("LOOM_TEST_REGISTRATION_ID=" + hex);
-    env.push_back("LOOM_DEBUG=INFO");
-    env.push_back("LOOM_DEBUG_SUBSYS=COLL");
-    env.push_back("LOOM_TIMEOUT_MS=30000");
-    env.push_back("LOOM_P2P_CE_PULL_BYTES=16777216");  // the copies below use 16 MiB blocks
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string filter = "--gtest_filter=GpuRegistration.OneRank";
-    char* argv[] = {exe, filter.data(), nullptr};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    ASSERT_EQ(posix_spawn(&pid, exe, &fa, nullptr, argv, envp.data()), 0);
-    posix_spawn_file_actions_destroy(&fa);
+    std::string why;
+    const pid_t pid = loom::test::spawnSelf(
+        "GpuRegistration.OneRank",
+        {"LOOM_TEST_REGISTRATION_RANK=" + std::to_string(r), "LOOM_TEST_REGISTRATION_ID=" + hex,
+         "LOOM_DEBUG=INFO", "LOOM_DEBUG_SUBSYS=COLL", "LOOM_TIMEOUT_MS=30000",
+         // the copies below use 16 MiB blocks
+         "LOOM_P2P_CE_PULL_BYTES=16777216"},
+        logs[r], &why);
+    ASSERT_GT(pid, 0) << why;
     pids.push_back(pid);
   }
   // Both must end, within three minutes.

@@ -3,8 +3,16 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+extern char** environ;
 
 namespace loom::test {
 
@@ -15,6 +23,40 @@ inline int gpuCount() {
     return 0;
   }
   return n;
+}
+
+// Starts this test binary again as a child running the one test `filter` names, with this
+// process's environment plus `extraEnv` ("NAME=value"), its stdout and stderr into `log`.
+// Tests that need processes of their own (hosts, ranks of their own) use it; start them
+// before this process touches CUDA where the child must own a fresh context. Returns the
+// child's pid, or -1 (with the reason in *why).
+inline pid_t spawnSelf(const std::string& filter, const std::vector<std::string>& extraEnv,
+                       const std::string& log, std::string* why) {
+  char exe[4096] = {0};
+  if (readlink("/proc/self/exe", exe, sizeof(exe) - 1) <= 0) {
+    *why = "cannot read /proc/self/exe";
+    return -1;
+  }
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  env.insert(env.end(), extraEnv.begin(), extraEnv.end());
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string filterArg = "--gtest_filter=" + filter;
+  char* argv[] = {exe, filterArg.data(), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, exe, &fa, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    *why = "posix_spawn failed: " + std::to_string(rc);
+    return -1;
+  }
+  return pid;
 }
 
 }  // namespace loom::test

@@ -1,0 +1,220 @@
+// The hierarchical forms across hosts (collectives/device/hierarchy.h): the ranks of each
+// host run the in-host steps on their GPU mesh (a CudaExecutor of the host's ranks, on a
+// sub-channel of the bootstrap), and the ranks of each rail the across-host step over the
+// network (a NetExecutor of the rail's ranks). Every step is a kernel on the caller's
+// stream, so a call stays asynchronous and capturable in CUDA graphs.
+#include "collectives/device/cuda_executor.h"
+#include "common/log.h"
+#include "nccl.h"
+
+namespace loom::collectives::device {
+
+namespace {
+
+// The bootstrap tag of the handle that rail listener `receiver` (a communicator rank)
+// sends to `sender` for a lane (the flat network form's are 3 << 60).
+uint64_t railHandleTag(int sender, int receiver, int lane) {
+  return (6ull << 60) | (static_cast<uint64_t>(lane) << 56) |
+         (static_cast<uint64_t>(sender) << 28) | static_cast<uint64_t>(receiver);
+}
+
+// Connections of the host's mesh and of the rail tell themselves from the flat form's.
+constexpr uint64_t kLocalHashSalt = 0x686965722d6c6f63ull;  // "hier-loc"
+constexpr uint64_t kRailHashSalt = 0x686965722d72616cull;   // "hier-ral"
+
+}  // namespace
+
+std::string CudaExecutor::describe() const {
+  if (mesh_) return "p2p mesh";
+  std::string d = "network (" + why_ + ")";
+  if (local_ && rail_) {
+    d += "; hierarchical forms: " + std::to_string(hier_.local) +
+         " ranks per host on a GPU mesh, " + std::to_string(hier_.hosts) +
+         " hosts over the network";
+  }
+  return d;
+}
+
+Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
+                                   const std::vector<transport::PeerInfo>& peers) {
+  // Until the form has run on a GPU it is set up only where asked for (every rank agreed
+  // on LOOM_ALGO at init, so all decide alike).
+  if (!limits_.algo.names(AlgoName::kHier)) {
+    LOOM_INFO(kInit,
+              "rank %d: no hierarchical GPU forms: they have not yet been checked on a GPU, so "
+              "they run only where LOOM_ALGO names hier",
+              rank_);
+    return Status::ok();
+  }
+  std::vector<uint64_t> hosts;
+  for (const auto& p : peers) hosts.push_back(p.hostHash);
+  std::string why;
+  if (!dev::findHierarchy(hosts, rank_, &hier_, &why)) {
+    LOOM_INFO(kInit, "rank %d: no hierarchical GPU forms: %s", rank_, why.c_str());
+    return Status::ok();
+  }
+  // Every rank gets here (findHierarchy saw the same hosts on all): each host's ranks set
+  // up their mesh, then all agree whether every host has one.
+  localChannel_ = std::make_unique<transport::SubChannel>(bootstrap, hier_.localRanks, 1,
+                                                          timeoutMs_, context_.abortFlag);
+  std::vector<transport::PeerInfo> localPeers;
+  for (int r : hier_.localRanks) {
+    localPeers.push_back(peers[r]);
+    localPeers.back().rank = static_cast<int>(localPeers.size()) - 1;
+  }
+  auto local = std::make_unique<CudaExecutor>();
+  local->meshOnly_ = true;
+  ExecutorContext lc = context_;
+  lc.commHash = context_.commHash ^ kLocalHashSalt;
+  const Status st = local->init(*localChannel_, localPeers, hier_.localIndex, device_, lc);
+  int32_t ok = st.isOk() && local->mesh() ? 1 : 0;
+  std::string mine = !st.isOk() ? st.message() : ok ? std::string() : local->why_;
+  std::vector<int32_t> all(nranks_);
+  all[rank_] = ok;
+  LOOM_TRY(bootstrap.allGather(all.data(), sizeof(int32_t)));
+  for (int r = 0; r < nranks_; ++r) {
+    if (all[r]) continue;
+    LOOM_INFO(
+        kInit,
+        "rank %d: no hierarchical GPU forms: the ranks of rank %d's host form no GPU mesh%s%s",
+        rank_, r, r == rank_ ? ": " : "", r == rank_ ? mine.c_str() : "");
+    local.reset();
+    localChannel_.reset();
+    return Status::ok();
+  }
+  // The rail's network executor: this rank is its host's member of the rail.
+  dev::NetOptions o = netOptions_;
+  o.rank = hier_.hostIndex;
+  o.nranks = hier_.hosts;
+  o.commHash = context_.commHash ^ kRailHashSalt;
+  transport::SetupChannel* bs = &bootstrap;
+  const std::vector<int> rail = hier_.railRanks;
+  const int me = rank_;
+  dev::NetHandleExchange ex;
+  ex.send = [bs, rail, me](int peer, int lane, const transport::net::Handle& h) {
+    return bs->send(rail[peer], railHandleTag(rail[peer], me, lane), &h, sizeof(h));
+  };
+  ex.tryRecv = [bs, rail, me](int peer, int lane, transport::net::Handle* h) {
+    return bs->tryRecv(rail[peer], railHandleTag(me, rail[peer], lane), h, sizeof(*h));
+  };
+  ex.peerAlive = [bs, rail](int peer) { return bs->probe(rail[peer], 200); };
+  auto net = dev::NetExecutor::create(o, std::move(ex));
+  if (!net) return net.status().withContext("setting up the hierarchical form's rail");
+  rail_ = std::move(net).value();
+  local_ = std::move(local);
+  LOOM_INFO(kInit,
+            "rank %d: hierarchical GPU forms: host %d of %d (local rank %d of %d, a GPU mesh), "
+            "rail %d across the hosts over the network",
+            rank_, hier_.hostIndex, hier_.hosts, hier_.localIndex, hier_.local, hier_.localIndex);
+  return Status::ok();
+}
+
+Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
+  ++cursor_;
+  if (op.count == 0) return Status::ok();
+  DeviceGuard guard(device_);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
+  LOOM_TRY(order(op.stream, cap));
+  const size_t es = dataTypeSize(op.dtype);
+  // The reduction of each level (hierarchy.h): a level whose part is a plain sum runs as
+  // one, whatever the call's operation.
+  const dev::SplitReduction split = dev::splitReduction(red.op.kind);
+  ExecutorRedOp first = red, second = red;
+  int firstOp = op.ncclOp, secondOp = op.ncclOp;
+  if (split.first != red.op.kind) {
+    first.op.kind = split.first;
+    first.op.divisor = 1;
+    firstOp = ncclSum;
+  }
+  if (split.second != red.op.kind) {
+    second.op.kind = split.second;
+    second.op.scalar = 1.0;
+    second.scalarDevice = nullptr;
+    secondOp = ncclSum;
+  }
+  const AlgoRequest railAlgo = dev::railRequest(limits_.algo);
+  const bool logging = log::enabled(log::kInfo, log::kColl);
+  std::string railWhy;
+  auto across = [&](CollType type, const void* in, void* out, size_t count, int root,
+                    const ExecutorRedOp& r) {
+    CollRequest req;
+    req.type = type;
+    req.count = count;
+    req.elemSize = es;
+    req.nranks = hier_.hosts;
+    req.rank = hier_.hostIndex;
+    req.root = root;
+    dev::NetReduction nr;
+    nr.red = r.op.kind;
+    nr.scalar = r.op.scalar;
+    nr.scalarDevice = r.scalarDevice;
+    nr.divisor = r.op.divisor;
+    return rail_->runCollective(req, in, out, op.dtype, nr, railAlgo, op.stream,
+                                logging ? &railWhy : nullptr);
+  };
+  char* out = static_cast<char*>(op.recvbuff);
+  switch (op.type) {
+    case CollType::kAllReduce: {
+      // Each local rank reduces its part of the buffer over the mesh, all-reduces it with
+      // its rail, and the host's ranks gather the parts.
+      const size_t part = op.count / static_cast<size_t>(hier_.local);
+      char* mine = out + size_t(hier_.localIndex) * part * es;
+      Operation rs = op;
+      rs.type = CollType::kReduceScatter;
+      rs.recvbuff = mine;
+      rs.count = part;
+      rs.ncclOp = firstOp;
+      LOOM_TRY(local_->run(rs, first));
+      LOOM_TRY(across(CollType::kAllReduce, mine, mine, part, 0, second));
+      Operation ag = op;
+      ag.type = CollType::kAllGather;
+      ag.sendbuff = mine;
+      ag.count = part;
+      ag.ncclOp = ncclSum;
+      LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
+      break;
+    }
+    case CollType::kBroadcast: {
+      // The root's rail carries it to every host, then each host's rank on that rail
+      // gives it to the others.
+      const int rootHost = hier_.hostOf[op.root], rootLocal = hier_.localOf[op.root];
+      if (hier_.localIndex == rootLocal)
+        LOOM_TRY(across(CollType::kBroadcast, op.sendbuff, out, op.count, rootHost, red));
+      Operation b = op;
+      b.sendbuff = out;
+      b.root = rootLocal;
+      LOOM_TRY(local_->run(b, red));
+      break;
+    }
+    case CollType::kReduce: {
+      // Each host reduces into its rank on the root's rail, and that rail reduces the
+      // hosts' results into the root. A rank of that rail other than the root reduces
+      // into a scratch buffer (its own output is not the caller's to give).
+      const int rootHost = hier_.hostOf[op.root], rootLocal = hier_.localOf[op.root];
+      void* target = out;
+      if (hier_.localIndex == rootLocal && rank_ != op.root) {
+        LOOM_ASSIGN_OR_RETURN(target, netScratch(op.count * es));
+      }
+      Operation rd = op;
+      rd.root = rootLocal;
+      rd.recvbuff = target;
+      rd.ncclOp = firstOp;
+      LOOM_TRY(local_->run(rd, first));
+      if (hier_.localIndex == rootLocal)
+        LOOM_TRY(across(CollType::kReduce, target, target, op.count, rootHost, second));
+      break;
+    }
+    default:
+      return errorf(Code::kInternalError, "%s reached the hierarchical form",
+                    collectives::collTypeName(op.type));
+  }
+  LOOM_INFO(kColl,
+            "GPU %s hierarchical: %zu x %s; in each host over the GPU mesh (%d ranks), across "
+            "%d hosts on rail %d over the network (%s)",
+            collectives::collTypeName(op.type), op.count, dataTypeName(op.dtype), hier_.local,
+            hier_.hosts, hier_.localIndex,
+            railWhy.empty() ? "not this rank's rail" : railWhy.c_str());
+  return recordDone(op.stream, cap);
+}
+
+}  // namespace loom::collectives::device

@@ -1,0 +1,86 @@
+#include "collectives/device/hierarchy.h"
+
+#include <map>
+
+namespace loom::collectives::device {
+
+bool findHierarchy(const std::vector<uint64_t>& hostKeys, int rank, Hierarchy* h,
+                   std::string* why) {
+  *h = Hierarchy{};
+  const int n = static_cast<int>(hostKeys.size());
+  if (rank < 0 || rank >= n) {
+    *why = "rank out of range";
+    return false;
+  }
+  std::map<uint64_t, int> hostIds;  // key -> host index, in the order of first ranks
+  std::vector<std::vector<int>> members;
+  h->hostOf.assign(n, -1);
+  h->localOf.assign(n, -1);
+  for (int r = 0; r < n; ++r) {
+    auto [it, fresh] = hostIds.emplace(hostKeys[r], static_cast<int>(members.size()));
+    if (fresh) members.emplace_back();
+    h->hostOf[r] = it->second;
+    h->localOf[r] = static_cast<int>(members[it->second].size());
+    members[it->second].push_back(r);
+  }
+  h->hosts = static_cast<int>(members.size());
+  h->local = static_cast<int>(members[0].size());
+  if (h->hosts < 2) {
+    *why = "every rank is on one host";
+    return false;
+  }
+  for (int k = 0; k < h->hosts; ++k) {
+    if (static_cast<int>(members[k].size()) != h->local) {
+      *why = "hosts hold different numbers of ranks (" + std::to_string(members[0].size()) +
+             " on the first, " + std::to_string(members[k].size()) + " on host " +
+             std::to_string(k) + ")";
+      return false;
+    }
+  }
+  if (h->local < 2) {
+    *why = "one rank per host";
+    return false;
+  }
+  h->hostIndex = h->hostOf[rank];
+  h->localIndex = h->localOf[rank];
+  h->localRanks = members[h->hostIndex];
+  for (int k = 0; k < h->hosts; ++k) h->railRanks.push_back(members[k][h->localIndex]);
+  return true;
+}
+
+const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const AlgoRequest& algo) {
+  if (!algo.allows(AlgoName::kHier)) return "LOOM_ALGO leaves out hier";
+  switch (type) {
+    case CollType::kAllReduce:
+      if (count % static_cast<size_t>(h.local) != 0) {
+        return "the count is not a multiple of the ranks per host (the in-host reduce-scatter "
+               "needs equal parts)";
+      }
+      return nullptr;
+    case CollType::kBroadcast:
+    case CollType::kReduce: return nullptr;
+    case CollType::kAllGather:
+    case CollType::kReduceScatter:
+      return "no hierarchical form of all-gather and reduce-scatter yet";
+    case CollType::kAllToAll:
+    case CollType::kSendRecv: return "point-to-point exchanges go directly";
+  }
+  return "unknown collective";
+}
+
+SplitReduction splitReduction(RedKind kind) {
+  switch (kind) {
+    case RedKind::kPreMulSum: return {RedKind::kPreMulSum, RedKind::kSum};
+    case RedKind::kSumPostDiv: return {RedKind::kSum, RedKind::kSumPostDiv};
+    default: return {kind, kind};
+  }
+}
+
+AlgoRequest railRequest(const AlgoRequest& algo) {
+  const bool ring = algo.allows(AlgoName::kRing);
+  const bool tree = algo.allows(AlgoName::kTree);
+  if (algo.set() && ring != tree) return algo;
+  return AlgoRequest();
+}
+
+}  // namespace loom::collectives::device

@@ -1,0 +1,60 @@
+// The hierarchical GPU forms across hosts: inside each host over the GPU mesh (the mesh
+// kernels, collectives/device/mesh.h), across hosts over the network between the ranks of
+// the same local index (rails, collectives/device/net_executor.h). Pure: which ranks form
+// the host groups and the rails, which calls take the form, and how a reduction splits
+// between the two levels. Its tests run everywhere (tests/collectives/hierarchy_test.cc);
+// cuda_executor_hier.cc runs it.
+//
+//   all-reduce  reduce-scatter in the host (each local rank keeps 1/L of the buffer),
+//               all-reduce of that part across hosts on the rank's rail, all-gather in
+//               the host. Each rail carries 1/L of the data: the network moves
+//               2 (H-1)/H x bytes / L per rank instead of the flat ring's 2 (N-1)/N x bytes.
+//   broadcast   across hosts on the root's rail, then in each host from that rail's rank.
+//   reduce      in each host to the rank on the root's rail, then across hosts on that rail.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/algo_request.h"
+#include "collectives/schedule.h"
+#include "common/datatype.h"
+
+namespace loom::collectives::device {
+
+struct Hierarchy {
+  int hosts = 0;       // H
+  int local = 0;       // L: ranks per host (every host has as many)
+  int hostIndex = -1;  // this rank's host, in the order of each host's first rank
+  int localIndex = -1;
+  std::vector<int> localRanks;  // the ranks of this rank's host, ascending
+  std::vector<int> railRanks;   // the ranks with this rank's local index, by host
+  // Where rank r sits (both sized nranks).
+  std::vector<int> hostOf, localOf;
+};
+
+// The hierarchy of ranks whose hosts are `hostKeys` (one per rank, equal for ranks of one
+// host), seen from `rank`; false with the reason when there is none: one host, one rank
+// per host, or hosts with different rank counts.
+bool findHierarchy(const std::vector<uint64_t>& hostKeys, int rank, Hierarchy* h, std::string* why);
+
+// Why the call does not take the hierarchical form (null: it does). `count` as the C API
+// gives it. LOOM_ALGO leaves it out unless it allows "hier".
+const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const AlgoRequest& algo);
+
+// A reduction split between the levels: the first reduces each rank's input (the host
+// level), the second combines the hosts' partial results. PreMulSum scales the inputs,
+// so only the first applies it; SumPostDiv divides the final sum, so only the second.
+struct SplitReduction {
+  RedKind first = RedKind::kSum;
+  RedKind second = RedKind::kSum;
+};
+SplitReduction splitReduction(RedKind kind);
+
+// What LOOM_ALGO asks of the across-host part: the request itself where it chooses
+// between ring and tree, else nothing (the tuner chooses).
+AlgoRequest railRequest(const AlgoRequest& algo);
+
+}  // namespace loom::collectives::device

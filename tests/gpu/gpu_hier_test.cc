@@ -1,0 +1,336 @@
+// The hierarchical GPU forms across hosts (collectives/device/hierarchy.h): two copies of
+// this binary, each a host of its own (LOOM_HOST_ID) holding two ranks on GPU 0
+// (LOOM_P2P_SHARE_GPU=1 lets them form a GPU mesh there), four ranks in all. All-reduce,
+// broadcast and reduce take the hierarchical form (mesh in the host, the network between
+// the rails); all-gather and reduce-scatter the flat one beside them. Every result is
+// checked against the host's answer on small integers (exact in every type used), in place
+// and out of place, for every root; a CUDA graph of a hierarchical all-reduce is replayed
+// with its output poisoned between replays. The children's logs must show the form.
+//
+// Needs one GPU; skips with the reason where there is none. Without CUDA MPS the two
+// processes take turns on the GPU, which makes it slow but not wrong.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/datatype.h"
+#include "common/socket.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kHosts = 2, kLocal = 2, kRanks = kHosts * kLocal;
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Rank r's input element i: a small positive integer, so every sum, product and maximum
+// of four is exact in float, bfloat16 (sums and maxima only), int32 and double.
+double inputValue(int r, size_t i) {
+  return double((i * 7 + size_t(r) * 13) % 17 + 1);
+}
+
+enum class Coll { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
+const char* collName(Coll c) {
+  switch (c) {
+    case Coll::kAllReduce: return "all_reduce";
+    case Coll::kBroadcast: return "broadcast";
+    case Coll::kReduce: return "reduce";
+    case Coll::kAllGather: return "all_gather";
+    case Coll::kReduceScatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+double combine(ncclRedOp_t op, const double* v, bool integer) {
+  double acc = v[0];
+  for (int r = 1; r < kRanks; ++r) {
+    switch (op) {
+      case ncclSum:
+      case ncclAvg: acc += v[r]; break;
+      case ncclProd: acc *= v[r]; break;
+      case ncclMax: acc = std::max(acc, v[r]); break;
+      case ncclMin: acc = std::min(acc, v[r]); break;
+      default: break;
+    }
+  }
+  if (op == ncclAvg) acc = integer ? double(int64_t(acc) / kRanks) : acc / kRanks;
+  return acc;
+}
+
+// The two ranks of this host (global ranks base, base + 1) and their streams.
+struct Host {
+  int base = 0;
+  ncclComm_t comms[kLocal] = {};
+  cudaStream_t streams[kLocal] = {};
+};
+
+// Runs one call on both local ranks and checks both outputs; the number of wrong elements.
+size_t runAndCheck(Host& h, Coll c, loom::DataType t, ncclRedOp_t op, size_t count, bool inPlace,
+                   int root) {
+  const size_t es = loom::dataTypeSize(t);
+  const bool integer = t == loom::DataType::kInt32;
+  size_t inCount = count, outCount = count;
+  if (c == Coll::kAllGather) outCount = count * kRanks;
+  if (c == Coll::kReduceScatter) inCount = count * kRanks;
+  const size_t bufCount = std::max(inCount, outCount);
+  char* bufs[kLocal][2] = {};
+  for (int l = 0; l < kLocal; ++l) {
+    const int r = h.base + l;
+    std::vector<char> host(inCount * es);
+    for (size_t i = 0; i < inCount; ++i) loom::storeFromDouble(t, host.data(), i, inputValue(r, i));
+    cudaMalloc(&bufs[l][0], bufCount * es + 64);
+    cudaMalloc(&bufs[l][1], bufCount * es + 64);
+    cudaMemset(bufs[l][0], 0xA5, bufCount * es + 64);
+    cudaMemset(bufs[l][1], 0xA5, bufCount * es + 64);
+    char* in = bufs[l][0];
+    if (inPlace && c == Coll::kAllGather) in = bufs[l][0] + size_t(r) * count * es;
+    cudaMemcpy(in, host.data(), inCount * es, cudaMemcpyHostToDevice);
+  }
+  cudaDeviceSynchronize();
+  const auto dt = static_cast<ncclDataType_t>(t);
+  ncclGroupStart();
+  for (int l = 0; l < kLocal; ++l) {
+    const int r = h.base + l;
+    char* out = inPlace ? bufs[l][0] : bufs[l][1];
+    const char* in = bufs[l][0];
+    if (inPlace && c == Coll::kAllGather) in = out + size_t(r) * count * es;
+    if (inPlace && c == Coll::kReduceScatter) out = bufs[l][0] + size_t(r) * count * es;
+    switch (c) {
+      case Coll::kAllReduce: ncclAllReduce(in, out, count, dt, op, h.comms[l], h.streams[l]); break;
+      case Coll::kBroadcast:
+        ncclBroadcast(in, out, count, dt, root, h.comms[l], h.streams[l]);
+        break;
+      case Coll::kReduce: ncclReduce(in, out, count, dt, op, root, h.comms[l], h.streams[l]); break;
+      case Coll::kAllGather: ncclAllGather(in, out, count, dt, h.comms[l], h.streams[l]); break;
+      case Coll::kReduceScatter:
+        ncclReduceScatter(in, out, count, dt, op, h.comms[l], h.streams[l]);
+        break;
+    }
+  }
+  if (ncclGroupEnd() != ncclSuccess) {
+    ADD_FAILURE() << collName(c) << ": " << ncclGetLastError(nullptr);
+    return 1;
+  }
+  size_t wrong = 0;
+  for (int l = 0; l < kLocal; ++l) {
+    if (cudaStreamSynchronize(h.streams[l]) != cudaSuccess) {
+      ADD_FAILURE() << "stream of rank " << h.base + l << " failed";
+      return 1;
+    }
+  }
+  for (int l = 0; l < kLocal; ++l) {
+    const int r = h.base + l;
+    if (c == Coll::kReduce && r != root) continue;
+    const char* out = inPlace ? bufs[l][0] : bufs[l][1];
+    if (inPlace && c == Coll::kReduceScatter) out = bufs[l][0] + size_t(r) * count * es;
+    std::vector<char> got(outCount * es);
+    cudaMemcpy(got.data(), out, outCount * es, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < outCount; ++i) {
+      double want = 0;
+      double v[kRanks];
+      switch (c) {
+        case Coll::kAllReduce:
+        case Coll::kReduce:
+          for (int k = 0; k < kRanks; ++k) v[k] = inputValue(k, i);
+          want = combine(op, v, integer);
+          break;
+        case Coll::kBroadcast: want = inputValue(root, i); break;
+        case Coll::kAllGather: want = inputValue(int(i / count), i % count); break;
+        case Coll::kReduceScatter:
+          for (int k = 0; k < kRanks; ++k) v[k] = inputValue(k, size_t(r) * count + i);
+          want = combine(op, v, integer);
+          break;
+      }
+      const double g = loom::loadAsDouble(t, got.data(), i);
+      if (g != want) {
+        if (wrong < 3) {
+          ADD_FAILURE() << collName(c) << " " << loom::dataTypeName(t) << " op " << op << " count "
+                        << count << (inPlace ? " in place" : "") << " root " << root << ": rank "
+                        << r << " element " << i << " is " << g << ", not " << want;
+        }
+        ++wrong;
+      }
+    }
+  }
+  for (int l = 0; l < kLocal; ++l) {
+    cudaFree(bufs[l][0]);
+    cudaFree(bufs[l][1]);
+  }
+  return wrong;
+}
+
+// A captured all-reduce of both local ranks, replayed with the output poisoned between
+// replays: the wrong elements over every replay.
+size_t graphReplays(Host& h, size_t count, int replays) {
+  float* in[kLocal];
+  float* out[kLocal];
+  for (int l = 0; l < kLocal; ++l) {
+    std::vector<float> host(count);
+    for (size_t i = 0; i < count; ++i) host[i] = float(inputValue(h.base + l, i));
+    cudaMalloc(&in[l], count * 4);
+    cudaMalloc(&out[l], count * 4);
+    cudaMemcpy(in[l], host.data(), count * 4, cudaMemcpyHostToDevice);
+  }
+  cudaGraph_t graphs[kLocal];
+  cudaGraphExec_t execs[kLocal];
+  for (int l = 0; l < kLocal; ++l)
+    cudaStreamBeginCapture(h.streams[l], cudaStreamCaptureModeRelaxed);
+  ncclGroupStart();
+  for (int l = 0; l < kLocal; ++l)
+    ncclAllReduce(in[l], out[l], count, ncclFloat32, ncclSum, h.comms[l], h.streams[l]);
+  const ncclResult_t rc = ncclGroupEnd();
+  for (int l = 0; l < kLocal; ++l) {
+    if (cudaStreamEndCapture(h.streams[l], &graphs[l]) != cudaSuccess || rc != ncclSuccess) {
+      ADD_FAILURE() << "capture failed: " << ncclGetLastError(nullptr);
+      return 1;
+    }
+    cudaGraphInstantiate(&execs[l], graphs[l], 0);
+  }
+  size_t wrong = 0;
+  std::vector<float> got(count);
+  for (int k = 0; k < replays; ++k) {
+    for (int l = 0; l < kLocal; ++l) {
+      cudaMemsetAsync(out[l], 0xA5, count * 4, h.streams[l]);
+      cudaGraphLaunch(execs[l], h.streams[l]);
+    }
+    if (k % 25 != 24) continue;
+    for (int l = 0; l < kLocal; ++l) {
+      cudaStreamSynchronize(h.streams[l]);
+      cudaMemcpy(got.data(), out[l], count * 4, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < count; ++i) {
+        double v[kRanks];
+        for (int r = 0; r < kRanks; ++r) v[r] = inputValue(r, i);
+        if (got[i] != float(combine(ncclSum, v, false))) ++wrong;
+      }
+    }
+  }
+  for (int l = 0; l < kLocal; ++l) {
+    cudaStreamSynchronize(h.streams[l]);
+    cudaGraphExecDestroy(execs[l]);
+    cudaGraphDestroy(graphs[l]);
+    cudaFree(in[l]);
+    cudaFree(out[l]);
+  }
+  return wrong;
+}
+
+// One host (run by GpuHier.TwoHostsOfTwoRanks through the environment).
+TEST(GpuHier, OneHost) {
+  const char* hostText = std::getenv("LOOM_TEST_HIER_HOST");
+  if (!hostText) GTEST_SKIP() << "run by GpuHier.TwoHostsOfTwoRanks";
+  Host h;
+  h.base = std::atoi(hostText) * kLocal;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);  // from LOOM_COMM_ID
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int l = 0; l < kLocal; ++l) ncclCommInitRank(&h.comms[l], kRanks, id, h.base + l);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (auto& s : h.streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  using loom::DataType;
+  // Counts: 8 bytes, odd (all-reduce then declines the form), a few pieces, many pieces.
+  const size_t counts[] = {2, 4099, 100002, (size_t{4} << 20) + 2};
+  for (size_t count : counts) {
+    for (bool inPlace : {false, true}) {
+      EXPECT_EQ(runAndCheck(h, Coll::kAllReduce, DataType::kFloat32, ncclSum, count, inPlace, 0),
+                0u);
+    }
+  }
+  for (DataType t : {DataType::kInt32, DataType::kBfloat16, DataType::kFloat64}) {
+    for (ncclRedOp_t op : {ncclSum, ncclMax, ncclMin, ncclAvg}) {
+      EXPECT_EQ(runAndCheck(h, Coll::kAllReduce, t, op, 100002, false, 0), 0u);
+    }
+  }
+  EXPECT_EQ(runAndCheck(h, Coll::kAllReduce, DataType::kInt32, ncclProd, 5000, true, 0), 0u);
+  for (int root = 0; root < kRanks; ++root) {
+    for (size_t count : {size_t{3}, size_t{100001}, (size_t{2} << 20) + 1}) {
+      for (bool inPlace : {false, true}) {
+        EXPECT_EQ(
+            runAndCheck(h, Coll::kBroadcast, DataType::kFloat32, ncclSum, count, inPlace, root),
+            0u);
+        EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kFloat32, ncclSum, count, inPlace, root),
+                  0u);
+      }
+    }
+    EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kInt32, ncclAvg, 7777, false, root), 0u);
+    EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kFloat32, ncclMax, 7777, false, root), 0u);
+  }
+  for (Coll c : {Coll::kAllGather, Coll::kReduceScatter}) {
+    for (bool inPlace : {false, true})
+      EXPECT_EQ(runAndCheck(h, c, DataType::kFloat32, ncclSum, 100001, inPlace, 0), 0u);
+  }
+  EXPECT_EQ(graphReplays(h, (size_t{1} << 20) + 2, 200), 0u);
+  for (int l = 0; l < kLocal; ++l) {
+    cudaStreamDestroy(h.streams[l]);
+    EXPECT_EQ(ncclCommDestroy(h.comms[l]), ncclSuccess);
+  }
+  std::printf("host %d: done\n", h.base / kLocal);
+}
+
+TEST(GpuHier, TwoHostsOfTwoRanks) {
+  REQUIRE_GPUS(1);
+  auto lo = loom::SocketAddress::parse("127.0.0.1:0");
+  auto probe = loom::Socket::listen(*lo);
+  ASSERT_TRUE(probe.isOk());
+  const std::string address = probe->localAddress()->toString();
+  probe->close();
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int k = 0; k < kHosts; ++k) {
+    logs.push_back("/tmp/loom_hier_" + std::to_string(getpid()) + "_" + std::to_string(k) + ".log");
+    std::string why;
+    const pid_t pid = loom::test::spawnSelf(
+        "GpuHier.OneHost",
+        {"LOOM_TEST_HIER_HOST=" + std::to_string(k), "LOOM_COMM_ID=" + address,
+         "LOOM_HOST_ID=hier-host-" + std::to_string(k), "LOOM_P2P_SHARE_GPU=1", "LOOM_ALGO=hier",
+         "LOOM_TIMEOUT_MS=60000", "LOOM_DEBUG=INFO", "LOOM_DEBUG_SUBSYS=INIT,COLL"},
+        logs.back(), &why);
+    ASSERT_GT(pid, 0) << why;
+    pids.push_back(pid);
+  }
+  const auto start = Clock::now();
+  for (int k = 0; k < kHosts; ++k) {
+    int status = -1;
+    while (waitpid(pids[k], &status, WNOHANG) != pids[k]) {
+      if (Clock::now() - start > std::chrono::seconds(400)) {
+        for (pid_t p : pids) kill(p, SIGKILL);
+        waitpid(pids[k], &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const std::string log = readFile(logs[k]);
+    const bool passed = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+                        log.find("host " + std::to_string(k) + ": done") != std::string::npos;
+    if (!passed) {
+      ADD_FAILURE() << "host " << k << " failed (status " << status << "); the end of its log:\n"
+                    << log.substr(log.size() > 8000 ? log.size() - 8000 : 0);
+    }
+    // The forms it ran: the hierarchical one (LOOM_DEBUG=INFO says so per call).
+    EXPECT_NE(log.find("hierarchical GPU forms: host"), std::string::npos) << "host " << k;
+    EXPECT_NE(log.find(" hierarchical: "), std::string::npos) << "host " << k;
+    unlink(logs[k].c_str());
+  }
+}
+
+}  // namespace
