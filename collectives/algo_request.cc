@@ -40,6 +40,16 @@ std::string_view trimmed(std::string_view s) {
 
 }  // namespace
 
+AlgoRequest AlgoRequest::withoutHier() const {
+  const uint32_t hier = 1u << static_cast<unsigned>(AlgoName::kHier);
+  if (set_ && (mask_ & hier) && (mask_ & ~hier) == 0) {
+    AlgoRequest none;
+    none.text_ = text_;
+    return none;
+  }
+  return *this;
+}
+
 const char* algoNameText(AlgoName a) {
   for (const Known& k : kKnown)
     if (k.algo == a) return k.name;

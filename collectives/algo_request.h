@@ -61,6 +61,10 @@ class AlgoRequest {
   // The text as given (for logs).
   const std::string& text() const { return text_; }
 
+  // The request as the forms other than the hierarchical one read it: one that allows
+  // nothing but hier (LOOM_ALGO=hier) asks nothing of them; any other is itself.
+  AlgoRequest withoutHier() const;
+
  private:
   bool set_ = false;
   bool exclude_ = false;

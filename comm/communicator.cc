@@ -74,6 +74,7 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   timeoutMs_ = settings::get(settings::kTimeoutMs);
   LOOM_ASSIGN_OR_RETURN(forcedAlgo_,
                         collectives::AlgoRequest::parse(settings::get(settings::kAlgo)));
+  forcedAlgo_ = forcedAlgo_.withoutHier();  // hier names a GPU form; host buffers go flat
   log::RankScope scope(rank);
   if (rank == 0 && id.fromEnv) {
     IdContents rootId = id;

@@ -11,11 +11,13 @@ namespace loom::transport {
 
 namespace {
 
-// Parent tags of sub-channels: 5 in the top four bits (comm/ and the GPU executor use 1, 3
-// and 6 there), the id in the next eight.
+// Parent tags of sub-channels: 5 in the top four bits (comm/'s connection set-up uses 4,
+// the GPU executor's network handles 3 and 6), the id in the next eight.
 constexpr uint64_t kSubTagBase = 5ull << 60;
-// allGather's messages: above every tag a user of the channel may give.
+// The channel's own messages, above every tag a user of the channel may give: allGather's
+// (one tag per exchange), and a member's notice that it gave up.
 constexpr uint64_t kGatherTag = SubChannel::kMaxTag;
+constexpr uint64_t kAbandonTag = 2 * SubChannel::kMaxTag;
 
 }  // namespace
 
@@ -23,42 +25,59 @@ SubChannel::SubChannel(SetupChannel& parent, std::vector<int> members, uint32_t 
                        int64_t timeoutMs, const std::atomic<bool>* abortFlag)
     : parent_(parent),
       members_(std::move(members)),
-      id_(id & 0xff),
+      id_(id >= 1 && id <= 255 ? id : 255),
       timeoutMs_(timeoutMs),
       abortFlag_(abortFlag) {
   const auto it = std::find(members_.begin(), members_.end(), parent_.rank());
   index_ = it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
 }
 
-Result<uint64_t> SubChannel::parentTag(uint64_t tag) const {
-  if (tag >= kMaxTag * 2) {
-    return errorf(Code::kInternalError, "sub-channel %u: tag %llu is out of its range", id_,
-                  (unsigned long long)tag);
-  }
+uint64_t SubChannel::parentTag(uint64_t tag) const {
   return kSubTagBase | (uint64_t(id_) << 52) | tag;
 }
 
-Status SubChannel::send(int peer, uint64_t tag, const void* data, size_t size) {
-  if (peer < 0 || peer >= nranks()) {
+Status SubChannel::checkMember(int peer) const {
+  if (peer < 0 || peer >= static_cast<int>(members_.size())) {
     return errorf(Code::kInternalError, "sub-channel %u: no member %d", id_, peer);
   }
-  LOOM_ASSIGN_OR_RETURN(const uint64_t t, parentTag(tag));
-  return parent_.send(members_[peer], t, data, size);
+  return Status::ok();
+}
+
+Status SubChannel::send(int peer, uint64_t tag, const void* data, size_t size) {
+  LOOM_TRY(checkMember(peer));
+  if (tag >= kMaxTag) {
+    return errorf(Code::kInternalError, "sub-channel %u: tag %llu is out of its range", id_,
+                  (unsigned long long)tag);
+  }
+  return parent_.send(members_[peer], parentTag(tag), data, size);
 }
 
 Result<bool> SubChannel::tryRecv(int peer, uint64_t tag, void* data, size_t size) {
-  if (peer < 0 || peer >= nranks()) {
-    return errorf(Code::kInternalError, "sub-channel %u: no member %d", id_, peer);
+  LOOM_TRY(checkMember(peer));
+  if (tag >= kMaxTag) {
+    return errorf(Code::kInternalError, "sub-channel %u: tag %llu is out of its range", id_,
+                  (unsigned long long)tag);
   }
-  LOOM_ASSIGN_OR_RETURN(const uint64_t t, parentTag(tag));
-  return parent_.tryRecv(members_[peer], t, data, size);
+  return parent_.tryRecv(members_[peer], parentTag(tag), data, size);
 }
 
 Status SubChannel::probe(int peer, int64_t ms) {
-  if (peer < 0 || peer >= nranks()) {
-    return errorf(Code::kInternalError, "sub-channel %u: no member %d", id_, peer);
-  }
+  LOOM_TRY(checkMember(peer));
   return parent_.probe(members_[peer], ms);
+}
+
+Status SubChannel::abandonedError() const {
+  return errorf(Code::kRemoteError,
+                "rank %d: rank %d gave up a set-up exchange of its group (its own part of the "
+                "set-up failed; its log says why)",
+                parent_.rank(), abandonedBy_);
+}
+
+void SubChannel::abandon() {
+  const char byte = 1;
+  for (int m = 0; m < nranks(); ++m) {
+    if (m != index_) (void)parent_.send(members_[m], parentTag(kAbandonTag), &byte, 1);
+  }
 }
 
 Status SubChannel::allGather(void* data, size_t size) {
@@ -66,13 +85,14 @@ Status SubChannel::allGather(void* data, size_t size) {
     return errorf(Code::kInternalError, "rank %d is not a member of sub-channel %u", parent_.rank(),
                   id_);
   }
+  if (abandonedBy_ >= 0) return abandonedError();
   // Each allGather's messages have a tag of their own, so a member that is one exchange
   // ahead never hands its next block in place of this one.
   const uint64_t tag = kGatherTag + (collectives_++ % kMaxTag);
   char* blocks = static_cast<char*>(data);
   const char* mine = blocks + size_t(index_) * size;
   for (int m = 0; m < nranks(); ++m) {
-    if (m != index_) LOOM_TRY(send(m, tag, mine, size));
+    if (m != index_) LOOM_TRY(parent_.send(members_[m], parentTag(tag), mine, size));
   }
   std::vector<bool> have(members_.size(), false);
   have[index_] = true;
@@ -84,7 +104,8 @@ Status SubChannel::allGather(void* data, size_t size) {
     bool progress = false;
     for (int m = 0; m < nranks(); ++m) {
       if (have[m]) continue;
-      LOOM_ASSIGN_OR_RETURN(const bool got, tryRecv(m, tag, blocks + size_t(m) * size, size));
+      LOOM_ASSIGN_OR_RETURN(const bool got, parent_.tryRecv(members_[m], parentTag(tag),
+                                                            blocks + size_t(m) * size, size));
       if (got) {
         have[m] = true;
         --missing;
@@ -92,10 +113,19 @@ Status SubChannel::allGather(void* data, size_t size) {
       }
     }
     if (missing == 0) break;
+    // A member that gave up never sends its block (nor, perhaps, what another waits for).
+    for (int m = 0; m < nranks(); ++m) {
+      char byte = 0;
+      if (m == index_) continue;
+      LOOM_ASSIGN_OR_RETURN(const bool gone,
+                            parent_.tryRecv(members_[m], parentTag(kAbandonTag), &byte, 1));
+      if (gone) abandonedBy_ = members_[m];  // kept: the exchanges after this one fail too
+    }
+    if (abandonedBy_ >= 0) return abandonedError();
     int first = 0;
     while (have[first]) ++first;
     if (deadline.aborted()) {
-      return errorf(Code::kInvalidUsage, "sub-channel %u: aborted while waiting for rank %d", id_,
+      return errorf(Code::kSystemError, "sub-channel %u: aborted while waiting for rank %d", id_,
                     members_[first]);
     }
     if (deadline.expired()) {

@@ -17,9 +17,10 @@ namespace loom::transport {
 
 class SubChannel final : public SetupChannel {
  public:
-  // Tags given to send/tryRecv must stay below kMaxTag (the rest of the parent's tag
-  // carries the sub-channel's id). `id`: the same on every member, different for every
-  // sub-channel of one parent in use at once (at most 255).
+  // Tags given to send/tryRecv must stay below kMaxTag (the channel's own exchanges use
+  // the tags above, the rest of the parent's tag carries the sub-channel's id). `id`: the
+  // same on every member, different for every sub-channel of one parent in use at once
+  // (1 to 255).
   static constexpr uint64_t kMaxTag = 1ull << 48;
 
   // `members`: parent ranks, the same list on every member, this rank among them.
@@ -37,8 +38,15 @@ class SubChannel final : public SetupChannel {
   // The parent rank of member `i`.
   int parentRank(int i) const { return members_[i]; }
 
+  // This member gives up on the channel (its part of a set-up failed): every member's
+  // allGather, now or later, fails at once naming it instead of waiting for its deadline.
+  void abandon();
+
  private:
-  Result<uint64_t> parentTag(uint64_t tag) const;
+  // The parent's tag of one of the channel's tags (any, the channel's own included).
+  uint64_t parentTag(uint64_t tag) const;
+  Status checkMember(int peer) const;
+  Status abandonedError() const;
 
   SetupChannel& parent_;
   std::vector<int> members_;
@@ -47,6 +55,7 @@ class SubChannel final : public SetupChannel {
   int64_t timeoutMs_ = 0;
   const std::atomic<bool>* abortFlag_ = nullptr;
   uint64_t collectives_ = 0;  // allGathers so far (their tags)
+  int abandonedBy_ = -1;      // the parent rank of a member that gave up, once one has
 };
 
 }  // namespace loom::transport

@@ -233,6 +233,7 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
   // (LL128) sent to each peer regardless of LOOM_P2P_BLOCKS, stay within the blocks that fit.
   limits_ = dev::resolveMeshLimits(sz, algo, proto, nranks_, geo.ll128Capacity(),
                                    sharing > 1 ? geo.maxBlocks : 0);
+  flatAlgo_ = limits_.algo.withoutHier();
   timeoutMs_ = settings::get(settings::kTimeoutMs);
   bool oneProcess = true;
   for (const auto& g : gpus)
@@ -371,8 +372,19 @@ void CudaExecutor::postGroup(uint64_t group, const std::vector<Operation>& ops) 
 }
 
 Status CudaExecutor::kernelError() const {
-  if (local_) LOOM_TRY(local_->kernelError());
-  if (rail_) LOOM_TRY(rail_->error());
+  // The hierarchy's executors number their ranks within the host and within the rail.
+  if (local_) {
+    if (Status st = local_->kernelError(); !st) {
+      return st.withContext("in this host's GPU mesh of the hierarchical form, whose rank i is " +
+                            hierRanksText(hier_.localRanks));
+    }
+  }
+  if (rail_) {
+    if (Status st = rail_->error(); !st) {
+      return st.withContext("on the rail of the hierarchical form, whose rank i is " +
+                            hierRanksText(hier_.railRanks));
+    }
+  }
   if (net_) return net_->error();
   if (!hostFlags_) return Status::ok();
   int e = reinterpret_cast<volatile int*>(hostFlags_)[1];

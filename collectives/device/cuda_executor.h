@@ -326,6 +326,7 @@ class CudaExecutor final : public DeviceExecutor {
   std::string why_;
   // What picks the forms (collectives/device/mesh_plan.h), agreed by every rank at init.
   dev::MeshLimits limits_;
+  AlgoRequest flatAlgo_;  // limits_.algo as the flat network form reads it (withoutHier)
   int64_t timeoutMs_ = 0;
   std::unique_ptr<transport::p2p::Window> window_;
   uint64_t* state_ = nullptr;

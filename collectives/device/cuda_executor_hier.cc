@@ -66,41 +66,55 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
   local->meshOnly_ = true;
   ExecutorContext lc = context_;
   lc.commHash = context_.commHash ^ kLocalHashSalt;
-  const Status st = local->init(*localChannel_, localPeers, hier_.localIndex, device_, lc);
-  int32_t ok = st.isOk() && local->mesh() ? 1 : 0;
-  std::string mine = !st.isOk() ? st.message() : ok ? std::string() : local->why_;
+  Status st = local->init(*localChannel_, localPeers, hier_.localIndex, device_, lc);
+  // A member that failed tells the others at once (they may wait in an exchange for it).
+  if (!st) localChannel_->abandon();
+  if (st && !local->mesh())
+    st = Status(Code::kSystemError, "no GPU mesh in this host: " + local->why_);
+  // The rail's network executor (this rank is its host's member of the rail), made before
+  // the vote so that its failure counts in it.
+  std::unique_ptr<dev::NetExecutor> rail;
+  if (st) {
+    dev::NetOptions o = netOptions_;
+    o.rank = hier_.hostIndex;
+    o.nranks = hier_.hosts;
+    o.commHash = context_.commHash ^ kRailHashSalt;
+    transport::SetupChannel* bs = &bootstrap;
+    const std::vector<int> railRanks = hier_.railRanks;
+    const int me = rank_;
+    dev::NetHandleExchange ex;
+    ex.send = [bs, railRanks, me](int peer, int lane, const transport::net::Handle& h) {
+      return bs->send(railRanks[peer], railHandleTag(railRanks[peer], me, lane), &h, sizeof(h));
+    };
+    ex.tryRecv = [bs, railRanks, me](int peer, int lane, transport::net::Handle* h) {
+      return bs->tryRecv(railRanks[peer], railHandleTag(me, railRanks[peer], lane), h, sizeof(*h));
+    };
+    ex.peerAlive = [bs, railRanks](int peer) { return bs->probe(railRanks[peer], 200); };
+    auto net = dev::NetExecutor::create(o, std::move(ex));
+    if (net) {
+      rail = std::move(net).value();
+    } else {
+      st = net.status().withContext("setting up the hierarchical form's rail");
+    }
+  }
+  if (!st) {
+    LOOM_WARN(kInit, "rank %d: the hierarchical GPU forms asked for by LOOM_ALGO=hier: %s", rank_,
+              st.message().c_str());
+  }
+  // Every rank takes the form, or none.
   std::vector<int32_t> all(nranks_);
-  all[rank_] = ok;
+  all[rank_] = st ? 1 : 0;
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(int32_t)));
   for (int r = 0; r < nranks_; ++r) {
     if (all[r]) continue;
-    LOOM_INFO(
-        kInit,
-        "rank %d: no hierarchical GPU forms: the ranks of rank %d's host form no GPU mesh%s%s",
-        rank_, r, r == rank_ ? ": " : "", r == rank_ ? mine.c_str() : "");
-    local.reset();
-    localChannel_.reset();
+    LOOM_WARN(kInit,
+              "rank %d: no hierarchical GPU forms: rank %d could not set up its part (its log "
+              "says why); every call takes the flat form",
+              rank_, r);
+    localChannel_.reset();  // rail and local go with this scope
     return Status::ok();
   }
-  // The rail's network executor: this rank is its host's member of the rail.
-  dev::NetOptions o = netOptions_;
-  o.rank = hier_.hostIndex;
-  o.nranks = hier_.hosts;
-  o.commHash = context_.commHash ^ kRailHashSalt;
-  transport::SetupChannel* bs = &bootstrap;
-  const std::vector<int> rail = hier_.railRanks;
-  const int me = rank_;
-  dev::NetHandleExchange ex;
-  ex.send = [bs, rail, me](int peer, int lane, const transport::net::Handle& h) {
-    return bs->send(rail[peer], railHandleTag(rail[peer], me, lane), &h, sizeof(h));
-  };
-  ex.tryRecv = [bs, rail, me](int peer, int lane, transport::net::Handle* h) {
-    return bs->tryRecv(rail[peer], railHandleTag(me, rail[peer], lane), h, sizeof(*h));
-  };
-  ex.peerAlive = [bs, rail](int peer) { return bs->probe(rail[peer], 200); };
-  auto net = dev::NetExecutor::create(o, std::move(ex));
-  if (!net) return net.status().withContext("setting up the hierarchical form's rail");
-  rail_ = std::move(net).value();
+  rail_ = std::move(rail);
   local_ = std::move(local);
   LOOM_INFO(kInit,
             "rank %d: hierarchical GPU forms: host %d of %d (local rank %d of %d, a GPU mesh), "
@@ -120,7 +134,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   // one, whatever the call's operation.
   const dev::SplitReduction split = dev::splitReduction(red.op.kind);
   ExecutorRedOp first = red, second = red;
-  int firstOp = op.ncclOp, secondOp = op.ncclOp;
+  int firstOp = op.ncclOp;
   if (split.first != red.op.kind) {
     first.op.kind = split.first;
     first.op.divisor = 1;
@@ -130,7 +144,6 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
     second.op.kind = split.second;
     second.op.scalar = 1.0;
     second.scalarDevice = nullptr;
-    secondOp = ncclSum;
   }
   const AlgoRequest railAlgo = dev::railRequest(limits_.algo);
   const bool logging = log::enabled(log::kInfo, log::kColl);

@@ -90,14 +90,18 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
 Result<void*> CudaExecutor::netScratch(size_t bytes) {
   if (netScratchBytes_ >= bytes && !netScratch_.empty()) return netScratch_.back();
   void* p = nullptr;
-  LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes), "cudaMalloc of the in-place all-to-all copy"));
+  LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes),
+                      "cudaMalloc of a network scratch buffer (an in-place all-to-all's copy, or "
+                      "a hierarchical reduce's partial result)"));
   netScratch_.push_back(p);
   netScratchBytes_ = bytes;
   return p;
 }
 
 Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
-  const char* flat = "no hierarchy (one rank per host, or a host without a GPU mesh)";
+  const char* flat = !limits_.algo.names(AlgoName::kHier)
+                         ? "the hierarchical form not asked for (LOOM_ALGO=hier)"
+                         : "no hierarchy (one rank per host, or a host without a GPU mesh)";
   if (local_ && rail_) {
     flat = dev::hierDecline(op.type, op.count, hier_, limits_.algo);
     if (!flat) return runHier(op, red);
@@ -130,7 +134,7 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   r.scalarDevice = red.scalarDevice;
   r.divisor = red.op.divisor;
   std::string why;
-  LOOM_TRY(net_->runCollective(req, in, op.recvbuff, op.dtype, r, limits_.algo, op.stream,
+  LOOM_TRY(net_->runCollective(req, in, op.recvbuff, op.dtype, r, flatAlgo_, op.stream,
                                log::enabled(log::kInfo, log::kColl) ? &why : nullptr));
   LOOM_INFO(kColl, "GPU %s over the network: %zu x %s (%s; flat: %s)",
             collectives::collTypeName(op.type), op.count, dataTypeName(op.dtype), why.c_str(),

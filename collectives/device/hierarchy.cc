@@ -76,6 +76,19 @@ SplitReduction splitReduction(RedKind kind) {
   }
 }
 
+std::string hierRanksText(const std::vector<int>& ranks) {
+  std::string a = "communicator rank ", b;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) {
+      a += ", ";
+      b += ", ";
+    }
+    a += std::to_string(ranks[i]);
+    b += std::to_string(i);
+  }
+  return a + " for i = " + b;
+}
+
 AlgoRequest railRequest(const AlgoRequest& algo) {
   const bool ring = algo.allows(AlgoName::kRing);
   const bool tree = algo.allows(AlgoName::kTree);

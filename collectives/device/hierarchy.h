@@ -53,6 +53,10 @@ struct SplitReduction {
 };
 SplitReduction splitReduction(RedKind kind);
 
+// "communicator rank a, b, c for i = 0, 1, 2" (messages of the levels' executors, which
+// number their ranks within the host or the rail).
+std::string hierRanksText(const std::vector<int>& ranks);
+
 // What LOOM_ALGO asks of the across-host part: the request itself where it chooses
 // between ring and tree, else nothing (the tuner chooses).
 AlgoRequest railRequest(const AlgoRequest& algo);

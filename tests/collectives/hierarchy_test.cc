@@ -94,6 +94,23 @@ TEST(Hierarchy, ReductionsSplitBetweenTheLevels) {
   EXPECT_EQ(splitReduction(RedKind::kSumPostDiv).second, RedKind::kSumPostDiv);
 }
 
+TEST(Hierarchy, MessagesNameTheCommunicatorsRanks) {
+  EXPECT_EQ(hierRanksText({4, 5, 6}), "communicator rank 4, 5, 6 for i = 0, 1, 2");
+}
+
+// LOOM_ALGO=hier asks nothing of the flat forms (the host tuner, the flat network form);
+// lists that name others keep them.
+TEST(Hierarchy, HierAloneAsksNothingOfTheFlatForms) {
+  auto req = [](const char* t) { return AlgoRequest::parse(t).value(); };
+  EXPECT_FALSE(req("hier").withoutHier().set());
+  EXPECT_TRUE(req("hier").allows(AlgoName::kHier));
+  EXPECT_TRUE(req("hier,ring").withoutHier().set());
+  EXPECT_FALSE(req("hier,ring").withoutHier().allows(AlgoName::kTree));
+  EXPECT_TRUE(req("^hier").withoutHier().set());
+  EXPECT_TRUE(req("ring").withoutHier().set());
+  EXPECT_FALSE(req("").withoutHier().set());
+}
+
 TEST(Hierarchy, TheRailGetsOnlyARingOrTreeChoice) {
   auto req = [](const char* t) { return AlgoRequest::parse(t).value(); };
   EXPECT_FALSE(railRequest(req("hier")).set());

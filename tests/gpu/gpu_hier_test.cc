@@ -119,7 +119,10 @@ size_t runAndCheck(Host& h, Coll c, loom::DataType t, ncclRedOp_t op, size_t cou
       case Coll::kBroadcast:
         ncclBroadcast(in, out, count, dt, root, h.comms[l], h.streams[l]);
         break;
-      case Coll::kReduce: ncclReduce(in, out, count, dt, op, root, h.comms[l], h.streams[l]); break;
+      case Coll::kReduce:
+        // NCCL reads no output on the other ranks: they pass none.
+        ncclReduce(in, r == root ? out : nullptr, count, dt, op, root, h.comms[l], h.streams[l]);
+        break;
       case Coll::kAllGather: ncclAllGather(in, out, count, dt, h.comms[l], h.streams[l]); break;
       case Coll::kReduceScatter:
         ncclReduceScatter(in, out, count, dt, op, h.comms[l], h.streams[l]);
@@ -198,12 +201,17 @@ size_t graphReplays(Host& h, size_t count, int replays) {
   for (int l = 0; l < kLocal; ++l)
     ncclAllReduce(in[l], out[l], count, ncclFloat32, ncclSum, h.comms[l], h.streams[l]);
   const ncclResult_t rc = ncclGroupEnd();
-  for (int l = 0; l < kLocal; ++l) {
-    if (cudaStreamEndCapture(h.streams[l], &graphs[l]) != cudaSuccess || rc != ncclSuccess) {
-      ADD_FAILURE() << "capture failed: " << ncclGetLastError(nullptr);
-      return 1;
-    }
-    cudaGraphInstantiate(&execs[l], graphs[l], 0);
+  bool captured = rc == ncclSuccess;
+  for (int l = 0; l < kLocal; ++l) {  // every capture ends, whatever happened
+    graphs[l] = nullptr;
+    captured = cudaStreamEndCapture(h.streams[l], &graphs[l]) == cudaSuccess && captured;
+  }
+  for (int l = 0; l < kLocal && captured; ++l)
+    captured = cudaGraphInstantiate(&execs[l], graphs[l], 0) == cudaSuccess;
+  if (!captured) {
+    ADD_FAILURE() << "capture failed: " << ncclGetLastError(nullptr) << " / "
+                  << cudaGetErrorString(cudaGetLastError());
+    return 1;
   }
   size_t wrong = 0;
   std::vector<float> got(count);
@@ -261,6 +269,8 @@ TEST(GpuHier, OneHost) {
     }
   }
   EXPECT_EQ(runAndCheck(h, Coll::kAllReduce, DataType::kInt32, ncclProd, 5000, true, 0), 0u);
+  // ncclAvg on floats: 1/4 of each input in the host, summed across.
+  EXPECT_EQ(runAndCheck(h, Coll::kAllReduce, DataType::kFloat32, ncclAvg, 100002, true, 0), 0u);
   for (int root = 0; root < kRanks; ++root) {
     for (size_t count : {size_t{3}, size_t{100001}, (size_t{2} << 20) + 1}) {
       for (bool inPlace : {false, true}) {
@@ -328,7 +338,10 @@ TEST(GpuHier, TwoHostsOfTwoRanks) {
     }
     // The forms it ran: the hierarchical one (LOOM_DEBUG=INFO says so per call).
     EXPECT_NE(log.find("hierarchical GPU forms: host"), std::string::npos) << "host " << k;
-    EXPECT_NE(log.find(" hierarchical: "), std::string::npos) << "host " << k;
+    for (const char* form :
+         {"GPU AllReduce hierarchical", "GPU Broadcast hierarchical", "GPU Reduce hierarchical"}) {
+      EXPECT_NE(log.find(form), std::string::npos) << "host " << k << ": no \"" << form << "\"";
+    }
     unlink(logs[k].c_str());
   }
 }

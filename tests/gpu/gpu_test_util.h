@@ -37,8 +37,15 @@ inline pid_t spawnSelf(const std::string& filter, const std::vector<std::string>
     *why = "cannot read /proc/self/exe";
     return -1;
   }
+  // extraEnv wins over an inherited variable of the same name (getenv takes the first).
   std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.push_back(*e);
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('=') + 1);
+    bool replaced = false;
+    for (const auto& x : extraEnv) replaced = replaced || x.rfind(name, 0) == 0;
+    if (!replaced) env.push_back(entry);
+  }
   env.insert(env.end(), extraEnv.begin(), extraEnv.end());
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());

@@ -108,9 +108,11 @@ TEST(SubChannel, TagsStayApart) {
   EXPECT_FALSE(b1.tryRecv(0, 7, &got, sizeof(got)).value());
   EXPECT_TRUE(a1.tryRecv(0, 7, &got, sizeof(got)).value());
   EXPECT_EQ(got, 42);
-  // Tags past the range are refused, not folded onto others.
-  const Status st = a0.send(1, SubChannel::kMaxTag * 2, &value, sizeof(value));
-  EXPECT_EQ(st.code(), Code::kInternalError);
+  // Tags past the range (the channel's own start there) are refused, not folded onto others.
+  for (uint64_t tag : {SubChannel::kMaxTag, SubChannel::kMaxTag * 2}) {
+    EXPECT_EQ(a0.send(1, tag, &value, sizeof(value)).code(), Code::kInternalError) << tag;
+    EXPECT_EQ(a1.tryRecv(0, tag, &got, sizeof(got)).status().code(), Code::kInternalError) << tag;
+  }
   EXPECT_EQ(a0.send(5, 1, &value, sizeof(value)).code(), Code::kInternalError);
 }
 
@@ -145,6 +147,28 @@ TEST(SubChannel, DeadMemberIsReportedByTheProbe) {
   EXPECT_EQ(st.code(), Code::kRemoteError);
   EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
   EXPECT_LT(ms, 10000);
+}
+
+// A member whose part of a set-up failed gives up: the others' exchanges, the one under
+// way and every later one, fail at once naming it instead of waiting for the deadline.
+TEST(SubChannel, AMemberThatGivesUpEndsTheWaitAtOnce) {
+  Mailbox box;
+  Parent p0(box, 0, 3), p2(box, 2, 3);
+  SubChannel s0(p0, {0, 2}, 1, 60000), s2(p2, {0, 2}, 1, 60000);
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    s2.abandon();
+  });
+  int blocks[2] = {1, 0};
+  const auto start = std::chrono::steady_clock::now();
+  const Status st = s0.allGather(blocks, sizeof(int));
+  t.join();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(st.code(), Code::kRemoteError);
+  EXPECT_NE(st.message().find("rank 2 gave up"), std::string::npos) << st.message();
+  EXPECT_LT(ms, 5000);
+  EXPECT_EQ(s0.barrier().code(), Code::kRemoteError);
 }
 
 // An abort ends the wait at once.
