@@ -650,6 +650,10 @@ Status Communicator::runCollective(const Operation& op) {
   req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);
   req.ring = &topo_.ring;  // rank order where the topology gave no valid ring
   req.network = networkPeers_;
+  // Across hosts the tuner prices ring against tree on this communicator's fabric (hosts,
+  // ranks per host, the NICs' speed); inside one host on the flat fabric its rules were
+  // measured with.
+  if (topo_.hostRanks.size() > 1) req.fabric = &fabric(/*hostMemory=*/true);
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
   const collectives::Schedule& sch = scheduleFor(req, choice.algo);
   collectives::ExecArgs args;

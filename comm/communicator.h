@@ -182,7 +182,10 @@ class Communicator : public collectives::ConnectionProvider {
   ConnectMessage selfMessage_;
   std::unique_ptr<collectives::device::DeviceExecutor> device_;  // null: host memory only
   TopologyView topo_;
-  std::optional<collectives::model::Fabric> fabric_;  // estimateUs's, made at its first use
+  // The cost model's view of this communicator (comm/estimate.cc), made at first use: for
+  // its own buffers' kind (estimateUs), and for host buffers (the host tuner, across hosts).
+  const collectives::model::Fabric& fabric(bool hostMemory);
+  std::optional<collectives::model::Fabric> fabric_, hostFabric_;
   // Who is stuck (progress_report.h): this rank's record, the server that answers with
   // it, and every rank's server address.
   ProgressRecord progress_;

@@ -1,5 +1,5 @@
-// Communicator::estimateUs: the cost model (collectives/cost_model.h) on this
-// communicator's fabric, for ncclGroupSimulateEnd.
+// The cost model (collectives/cost_model.h) on this communicator's fabric: for
+// ncclGroupSimulateEnd (estimateUs), and for the host tuner's choice across hosts.
 #include <algorithm>
 
 #include "collectives/fabric.h"
@@ -9,34 +9,39 @@ namespace loom::comm {
 
 namespace model = collectives::model;
 
-double Communicator::estimateUs(const Operation& op) {
-  if (!fabric_) {
-    model::FabricOptions o;
-    o.hosts = static_cast<int>(topo_.hostRanks.size());
-    for (const auto& ranks : topo_.hostRanks)
-      o.ranksPerHost = std::max<int>(o.ranksPerHost, ranks.size());
-    o.hostMemory = cudaDev_ < 0;
-    const int host = topo_.hostOf.empty() ? 0 : topo_.hostOf[rank_];
-    model::Fabric f;
-    bool made = false;
-    if (host < static_cast<int>(topo_.cluster.hosts.size())) {
-      const topology::System& system = topo_.cluster.hosts[host];
-      if (auto graph = topology::Graph::build(system);
-          graph.isOk() && (o.hostMemory || graph->gpuCount() > 0)) {
-        f = model::fabricOf(*graph, o);
-        made = true;
-      }
+const model::Fabric& Communicator::fabric(bool hostMemory) {
+  std::optional<model::Fabric>& slot =
+      hostMemory && cudaDev_ >= 0 ? hostFabric_ : fabric_;  // without a GPU they are one
+  if (slot) return *slot;
+  model::FabricOptions o;
+  o.hosts = static_cast<int>(topo_.hostRanks.size());
+  for (const auto& ranks : topo_.hostRanks)
+    o.ranksPerHost = std::max<int>(o.ranksPerHost, ranks.size());
+  o.hostMemory = hostMemory || cudaDev_ < 0;
+  const int host = topo_.hostOf.empty() ? 0 : topo_.hostOf[rank_];
+  model::Fabric f;
+  bool made = false;
+  if (host < static_cast<int>(topo_.cluster.hosts.size())) {
+    const topology::System& system = topo_.cluster.hosts[host];
+    if (auto graph = topology::Graph::build(system);
+        graph.isOk() && (o.hostMemory || graph->gpuCount() > 0)) {
+      f = model::fabricOf(*graph, o);
+      made = true;
     }
-    if (!made) {
-      // No topology of this host (detection failed): PCIe between GPUs and one NIC of
-      // unknown speed, as planned elsewhere.
-      f = o.hostMemory
-              ? model::hostMemoryFabric(o.hosts, o.ranksPerHost, 0)
-              : model::gpuFabric(o.hosts, o.ranksPerHost, 24.0, 10.0 / 8, model::NetPath::kSockets);
-    }
-    fabric_ = f;
   }
-  const model::Fabric& f = *fabric_;
+  if (!made) {
+    // No topology of this host (detection failed): PCIe between GPUs and one NIC of
+    // unknown speed, as planned elsewhere.
+    f = o.hostMemory
+            ? model::hostMemoryFabric(o.hosts, o.ranksPerHost, 0)
+            : model::gpuFabric(o.hosts, o.ranksPerHost, 24.0, 10.0 / 8, model::NetPath::kSockets);
+  }
+  slot = f;
+  return *slot;
+}
+
+double Communicator::estimateUs(const Operation& op) {
+  const model::Fabric& f = fabric(cudaDev_ < 0);
   const size_t esize = dataTypeSize(op.dtype);
   const size_t n = static_cast<size_t>(nranks_);
   size_t bytes = op.count * esize;
