@@ -113,7 +113,9 @@ Estimate hierarchical(const Fabric& f, double S) {
   Sum s(f, Algo::kHierarchical);
   s.steps(2 * (G - 1), 2 * (H - 1));
   s.bytes(2.0 * (G - 1) / G * S, 2.0 * (H - 1) / H * S);
-  return s.done(false);
+  // Built for host buffers (hierAllReduce); the GPU form runs only where LOOM_ALGO=hier
+  // asks (collectives/device/cuda_executor_hier.cc), so the tuner does not weigh it.
+  return s.done(!f.gpu);
 }
 
 // Broadcast and reduce: a chain streams S through every rank once, n - 1 hops; the tree

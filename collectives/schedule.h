@@ -74,7 +74,7 @@ enum class CollType : uint8_t {
   kSendRecv,  // the p2p calls of a group
 };
 
-enum class Algorithm : uint8_t { kRing, kTree, kChain, kOneShot, kDirect, kDoubling };
+enum class Algorithm : uint8_t { kRing, kTree, kChain, kOneShot, kDirect, kDoubling, kHier };
 
 const char* collTypeName(CollType type);
 const char* algorithmName(Algorithm algo);
@@ -108,6 +108,14 @@ Schedule doublingAllReduce(int rank, int n, size_t count, size_t piece);
 // its own chunk and sends the result to every rank. Two hops a block against the ring's
 // 2(n-1), the same bytes, and every rank talks to every other, whatever the pairing.
 Schedule directAllReduce(int rank, int n, size_t count, size_t piece);
+// Hierarchical, for the rank that `h` is seen from (collectives/hierarchy.h: findHierarchy).
+// Each block of piece x L elements (L ranks per host) is cut in L parts: a ring
+// reduce-scatter inside the host leaves part l, summed over the host, with local rank l; a
+// ring all-reduce across the hosts between the ranks of local index l (the rail) completes
+// it; a ring all-gather inside the host hands every part to every local rank. The post-op
+// runs once, in the rail's all-reduce.
+struct Hierarchy;
+Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece);
 Schedule ringAllGather(int rank, int n, size_t count, size_t piece,
                        const std::vector<int>* ring = nullptr);
 Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece,

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "collectives/hierarchy.h"
 #include "collectives/schedule.h"
 
 namespace loom::collectives {
@@ -26,6 +27,7 @@ const char* algorithmName(Algorithm algo) {
     case Algorithm::kOneShot: return "oneshot";
     case Algorithm::kDirect: return "direct";
     case Algorithm::kDoubling: return "doubling";
+    case Algorithm::kHier: return "hier";
   }
   return "?";
 }
@@ -196,6 +198,96 @@ Schedule ringAllReduce(int r, int n, size_t count, size_t piece, const std::vect
     };
     ringPass(&s, ro, n, RingMode::kAllReduce, off, off, size);
   }
+  return s;
+}
+
+Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
+  const int L = h.local, H = h.hosts;
+  RingOrder local, rail;
+  local.order = h.localRanks;
+  local.pos = h.localIndex;
+  rail.order = h.railRanks;
+  rail.pos = h.hostIndex;
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  // Part l of the block at `base`: where it lies, and how long it is.
+  const size_t block = piece * static_cast<size_t>(L);
+  auto part = [&](size_t base, size_t bc, int l, size_t* off, size_t* size) {
+    chunkRange(bc, L, l, off, size);
+    *off += base;
+  };
+  // Steps of the phases from `first` on: read what this rank holds in its output, which
+  // already went through the pre-op. `sendOnly`: a step that would copy its source onto
+  // itself (the all-gather's first) only sends it.
+  auto fromOutput = [&](size_t first, bool sendOnly) {
+    for (size_t p = first; p < s.phases.size(); ++p) {
+      for (Step& st : s.phases[p]) {
+        if (st.src.buffer != Buffer::kInput) continue;
+        st.src.buffer = Buffer::kOutput;
+        st.srcPartial = true;
+        if (sendOnly && st.nrecv == 0 && st.dst.buffer == Buffer::kOutput &&
+            st.dst.offset == st.src.offset)
+          st.dst = Region{};
+      }
+    }
+  };
+  // 1. Reduce-scatter inside the host: part l of every block to local rank l, summed over
+  //    the host (no post-op yet).
+  for (size_t base = 0; base < count; base += block) {
+    const size_t bc = std::min(block, count - base);
+    const size_t first = s.phases.size();
+    auto off = [&](int q) {
+      size_t o, z;
+      part(base, bc, h.localOf[q], &o, &z);
+      return o;
+    };
+    auto size = [&](int q) {
+      size_t o, z;
+      part(base, bc, h.localOf[q], &o, &z);
+      return z;
+    };
+    ringPass(&s, local, L, RingMode::kReduceScatter, off, off, size);
+    for (size_t p = first; p < s.phases.size(); ++p) {
+      for (Step& st : s.phases[p]) st.final = false;
+    }
+  }
+  // 2. All-reduce of this rank's parts across the hosts, on its rail (the post-op here).
+  const size_t railFirst = s.phases.size();
+  for (size_t base = 0; base < count; base += block) {
+    const size_t bc = std::min(block, count - base);
+    size_t po, pz;
+    part(base, bc, h.localIndex, &po, &pz);
+    auto off = [&](int q) {
+      size_t o, z;
+      chunkRange(pz, H, h.hostOf[q], &o, &z);
+      return po + o;
+    };
+    auto size = [&](int q) {
+      size_t o, z;
+      chunkRange(pz, H, h.hostOf[q], &o, &z);
+      return z;
+    };
+    ringPass(&s, rail, H, RingMode::kAllReduce, off, off, size);
+  }
+  fromOutput(railFirst, false);
+  // 3. All-gather inside the host: every part to every local rank.
+  const size_t gatherFirst = s.phases.size();
+  for (size_t base = 0; base < count; base += block) {
+    const size_t bc = std::min(block, count - base);
+    auto off = [&](int q) {
+      size_t o, z;
+      part(base, bc, h.localOf[q], &o, &z);
+      return o;
+    };
+    auto size = [&](int q) {
+      size_t o, z;
+      part(base, bc, h.localOf[q], &o, &z);
+      return z;
+    };
+    ringPass(&s, local, L, RingMode::kAllGather, off, off, size);
+  }
+  fromOutput(gatherFirst, true);
   return s;
 }
 

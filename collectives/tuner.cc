@@ -8,6 +8,7 @@
 
 #include "collectives/algo_request.h"
 #include "collectives/cost_model.h"
+#include "collectives/hierarchy.h"
 
 namespace loom::collectives {
 
@@ -28,6 +29,12 @@ const model::Fabric& flatFabric(int n) {
 }  // namespace
 
 std::string TunerChoice::text() const {
+  if (hierUs >= 0) {
+    char estimates[96];
+    std::snprintf(estimates, sizeof(estimates), ": flat %.1f us, hierarchical %.1f us", flatUs,
+                  hierUs);
+    return std::string(reason) + estimates;
+  }
   if (ringUs < 0) return reason;
   char estimates[96];
   std::snprintf(estimates, sizeof(estimates), ": ring %.1f us, tree %.1f us", ringUs, treeUs);
@@ -39,7 +46,57 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
   return chooseAlgorithm(req, parsed);
 }
 
+namespace {
+
+model::Algo modelAlgo(Algorithm a) {
+  switch (a) {
+    case Algorithm::kTree: return model::Algo::kTree;
+    case Algorithm::kDirect: return model::Algo::kDirect;
+    case Algorithm::kDoubling: return model::Algo::kDoubling;
+    case Algorithm::kOneShot: return model::Algo::kOneShot;
+    case Algorithm::kHier: return model::Algo::kHierarchical;
+    default: return model::Algo::kRing;
+  }
+}
+
+}  // namespace
+
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& forced) {
+  LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseFlatAlgorithm(req, forced));
+  if (req.type != CollType::kAllReduce || !req.hier || !forced.allows(AlgoName::kHier)) return c;
+  using A = AlgoName;
+  if (forced.set() && !forced.allows(A::kRing) && !forced.allows(A::kTree) &&
+      !forced.allows(A::kDirect) && !forced.allows(A::kDoubling) && !forced.allows(A::kOneShot) &&
+      !forced.allows(A::kTwoShot)) {
+    c = TunerChoice{};
+    c.algo = Algorithm::kHier;
+    c.reason = "forced by LOOM_ALGO";
+    return c;
+  }
+  // The hierarchical form where the cost model prices it under the flat form the rules
+  // chose, on the communicator's fabric; never for the small messages that the one-shot
+  // and recursive doubling take.
+  if (!req.fabric || c.algo == Algorithm::kOneShot ||
+      (c.algo == Algorithm::kDoubling &&
+       req.count * req.elemSize * (req.nranks - 1) <= kOneShotMaxBytes)) {
+    return c;
+  }
+  const size_t bytes = req.count * req.elemSize;
+  model::Estimate flat, hier;
+  if (!model::estimate(CollType::kAllReduce, modelAlgo(c.algo), bytes, *req.fabric, &flat) ||
+      !model::estimate(CollType::kAllReduce, model::Algo::kHierarchical, bytes, *req.fabric,
+                       &hier) ||
+      !(hier.us < flat.us)) {
+    return c;
+  }
+  c.algo = Algorithm::kHier;
+  c.reason = "cost model: hierarchical under the flat form";
+  c.flatUs = flat.us;
+  c.hierUs = hier.us;
+  return c;
+}
+
+Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoRequest& forced) {
   TunerChoice c;
   const size_t bytes = req.count * req.elemSize;
   const int n = req.nranks;
@@ -207,6 +264,8 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
       if (algo == Algorithm::kOneShot) return directAllGather(r, n, req.count);
       if (algo == Algorithm::kDoubling) return doublingAllReduce(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kDirect) return directAllReduce(r, n, req.count, req.pieceElems);
+      if (algo == Algorithm::kHier && req.hier)
+        return hierAllReduce(*req.hier, req.count, req.pieceElems);
       return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems)
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kAllGather: return ringAllGather(r, n, req.count, req.pieceElems, req.ring);

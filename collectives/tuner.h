@@ -16,6 +16,7 @@ namespace loom::collectives {
 namespace model {
 struct Fabric;
 }
+struct Hierarchy;
 
 struct CollRequest {
   CollType type = CollType::kAllReduce;
@@ -32,6 +33,10 @@ struct CollRequest {
   // The fabric the cost model prices (collectives/cost_model.h); nullptr: one class of
   // link between every pair of ranks.
   const model::Fabric* fabric = nullptr;
+  // The hosts and rails seen from this rank (collectives/hierarchy.h), where the ranks
+  // have one (several hosts of as many ranks, more than one each) and the caller can run
+  // the hierarchical all-reduce: the host executor. Null: the flat forms only.
+  const Hierarchy* hier = nullptr;
 };
 
 struct TunerChoice {
@@ -40,6 +45,9 @@ struct TunerChoice {
   // The cost model's estimates, where it decided (negative otherwise).
   double ringUs = -1;
   double treeUs = -1;
+  // Where it weighed the hierarchical form against the flat one the rules chose.
+  double flatUs = -1;
+  double hierUs = -1;
   // The reason with the estimates, for the log.
   std::string text() const;
 };
@@ -47,6 +55,9 @@ struct TunerChoice {
 // `forced` is LOOM_ALGO, parsed (collectives/algo_request.h; nothing set: choose). An
 // algorithm that does not exist for the collective falls back with the reason noted.
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& forced);
+// The choice among the flat forms alone (what chooseAlgorithm weighs the hierarchical
+// all-reduce against, where CollRequest::hier is set).
+Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoRequest& forced);
 // The same from the text (tests and tools): unknown names are an error.
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced);
 

@@ -74,7 +74,6 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   timeoutMs_ = settings::get(settings::kTimeoutMs);
   LOOM_ASSIGN_OR_RETURN(forcedAlgo_,
                         collectives::AlgoRequest::parse(settings::get(settings::kAlgo)));
-  forcedAlgo_ = forcedAlgo_.withoutHier();  // hier names a GPU form; host buffers go flat
   log::RankScope scope(rank);
   if (rank == 0 && id.fromEnv) {
     IdContents rootId = id;
@@ -130,6 +129,16 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
   for (int r = 0; r < nranks; ++r) progressAddresses_[r] = peers_[r].progress;
 
   LOOM_ASSIGN_OR_RETURN(topo_, buildTopologyView(*bootstrap_, peers_, rank_, cudaDev_));
+  // The hosts and rails for the hierarchical all-reduce of host buffers (the tuner weighs
+  // it where there is one).
+  {
+    std::vector<uint64_t> hosts(topo_.hostOf.begin(), topo_.hostOf.end());
+    collectives::Hierarchy h;
+    std::string why;
+    if (hosts.size() == static_cast<size_t>(nranks) &&
+        collectives::findHierarchy(hosts, rank, &h, &why))
+      hier_ = std::move(h);
+  }
 
   context_.self = me;
   int64_t buff = static_cast<int64_t>(
@@ -654,6 +663,7 @@ Status Communicator::runCollective(const Operation& op) {
   // ranks per host, the NICs' speed); inside one host on the flat fabric its rules were
   // measured with.
   if (topo_.hostRanks.size() > 1) req.fabric = &fabric(/*hostMemory=*/true);
+  req.hier = hier_ ? &*hier_ : nullptr;
   LOOM_ASSIGN_OR_RETURN(auto choice, collectives::chooseAlgorithm(req, forcedAlgo_));
   const collectives::Schedule& sch = scheduleFor(req, choice.algo);
   collectives::ExecArgs args;

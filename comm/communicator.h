@@ -16,6 +16,7 @@
 
 #include "collectives/cost_model.h"
 #include "collectives/device/executor.h"
+#include "collectives/hierarchy.h"
 #include "collectives/host_executor.h"
 #include "collectives/operation.h"
 #include "collectives/schedule.h"
@@ -186,6 +187,7 @@ class Communicator : public collectives::ConnectionProvider {
   // its own buffers' kind (estimateUs), and for host buffers (the host tuner, across hosts).
   const collectives::model::Fabric& fabric(bool hostMemory);
   std::optional<collectives::model::Fabric> fabric_, hostFabric_;
+  std::optional<collectives::Hierarchy> hier_;  // hosts and rails, where the ranks have them
   // Who is stuck (progress_report.h): this rank's record, the server that answers with
   // it, and every rank's server address.
   ProgressRecord progress_;

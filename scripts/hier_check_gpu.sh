@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/hier_check_gpu.sh PREFIX OUTDIR [SIZES]
 #
-# The hierarchical GPU forms across hosts (collectives/device/hierarchy.h) on one GPU
+# The hierarchical GPU forms across hosts (collectives/hierarchy.h) on one GPU
 # machine: 2 processes as 2 hosts (LOOM_HOST_ID per process), each holding 2 ranks (the perf
 # binaries' -g 2; LOOM_P2P_SHARE_GPU=1 lets a process's two ranks form a GPU mesh on the one
 # GPU), every rank on GPU 0 (NCCL_TESTS_DEVICE=0), under CUDA MPS:

@@ -11,12 +11,16 @@
 # measured, per algorithm and size; whether the tuner's pick was the measured fastest
 # within 10 %) and the raw CSV.
 #
+# RANKS_PER_HOST=G (environment, default 1) puts G ranks in each namespace (they share
+# memory, and the hierarchical all-reduce, LOOM_ALGO=hier, is measured too).
+#
 # Needs root, `ip netns`, a bridge and tc with tbf; says why and exits 77 otherwise.
 # BUILD is a build tree with bench/model_probe and tools/loom-model.
 set -uo pipefail
 build=$(cd "${1:?usage: model_check.sh BUILD OUTDIR [RATE_MBIT [HOSTS...]]}" && pwd)
 out=${2:?usage: model_check.sh BUILD OUTDIR [RATE_MBIT [HOSTS...]]}
 rate=${3:-1000}
+g=${RANKS_PER_HOST:-1}
 shift $(($# < 3 ? $# : 3))
 hosts=("$@")
 ((${#hosts[@]} > 0)) || hosts=(2 4 8)
@@ -41,23 +45,26 @@ echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
 echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked" > "$predicted"
 status=0
 for h in "${hosts[@]}"; do
-  "$model" --host-memory -N "$h" --net-gbps "$gbps" -c all_reduce -b 8 -e 4M -f 2 --csv | tail -n +2 >> "$predicted"
-  for algo in ring tree direct doubling oneshot default; do
-    ((h == 2)) && [[ $algo == tree ]] && continue               # no tree on 2 ranks
-    ((h & (h - 1))) && [[ $algo == doubling ]] && continue      # powers of two only
-    ((h > 4)) && [[ $algo == direct ]] && continue              # direct: up to 4 ranks
+  "$model" --host-memory -N "$h" -g "$g" --net-gbps "$gbps" -c all_reduce -b 8 -e 4M -f 2 --csv | tail -n +2 >> "$predicted"
+  n=$((h * g))
+  algos=(ring tree direct doubling oneshot)
+  ((g > 1)) && algos+=(hier)
+  for algo in "${algos[@]}" default; do
+    ((n == 2)) && [[ $algo == tree ]] && continue               # no tree on 2 ranks
+    ((n & (n - 1))) && [[ $algo == doubling ]] && continue      # powers of two only
+    ((n > 4)) && [[ $algo == direct ]] && continue              # direct: up to 4 ranks
     port=$((20000 + RANDOM % 20000))
     pids=()
-    for ((r = 0; r < h; ++r)); do
+    for ((r = 0; r < n; ++r)); do
       env_algo=()
       [[ $algo != default ]] && env_algo=(LOOM_ALGO="$algo")
-      ip netns exec "${tag}h$r" env LOOM_COMM_ID="198.51.100.10:$port" LOOM_RANK=$r LOOM_NRANKS=$h \
-        LOOM_TIMEOUT_MS=60000 LOOM_HOST_ID="host$r" "${env_algo[@]}" \
+      ip netns exec "${tag}h$((r / g))" env LOOM_COMM_ID="198.51.100.10:$port" LOOM_RANK=$r LOOM_NRANKS=$n \
+        LOOM_TIMEOUT_MS=60000 LOOM_HOST_ID="host$((r / g))" "${env_algo[@]}" \
         "$probe" --sizes "$sizes" --seconds 0.5 --label "$algo" \
         > "$out/probe_${rate}_${h}_${algo}_$r.log" 2>&1 &
       pids+=($!)
     done
-    for ((r = 0; r < h; ++r)); do
+    for ((r = 0; r < n; ++r)); do
       if ! wait "${pids[$r]}"; then
         status=1
         echo "model_check: $h hosts, $algo: rank $r failed:" >&2
@@ -68,6 +75,7 @@ for h in "${hosts[@]}"; do
     echo "model_check: $h hosts, $algo done"
   done
 done
-python3 "$(dirname "$0")/model_table.py" "$measured" "$predicted" "$rate" > "$out/model_check_${rate}mbit.md" || status=1
-echo "model_check: wrote $out/model_check_${rate}mbit.md"
+report=$out/model_check_${rate}mbit$( ((g > 1)) && echo "_${g}perhost").md
+python3 "$(dirname "$0")/model_table.py" "$measured" "$predicted" "$rate" > "$report" || status=1
+echo "model_check: wrote $report"
 exit $status

@@ -26,12 +26,18 @@ def main():
         for row in csv.DictReader(f):
             measured[(int(row["nranks"]), int(row["bytes"]), row["label"])] = float(row["us_per_call"])
             wrong += int(row["wrong"])
-    predicted = {}  # (hosts, bytes, algo) -> (us, built, picked)
+    predicted = {}  # (ranks, bytes, algo) -> (us, built, picked)
+    per_host = {}  # ranks -> ranks per host
     with open(predicted_path) as f:
         for row in csv.DictReader(f):
-            predicted[(int(row["hosts"]), int(row["bytes"]), row["algo"])] = (
+            # Keyed by the rank count, as the measurements are; the model's "hierarchical"
+            # is LOOM_ALGO=hier.
+            n = int(row["hosts"]) * int(row["ranks_per_host"])
+            per_host[n] = int(row["ranks_per_host"])
+            algo = "hier" if row["algo"] == "hierarchical" else row["algo"]
+            predicted[(n, int(row["bytes"]), algo)] = (
                 float(row["us"]), row["built"] == "1", row["picked"] == "1")
-    algos = ["ring", "tree", "direct", "doubling", "oneshot"]
+    algos = ["ring", "tree", "direct", "doubling", "oneshot", "hier"]
     hosts = sorted({k[0] for k in measured})
     sizes = sorted({k[1] for k in measured})
     if len(sys.argv) > 5:
@@ -39,7 +45,8 @@ def main():
         print(sys.argv[5] + "\n")
     else:
         print(f"# The cost model against measured host-memory all-reduces, {rate} Mb/s links\n")
-        print("Network namespaces as hosts, one rank each, every link shaped to "
+        print("Network namespaces as hosts (one rank each unless the heading says more), every "
+              "link shaped to "
               f"{rate} Mb/s both ways (tc tbf); float sum; time per call, the slowest rank's mean. "
               "Each cell: measured / predicted µs (prediction error). `default`: LOOM_ALGO unset, "
               "the tuner's choice. Written by scripts/model_check.sh.\n")
@@ -49,7 +56,8 @@ def main():
     model_ok = model_all = 0
     for h in hosts:
         cols = [a for a in algos if any((h, b, a) in measured for b in sizes)]
-        print(f"## {h} hosts\n")
+        g = per_host.get(h, 1)
+        print(f"## {h // g} hosts x {g} ranks\n" if g > 1 else f"## {h} hosts\n")
         print("| size | " + " | ".join(cols) + " | default | fastest measured | default within 10 % | model's pick |")
         print("| --- | " + " | ".join("---" for _ in cols) + " | --- | --- | --- | --- |")
         for b in sizes:

@@ -1,6 +1,6 @@
 // A SetupChannel (setup_channel.h) over some of a parent channel's ranks: the ranks of one
 // host, or of one rail across hosts, as the hierarchical GPU forms set them up
-// (collectives/device/hierarchy.h). Member i of the sub-channel is parent rank members[i].
+// (collectives/hierarchy.h). Member i of the sub-channel is parent rank members[i].
 // Its messages travel as the parent's point-to-point messages under tags of their own
 // (one id per sub-channel), so several sub-channels and the parent never take each
 // other's messages. allGather and barrier are point to point between the members, with a

@@ -23,10 +23,10 @@
 #include "collectives/device/chunk_plan.h"
 #include "collectives/device/copy_plan.h"
 #include "collectives/device/executor.h"
-#include "collectives/device/hierarchy.h"
 #include "collectives/device/mesh.h"
 #include "collectives/device/mesh_plan.h"
 #include "collectives/device/net_executor.h"
+#include "collectives/hierarchy.h"
 #include "transports/p2p/p2p_window.h"
 #include "transports/p2p/post_board.h"
 #include "transports/sub_channel.h"
@@ -362,7 +362,7 @@ class CudaExecutor final : public DeviceExecutor {
   // The hierarchical forms: the host's ranks over their mesh (a CudaExecutor of its own,
   // on a channel of the host's ranks), the rail's over the network. Null: not set up.
   bool meshOnly_ = false;  // this executor is a host's mesh: no network form if no mesh
-  dev::Hierarchy hier_;
+  Hierarchy hier_;
   std::unique_ptr<transport::SubChannel> localChannel_;
   std::unique_ptr<CudaExecutor> local_;
   std::unique_ptr<dev::NetExecutor> rail_;

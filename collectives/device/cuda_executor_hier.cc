@@ -1,4 +1,4 @@
-// The hierarchical forms across hosts (collectives/device/hierarchy.h): the ranks of each
+// The hierarchical forms across hosts (collectives/hierarchy.h): the ranks of each
 // host run the in-host steps on their GPU mesh (a CudaExecutor of the host's ranks, on a
 // sub-channel of the bootstrap), and the ranks of each rail the across-host step over the
 // network (a NetExecutor of the rail's ranks). Every step is a kernel on the caller's
@@ -49,7 +49,7 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
   std::vector<uint64_t> hosts;
   for (const auto& p : peers) hosts.push_back(p.hostHash);
   std::string why;
-  if (!dev::findHierarchy(hosts, rank_, &hier_, &why)) {
+  if (!findHierarchy(hosts, rank_, &hier_, &why)) {
     LOOM_INFO(kInit, "rank %d: no hierarchical GPU forms: %s", rank_, why.c_str());
     return Status::ok();
   }
@@ -132,7 +132,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   const size_t es = dataTypeSize(op.dtype);
   // The reduction of each level (hierarchy.h): a level whose part is a plain sum runs as
   // one, whatever the call's operation.
-  const dev::SplitReduction split = dev::splitReduction(red.op.kind);
+  const SplitReduction split = splitReduction(red.op.kind);
   ExecutorRedOp first = red, second = red;
   int firstOp = op.ncclOp;
   if (split.first != red.op.kind) {
@@ -145,7 +145,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
     second.op.scalar = 1.0;
     second.scalarDevice = nullptr;
   }
-  const AlgoRequest railAlgo = dev::railRequest(limits_.algo);
+  const AlgoRequest railAlgo = railRequest(limits_.algo);
   const bool logging = log::enabled(log::kInfo, log::kColl);
   std::string railWhy;
   auto across = [&](CollType type, const void* in, void* out, size_t count, int root,

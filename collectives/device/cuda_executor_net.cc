@@ -103,7 +103,7 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
                          ? "the hierarchical form not asked for (LOOM_ALGO=hier)"
                          : "no hierarchy (one rank per host, or a host without a GPU mesh)";
   if (local_ && rail_) {
-    flat = dev::hierDecline(op.type, op.count, hier_, limits_.algo);
+    flat = hierDecline(op.type, op.count, hier_, limits_.algo);
     if (!flat) return runHier(op, red);
   }
   ++cursor_;

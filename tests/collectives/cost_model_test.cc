@@ -132,8 +132,9 @@ TEST(CostModel, Crossovers) {
   }
 }
 
-// The split-rail form (not built yet) takes fewer steps than the flat ring across many
-// hosts of many GPUs: it is the first thing to build for latency at scale.
+// The split-rail form for GPU buffers (run only where LOOM_ALGO=hier asks) takes fewer
+// steps than the flat ring across many hosts of many GPUs: it is the first thing to make
+// the default for latency at scale.
 TEST(CostModel, HierarchicalIsPricedButNotPicked) {
   const Fabric f = dgx(512);
   Estimate h, r;
@@ -142,6 +143,20 @@ TEST(CostModel, HierarchicalIsPricedButNotPicked) {
   EXPECT_FALSE(h.built);
   EXPECT_LT(h.steps, r.steps);
   EXPECT_NE(fastest(estimates(CollType::kAllReduce, 1 << 20, f)).algo, Algo::kHierarchical);
+}
+
+// Host buffers: the hierarchical all-reduce is built (hierAllReduce), and across hosts of
+// several ranks behind one slow NIC it wins for large messages, where each host sends
+// 2 (H-1)/H of the buffer through its NIC instead of the ring's 2 (n-1)/n.
+TEST(CostModel, HierarchicalHostAllReduceWinsLargeAcrossSlowNics) {
+  const Fabric f = hostMemoryFabric(2, 4, 0.125);  // 2 hosts x 4 ranks, 1 Gb/s each
+  Estimate h, r;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kHierarchical, 16 << 20, f, &h));
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kRing, 16 << 20, f, &r));
+  EXPECT_TRUE(h.built);
+  EXPECT_LT(h.us, r.us);
+  EXPECT_EQ(fastest(estimates(CollType::kAllReduce, 16 << 20, f)).algo, Algo::kHierarchical);
+  EXPECT_NE(fastest(estimates(CollType::kAllReduce, 8, f)).algo, Algo::kHierarchical);
 }
 
 // The fabric of a recorded DGX H100 topology: 8 GPUs on NVSwitch, 8 NICs of 400 Gb/s.

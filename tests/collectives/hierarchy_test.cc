@@ -1,10 +1,10 @@
-// The hierarchical GPU forms' pure part (collectives/device/hierarchy.h): host groups and
+// The hierarchical GPU forms' pure part (collectives/hierarchy.h): host groups and
 // rails from the ranks' hosts, which calls take the form, and how reductions split.
-#include "collectives/device/hierarchy.h"
+#include "collectives/hierarchy.h"
 
 #include <gtest/gtest.h>
 
-namespace loom::collectives::device {
+namespace loom::collectives {
 namespace {
 
 // Hosts interleaved in rank order (ranks 0 and 2 on host A, 1 and 3 on B): host order is
@@ -123,4 +123,4 @@ TEST(Hierarchy, TheRailGetsOnlyARingOrTreeChoice) {
 }
 
 }  // namespace
-}  // namespace loom::collectives::device
+}  // namespace loom::collectives

@@ -13,7 +13,9 @@
 #include <map>
 #include <vector>
 
+#include "collectives/cost_model.h"
 #include "collectives/device/net_plan.h"
+#include "collectives/hierarchy.h"
 #include "collectives/tuner.h"
 
 namespace loom::collectives {
@@ -319,6 +321,33 @@ TEST(Schedules, EveryCollectiveSplitByConnection) {
   checkEveryCase(true);
 }
 
+// The hierarchical all-reduce (host buffers): hosts of L ranks, the hosts' ranks either in
+// blocks (0 1 | 2 3) or interleaved (0 2 | 1 3), counts from 0 to many blocks; the sum on
+// every rank, the pre-op and the post-op applied once each; split by connection too.
+TEST(Schedules, HierarchicalAllReduceEveryShape) {
+  const std::pair<int, int> shapes[] = {{2, 2}, {2, 3}, {3, 2}, {4, 4}, {2, 8}, {8, 2}, {3, 5}};
+  for (auto [hosts, local] : shapes) {
+    for (bool interleaved : {false, true}) {
+      const int n = hosts * local;
+      std::vector<uint64_t> hostOf(n);
+      for (int r = 0; r < n; ++r) hostOf[r] = interleaved ? r % hosts : r / local;
+      Case cs{"HierAllReduce", CollType::kAllReduce, [hostOf](int r, int, size_t c, int) {
+                Hierarchy h;
+                std::string why;
+                EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
+                return hierAllReduce(h, c, kPiece);
+              }};
+      for (size_t count : {size_t{0}, size_t{1}, size_t{3}, kPiece * local - 1, kPiece * local,
+                           kPiece * local * 3 + 7, size_t{1000}}) {
+        SCOPED_TRACE(std::to_string(hosts) + " hosts x " + std::to_string(local) +
+                     (interleaved ? " interleaved" : "") + ", count " + std::to_string(count));
+        checkCase(cs, n, count, 0);
+        checkCase(cs, n, count, 0, /*split=*/true);
+      }
+    }
+  }
+}
+
 TEST(Schedules, BinaryTreeIsATree) {
   for (int n = 1; n <= 200; ++n) {
     int roots = 0;
@@ -459,6 +488,48 @@ TEST(Tuner, LargerAllReduceOverSocketsWithFewRanksGoesDirect) {
   c = chooseAlgorithm(req, "direct");
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kDirect) << c->reason;
+}
+
+// Host buffers across hosts of several ranks each: the hierarchical all-reduce where the
+// cost model prices it under the flat form the rules chose (large messages behind slow
+// NICs), never for small ones, always where LOOM_ALGO names it alone, never where LOOM_ALGO
+// leaves it out or no hierarchy was given.
+TEST(Tuner, HierarchicalAllReduceWhereTheModelPricesItLower) {
+  const model::Fabric f = model::hostMemoryFabric(2, 2, 0.125);  // 2 hosts x 2 ranks, 1 Gb/s
+  Hierarchy h;
+  std::string why;
+  ASSERT_TRUE(findHierarchy({0, 0, 1, 1}, 1, &h, &why)) << why;
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.elemSize = 4;
+  req.nranks = 4;
+  req.rank = 1;
+  req.network = true;
+  req.fabric = &f;
+  req.hier = &h;
+  req.count = 4 << 20;
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kHier) << c->text();
+  EXPECT_NE(c->text().find("hierarchical"), std::string::npos) << c->text();
+  EXPECT_FALSE(buildSchedule(req, c->algo).phases.empty());
+  for (const char* forced : {"^hier", "ring", "direct"}) {
+    c = chooseAlgorithm(req, forced);
+    ASSERT_TRUE(c.isOk());
+    EXPECT_NE(c->algo, Algorithm::kHier) << forced;
+  }
+  req.count = 2;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kHier) << c->text();
+  c = chooseAlgorithm(req, "hier");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kHier) << c->text();
+  req.hier = nullptr;
+  req.count = 4 << 20;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kHier) << c->text();
 }
 
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {

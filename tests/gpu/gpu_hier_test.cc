@@ -1,4 +1,4 @@
-// The hierarchical GPU forms across hosts (collectives/device/hierarchy.h): two copies of
+// The hierarchical GPU forms across hosts (collectives/hierarchy.h): two copies of
 // this binary, each a host of its own (LOOM_HOST_ID) holding two ranks on GPU 0
 // (LOOM_P2P_SHARE_GPU=1 lets them form a GPU mesh there), four ranks in all. All-reduce,
 // broadcast and reduce take the hierarchical form (mesh in the host, the network between

@@ -1,16 +1,21 @@
-// The hierarchical GPU forms across hosts: inside each host over the GPU mesh (the mesh
-// kernels, collectives/device/mesh.h), across hosts over the network between the ranks of
-// the same local index (rails, collectives/device/net_executor.h). Pure: which ranks form
-// the host groups and the rails, which calls take the form, and how a reduction splits
-// between the two levels. Its tests run everywhere (tests/collectives/hierarchy_test.cc);
-// cuda_executor_hier.cc runs it.
+// The hierarchical forms across hosts: a step inside each host, and a step across hosts
+// between the ranks of the same local index (rails). Pure: which ranks form the host groups
+// and the rails, which calls take the form, and how a reduction splits between the two
+// levels; tests/collectives/hierarchy_test.cc. Two executors use it:
+//   GPU buffers   the in-host steps on the GPU mesh (collectives/device/mesh.h), the rail's
+//                 over the network (collectives/device/net_executor.h);
+//                 collectives/device/cuda_executor_hier.cc
+//   host buffers  one schedule (hierAllReduce, collectives/schedule.h) whose in-host steps
+//                 go over the host's transport (shm) and the rail's over the network
 //
 //   all-reduce  reduce-scatter in the host (each local rank keeps 1/L of the buffer),
 //               all-reduce of that part across hosts on the rank's rail, all-gather in
 //               the host. Each rail carries 1/L of the data: the network moves
 //               2 (H-1)/H x bytes / L per rank instead of the flat ring's 2 (N-1)/N x bytes.
-//   broadcast   across hosts on the root's rail, then in each host from that rail's rank.
-//   reduce      in each host to the rank on the root's rail, then across hosts on that rail.
+//   broadcast   across hosts on the root's rail, then in each host from that rail's rank
+//               (GPU buffers).
+//   reduce      in each host to the rank on the root's rail, then across hosts on that rail
+//               (GPU buffers).
 #pragma once
 
 #include <cstddef>
@@ -22,7 +27,7 @@
 #include "collectives/schedule.h"
 #include "common/datatype.h"
 
-namespace loom::collectives::device {
+namespace loom::collectives {
 
 struct Hierarchy {
   int hosts = 0;       // H
@@ -61,4 +66,4 @@ std::string hierRanksText(const std::vector<int>& ranks);
 // between ring and tree, else nothing (the tuner chooses).
 AlgoRequest railRequest(const AlgoRequest& algo);
 
-}  // namespace loom::collectives::device
+}  // namespace loom::collectives

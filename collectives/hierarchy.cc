@@ -1,8 +1,8 @@
-#include "collectives/device/hierarchy.h"
+#include "collectives/hierarchy.h"
 
 #include <map>
 
-namespace loom::collectives::device {
+namespace loom::collectives {
 
 bool findHierarchy(const std::vector<uint64_t>& hostKeys, int rank, Hierarchy* h,
                    std::string* why) {
@@ -96,4 +96,4 @@ AlgoRequest railRequest(const AlgoRequest& algo) {
   return AlgoRequest();
 }
 
-}  // namespace loom::collectives::device
+}  // namespace loom::collectives
