@@ -51,6 +51,9 @@ constexpr int kMaxQps = 8;
 constexpr uint32_t kTooBig = 0xffffffffu;  // immediate: the message did not fit the receive
 constexpr int kInline = 64;                // inline bytes asked of each queue pair
 constexpr int kPollBatch = 16;
+// The sender re-posts the receives that clear-to-send entries consume this many at a time
+// (one ibv_post_recv of a chain), keeping kMaxRequests and more posted in between.
+constexpr int kCtsBatch = 8;
 constexpr int64_t kPeerCheckMs = 100;
 constexpr char kAbortByte = 'A';
 constexpr char kReadyByte = 'R';
@@ -201,7 +204,7 @@ struct Qps {
 
   Status create(const Port& p, int n) {
     v = p.device->v;
-    const int depth = kMaxRequests + 1;
+    const int depth = kMaxRequests + kCtsBatch + 1;
     cq = v->createCq(p.device->ctx, 2 * depth * (n + 1) + 16, nullptr, nullptr, 0);
     if (!cq) return sysError(errno, "net/ib: %s: ibv_create_cq", p.device->name.c_str());
     for (int i = 0; i < n; ++i) {
@@ -304,10 +307,19 @@ struct Qps {
   }
 
   Status postRecv(int qp, uint64_t wrId, const std::string& device) {
-    ibv_recv_wr wr{};
-    wr.wr_id = wrId;
+    return postRecvs(qp, wrId, 1, device);
+  }
+  // `count` receives without buffers (for writes with an immediate), in one call, the
+  // first with `wrId`.
+  Status postRecvs(int qp, uint64_t wrId, int count, const std::string& device) {
+    ibv_recv_wr wrs[kMaxRequests + kCtsBatch] = {};
+    count = std::clamp(count, 1, kMaxRequests + kCtsBatch);
+    for (int i = 0; i < count; ++i) {
+      wrs[i].wr_id = wrId;
+      wrs[i].next = i + 1 < count ? &wrs[i + 1] : nullptr;
+    }
     ibv_recv_wr* bad = nullptr;
-    if (int e = v->postRecv(qps[qp], &wr, &bad)) {
+    if (int e = v->postRecv(qps[qp], wrs, &bad)) {
       return sysError(e, "net/ib: %s: ibv_post_recv", device.c_str());
     }
     return Status::ok();
@@ -581,8 +593,10 @@ class IbSend final : public SendComm {
     return link_->poll([&](const ibv_wc& wc) -> Status {
       if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {  // a clear-to-send entry arrived
         ++ctsArrived_;
-        return link_->qps().postRecv(0, wrId(ctsArrived_ + kMaxRequests - 1, 0),
-                                     link_->port().device->name);
+        if (ctsArrived_ - ctsReposted_ < static_cast<uint64_t>(kCtsBatch)) return Status::ok();
+        ctsReposted_ += kCtsBatch;
+        return link_->qps().postRecvs(0, wrId(ctsReposted_, 0), kCtsBatch,
+                                      link_->port().device->name);
       }
       IbRequest& r = reqs_[wrSeq(wc.wr_id) % kMaxRequests];
       if (r.pending > 0) --r.pending;
@@ -595,6 +609,7 @@ class IbSend final : public SendComm {
   Device::Registration* fifoReg_;
   IbRequest reqs_[kMaxRequests];
   uint64_t posted_ = 0, done_ = 0, ctsArrived_ = 0;
+  uint64_t ctsReposted_ = 0;  // clear-to-send receives posted again (kCtsBatch at a time)
 };
 
 // The receiving side.
@@ -984,9 +999,9 @@ class IbBackend final : public Backend {
     std::memset(s->fifo.get(), 0xff, sizeof(CtsEntry) * kMaxRequests);
     LOOM_ASSIGN_OR_RETURN(s->fifoReg,
                           port.device->acquire(s->fifo.get(), sizeof(CtsEntry) * kMaxRequests));
-    for (int i = 0; i < kMaxRequests; ++i) {
-      LOOM_TRY(s->link->qps().postRecv(0, wrId(i, 0), port.device->name));
-    }
+    // Every entry the receiver may have in flight, and a batch more: the sender posts
+    // consumed ones again only a batch at a time.
+    LOOM_TRY(s->link->qps().postRecvs(0, wrId(0, 0), kMaxRequests + kCtsBatch, port.device->name));
     return Status::ok();
   }
 
