@@ -109,10 +109,11 @@ Schedule doublingAllReduce(int rank, int n, size_t count, size_t piece);
 // 2(n-1), the same bytes, and every rank talks to every other, whatever the pairing.
 Schedule directAllReduce(int rank, int n, size_t count, size_t piece);
 // Hierarchical, for the rank that `h` is seen from (collectives/hierarchy.h: findHierarchy).
-// Each block of piece x L elements (L ranks per host) is cut in L parts: a ring
-// reduce-scatter inside the host leaves part l, summed over the host, with local rank l; a
-// ring all-reduce across the hosts between the ranks of local index l (the rail) completes
-// it; a ring all-gather inside the host hands every part to every local rank. The post-op
+// The buffer is cut in L parts (L ranks per host): a ring reduce-scatter inside the host
+// leaves part l, summed over the host, with local rank l; a ring all-reduce across the
+// hosts between the ranks of local index l (the rail) completes it, in messages as large as
+// the flat ring's; a ring all-gather inside the host hands every part to every local rank.
+// The in-host rings move a slice of at most `piece` of every part per step. The post-op
 // runs once, in the rail's all-reduce.
 struct Hierarchy;
 Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece);

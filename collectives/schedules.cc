@@ -211,11 +211,21 @@ Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
-  // Part l of the block at `base`: where it lies, and how long it is.
-  const size_t block = piece * static_cast<size_t>(L);
-  auto part = [&](size_t base, size_t bc, int l, size_t* off, size_t* size) {
-    chunkRange(bc, L, l, off, size);
-    *off += base;
+  // The buffer in L parts, part l local rank l's to complete across the hosts; the steps
+  // inside the host move a slice of at most `piece` of every part at a time.
+  size_t most = 0;
+  for (int l = 0; l < L; ++l) {
+    size_t o, z;
+    chunkRange(count, L, l, &o, &z);
+    most = std::max(most, z);
+  }
+  const size_t slices = (most + piece - 1) / piece;
+  auto slice = [&](int q, size_t b, size_t* off, size_t* size) {
+    size_t o, z;
+    chunkRange(count, L, h.localOf[q], &o, &z);
+    const size_t start = std::min(z, b * piece);
+    *off = o + start;
+    *size = std::min(piece, z - start);
   };
   // Steps of the phases from `first` on: read what this rank holds in its output, which
   // already went through the pre-op. `sendOnly`: a step that would copy its source onto
@@ -232,40 +242,46 @@ Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
       }
     }
   };
-  // 1. Reduce-scatter inside the host: part l of every block to local rank l, summed over
-  //    the host (no post-op yet).
-  for (size_t base = 0; base < count; base += block) {
-    const size_t bc = std::min(block, count - base);
-    const size_t first = s.phases.size();
+  // The in-host rings of slice b (reduce-scatter or all-gather): chunk q is a slice of
+  // local rank q's part.
+  auto inHost = [&](size_t b, RingMode mode) {
     auto off = [&](int q) {
       size_t o, z;
-      part(base, bc, h.localOf[q], &o, &z);
+      slice(q, b, &o, &z);
       return o;
     };
     auto size = [&](int q) {
       size_t o, z;
-      part(base, bc, h.localOf[q], &o, &z);
+      slice(q, b, &o, &z);
       return z;
     };
-    ringPass(&s, local, L, RingMode::kReduceScatter, off, off, size);
+    ringPass(&s, local, L, mode, off, off, size);
+  };
+  // 1. Reduce-scatter inside the host: each part, summed over the host, to its local rank
+  //    (no post-op yet).
+  for (size_t b = 0; b < slices; ++b) {
+    const size_t first = s.phases.size();
+    inHost(b, RingMode::kReduceScatter);
     for (size_t p = first; p < s.phases.size(); ++p) {
       for (Step& st : s.phases[p]) st.final = false;
     }
   }
-  // 2. All-reduce of this rank's parts across the hosts, on its rail (the post-op here).
+  // 2. All-reduce of this rank's part across the hosts on its rail, in blocks of H pieces
+  //    as the flat ring's (the post-op here).
   const size_t railFirst = s.phases.size();
-  for (size_t base = 0; base < count; base += block) {
-    const size_t bc = std::min(block, count - base);
-    size_t po, pz;
-    part(base, bc, h.localIndex, &po, &pz);
+  size_t po, pz;
+  chunkRange(count, L, h.localIndex, &po, &pz);
+  const size_t block = piece * static_cast<size_t>(H);
+  for (size_t base = 0; base < pz; base += block) {
+    const size_t bc = std::min(block, pz - base);
     auto off = [&](int q) {
       size_t o, z;
-      chunkRange(pz, H, h.hostOf[q], &o, &z);
-      return po + o;
+      chunkRange(bc, H, h.hostOf[q], &o, &z);
+      return po + base + o;
     };
     auto size = [&](int q) {
       size_t o, z;
-      chunkRange(pz, H, h.hostOf[q], &o, &z);
+      chunkRange(bc, H, h.hostOf[q], &o, &z);
       return z;
     };
     ringPass(&s, rail, H, RingMode::kAllReduce, off, off, size);
@@ -273,20 +289,7 @@ Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
   fromOutput(railFirst, false);
   // 3. All-gather inside the host: every part to every local rank.
   const size_t gatherFirst = s.phases.size();
-  for (size_t base = 0; base < count; base += block) {
-    const size_t bc = std::min(block, count - base);
-    auto off = [&](int q) {
-      size_t o, z;
-      part(base, bc, h.localOf[q], &o, &z);
-      return o;
-    };
-    auto size = [&](int q) {
-      size_t o, z;
-      part(base, bc, h.localOf[q], &o, &z);
-      return z;
-    };
-    ringPass(&s, local, L, RingMode::kAllGather, off, off, size);
-  }
+  for (size_t b = 0; b < slices; ++b) inHost(b, RingMode::kAllGather);
   fromOutput(gatherFirst, true);
   return s;
 }

@@ -62,17 +62,27 @@ model::Algo modelAlgo(Algorithm a) {
 }  // namespace
 
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& forced) {
-  LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseFlatAlgorithm(req, forced));
-  if (req.type != CollType::kAllReduce || !req.hier || !forced.allows(AlgoName::kHier)) return c;
   using A = AlgoName;
-  if (forced.set() && !forced.allows(A::kRing) && !forced.allows(A::kTree) &&
-      !forced.allows(A::kDirect) && !forced.allows(A::kDoubling) && !forced.allows(A::kOneShot) &&
-      !forced.allows(A::kTwoShot)) {
-    c = TunerChoice{};
+  const bool hierAllowed = forced.allows(A::kHier);
+  const bool hierFits = req.type == CollType::kAllReduce && req.hier;
+  if (hierFits && forced.set() && hierAllowed && !forced.allows(A::kRing) &&
+      !forced.allows(A::kTree) && !forced.allows(A::kDirect) && !forced.allows(A::kDoubling) &&
+      !forced.allows(A::kOneShot) && !forced.allows(A::kTwoShot)) {
+    TunerChoice c;
     c.algo = Algorithm::kHier;
     c.reason = "forced by LOOM_ALGO";
     return c;
   }
+  // The flat forms read LOOM_ALGO without "hier" (a request of hier alone asks nothing of
+  // them); copied only where it names hier, so that choosing allocates nothing otherwise.
+  AlgoRequest stripped;
+  const AlgoRequest* flatForced = &forced;
+  if (forced.set() && hierAllowed) {
+    stripped = forced.withoutHier();
+    flatForced = &stripped;
+  }
+  LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseFlatAlgorithm(req, *flatForced));
+  if (!hierFits || !hierAllowed) return c;
   // The hierarchical form where the cost model prices it under the flat form the rules
   // chose, on the communicator's fabric; never for the small messages that the one-shot
   // and recursive doubling take.

@@ -18,25 +18,27 @@ const model::Fabric& Communicator::fabric(bool hostMemory) {
   for (const auto& ranks : topo_.hostRanks)
     o.ranksPerHost = std::max<int>(o.ranksPerHost, ranks.size());
   o.hostMemory = hostMemory || cudaDev_ < 0;
-  const int host = topo_.hostOf.empty() ? 0 : topo_.hostOf[rank_];
-  model::Fabric f;
-  bool made = false;
-  if (host < static_cast<int>(topo_.cluster.hosts.size())) {
-    const topology::System& system = topo_.cluster.hosts[host];
+  // Every rank must price alike (the tuner's choice is each rank's own, and ranks that
+  // chose differently would wait for each other until the timeout): from every host's
+  // topology, which the cluster view holds the same on every rank, the slowest host's
+  // terms, across hosts first.
+  const model::Fabric fallback =
+      o.hostMemory
+          ? model::hostMemoryFabric(o.hosts, o.ranksPerHost, 0)
+          : model::gpuFabric(o.hosts, o.ranksPerHost, 24.0, 10.0 / 8, model::NetPath::kSockets);
+  std::optional<model::Fabric> slowest;
+  for (const topology::System& system : topo_.cluster.hosts) {
+    model::Fabric f = fallback;  // no topology of this host (detection failed): as planned
     if (auto graph = topology::Graph::build(system);
         graph.isOk() && (o.hostMemory || graph->gpuCount() > 0)) {
       f = model::fabricOf(*graph, o);
-      made = true;
+    }
+    if (!slowest || f.inter.gbps < slowest->inter.gbps ||
+        (f.inter.gbps == slowest->inter.gbps && f.intra.gbps < slowest->intra.gbps)) {
+      slowest = f;
     }
   }
-  if (!made) {
-    // No topology of this host (detection failed): PCIe between GPUs and one NIC of
-    // unknown speed, as planned elsewhere.
-    f = o.hostMemory
-            ? model::hostMemoryFabric(o.hosts, o.ranksPerHost, 0)
-            : model::gpuFabric(o.hosts, o.ranksPerHost, 24.0, 10.0 / 8, model::NetPath::kSockets);
-  }
-  slot = f;
+  slot = slowest ? *slowest : fallback;
   return *slot;
 }
 

@@ -1,6 +1,7 @@
 // One rank of a multi-process check, launched by a script or a launcher (netns_test.sh,
 // mpirun): makes its communicator with loomCommInitFromEnv, runs all-reduce (small and
-// large), all-gather and a send/recv ring on known data, and exits 0 when all are right.
+// large, and an in-place average that must be bitwise the same on every rank), all-gather
+// and a send/recv ring on known data, and exits 0 when all are right.
 // With `--loop SECONDS` it then keeps checking all-reduces of 1 MiB for that long (a peer
 // can be killed meanwhile: the failure is printed with loom's message, exit 1); with
 // `--stagger-ms MS` as well, rank 0 sleeps MS before every 100th of them, so that the
@@ -9,6 +10,8 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -82,6 +85,38 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < count; ++i) {
       if (out[i] != n * (n - 1) / 2.0 + n * static_cast<double>(i % 1009)) {
         std::fprintf(stderr, "rank %d: all-reduce element %zu wrong\n", rank, i);
+        return 1;
+      }
+    }
+  }
+  {
+    // In place with ncclAvg, and bitwise the same on every rank (the ranks all-gather a
+    // hash of their result).
+    const size_t avgCount = 100003;
+    std::vector<double> buf(avgCount);
+    for (size_t i = 0; i < avgCount; ++i) buf[i] = rank * 0.5 + static_cast<double>(i % 101) * 0.25;
+    if (ncclAllReduce(buf.data(), buf.data(), avgCount, ncclFloat64, ncclAvg, comm, nullptr)) {
+      return fail("in-place average all-reduce", comm, rank);
+    }
+    uint64_t hash = 1469598103934665603ull;
+    for (size_t i = 0; i < avgCount; ++i) {
+      const double want = (n - 1) * 0.25 + static_cast<double>(i % 101) * 0.25;
+      if (std::fabs(buf[i] - want) > 1e-12 * (1 + std::fabs(want))) {
+        std::fprintf(stderr, "rank %d: average element %zu is %.17g, not %.17g\n", rank, i, buf[i],
+                     want);
+        return 1;
+      }
+      uint64_t bits = 0;
+      std::memcpy(&bits, &buf[i], sizeof(bits));
+      hash = (hash ^ bits) * 1099511628211ull;
+    }
+    std::vector<uint64_t> hashes(n);
+    if (ncclAllGather(&hash, hashes.data(), 1, ncclUint64, comm, nullptr)) {
+      return fail("all-gather of the hashes", comm, rank);
+    }
+    for (int q = 0; q < n; ++q) {
+      if (hashes[q] != hash) {
+        std::fprintf(stderr, "rank %d: the average's bits differ from rank %d's\n", rank, q);
         return 1;
       }
     }

@@ -312,9 +312,14 @@ struct Qps {
   // `count` receives without buffers (for writes with an immediate), in one call, the
   // first with `wrId`.
   Status postRecvs(int qp, uint64_t wrId, int count, const std::string& device) {
-    ibv_recv_wr wrs[kMaxRequests + kCtsBatch] = {};
-    count = std::clamp(count, 1, kMaxRequests + kCtsBatch);
+    constexpr int kMost = kMaxRequests + kCtsBatch;
+    if (count < 1 || count > kMost) {
+      return errorf(Code::kInternalError, "net/ib: %d receives in one call (1 to %d)", count,
+                    kMost);
+    }
+    ibv_recv_wr wrs[kMost];  // only the first `count` are set (this runs per message)
     for (int i = 0; i < count; ++i) {
+      wrs[i] = ibv_recv_wr{};
       wrs[i].wr_id = wrId;
       wrs[i].next = i + 1 < count ? &wrs[i + 1] : nullptr;
     }

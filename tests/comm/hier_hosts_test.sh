@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The hierarchical all-reduce of host buffers without root: HOSTS x LOCAL processes over
+# loopback, each claiming the host LOOM_HOST_ID=host<r / LOCAL>, with LOOM_ALGO=hier (and
+# as the tuner chooses, and with shared memory off so that every link is TCP and receives
+# land straight in the caller's buffer). loom_rank_check checks every result (and that the
+# average is bitwise the same on every rank); the logs must show the hierarchical form.
+# Mode topo: as the tuner chooses, with the first host's topology read from a file whose
+# NIC is faster than the others' (tests/fixtures/topology/host_25gbe.xml): every rank must
+# still choose the same form for every call (each prices the slowest host's links).
+# Usage: hier_hosts_test.sh PATH/TO/loom_rank_check HOSTS LOCAL [hier|auto|tcp|topo]
+set -uo pipefail
+check=$1 hosts=$2 local=$3 mode=${4:-hier}
+n=$((hosts * local))
+port=$((20000 + RANDOM % 20000))
+tag="loomhier$$"
+extra=(LOOM_ALGO=hier)
+[[ $mode == auto || $mode == topo ]] && extra=()
+fixture="$(cd "$(dirname "$0")/../fixtures/topology" && pwd)/host_25gbe.xml"
+[[ $mode == tcp ]] && extra=(LOOM_ALGO=hier LOOM_SHM_DISABLE=1)
+pids=()
+for ((r = 0; r < n; ++r)); do
+  topo=()
+  [[ $mode == topo ]] && ((r / local == 0)) && topo=(LOOM_TOPO_FILE="$fixture")
+  env "${topo[@]}" LOOM_COMM_ID="127.0.0.1:$port" LOOM_NRANKS=$n LOOM_RANK=$r LOOM_HOST_ID="host$((r / local))" \
+    LOOM_TIMEOUT_MS=60000 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=COLL "${extra[@]}" \
+    "$check" > "/tmp/$tag.$r.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for ((r = 0; r < n; ++r)); do
+  if ! wait "${pids[$r]}"; then
+    rc=1
+    echo "rank $r failed:"
+    grep -v "INFO" "/tmp/$tag.$r.log" | tail -n 5
+  fi
+done
+echo "all-reduce forms ($hosts hosts x $local ranks, $mode):"
+grep -ho "AllReduce([a-z]*, [0-9]* x [a-z0-9]*)" /tmp/$tag.*.log | sort | uniq -c
+hier=$(grep -h "AllReduce(hier" /tmp/$tag.*.log | wc -l)
+if [[ $mode != auto && $mode != topo ]] && ((hier == 0)); then
+  echo "no hierarchical all-reduce seen"
+  rc=1
+fi
+# Every call's form the same on every rank: one form per count.
+split=$(grep -ho "AllReduce([a-z]*, [0-9]* x" /tmp/$tag.*.log | sort -u | awk '{ print $2 }' | sort | uniq -d)
+if [[ -n $split ]]; then echo "ranks chose different forms for counts: $split"; rc=1; fi
+rm -f /tmp/$tag.*.log
+exit $rc
