@@ -14,6 +14,11 @@
 # RANKS_PER_HOST=G (environment, default 1) puts G ranks in each namespace (they share
 # memory, and the hierarchical all-reduce, LOOM_ALGO=hier, is measured too).
 #
+# A veth is a virtual device (loom plans no wire for it) that reports 10 Gb/s whatever tc
+# shapes it to, where a NIC reports its own speed: each namespace's ranks read their
+# topology from a file (LOOM_TOPO_FILE, loom-topo's dump of the namespace) in which the veth
+# is a NIC of RATE_MBIT, so that the tuner sees the link as the model's prediction does.
+#
 # Needs root, `ip netns`, a bridge and tc with tbf; says why and exits 77 otherwise.
 # BUILD is a build tree with bench/model_probe and tools/loom-model.
 set -uo pipefail
@@ -44,6 +49,13 @@ predicted=$out/predicted_${rate}mbit.csv
 echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
 echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked" > "$predicted"
 status=0
+# Each namespace's topology with its link at the shaped rate.
+for ((i = 0; i < maxh; ++i)); do
+  ip netns exec "${tag}h$i" "$build/tools/loom-topo" --format xml 2>/dev/null |
+    sed -E -e "/<net name=\"${tag}v$i\"/ { s/(speed=\")[0-9]+/\1$rate/; s/ virtual=\"1\"//; s/ kind=\"virtual\"//; }" \
+    > "$out/topo_h$i.xml"
+  grep -q "speed=\"$rate\"" "$out/topo_h$i.xml" || { echo "model_check: no link in namespace $i's topology"; exit 1; }
+done
 for h in "${hosts[@]}"; do
   "$model" --host-memory -N "$h" -g "$g" --net-gbps "$gbps" -c all_reduce -b 8 -e 4M -f 2 --csv | tail -n +2 >> "$predicted"
   n=$((h * g))
@@ -59,6 +71,7 @@ for h in "${hosts[@]}"; do
       env_algo=()
       [[ $algo != default ]] && env_algo=(LOOM_ALGO="$algo")
       ip netns exec "${tag}h$((r / g))" env LOOM_COMM_ID="198.51.100.10:$port" LOOM_RANK=$r LOOM_NRANKS=$n \
+        LOOM_TOPO_FILE="$out/topo_h$((r / g)).xml" \
         LOOM_TIMEOUT_MS=60000 LOOM_HOST_ID="host$((r / g))" "${env_algo[@]}" \
         "$probe" --sizes "$sizes" --seconds 0.5 --label "$algo" \
         > "$out/probe_${rate}_${h}_${algo}_$r.log" 2>&1 &
