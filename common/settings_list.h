@@ -125,6 +125,11 @@
   X(kUser, kIbHca, "LOOM_IB_HCA", "NCCL_IB_HCA", kString, "", "", \
     "RDMA devices to use: prefix list with optional :port (mlx5_0:1,mlx5_1), ^ to exclude, = " \
     "for exact names") \
+  X(kUser, kNetGdrLevel, "LOOM_NET_GDR_LEVEL", "NCCL_NET_GDR_LEVEL", kChoice, "PXB", \
+    "LOC|PIX|PXB|PHB|SYS", \
+    "GPUDirect RDMA: the farthest a NIC may be from the GPU on the PCI tree, in NCCL's terms " \
+    "(PIX one PCIe switch, PXB several, PHB through the host bridge, SYS across sockets; LOC: " \
+    "never); loom-topo and the INFO log assess it, loom's data path does not use it yet") \
   X(kUser, kIbGidIndex, "LOOM_IB_GID_INDEX", "NCCL_IB_GID_INDEX", kCount, "auto", "auto", \
     "RoCE: the GID index to use on every port (auto: RoCE v2 with an IPv4 address, else the " \
     "best other entry)") \

@@ -78,6 +78,27 @@ TEST(Gdr, NothingBeyondPxbOrWhereTheGpuCannot) {
   EXPECT_EQ(assessGdr(f).mode, GdrMode::kNone);
 }
 
+// LOOM_NET_GDR_LEVEL (NCCL_NET_GDR_LEVEL): the distance rule moves, LOC turns it off.
+TEST(Gdr, LevelSetsTheDistanceRule) {
+  PciPath max = PciPath::kPxb;
+  EXPECT_TRUE(gdrLevelFrom("phb", &max));
+  EXPECT_EQ(max, PciPath::kPhb);
+  EXPECT_TRUE(gdrLevelFrom("SYS", &max));
+  EXPECT_EQ(max, PciPath::kSys);
+  EXPECT_FALSE(gdrLevelFrom("LOC", &max));
+  EXPECT_EQ(max, PciPath::kSys);  // left alone
+  GdrFacts f = capable(PciPath::kPhb);
+  EXPECT_EQ(assessGdr(f).mode, GdrMode::kNone);  // beyond PXB, the default
+  EXPECT_NE(assessGdr(f).why.find("NCCL_NET_GDR_LEVEL"), std::string::npos);
+  f.maxPath = PciPath::kPhb;
+  EXPECT_EQ(assessGdr(f).mode, GdrMode::kDmaBuf);
+  f = capable(PciPath::kPix);
+  f.levelOff = true;
+  const GdrAssessment off = assessGdr(f);
+  EXPECT_EQ(off.mode, GdrMode::kNone);
+  EXPECT_NE(off.why.find("LOC"), std::string::npos) << off.why;
+}
+
 TEST(Gdr, PeerMemoryModuleFromSysfs) {
   char tmpl[] = "/tmp/loom_gdr_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

@@ -1,10 +1,12 @@
 #include "transports/net/gdr.h"
 
+#include <strings.h>
 #include <sys/stat.h>
 
 #include <vector>
 
 #include "common/cuda_probe.h"
+#include "common/settings.h"
 #include "transports/net/nic_choice.h"
 
 namespace loom::transport::net {
@@ -63,9 +65,23 @@ const char* gdrModeName(GdrMode m) {
   return "?";
 }
 
+bool gdrLevelFrom(const std::string& word, PciPath* maxPath) {
+  for (PciPath p : {PciPath::kPix, PciPath::kPxb, PciPath::kPhb, PciPath::kSys}) {
+    if (strcasecmp(word.c_str(), pciPathName(p)) == 0) {
+      *maxPath = p;
+      return true;
+    }
+  }
+  return false;
+}
+
 GdrAssessment assessGdr(const GdrFacts& f) {
   GdrAssessment a;
   a.flush = f.computeMajor > 0 && f.computeMajor < 9;
+  if (f.levelOff) {
+    a.why = "LOOM_NET_GDR_LEVEL (or NCCL_NET_GDR_LEVEL) is LOC: GPUDirect RDMA is off";
+    return a;
+  }
   if (!f.gpuRdma) {
     a.why = "the CUDA driver does not report GPUDirect RDMA for this GPU";
     return a;
@@ -76,7 +92,8 @@ GdrAssessment assessGdr(const GdrFacts& f) {
   }
   if (static_cast<int>(f.path) > static_cast<int>(f.maxPath)) {
     a.why = std::string("the NIC is ") + pciPathName(f.path) + " from the GPU, beyond " +
-            pciPathName(f.maxPath) + " (NCCL's distance rule)";
+            pciPathName(f.maxPath) +
+            " (LOOM_NET_GDR_LEVEL or NCCL_NET_GDR_LEVEL, PXB unless set, as in NCCL)";
     return a;
   }
   const std::string at = std::string(" (") + pciPathName(f.path) + ")";
@@ -113,6 +130,7 @@ GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool n
   f.nicDmaBufWhy = nicDmaBufWhy;
   f.peerMem = peerMemLoaded();
   f.path = pciPathBetween(pciSysfsPath(cuda::deviceBusId(gpuOrdinal)), nicPciPath);
+  f.levelOff = !gdrLevelFrom(settings::get(settings::kNetGdrLevel), &f.maxPath);
   return assessGdr(f);
 }
 

@@ -32,8 +32,15 @@ struct GdrFacts {
   std::string nicDmaBufWhy;  // why not, where not
   bool peerMem = false;      // peerMemLoaded()
   PciPath path = PciPath::kUnknown;
-  PciPath maxPath = PciPath::kPxb;  // NCCL's default distance rule (NCCL_NET_GDR_LEVEL)
+  // The distance rule (LOOM_NET_GDR_LEVEL / NCCL_NET_GDR_LEVEL; NCCL's default is PXB),
+  // or off (LOC).
+  PciPath maxPath = PciPath::kPxb;
+  bool levelOff = false;
 };
+
+// LOOM_NET_GDR_LEVEL's word (LOC, PIX, PXB, PHB or SYS, any case) as the facts take it:
+// false for LOC (GPUDirect RDMA off) or a word it does not know, with *maxPath left alone.
+bool gdrLevelFrom(const std::string& word, PciPath* maxPath);
 
 enum class GdrMode { kDmaBuf, kPeerMem, kNone };
 const char* gdrModeName(GdrMode m);
