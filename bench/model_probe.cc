@@ -3,11 +3,15 @@
 // communicator comes from the environment (loomCommInitFromEnv: LOOM_RANK, LOOM_NRANKS,
 // LOOM_COMM_ID); LOOM_ALGO forces the algorithm as usual.
 //
-//   model_probe [--sizes 8,65536,...] [--seconds S] [--label TEXT]
+//   model_probe [--sizes 8,65536,...] [--seconds S] [--label TEXT] [--coll all_reduce|all_gather]
+//
+// For all_gather a size is the output's bytes, as nccl-tests counts them (each rank gives
+// size / nranks of it).
 //
 // For each size: 2 warm-up calls, 3 calls that say how long one takes, then as many as
 // fill about S seconds (default 0.5; at least 3, at most 1000), timed; every rank's input is a
-// known pattern, and the last call's output is checked against the exact sum. Rank 0 prints one CSV
+// known pattern, and the last call's output is checked against the exact sum (all-gather: every
+// rank's block). Rank 0 prints one CSV
 // line per size:
 //   label,nranks,bytes,us_per_call,calls,wrong
 // where us_per_call is the slowest rank's mean. Exit 1 on a wrong value or a failed call.
@@ -43,6 +47,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes = {8, 1 << 16, 1 << 20, 4 << 20};
   double seconds = 0.5;
   std::string label = "default";
+  bool gather = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (i + 1 >= argc) {
@@ -66,6 +71,12 @@ int main(int argc, char** argv) {
       seconds = std::atof(v);
     } else if (k == "--label") {
       label = v;
+    } else if (k == "--coll") {
+      gather = std::string(v) == "all_gather";
+      if (!gather && std::string(v) != "all_reduce") {
+        std::fprintf(stderr, "model_probe: --coll %s: all_reduce or all_gather\n", v);
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "model_probe: unknown option %s\n", k.c_str());
       return 2;
@@ -81,21 +92,24 @@ int main(int argc, char** argv) {
   ncclCommCount(comm, &n);
   int bad = 0;
   for (size_t bytes : sizes) {
-    const size_t count = bytes / 4;
-    std::vector<float> in(count), out(count, -1.0f);
+    // All-gather: each rank's block of the output.
+    const size_t count = gather ? std::max<size_t>(1, bytes / 4 / n) : bytes / 4;
+    std::vector<float> in(count), out(gather ? count * n : count, -1.0f);
     for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+    auto call = [&]() {
+      return gather
+                 ? ncclAllGather(in.data(), out.data(), count, ncclFloat32, comm, nullptr)
+                 : ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+    };
     for (int w = 0; w < 2; ++w) {
-      if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr)) {
-        return fail("all-reduce", comm, rank);
-      }
+      if (call()) return fail("the collective", comm, rank);
     }
     // Three calls say how long one takes; rank 0 turns that into the count for about
     // `seconds`, which every rank then runs untimed by any vote.
     auto timed = [&](int calls, double* us) -> bool {
       const auto start = Clock::now();
       for (int k = 0; k < calls; ++k) {
-        if (ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr))
-          return false;
+        if (call()) return false;
       }
       *us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / calls;
       return true;
@@ -115,10 +129,14 @@ int main(int argc, char** argv) {
       return fail("all-reduce", comm, rank);
     }
     int wrong = 0;
-    for (size_t i = 0; i < count; ++i) {
-      float want = 0;
-      for (int r = 0; r < n; ++r) want += value(r, i);
-      if (out[i] != want) ++wrong;
+    if (gather) {
+      for (size_t i = 0; i < out.size(); ++i) wrong += out[i] != value(int(i / count), i % count);
+    } else {
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += value(r, i);
+        if (out[i] != want) ++wrong;
+      }
     }
     int wrongAll = 0;
     if (ncclAllReduce(&wrong, &wrongAll, 1, ncclInt32, ncclSum, comm, nullptr))

@@ -118,6 +118,16 @@ Estimate hierarchical(const Fabric& f, double S) {
   return s.done(!f.gpu);
 }
 
+// Hierarchical all-gather (host buffers): a ring across the hosts per rail, then a ring
+// inside each host per host's blocks.
+Estimate hierarchicalGather(const Fabric& f, double S) {
+  const int G = f.ranksPerHost, H = f.hosts;
+  Sum s(f, Algo::kHierarchical);
+  s.steps(H * (G - 1), H - 1);
+  s.bytes(double(G - 1) / G * S, double(H - 1) / H * S);
+  return s.done(!f.gpu);
+}
+
 // Broadcast and reduce: a chain streams S through every rank once, n - 1 hops; the tree
 // reaches every rank in depth hops, inner ranks sending (or receiving) twice.
 Estimate chain(const Fabric& f, Algo a, double S, bool built) {
@@ -201,6 +211,10 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
         case Algo::kMeshOneShot: *out = direct(f, a, S / n, 1, true); return true;
         case Algo::kRing: *out = ring(f, a, S, 1); return true;
         case Algo::kDirect: *out = direct(f, a, S / n, 1, false); return true;
+        case Algo::kHierarchical:
+          if (type != CollType::kAllGather || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+          *out = hierarchicalGather(f, S);
+          return true;
         default: return false;
       }
     case CollType::kBroadcast:

@@ -44,6 +44,7 @@ bool findHierarchy(const std::vector<uint64_t>& hostKeys, int rank, Hierarchy* h
   h->hostIndex = h->hostOf[rank];
   h->localIndex = h->localOf[rank];
   h->localRanks = members[h->hostIndex];
+  h->hostRanks = members;
   for (int k = 0; k < h->hosts; ++k) h->railRanks.push_back(members[k][h->localIndex]);
   return true;
 }

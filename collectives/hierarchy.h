@@ -36,8 +36,9 @@ struct Hierarchy {
   int localIndex = -1;
   std::vector<int> localRanks;  // the ranks of this rank's host, ascending
   std::vector<int> railRanks;   // the ranks with this rank's local index, by host
-  // Where rank r sits (both sized nranks).
+  // Where rank r sits (both sized nranks), and every host's ranks ([host][local]).
   std::vector<int> hostOf, localOf;
+  std::vector<std::vector<int>> hostRanks;
 };
 
 // The hierarchy of ranks whose hosts are `hostKeys` (one per rank, equal for ranks of one
@@ -48,6 +49,8 @@ bool findHierarchy(const std::vector<uint64_t>& hostKeys, int rank, Hierarchy* h
 // Why the call does not take the hierarchical form (null: it does). `count` as the C API
 // gives it. LOOM_ALGO leaves it out unless it allows "hier".
 const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const AlgoRequest& algo);
+// (The GPU forms: all-reduce, broadcast, reduce. Host buffers have all-reduce and
+// all-gather, collectives/schedule.h.)
 
 // A reduction split between the levels: the first reduces each rank's input (the host
 // level), the second combines the hosts' partial results. PreMulSum scales the inputs,

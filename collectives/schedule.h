@@ -117,6 +117,11 @@ Schedule directAllReduce(int rank, int n, size_t count, size_t piece);
 // runs once, in the rail's all-reduce.
 struct Hierarchy;
 Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece);
+// Hierarchical all-gather (`count` per rank): a ring all-gather across the hosts on the
+// rank's rail puts the blocks of its local index in place, then a ring all-gather inside the
+// host (one pass per host) hands each local rank's H blocks to the others. Each host sends
+// (H-1)/H of the output through its link where the flat ring sends (n-1)/n.
+Schedule hierAllGather(const Hierarchy& h, size_t count, size_t piece);
 Schedule ringAllGather(int rank, int n, size_t count, size_t piece,
                        const std::vector<int>* ring = nullptr);
 Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece,

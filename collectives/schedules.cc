@@ -294,6 +294,49 @@ Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
   return s;
 }
 
+Schedule hierAllGather(const Hierarchy& h, size_t count, size_t piece) {
+  const int L = h.local, H = h.hosts;
+  RingOrder local, rail;
+  local.order = h.localRanks;
+  local.pos = h.localIndex;
+  rail.order = h.railRanks;
+  rail.pos = h.hostIndex;
+  Schedule s;
+  s.reduces = false;
+  s.inputCount = count;
+  s.outputCount = count * h.hostOf.size();
+  // 1. Across the hosts on the rail: every rank of this local index's block, in place.
+  for (size_t base = 0; base < count; base += piece) {
+    const size_t bc = std::min(piece, count - base);
+    ringPass(
+        &s, rail, H, RingMode::kAllGather, [&](int) { return base; },
+        [&](int q) { return static_cast<size_t>(q) * count + base; }, [&](int) { return bc; });
+  }
+  // 2. Inside the host, one ring per host k: local rank l's chunk is the block of host k's
+  //    rank l, which it holds in its output since step 1 (it only sends it on). One ring
+  //    after the other: in the same phases their first steps would put H pieces into one
+  //    connection before its receiver takes any, more than its slots hold.
+  const size_t inHostFirst = s.phases.size();
+  for (int k = 0; k < H; ++k) {
+    for (size_t base = 0; base < count; base += piece) {
+      const size_t bc = std::min(piece, count - base);
+      auto off = [&](int q) {
+        return static_cast<size_t>(h.hostRanks[k][h.localOf[q]]) * count + base;
+      };
+      ringPass(&s, local, L, RingMode::kAllGather, off, off, [&](int) { return bc; });
+    }
+  }
+  for (size_t p = inHostFirst; p < s.phases.size(); ++p) {
+    for (Step& st : s.phases[p]) {
+      if (st.src.buffer != Buffer::kInput) continue;
+      st.src.buffer = Buffer::kOutput;
+      if (st.nrecv == 0 && st.dst.buffer == Buffer::kOutput && st.dst.offset == st.src.offset)
+        st.dst = Region{};
+    }
+  }
+  return s;
+}
+
 Schedule doublingAllReduce(int r, int n, size_t count, size_t piece) {
   if (n == 1) return localOnly(count, count, count, true);
   if ((n & (n - 1)) != 0) return ringAllReduce(r, n, count, piece);

@@ -64,7 +64,8 @@ model::Algo modelAlgo(Algorithm a) {
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& forced) {
   using A = AlgoName;
   const bool hierAllowed = forced.allows(A::kHier);
-  const bool hierFits = req.type == CollType::kAllReduce && req.hier;
+  const bool hierFits =
+      (req.type == CollType::kAllReduce || req.type == CollType::kAllGather) && req.hier;
   if (hierFits && forced.set() && hierAllowed && !forced.allows(A::kRing) &&
       !forced.allows(A::kTree) && !forced.allows(A::kDirect) && !forced.allows(A::kDoubling) &&
       !forced.allows(A::kOneShot) && !forced.allows(A::kTwoShot)) {
@@ -91,11 +92,17 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& f
        req.count * req.elemSize * (req.nranks - 1) <= kOneShotMaxBytes)) {
     return c;
   }
-  const size_t bytes = req.count * req.elemSize;
+  // All-gather: not below 16 KiB a rank, where its passes inside the host cost more than
+  // the model's steps say. Network namespaces with 2 ranks each, 1 Gb/s links, on the
+  // 2-core machine (2026-12-04, docs/perf/cost_model.md): 2 hosts at 16 KiB a rank 273 us
+  // against the ring's 410; 4 hosts at 8 KiB 769 against 509, at 2 B 780 against 410.
+  if (req.type == CollType::kAllGather && req.count * req.elemSize < 16 * 1024) return c;
+  // The model prices an all-gather by its output.
+  const size_t bytes = req.count * req.elemSize *
+                       (req.type == CollType::kAllGather ? static_cast<size_t>(req.nranks) : 1);
   model::Estimate flat, hier;
-  if (!model::estimate(CollType::kAllReduce, modelAlgo(c.algo), bytes, *req.fabric, &flat) ||
-      !model::estimate(CollType::kAllReduce, model::Algo::kHierarchical, bytes, *req.fabric,
-                       &hier) ||
+  if (!model::estimate(req.type, modelAlgo(c.algo), bytes, *req.fabric, &flat) ||
+      !model::estimate(req.type, model::Algo::kHierarchical, bytes, *req.fabric, &hier) ||
       !(hier.us < flat.us)) {
     return c;
   }
@@ -278,7 +285,10 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
         return hierAllReduce(*req.hier, req.count, req.pieceElems);
       return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems)
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
-    case CollType::kAllGather: return ringAllGather(r, n, req.count, req.pieceElems, req.ring);
+    case CollType::kAllGather:
+      if (algo == Algorithm::kHier && req.hier)
+        return hierAllGather(*req.hier, req.count, req.pieceElems);
+      return ringAllGather(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kReduceScatter:
       return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kBroadcast:

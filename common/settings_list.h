@@ -177,10 +177,11 @@
   X(kTuning, kAlgo, "LOOM_ALGO", "NCCL_ALGO", kString, "", "", \
     "force algorithms (NCCL's syntax: a comma list, or ^ and a list to leave out; any case): " \
     "ring, tree (double binary tree), chain, oneshot, twoshot (the ring on host memory), " \
-    "doubling (recursive doubling), direct, or hier (all-reduce across hosts of several ranks " \
-    "each: inside each host, then between the ranks of one local index; host buffers take it " \
-    "where the cost model says so; GPU buffers, with broadcast and reduce too, only where named, " \
-    "until it has been checked on a GPU); an unknown name fails the communicator's init") \
+    "doubling (recursive doubling), direct, or hier (across hosts of several ranks each: inside " \
+    "each host and between the ranks of one local index; host buffers: all-reduce and " \
+    "all-gather, taken where the cost model says so; GPU buffers: all-reduce, broadcast and " \
+    "reduce, only where named until checked on a GPU); an unknown name fails the communicator's " \
+    "init") \
   X(kTuning, kProto, "LOOM_PROTO", "NCCL_PROTO", kChoice, "auto", "auto|simple|ll|ll128", \
     "force a protocol (any case): simple, ll (GPU all-reduce, reduce and reduce-scatter up to " \
     "1 MiB per peer) or ll128 (up to 8 MiB per peer on 2 ranks, 2 MiB above); auto chooses") \

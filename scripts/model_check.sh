@@ -12,7 +12,8 @@
 # within 10 %) and the raw CSV.
 #
 # RANKS_PER_HOST=G (environment, default 1) puts G ranks in each namespace (they share
-# memory, and the hierarchical all-reduce, LOOM_ALGO=hier, is measured too).
+# memory, and the hierarchical form, LOOM_ALGO=hier, is measured too). COLL=all_gather
+# checks all-gather instead (ring and hier; sizes are the output's bytes).
 #
 # A veth is a virtual device (loom plans no wire for it) that reports 10 Gb/s whatever tc
 # shapes it to, where a NIC reports its own speed: each namespace's ranks read their
@@ -26,6 +27,7 @@ build=$(cd "${1:?usage: model_check.sh BUILD OUTDIR [RATE_MBIT [HOSTS...]]}" && 
 out=${2:?usage: model_check.sh BUILD OUTDIR [RATE_MBIT [HOSTS...]]}
 rate=${3:-1000}
 g=${RANKS_PER_HOST:-1}
+coll=${COLL:-all_reduce}
 shift $(($# < 3 ? $# : 3))
 hosts=("$@")
 ((${#hosts[@]} > 0)) || hosts=(2 4 8)
@@ -57,9 +59,10 @@ for ((i = 0; i < maxh; ++i)); do
   grep -q "speed=\"$rate\"" "$out/topo_h$i.xml" || { echo "model_check: no link in namespace $i's topology"; exit 1; }
 done
 for h in "${hosts[@]}"; do
-  "$model" --host-memory -N "$h" -g "$g" --net-gbps "$gbps" -c all_reduce -b 8 -e 4M -f 2 --csv | tail -n +2 >> "$predicted"
+  "$model" --host-memory -N "$h" -g "$g" --net-gbps "$gbps" -c "$coll" -b 8 -e 4M -f 2 --csv | tail -n +2 >> "$predicted"
   n=$((h * g))
   algos=(ring tree direct doubling oneshot)
+  [[ $coll == all_gather ]] && algos=(ring)
   ((g > 1)) && algos+=(hier)
   for algo in "${algos[@]}" default; do
     ((n == 2)) && [[ $algo == tree ]] && continue               # no tree on 2 ranks
@@ -73,7 +76,7 @@ for h in "${hosts[@]}"; do
       ip netns exec "${tag}h$((r / g))" env LOOM_COMM_ID="198.51.100.10:$port" LOOM_RANK=$r LOOM_NRANKS=$n \
         LOOM_TOPO_FILE="$out/topo_h$((r / g)).xml" \
         LOOM_TIMEOUT_MS=60000 LOOM_HOST_ID="host$((r / g))" "${env_algo[@]}" \
-        "$probe" --sizes "$sizes" --seconds 0.5 --label "$algo" \
+        "$probe" --sizes "$sizes" --seconds 0.5 --label "$algo" --coll "$coll" \
         > "$out/probe_${rate}_${h}_${algo}_$r.log" 2>&1 &
       pids+=($!)
     done
@@ -88,7 +91,7 @@ for h in "${hosts[@]}"; do
     echo "model_check: $h hosts, $algo done"
   done
 done
-report=$out/model_check_${rate}mbit$( ((g > 1)) && echo "_${g}perhost").md
+report=$out/model_check_${rate}mbit$( ((g > 1)) && echo "_${g}perhost")$([[ $coll != all_reduce ]] && echo "_$coll").md
 python3 "$(dirname "$0")/model_table.py" "$measured" "$predicted" "$rate" > "$report" || status=1
 echo "model_check: wrote $report"
 exit $status

@@ -28,6 +28,7 @@ def main():
             wrong += int(row["wrong"])
     predicted = {}  # (ranks, bytes, algo) -> (us, built, picked)
     per_host = {}  # ranks -> ranks per host
+    colls = set()
     with open(predicted_path) as f:
         for row in csv.DictReader(f):
             # Keyed by the rank count, as the measurements are; the model's "hierarchical"
@@ -35,6 +36,7 @@ def main():
             n = int(row["hosts"]) * int(row["ranks_per_host"])
             per_host[n] = int(row["ranks_per_host"])
             algo = "hier" if row["algo"] == "hierarchical" else row["algo"]
+            colls.add(row["coll"])
             predicted[(n, int(row["bytes"]), algo)] = (
                 float(row["us"]), row["built"] == "1", row["picked"] == "1")
     algos = ["ring", "tree", "direct", "doubling", "oneshot", "hier"]
@@ -44,7 +46,9 @@ def main():
         print(f"# {sys.argv[4]}\n")
         print(sys.argv[5] + "\n")
     else:
-        print(f"# The cost model against measured host-memory all-reduces, {rate} Mb/s links\n")
+        what = {"all_reduce": "all-reduces", "all_gather": "all-gathers"}.get(
+            next(iter(colls)) if len(colls) == 1 else "", "collectives")
+        print(f"# The cost model against measured host-memory {what}, {rate} Mb/s links\n")
         print("Network namespaces as hosts (one rank each unless the heading says more), every "
               "link shaped to "
               f"{rate} Mb/s both ways (tc tbf); float sum; time per call, the slowest rank's mean. "

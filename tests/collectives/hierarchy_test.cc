@@ -22,6 +22,7 @@ TEST(Hierarchy, GroupsAndRailsFollowTheHosts) {
   EXPECT_EQ(h.railRanks, (std::vector<int>{2, 3}));
   EXPECT_EQ(h.hostOf, (std::vector<int>{0, 1, 0, 1}));
   EXPECT_EQ(h.localOf, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(h.hostRanks, (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
   ASSERT_TRUE(findHierarchy(hosts, 1, &h, &why)) << why;
   EXPECT_EQ(h.localRanks, (std::vector<int>{1, 3}));
   EXPECT_EQ(h.railRanks, (std::vector<int>{0, 1}));

@@ -321,9 +321,10 @@ TEST(Schedules, EveryCollectiveSplitByConnection) {
   checkEveryCase(true);
 }
 
-// The hierarchical all-reduce (host buffers): hosts of L ranks, the hosts' ranks either in
-// blocks (0 1 | 2 3) or interleaved (0 2 | 1 3), counts from 0 to many blocks; the sum on
-// every rank, the pre-op and the post-op applied once each; split by connection too.
+// The hierarchical all-reduce and all-gather (host buffers): hosts of L ranks, the hosts'
+// ranks either in blocks (0 1 | 2 3) or interleaved (0 2 | 1 3), counts from 0 to many
+// blocks; the sum on every rank, the pre-op and the post-op applied once each, every block
+// in place; split by connection too.
 TEST(Schedules, HierarchicalAllReduceEveryShape) {
   const std::pair<int, int> shapes[] = {{2, 2}, {2, 3}, {3, 2}, {4, 4}, {2, 8}, {8, 2}, {3, 5}};
   for (auto [hosts, local] : shapes) {
@@ -337,12 +338,20 @@ TEST(Schedules, HierarchicalAllReduceEveryShape) {
                 EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
                 return hierAllReduce(h, c, kPiece);
               }};
+      Case gather{"HierAllGather", CollType::kAllGather, [hostOf](int r, int, size_t c, int) {
+                    Hierarchy h;
+                    std::string why;
+                    EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
+                    return hierAllGather(h, c, kPiece);
+                  }};
       for (size_t count : {size_t{0}, size_t{1}, size_t{3}, kPiece * local - 1, kPiece * local,
                            kPiece * local * 3 + 7, size_t{1000}}) {
         SCOPED_TRACE(std::to_string(hosts) + " hosts x " + std::to_string(local) +
                      (interleaved ? " interleaved" : "") + ", count " + std::to_string(count));
-        checkCase(cs, n, count, 0);
-        checkCase(cs, n, count, 0, /*split=*/true);
+        for (const Case* c : {&cs, &gather}) {
+          checkCase(*c, n, count, 0);
+          checkCase(*c, n, count, 0, /*split=*/true);
+        }
       }
     }
   }
@@ -530,6 +539,17 @@ TEST(Tuner, HierarchicalAllReduceWhereTheModelPricesItLower) {
   c = chooseAlgorithm(req, "");
   ASSERT_TRUE(c.isOk());
   EXPECT_NE(c->algo, Algorithm::kHier) << c->text();
+  // All-gather likewise (priced by its output).
+  req.hier = &h;
+  req.type = CollType::kAllGather;
+  req.count = 1 << 20;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kHier) << c->text();
+  EXPECT_EQ(buildSchedule(req, c->algo).outputCount, req.count * 4);
+  c = chooseAlgorithm(req, "^hier");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kRing) << c->text();
 }
 
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {

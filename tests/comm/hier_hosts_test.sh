@@ -3,7 +3,8 @@
 # loopback, each claiming the host LOOM_HOST_ID=host<r / LOCAL>, with LOOM_ALGO=hier (and
 # as the tuner chooses, and with shared memory off so that every link is TCP and receives
 # land straight in the caller's buffer). loom_rank_check checks every result (and that the
-# average is bitwise the same on every rank); the logs must show the hierarchical form.
+# average is bitwise the same on every rank); the logs must show the hierarchical all-reduce
+# and all-gather.
 # Mode topo: as the tuner chooses, with the first host's topology read from a file whose
 # NIC is faster than the others' (tests/fixtures/topology/host_25gbe.xml): every rank must
 # still choose the same form for every call (each prices the slowest host's links).
@@ -11,7 +12,8 @@
 set -uo pipefail
 check=$1 hosts=$2 local=$3 mode=${4:-hier}
 n=$((hosts * local))
-port=$((20000 + RANDOM % 20000))
+source "$(dirname "$0")/../../scripts/lib/ports.sh"
+port=$(loom_free_port)
 tag="loomhier$$"
 extra=(LOOM_ALGO=hier)
 [[ $mode == auto || $mode == topo ]] && extra=()
@@ -36,13 +38,16 @@ for ((r = 0; r < n; ++r)); do
 done
 echo "all-reduce forms ($hosts hosts x $local ranks, $mode):"
 grep -ho "AllReduce([a-z]*, [0-9]* x [a-z0-9]*)" /tmp/$tag.*.log | sort | uniq -c
+grep -ho "AllGather([a-z]*, [0-9]* x [a-z0-9]*)" /tmp/$tag.*.log | sort | uniq -c
 hier=$(grep -h "AllReduce(hier" /tmp/$tag.*.log | wc -l)
-if [[ $mode != auto && $mode != topo ]] && ((hier == 0)); then
-  echo "no hierarchical all-reduce seen"
+gather=$(grep -h "AllGather(hier" /tmp/$tag.*.log | wc -l)
+if [[ $mode != auto && $mode != topo ]] && ((hier == 0 || gather == 0)); then
+  echo "no hierarchical all-reduce or all-gather seen"
   rc=1
 fi
 # Every call's form the same on every rank: one form per count.
-split=$(grep -ho "AllReduce([a-z]*, [0-9]* x" /tmp/$tag.*.log | sort -u | awk '{ print $2 }' | sort | uniq -d)
+split=$(grep -ho "All[A-Za-z]*([a-z]*, [0-9]* x" /tmp/$tag.*.log | sort -u |
+        awk '{ split($1, a, "("); print a[1], $2 }' | sort | uniq -d)
 if [[ -n $split ]]; then echo "ranks chose different forms for counts: $split"; rc=1; fi
 rm -f /tmp/$tag.*.log
 exit $rc
