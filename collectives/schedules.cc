@@ -201,13 +201,38 @@ Schedule ringAllReduce(int r, int n, size_t count, size_t piece, const std::vect
   return s;
 }
 
+namespace {
+
+// The two rings of the hierarchical forms: the host's ranks, and the rail's.
+void hierRings(const Hierarchy& h, RingOrder* local, RingOrder* rail) {
+  local->order = h.localRanks;
+  local->pos = h.localIndex;
+  rail->order = h.railRanks;
+  rail->pos = h.hostIndex;
+}
+
+// The steps of s's phases from `first` on read what this rank holds in its output (already
+// through the pre-op where the schedule reduces) instead of its input. `sendOnly`: a step
+// that would copy its source onto itself (an all-gather ring's first) only sends it.
+void readOutput(Schedule* s, size_t first, bool sendOnly) {
+  for (size_t p = first; p < s->phases.size(); ++p) {
+    for (Step& st : s->phases[p]) {
+      if (st.src.buffer != Buffer::kInput) continue;
+      st.src.buffer = Buffer::kOutput;
+      st.srcPartial = true;
+      if (sendOnly && st.nrecv == 0 && st.dst.buffer == Buffer::kOutput &&
+          st.dst.offset == st.src.offset)
+        st.dst = Region{};
+    }
+  }
+}
+
+}  // namespace
+
 Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
   const int L = h.local, H = h.hosts;
   RingOrder local, rail;
-  local.order = h.localRanks;
-  local.pos = h.localIndex;
-  rail.order = h.railRanks;
-  rail.pos = h.hostIndex;
+  hierRings(h, &local, &rail);
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
@@ -226,21 +251,6 @@ Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
     const size_t start = std::min(z, b * piece);
     *off = o + start;
     *size = std::min(piece, z - start);
-  };
-  // Steps of the phases from `first` on: read what this rank holds in its output, which
-  // already went through the pre-op. `sendOnly`: a step that would copy its source onto
-  // itself (the all-gather's first) only sends it.
-  auto fromOutput = [&](size_t first, bool sendOnly) {
-    for (size_t p = first; p < s.phases.size(); ++p) {
-      for (Step& st : s.phases[p]) {
-        if (st.src.buffer != Buffer::kInput) continue;
-        st.src.buffer = Buffer::kOutput;
-        st.srcPartial = true;
-        if (sendOnly && st.nrecv == 0 && st.dst.buffer == Buffer::kOutput &&
-            st.dst.offset == st.src.offset)
-          st.dst = Region{};
-      }
-    }
   };
   // The in-host rings of slice b (reduce-scatter or all-gather): chunk q is a slice of
   // local rank q's part.
@@ -286,21 +296,18 @@ Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece) {
     };
     ringPass(&s, rail, H, RingMode::kAllReduce, off, off, size);
   }
-  fromOutput(railFirst, false);
+  readOutput(&s, railFirst, false);
   // 3. All-gather inside the host: every part to every local rank.
   const size_t gatherFirst = s.phases.size();
   for (size_t b = 0; b < slices; ++b) inHost(b, RingMode::kAllGather);
-  fromOutput(gatherFirst, true);
+  readOutput(&s, gatherFirst, true);
   return s;
 }
 
 Schedule hierAllGather(const Hierarchy& h, size_t count, size_t piece) {
   const int L = h.local, H = h.hosts;
   RingOrder local, rail;
-  local.order = h.localRanks;
-  local.pos = h.localIndex;
-  rail.order = h.railRanks;
-  rail.pos = h.hostIndex;
+  hierRings(h, &local, &rail);
   Schedule s;
   s.reduces = false;
   s.inputCount = count;
@@ -326,14 +333,7 @@ Schedule hierAllGather(const Hierarchy& h, size_t count, size_t piece) {
       ringPass(&s, local, L, RingMode::kAllGather, off, off, [&](int) { return bc; });
     }
   }
-  for (size_t p = inHostFirst; p < s.phases.size(); ++p) {
-    for (Step& st : s.phases[p]) {
-      if (st.src.buffer != Buffer::kInput) continue;
-      st.src.buffer = Buffer::kOutput;
-      if (st.nrecv == 0 && st.dst.buffer == Buffer::kOutput && st.dst.offset == st.src.offset)
-        st.dst = Region{};
-    }
-  }
+  readOutput(&s, inHostFirst, true);
   return s;
 }
 

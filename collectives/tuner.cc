@@ -66,9 +66,8 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& f
   const bool hierAllowed = forced.allows(A::kHier);
   const bool hierFits =
       (req.type == CollType::kAllReduce || req.type == CollType::kAllGather) && req.hier;
-  if (hierFits && forced.set() && hierAllowed && !forced.allows(A::kRing) &&
-      !forced.allows(A::kTree) && !forced.allows(A::kDirect) && !forced.allows(A::kDoubling) &&
-      !forced.allows(A::kOneShot) && !forced.allows(A::kTwoShot)) {
+  if (hierFits && forced.onlyOf(A::kHier, A::kRing, A::kTree, A::kDirect, A::kDoubling, A::kOneShot,
+                                A::kTwoShot)) {
     TunerChoice c;
     c.algo = Algorithm::kHier;
     c.reason = "forced by LOOM_ALGO";

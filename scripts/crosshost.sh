@@ -37,13 +37,6 @@ loom_start_mps
 probe=$(loom_ring_probe "$bin" "$out" "$here") || exit 1
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=INIT,NET)
-# Each process a host of its own; its loom log in a file of its own.
-as_hosts() {  # nprocs log-stem command...
-  local np=$1 stem=$2
-  shift 2
-  timeout 600 "${mpi[@]}" -np "$np" -x LOOM_DEBUG_FILE="$stem.loom.%p.log" bash -c \
-    'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK NCCL_HOSTID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x "$@"
-}
 colls="all_reduce all_gather broadcast reduce_scatter reduce alltoall sendrecv"
 # sendrecv in place (nccl-tests' definition: the send and receive buffers are one) sends
 # from the buffer that the receive from the other side overwrites: a race in any library,
@@ -74,7 +67,7 @@ for n in "${hosts[@]}"; do
   for c in $colls; do
     log=$out/${c}_$n.log
     echo "=== $n hosts: $c"
-    as_hosts "$n" "$out/${c}_$n" "$bin/${c}_perf" -b 8 -e 128M -f 8 -c 1 -n 20 -w 5 --compare nccl > "$log" 2>&1
+    loom_as_hosts 600 "$n" "$out/${c}_$n" "$bin/${c}_perf" -b 8 -e 128M -f 8 -c 1 -n 20 -w 5 --compare nccl > "$log" 2>&1
     echo "rc=$?"
     # Rows: size count type redop root time algbw busbw #wrong (in-place) ... NCCL time busbw #wrong ratio ...
     awk -v c="$c" '/^ +[0-9]+ +[0-9]+ / {
@@ -90,9 +83,9 @@ for n in "${hosts[@]}"; do
     echo
   } >> "$out/crosshost.md"
   echo "=== $n hosts: all_reduce in CUDA graphs, host time per call"
-  as_hosts "$n" "$out/graph_$n" "$bin/all_reduce_perf" -b 1M -e 64M -f 8 -c 1 -n 10 -w 3 -G 10 --compare nccl \
+  loom_as_hosts 600 "$n" "$out/graph_$n" "$bin/all_reduce_perf" -b 1M -e 64M -f 8 -c 1 -n 10 -w 3 -G 10 --compare nccl \
     > "$out/graph_$n.log" 2>&1
-  as_hosts "$n" "$out/cputime_$n" "$bin/all_reduce_perf" -b 8 -e 128M -f 16 -c 0 -n 20 -w 3 -C 1 \
+  loom_as_hosts 600 "$n" "$out/cputime_$n" "$bin/all_reduce_perf" -b 8 -e 128M -f 16 -c 0 -n 20 -w 3 -C 1 \
     > "$out/cputime_$n.log" 2>&1
   {
     echo "all_reduce captured in CUDA graphs (\`-G 10\`, -c 1), out-of-place busbw GB/s, loom / NCCL:"

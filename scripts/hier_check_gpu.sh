@@ -27,12 +27,6 @@ source "$here/lib/gpu_hosts.sh"
 loom_start_mps
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0 -x LOOM_P2P_SHARE_GPU=1 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=INIT,NET)
-as_hosts() {  # nprocs log-stem command...
-  local np=$1 stem=$2
-  shift 2
-  timeout 120 "${mpi[@]}" -np "$np" -x LOOM_DEBUG_FILE="$stem.loom.%p.log" bash -c \
-    'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK NCCL_HOSTID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x "$@"
-}
 # Rows of a perf log as "size time busbw wrong-out wrong-in" (out-of-place time and busbw).
 rows() { awk '/^ +[0-9]+ +[0-9]+ / { print $1, $6, $8, $9, $13 }' "$1"; }
 {
@@ -49,12 +43,12 @@ rows() { awk '/^ +[0-9]+ +[0-9]+ / { print $1, $6, $8, $9, $13 }' "$1"; }
 } > "$out/hier.md"
 for c in all_reduce broadcast reduce; do
   echo "=== $c"
-  as_hosts 2 "$out/${c}_hier" env LOOM_ALGO=hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 > "$out/${c}_hier.log" 2>&1
+  loom_as_hosts 120 2 "$out/${c}_hier" env LOOM_ALGO=hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 > "$out/${c}_hier.log" 2>&1
   echo "hier rc=$?"
-  as_hosts 2 "$out/${c}_flat" env LOOM_ALGO=^hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 \
+  loom_as_hosts 120 2 "$out/${c}_flat" env LOOM_ALGO=^hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 \
     > "$out/${c}_flat.log" 2>&1
   echo "flat rc=$?"
-  as_hosts 4 "$out/${c}_4x1" "$bin/${c}_perf" $sizes -c 1 -n 20 -w 5 --compare nccl > "$out/${c}_4x1.log" 2>&1
+  loom_as_hosts 120 4 "$out/${c}_4x1" "$bin/${c}_perf" $sizes -c 1 -n 20 -w 5 --compare nccl > "$out/${c}_4x1.log" 2>&1
   echo "4x1 rc=$?"
   {
     echo "## $c"

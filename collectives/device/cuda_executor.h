@@ -116,6 +116,14 @@ struct Clique {
   uint64_t* freeMirrorDevice = nullptr;
 };
 
+// How a network executor's connection handles travel over the bootstrap (cuda_executor_net.cc):
+// its peer i is bootstrap rank ranks[i] (empty: i itself), and `kind`, the top four bits of
+// the tags, keeps one executor's handles from another's.
+inline constexpr uint64_t kFlatHandles = 3;  // the network form of every rank
+inline constexpr uint64_t kRailHandles = 6;  // the hierarchical form's rail
+dev::NetHandleExchange bootstrapExchange(transport::SetupChannel* bootstrap, int me,
+                                         std::vector<int> ranks, uint64_t kind);
+
 // Bytes of input and output of one call on one rank.
 void callBytes(const Operation& op, int nranks, size_t* in, size_t* out);
 

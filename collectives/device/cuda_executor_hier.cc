@@ -11,13 +11,6 @@ namespace loom::collectives::device {
 
 namespace {
 
-// The bootstrap tag of the handle that rail listener `receiver` (a communicator rank)
-// sends to `sender` for a lane (the flat network form's are 3 << 60).
-uint64_t railHandleTag(int sender, int receiver, int lane) {
-  return (6ull << 60) | (static_cast<uint64_t>(lane) << 56) |
-         (static_cast<uint64_t>(sender) << 28) | static_cast<uint64_t>(receiver);
-}
-
 // Connections of the host's mesh and of the rail tell themselves from the flat form's.
 constexpr uint64_t kLocalHashSalt = 0x686965722d6c6f63ull;  // "hier-loc"
 constexpr uint64_t kRailHashSalt = 0x686965722d72616cull;   // "hier-ral"
@@ -79,18 +72,8 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
     o.rank = hier_.hostIndex;
     o.nranks = hier_.hosts;
     o.commHash = context_.commHash ^ kRailHashSalt;
-    transport::SetupChannel* bs = &bootstrap;
-    const std::vector<int> railRanks = hier_.railRanks;
-    const int me = rank_;
-    dev::NetHandleExchange ex;
-    ex.send = [bs, railRanks, me](int peer, int lane, const transport::net::Handle& h) {
-      return bs->send(railRanks[peer], railHandleTag(railRanks[peer], me, lane), &h, sizeof(h));
-    };
-    ex.tryRecv = [bs, railRanks, me](int peer, int lane, transport::net::Handle* h) {
-      return bs->tryRecv(railRanks[peer], railHandleTag(me, railRanks[peer], lane), h, sizeof(*h));
-    };
-    ex.peerAlive = [bs, railRanks](int peer) { return bs->probe(railRanks[peer], 200); };
-    auto net = dev::NetExecutor::create(o, std::move(ex));
+    auto net = dev::NetExecutor::create(
+        o, bootstrapExchange(&bootstrap, rank_, hier_.railRanks, kRailHandles));
     if (net) {
       rail = std::move(net).value();
     } else {

@@ -7,15 +7,27 @@
 
 namespace loom::collectives::device {
 
-namespace {
-
-// The bootstrap tag of the handle that listener `receiver` sends to `sender` for a lane.
-uint64_t netHandleTag(int sender, int receiver, int lane) {
-  return (3ull << 60) | (static_cast<uint64_t>(lane) << 56) |
-         (static_cast<uint64_t>(sender) << 28) | static_cast<uint64_t>(receiver);
+dev::NetHandleExchange bootstrapExchange(transport::SetupChannel* bootstrap, int me,
+                                         std::vector<int> ranks, uint64_t kind) {
+  auto rankOf = [ranks](int peer) { return ranks.empty() ? peer : ranks[peer]; };
+  // The tag of the handle that listener `receiver` sends to `sender` for a lane.
+  auto tag = [kind](int sender, int receiver, int lane) {
+    return (kind << 60) | (static_cast<uint64_t>(lane) << 56) |
+           (static_cast<uint64_t>(sender) << 28) | static_cast<uint64_t>(receiver);
+  };
+  dev::NetHandleExchange ex;
+  ex.send = [bootstrap, me, rankOf, tag](int peer, int lane, const transport::net::Handle& h) {
+    const int to = rankOf(peer);
+    return bootstrap->send(to, tag(to, me, lane), &h, sizeof(h));
+  };
+  ex.tryRecv = [bootstrap, me, rankOf, tag](int peer, int lane, transport::net::Handle* h) {
+    const int from = rankOf(peer);
+    return bootstrap->tryRecv(from, tag(me, from, lane), h, sizeof(*h));
+  };
+  // The proxy thread asks: a short deadline, so a host cut off stalls it only briefly.
+  ex.peerAlive = [bootstrap, rankOf](int peer) { return bootstrap->probe(rankOf(peer), 200); };
+  return ex;
 }
-
-}  // namespace
 
 Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
                                  const std::vector<transport::PeerInfo>& peers) {
@@ -68,19 +80,8 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
   }
   o.abortFlag = context_.abortFlag;
   o.commHash = context_.commHash;
-  transport::SetupChannel* bs = &bootstrap;
-  const int me = rank_;
-  dev::NetHandleExchange ex;
-  ex.send = [bs, me](int peer, int lane, const transport::net::Handle& h) {
-    return bs->send(peer, netHandleTag(peer, me, lane), &h, sizeof(h));
-  };
-  ex.tryRecv = [bs, me](int peer, int lane, transport::net::Handle* h) {
-    return bs->tryRecv(peer, netHandleTag(me, peer, lane), h, sizeof(*h));
-  };
-  // The proxy thread asks: a short deadline, so a host cut off stalls it only briefly.
-  ex.peerAlive = [bs](int peer) { return bs->probe(peer, 200); };
   netOptions_ = o;
-  auto net = dev::NetExecutor::create(o, std::move(ex));
+  auto net = dev::NetExecutor::create(o, bootstrapExchange(&bootstrap, rank_, {}, kFlatHandles));
   if (!net) return net.status().withContext("setting up GPU buffers over the network");
   net_ = std::move(net).value();
   (void)peers;

@@ -4,6 +4,11 @@
 #   loom_start_mps                 starts CUDA MPS where the machine has it and stops it
 #                                  when the script exits (sets an EXIT trap); says so
 #                                  where it has not: the processes then time-slice the GPU
+#   loom_as_hosts LIMIT NP STEM CMD...
+#                                  runs CMD as NP processes under "${mpi[@]}" (the caller's
+#                                  mpirun command line), each claiming a host of its own
+#                                  (LOOM_HOST_ID / NCCL_HOSTID host<rank>) with its loom log
+#                                  in STEM.loom.<pid>.log, for at most LIMIT seconds
 #   loom_ring_probe BIN OUT HERE   the path of tcp_ring_probe: BIN/tcp_ring_probe where it
 #                                  was built beforehand, else compiled into OUT from
 #                                  HERE/bench/tcp_ring_probe.cc (HERE: the scripts folder)
@@ -28,4 +33,11 @@ loom_ring_probe() {
     c++ -O2 -std=c++17 "$here/bench/tcp_ring_probe.cc" -o "$out/tcp_ring_probe" || return 1
     echo "$out/tcp_ring_probe"
   fi
+}
+
+loom_as_hosts() {
+  local limit=$1 np=$2 stem=$3
+  shift 3
+  timeout "$limit" "${mpi[@]}" -np "$np" -x LOOM_DEBUG_FILE="$stem.loom.%p.log" bash -c \
+    'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK NCCL_HOSTID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x "$@"
 }
