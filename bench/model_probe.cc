@@ -3,15 +3,16 @@
 // communicator comes from the environment (loomCommInitFromEnv: LOOM_RANK, LOOM_NRANKS,
 // LOOM_COMM_ID); LOOM_ALGO forces the algorithm as usual.
 //
-//   model_probe [--sizes 8,65536,...] [--seconds S] [--label TEXT] [--coll all_reduce|all_gather]
+//   model_probe [--sizes 8,65536,...] [--seconds S] [--label TEXT]
+//               [--coll all_reduce|all_gather|reduce_scatter]
 //
-// For all_gather a size is the output's bytes, as nccl-tests counts them (each rank gives
-// size / nranks of it).
+// For all_gather a size is the output's bytes, for reduce_scatter the input's, as
+// nccl-tests counts them (each rank gives, or receives, size / nranks of it).
 //
 // For each size: 2 warm-up calls, 3 calls that say how long one takes, then as many as
 // fill about S seconds (default 0.5; at least 3, at most 1000), timed; every rank's input is a
 // known pattern, and the last call's output is checked against the exact sum (all-gather: every
-// rank's block). Rank 0 prints one CSV
+// rank's block; reduce-scatter: the sum of this rank's block). Rank 0 prints one CSV
 // line per size:
 //   label,nranks,bytes,us_per_call,calls,wrong
 // where us_per_call is the slowest rank's mean. Exit 1 on a wrong value or a failed call.
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes = {8, 1 << 16, 1 << 20, 4 << 20};
   double seconds = 0.5;
   std::string label = "default";
-  bool gather = false;
+  bool gather = false, scatter = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (i + 1 >= argc) {
@@ -73,8 +74,10 @@ int main(int argc, char** argv) {
       label = v;
     } else if (k == "--coll") {
       gather = std::string(v) == "all_gather";
-      if (!gather && std::string(v) != "all_reduce") {
-        std::fprintf(stderr, "model_probe: --coll %s: all_reduce or all_gather\n", v);
+      scatter = std::string(v) == "reduce_scatter";
+      if (!gather && !scatter && std::string(v) != "all_reduce") {
+        std::fprintf(stderr, "model_probe: --coll %s: all_reduce, all_gather or reduce_scatter\n",
+                     v);
         return 2;
       }
     } else {
@@ -92,14 +95,16 @@ int main(int argc, char** argv) {
   ncclCommCount(comm, &n);
   int bad = 0;
   for (size_t bytes : sizes) {
-    // All-gather: each rank's block of the output.
-    const size_t count = gather ? std::max<size_t>(1, bytes / 4 / n) : bytes / 4;
-    std::vector<float> in(count), out(gather ? count * n : count, -1.0f);
-    for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+    // All-gather and reduce-scatter: each rank's block of the output (of the input).
+    const size_t count = gather || scatter ? std::max<size_t>(1, bytes / 4 / n) : bytes / 4;
+    std::vector<float> in(scatter ? count * n : count), out(gather ? count * n : count, -1.0f);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = value(rank, i);
     auto call = [&]() {
-      return gather
-                 ? ncclAllGather(in.data(), out.data(), count, ncclFloat32, comm, nullptr)
-                 : ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+      if (gather) return ncclAllGather(in.data(), out.data(), count, ncclFloat32, comm, nullptr);
+      if (scatter) {
+        return ncclReduceScatter(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
+      }
+      return ncclAllReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
     };
     for (int w = 0; w < 2; ++w) {
       if (call()) return fail("the collective", comm, rank);
@@ -134,7 +139,7 @@ int main(int argc, char** argv) {
     } else {
       for (size_t i = 0; i < count; ++i) {
         float want = 0;
-        for (int r = 0; r < n; ++r) want += value(r, i);
+        for (int r = 0; r < n; ++r) want += value(r, scatter ? rank * count + i : i);
         if (out[i] != want) ++wrong;
       }
     }

@@ -119,7 +119,9 @@ Estimate hierarchical(const Fabric& f, double S) {
 }
 
 // Hierarchical all-gather (host buffers): a ring across the hosts per rail, then a ring
-// inside each host per host's blocks.
+// inside each host per host's blocks. The reduce-scatter is its mirror (a ring inside the
+// host per host's blocks, each ending in a step of the rail's ring): the same steps and
+// bytes.
 Estimate hierarchicalGather(const Fabric& f, double S) {
   const int G = f.ranksPerHost, H = f.hosts;
   Sum s(f, Algo::kHierarchical);
@@ -212,7 +214,7 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
         case Algo::kRing: *out = ring(f, a, S, 1); return true;
         case Algo::kDirect: *out = direct(f, a, S / n, 1, false); return true;
         case Algo::kHierarchical:
-          if (type != CollType::kAllGather || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+          if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;
           *out = hierarchicalGather(f, S);
           return true;
         default: return false;

@@ -5,8 +5,9 @@
 //   GPU buffers   the in-host steps on the GPU mesh (collectives/device/mesh.h), the rail's
 //                 over the network (collectives/device/net_executor.h);
 //                 collectives/device/cuda_executor_hier.cc
-//   host buffers  one schedule (hierAllReduce, collectives/schedule.h) whose in-host steps
-//                 go over the host's transport (shm) and the rail's over the network
+//   host buffers  one schedule per collective (hierAllReduce, hierAllGather,
+//                 hierReduceScatter: collectives/schedule.h) whose in-host steps go over
+//                 the host's transport (shm) and the rail's over the network
 //
 //   all-reduce  reduce-scatter in the host (each local rank keeps 1/L of the buffer),
 //               all-reduce of that part across hosts on the rank's rail, all-gather in
@@ -49,8 +50,8 @@ bool findHierarchy(const std::vector<uint64_t>& hostKeys, int rank, Hierarchy* h
 // Why the call does not take the hierarchical form (null: it does). `count` as the C API
 // gives it. LOOM_ALGO leaves it out unless it allows "hier".
 const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const AlgoRequest& algo);
-// (The GPU forms: all-reduce, broadcast, reduce. Host buffers have all-reduce and
-// all-gather, collectives/schedule.h.)
+// (The GPU forms: all-reduce, broadcast, reduce. Host buffers have all-reduce, all-gather
+// and reduce-scatter, collectives/schedule.h.)
 
 // A reduction split between the levels: the first reduces each rank's input (the host
 // level), the second combines the hosts' partial results. PreMulSum scales the inputs,

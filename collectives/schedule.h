@@ -122,6 +122,13 @@ Schedule hierAllReduce(const Hierarchy& h, size_t count, size_t piece);
 // host (one pass per host) hands each local rank's H blocks to the others. Each host sends
 // (H-1)/H of the output through its link where the flat ring sends (n-1)/n.
 Schedule hierAllGather(const Hierarchy& h, size_t count, size_t piece);
+// Hierarchical reduce-scatter (`count` per rank), the all-gather's mirror: for each host
+// d in the rail ring's reduce-scatter order, a ring reduce-scatter inside the host sums
+// host d's blocks over this host, and its last step goes straight on as the rail's step
+// (adding the previous host's partial sum and passing it on, or writing the result when
+// d is this host). Nothing is held between the two rings: the host's partial sums travel
+// in the pieces.
+Schedule hierReduceScatter(const Hierarchy& h, size_t count, size_t piece);
 Schedule ringAllGather(int rank, int n, size_t count, size_t piece,
                        const std::vector<int>* ring = nullptr);
 Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece,

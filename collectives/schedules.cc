@@ -337,6 +337,54 @@ Schedule hierAllGather(const Hierarchy& h, size_t count, size_t piece) {
   return s;
 }
 
+Schedule hierReduceScatter(const Hierarchy& h, size_t count, size_t piece) {
+  const int L = h.local, H = h.hosts;
+  RingOrder local, rail;
+  hierRings(h, &local, &rail);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = count * h.hostOf.size();
+  s.outputCount = count;
+  const int railNext = rail.rankAt(rail.pos + 1), railPrev = rail.rankAt(rail.pos - 1);
+  for (size_t base = 0; base < count; base += piece) {
+    const size_t bc = std::min(piece, count - base);
+    // Rail step t reduces the blocks of host d (the ring reduce-scatter's chunk order, this
+    // host's own last); all local ranks of a host take the same d at the same step.
+    for (int t = 0; t < H; ++t) {
+      const int d = mod(h.hostIndex - t - 1, H);
+      auto block = [&](int q) {
+        return static_cast<size_t>(h.hostRanks[d][h.localOf[q]]) * count + base;
+      };
+      // The in-host ring reduce-scatter of host d's blocks; its last step, which completes
+      // this host's sum of the block of host d's rank with this local index, goes on at
+      // once as the rail's step: it adds what the rail's previous host summed and sends
+      // the total on, or (host d is this one) writes the result.
+      Step fused;
+      if (L > 1) {
+        ringPass(
+            &s, local, L, RingMode::kReduceScatter, block, [&](int) { return base; },
+            [&](int) { return bc; });
+        fused = s.phases.back().front();
+        s.phases.pop_back();
+      } else {
+        fused.src = in(block(h.localRanks[h.localIndex]));
+        fused.count = bc;
+      }
+      fused.final = false;
+      fused.dst = Region{};
+      if (t > 0) fused.recvFrom(railPrev);
+      if (t < H - 1) {
+        fused.sendTo(railNext);
+      } else {
+        fused.final = true;
+        fused.dst = out(base);
+      }
+      s.phases.push_back(single(fused));
+    }
+  }
+  return s;
+}
+
 Schedule doublingAllReduce(int r, int n, size_t count, size_t piece) {
   if (n == 1) return localOnly(count, count, count, true);
   if ((n & (n - 1)) != 0) return ringAllReduce(r, n, count, piece);

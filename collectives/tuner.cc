@@ -64,8 +64,9 @@ model::Algo modelAlgo(Algorithm a) {
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& forced) {
   using A = AlgoName;
   const bool hierAllowed = forced.allows(A::kHier);
-  const bool hierFits =
-      (req.type == CollType::kAllReduce || req.type == CollType::kAllGather) && req.hier;
+  const bool hierFits = (req.type == CollType::kAllReduce || req.type == CollType::kAllGather ||
+                         req.type == CollType::kReduceScatter) &&
+                        req.hier;
   if (hierFits && forced.onlyOf(A::kHier, A::kRing, A::kTree, A::kDirect, A::kDoubling, A::kOneShot,
                                 A::kTwoShot)) {
     TunerChoice c;
@@ -95,10 +96,11 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const AlgoRequest& f
   // the model's steps say. Network namespaces with 2 ranks each, 1 Gb/s links, on the
   // 2-core machine (2026-12-04, docs/perf/cost_model.md): 2 hosts at 16 KiB a rank 273 us
   // against the ring's 410; 4 hosts at 8 KiB 769 against 509, at 2 B 780 against 410.
-  if (req.type == CollType::kAllGather && req.count * req.elemSize < 16 * 1024) return c;
-  // The model prices an all-gather by its output.
-  const size_t bytes = req.count * req.elemSize *
-                       (req.type == CollType::kAllGather ? static_cast<size_t>(req.nranks) : 1);
+  // Reduce-scatter, its mirror, likewise.
+  const bool perRank = req.type != CollType::kAllReduce;
+  if (perRank && req.count * req.elemSize < 16 * 1024) return c;
+  // The model prices an all-gather by its output, a reduce-scatter by its input.
+  const size_t bytes = req.count * req.elemSize * (perRank ? static_cast<size_t>(req.nranks) : 1);
   model::Estimate flat, hier;
   if (!model::estimate(req.type, modelAlgo(c.algo), bytes, *req.fabric, &flat) ||
       !model::estimate(req.type, model::Algo::kHierarchical, bytes, *req.fabric, &hier) ||
@@ -289,6 +291,8 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
         return hierAllGather(*req.hier, req.count, req.pieceElems);
       return ringAllGather(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kReduceScatter:
+      if (algo == Algorithm::kHier && req.hier)
+        return hierReduceScatter(*req.hier, req.count, req.pieceElems);
       return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kBroadcast:
       return algo == Algorithm::kTree ? treeBroadcast(r, n, req.count, req.root)

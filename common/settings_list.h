@@ -178,8 +178,8 @@
     "force algorithms (NCCL's syntax: a comma list, or ^ and a list to leave out; any case): " \
     "ring, tree (double binary tree), chain, oneshot, twoshot (the ring on host memory), " \
     "doubling (recursive doubling), direct, or hier (across hosts of several ranks each: inside " \
-    "each host and between the ranks of one local index; host buffers: all-reduce and " \
-    "all-gather, taken where the cost model says so; GPU buffers: all-reduce, broadcast and " \
+    "each host and between the ranks of one local index; host buffers: all-reduce, " \
+    "all-gather and reduce-scatter, taken where the cost model says so; GPU buffers: all-reduce, broadcast and " \
     "reduce, only where named until checked on a GPU); an unknown name fails the communicator's " \
     "init") \
   X(kTuning, kProto, "LOOM_PROTO", "NCCL_PROTO", kChoice, "auto", "auto|simple|ll|ll128", \

@@ -12,8 +12,9 @@
 # within 10 %) and the raw CSV.
 #
 # RANKS_PER_HOST=G (environment, default 1) puts G ranks in each namespace (they share
-# memory, and the hierarchical form, LOOM_ALGO=hier, is measured too). COLL=all_gather
-# checks all-gather instead (ring and hier; sizes are the output's bytes).
+# memory, and the hierarchical form, LOOM_ALGO=hier, is measured too). COLL=all_gather or
+# COLL=reduce_scatter checks that collective instead (ring and hier; sizes are the output's
+# bytes for all-gather, the input's for reduce-scatter).
 #
 # A veth is a virtual device (loom plans no wire for it) that reports 10 Gb/s whatever tc
 # shapes it to, where a NIC reports its own speed: each namespace's ranks read their
@@ -62,7 +63,7 @@ for h in "${hosts[@]}"; do
   "$model" --host-memory -N "$h" -g "$g" --net-gbps "$gbps" -c "$coll" -b 8 -e 4M -f 2 --csv | tail -n +2 >> "$predicted"
   n=$((h * g))
   algos=(ring tree direct doubling oneshot)
-  [[ $coll == all_gather ]] && algos=(ring)
+  [[ $coll == all_gather || $coll == reduce_scatter ]] && algos=(ring)
   ((g > 1)) && algos+=(hier)
   for algo in "${algos[@]}" default; do
     ((n == 2)) && [[ $algo == tree ]] && continue               # no tree on 2 ranks

@@ -157,6 +157,15 @@ TEST(CostModel, HierarchicalHostAllReduceWinsLargeAcrossSlowNics) {
   EXPECT_LT(h.us, r.us);
   EXPECT_EQ(fastest(estimates(CollType::kAllReduce, 16 << 20, f)).algo, Algo::kHierarchical);
   EXPECT_NE(fastest(estimates(CollType::kAllReduce, 8, f)).algo, Algo::kHierarchical);
+  // All-gather and reduce-scatter (mirrors, the same terms): each host sends (H-1)/H of
+  // the whole through its NIC instead of the ring's (n-1)/n.
+  for (CollType t : {CollType::kAllGather, CollType::kReduceScatter}) {
+    Estimate g;
+    ASSERT_TRUE(estimate(t, Algo::kHierarchical, 16 << 20, f, &g));
+    ASSERT_TRUE(estimate(t, Algo::kRing, 16 << 20, f, &r));
+    EXPECT_TRUE(g.built);
+    EXPECT_LT(g.us, r.us);
+  }
 }
 
 // The fabric of a recorded DGX H100 topology: 8 GPUs on NVSwitch, 8 NICs of 400 Gb/s.

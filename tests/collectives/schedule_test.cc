@@ -321,8 +321,8 @@ TEST(Schedules, EveryCollectiveSplitByConnection) {
   checkEveryCase(true);
 }
 
-// The hierarchical all-reduce and all-gather (host buffers): hosts of L ranks, the hosts'
-// ranks either in blocks (0 1 | 2 3) or interleaved (0 2 | 1 3), counts from 0 to many
+// The hierarchical all-reduce, all-gather and reduce-scatter (host buffers): hosts of L ranks, the
+// hosts' ranks either in blocks (0 1 | 2 3) or interleaved (0 2 | 1 3), counts from 0 to many
 // blocks; the sum on every rank, the pre-op and the post-op applied once each, every block
 // in place; split by connection too.
 TEST(Schedules, HierarchicalAllReduceEveryShape) {
@@ -344,11 +344,18 @@ TEST(Schedules, HierarchicalAllReduceEveryShape) {
                     EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
                     return hierAllGather(h, c, kPiece);
                   }};
+      Case scatter{"HierReduceScatter", CollType::kReduceScatter,
+                   [hostOf](int r, int, size_t c, int) {
+                     Hierarchy h;
+                     std::string why;
+                     EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
+                     return hierReduceScatter(h, c, kPiece);
+                   }};
       for (size_t count : {size_t{0}, size_t{1}, size_t{3}, kPiece * local - 1, kPiece * local,
                            kPiece * local * 3 + 7, size_t{1000}}) {
         SCOPED_TRACE(std::to_string(hosts) + " hosts x " + std::to_string(local) +
                      (interleaved ? " interleaved" : "") + ", count " + std::to_string(count));
-        for (const Case* c : {&cs, &gather}) {
+        for (const Case* c : {&cs, &gather, &scatter}) {
           checkCase(*c, n, count, 0);
           checkCase(*c, n, count, 0, /*split=*/true);
         }
@@ -550,6 +557,20 @@ TEST(Tuner, HierarchicalAllReduceWhereTheModelPricesItLower) {
   c = chooseAlgorithm(req, "^hier");
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kRing) << c->text();
+  // Reduce-scatter, its mirror (priced by its input), not below 16 KiB a rank.
+  req.type = CollType::kReduceScatter;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kHier) << c->text();
+  EXPECT_EQ(buildSchedule(req, c->algo).inputCount, req.count * 4);
+  EXPECT_EQ(buildSchedule(req, c->algo).outputCount, req.count);
+  req.count = 1024;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kRing) << c->text();
+  c = chooseAlgorithm(req, "hier");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kHier) << c->text();
 }
 
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {

@@ -3,8 +3,8 @@
 # loopback, each claiming the host LOOM_HOST_ID=host<r / LOCAL>, with LOOM_ALGO=hier (and
 # as the tuner chooses, and with shared memory off so that every link is TCP and receives
 # land straight in the caller's buffer). loom_rank_check checks every result (and that the
-# average is bitwise the same on every rank); the logs must show the hierarchical all-reduce
-# and all-gather.
+# average is bitwise the same on every rank); the logs must show the hierarchical all-reduce,
+# all-gather and reduce-scatter.
 # Mode topo: as the tuner chooses, with the first host's topology read from a file whose
 # NIC is faster than the others' (tests/fixtures/topology/host_25gbe.xml): every rank must
 # still choose the same form for every call (each prices the slowest host's links).
@@ -39,14 +39,16 @@ done
 echo "all-reduce forms ($hosts hosts x $local ranks, $mode):"
 grep -ho "AllReduce([a-z]*, [0-9]* x [a-z0-9]*)" /tmp/$tag.*.log | sort | uniq -c
 grep -ho "AllGather([a-z]*, [0-9]* x [a-z0-9]*)" /tmp/$tag.*.log | sort | uniq -c
+grep -ho "ReduceScatter([a-z]*, [0-9]* x [a-z0-9]*)" /tmp/$tag.*.log | sort | uniq -c
 hier=$(grep -h "AllReduce(hier" /tmp/$tag.*.log | wc -l)
 gather=$(grep -h "AllGather(hier" /tmp/$tag.*.log | wc -l)
-if [[ $mode != auto && $mode != topo ]] && ((hier == 0 || gather == 0)); then
-  echo "no hierarchical all-reduce or all-gather seen"
+scatter=$(grep -h "ReduceScatter(hier" /tmp/$tag.*.log | wc -l)
+if [[ $mode != auto && $mode != topo ]] && ((hier == 0 || gather == 0 || scatter == 0)); then
+  echo "no hierarchical all-reduce, all-gather or reduce-scatter seen"
   rc=1
 fi
 # Every call's form the same on every rank: one form per count.
-split=$(grep -ho "All[A-Za-z]*([a-z]*, [0-9]* x" /tmp/$tag.*.log | sort -u |
+split=$(grep -ho "\(All[A-Za-z]*\|ReduceScatter\)([a-z]*, [0-9]* x" /tmp/$tag.*.log | sort -u |
         awk '{ split($1, a, "("); print a[1], $2 }' | sort | uniq -d)
 if [[ -n $split ]]; then echo "ranks chose different forms for counts: $split"; rc=1; fi
 rm -f /tmp/$tag.*.log

@@ -1,7 +1,8 @@
 // One rank of a multi-process check, launched by a script or a launcher (netns_test.sh,
 // mpirun): makes its communicator with loomCommInitFromEnv, runs all-reduce (small and
-// large, and an in-place average that must be bitwise the same on every rank), all-gather
-// and a send/recv ring on known data, and exits 0 when all are right.
+// large, and an in-place average that must be bitwise the same on every rank), all-gather,
+// reduce-scatter (out of place, and in place with ncclAvg) and a send/recv ring on known
+// data, and exits 0 when all are right.
 // With `--loop SECONDS` it then keeps checking all-reduces of 1 MiB for that long (a peer
 // can be killed meanwhile: the failure is printed with loom's message, exit 1); with
 // `--stagger-ms MS` as well, rank 0 sleeps MS before every 100th of them, so that the
@@ -131,6 +132,41 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < count; ++i) {
       if (all[q * count + i] != q * 1000003 + static_cast<int>(i)) {
         std::fprintf(stderr, "rank %d: all-gather block %d wrong\n", rank, q);
+        return 1;
+      }
+    }
+  }
+  {
+    // Reduce-scatter: out of place on integers (exact), in place with ncclAvg on doubles.
+    const size_t rc = 100003;
+    std::vector<int> rsIn(rc * n), rsOut(rc, -1);
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < rc; ++i)
+        rsIn[q * rc + i] = rank * 7 + q * 3 + static_cast<int>(i % 13);
+    }
+    if (ncclReduceScatter(rsIn.data(), rsOut.data(), rc, ncclInt32, ncclSum, comm, nullptr)) {
+      return fail("reduce-scatter", comm, rank);
+    }
+    for (size_t i = 0; i < rc; ++i) {
+      if (rsOut[i] != 7 * n * (n - 1) / 2 + n * (rank * 3 + static_cast<int>(i % 13))) {
+        std::fprintf(stderr, "rank %d: reduce-scatter element %zu wrong\n", rank, i);
+        return 1;
+      }
+    }
+    std::vector<double> buf(rc * n);
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < rc; ++i)
+        buf[q * rc + i] = rank * 0.5 + q + static_cast<double>(i % 7) * 0.25;
+    }
+    double* mineOut = buf.data() + static_cast<size_t>(rank) * rc;
+    if (ncclReduceScatter(buf.data(), mineOut, rc, ncclFloat64, ncclAvg, comm, nullptr)) {
+      return fail("in-place average reduce-scatter", comm, rank);
+    }
+    for (size_t i = 0; i < rc; ++i) {
+      const double want = (n - 1) * 0.25 + rank + static_cast<double>(i % 7) * 0.25;
+      if (std::fabs(mineOut[i] - want) > 1e-12 * (1 + std::fabs(want))) {
+        std::fprintf(stderr, "rank %d: average reduce-scatter element %zu is %.17g, not %.17g\n",
+                     rank, i, mineOut[i], want);
         return 1;
       }
     }
