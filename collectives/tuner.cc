@@ -51,6 +51,7 @@ namespace {
 model::Algo modelAlgo(Algorithm a) {
   switch (a) {
     case Algorithm::kTree: return model::Algo::kTree;
+    case Algorithm::kChain: return model::Algo::kChain;
     case Algorithm::kDirect: return model::Algo::kDirect;
     case Algorithm::kDoubling: return model::Algo::kDoubling;
     case Algorithm::kOneShot: return model::Algo::kOneShot;
@@ -302,6 +303,43 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
     case CollType::kSendRecv: return Schedule{};
   }
   return Schedule{};
+}
+
+bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo* algo,
+               std::string* reason) {
+  const int n = f.nranks();
+  if (f.gpu && f.hosts == 1) {
+    if (reason) *reason = "GPUs of one host: the mesh planner's size limits decide";
+    return false;
+  }
+  CollRequest req;
+  req.type = type;
+  req.elemSize = 4;
+  req.nranks = n;
+  const bool perRank = type == CollType::kAllGather || type == CollType::kReduceScatter ||
+                       type == CollType::kAllToAll;
+  req.count = std::max<size_t>(1, bytes / req.elemSize / (perRank ? n : 1));
+  req.network = f.hosts > 1;
+  // As the communicator asks: its own fabric across hosts, the flat one inside a host.
+  if (f.hosts > 1) req.fabric = &f;
+  // Host buffers take the hierarchical forms where every host has several ranks; GPU
+  // buffers only where LOOM_ALGO names them.
+  Hierarchy h;
+  if (!f.gpu && f.hosts > 1 && f.ranksPerHost > 1) {
+    std::vector<uint64_t> hostKeys(n);
+    for (int r = 0; r < n; ++r) hostKeys[r] = static_cast<uint64_t>(r / f.ranksPerHost);
+    std::string why;
+    if (findHierarchy(hostKeys, 0, &h, &why)) req.hier = &h;
+  }
+  const AlgoRequest none;
+  auto c = f.gpu ? chooseNetAlgorithm(req, none) : chooseAlgorithm(req, none);
+  if (!c.isOk()) {
+    if (reason) *reason = c.status().message();
+    return false;
+  }
+  *algo = type == CollType::kAllToAll ? model::Algo::kDirect : modelAlgo(c->algo);
+  if (reason) *reason = c->text();
+  return true;
 }
 
 }  // namespace loom::collectives

@@ -15,7 +15,8 @@ namespace loom::collectives {
 
 namespace model {
 struct Fabric;
-}
+enum class Algo;
+}  // namespace model
 struct Hierarchy;
 
 struct CollRequest {
@@ -75,6 +76,16 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
 size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes);
 
 Schedule buildSchedule(const CollRequest& req, Algorithm algo);
+
+// The algorithm (as the cost model names it) that the tuner would take, with nothing
+// forced, for a call of `bytes` as the model counts them (an all-gather's output, a
+// reduce-scatter's input) on fabric `f`, each host's ranks together: host buffers as the
+// communicator asks (chooseAlgorithm; the hierarchical forms where the hosts have several
+// ranks), GPU buffers across hosts as the network executor asks (chooseNetAlgorithm).
+// False for GPUs of one host, whose mesh planner decides by size limits
+// (collectives/device/mesh_plan.h). What loom-model prints beside the model's estimates.
+bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo* algo,
+               std::string* reason = nullptr);
 
 // The piece size (bytes) of a host collective: what one FIFO slot carries per step.
 // `bytes` is the call's size as the C API counts it (per rank for all-gather and

@@ -50,7 +50,7 @@ sizes=8,65536,1048576,4194304
 measured=$out/measured_${rate}mbit.csv
 predicted=$out/predicted_${rate}mbit.csv
 echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
-echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked" > "$predicted"
+echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked,tuner" > "$predicted"
 status=0
 # Each namespace's topology with its link at the shaped rate.
 for ((i = 0; i < maxh; ++i)); do

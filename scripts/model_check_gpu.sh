@@ -33,7 +33,7 @@ mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PAT
 measured=$out/measured_gpu.csv
 predicted=$out/predicted_gpu.csv
 echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
-echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked" > "$predicted"
+echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked,tuner" > "$predicted"
 rates=""
 status=0
 # As many sockets (each with a thread) per peer as loom's socket backend uses for GPU

@@ -3,7 +3,8 @@
 
 Draws `loom-model --scale` output: all-reduce bus bandwidth of 1 GiB (left) and time of
 8 B (right) against the host count, one line per algorithm (dashed: not built yet), the
-tuner's pick marked. Needs matplotlib (Debian: python3-matplotlib)."""
+tuner's pick marked (the model's fastest where the file has no tuner column, or where the
+tuner is the GPU mesh planner, which loom-model does not ask). Needs matplotlib (Debian: python3-matplotlib)."""
 import csv
 import sys
 from collections import defaultdict
@@ -23,10 +24,13 @@ def main():
     rows = list(csv.DictReader(open(sys.argv[1])))
     title = sys.argv[3] if len(sys.argv) > 3 else "cost model"
     series = defaultdict(list)  # (bytes, algo) -> [(hosts, value, built, picked)]
+    # Per (hosts, bytes): whether the tuner was asked (some row has tuner=1).
+    asked = {(r["hosts"], r["bytes"]) for r in rows if r.get("tuner") == "1"}
     for r in rows:
+        mark = r["tuner"] if (r["hosts"], r["bytes"]) in asked else r["picked"]
         b = int(r["bytes"])
         v = float(r["busbw_gbps"]) if b > 8 else float(r["us"])
-        series[(b, r["algo"])].append((int(r["hosts"]), v, r["built"] == "1", r["picked"] == "1"))
+        series[(b, r["algo"])].append((int(r["hosts"]), v, r["built"] == "1", mark == "1"))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, b, label in ((axes[0], 1 << 30, "all_reduce 1 GiB: busbw (GB/s)"),
                          (axes[1], 8, "all_reduce 8 B: time (µs)")):

@@ -16,6 +16,7 @@
 
 #include "collectives/cost_model.h"
 #include "collectives/fabric.h"
+#include "collectives/tuner.h"
 #include "common/settings.h"
 #include "topology/topology.h"
 
@@ -142,13 +143,20 @@ std::string sizeText(size_t b) {
   return std::to_string(b) + " " + units[u];
 }
 
-// One size of the table: each algorithm's time and busbw, the header before the first.
+// The tuner's pick for a size (collectives/tuner.h: tunerPick); false where the tuner cannot
+// be asked here (GPUs of one host: the mesh planner's size limits decide).
+bool tunerOf(CollType type, size_t b, const model::Fabric& f, model::Algo* algo) {
+  return loom::collectives::tunerPick(type, b, f, algo);
+}
+
+// One size of the table: each algorithm's time and busbw (* on the tuner's pick), the
+// model's fastest built one and the tuner's pick; the header before the first.
 void printRow(const Named& c, size_t b, int n, const std::vector<model::Estimate>& list,
-              const model::Estimate& pick, bool* header) {
+              const model::Estimate& fastest, const model::Algo* tuner, bool* header) {
   if (!*header) {
     std::printf("%10s", "size");
     for (const auto& e : list) std::printf("  %22s", model::algoName(e.algo));
-    std::printf("  %s\n", "pick");
+    std::printf("  %-13s %s\n", "fastest", "tuner");
     *header = true;
   }
   std::printf("%10s", sizeText(b).c_str());
@@ -156,28 +164,36 @@ void printRow(const Named& c, size_t b, int n, const std::vector<model::Estimate
     char cell[64];
     std::snprintf(cell, sizeof(cell), "%s%.4g / %.3g%s%s", e.built ? "" : "(", e.us,
                   model::busGBs(c.type, b, n, e.us), e.built ? "" : ")",
-                  e.algo == pick.algo ? "*" : "");
+                  tuner && e.algo == *tuner ? "*" : "");
     std::printf("  %22s", cell);
   }
-  std::printf("  %s\n", model::algoName(pick.algo));
+  std::printf("  %-13s %s\n", model::algoName(fastest.algo),
+              tuner ? model::algoName(*tuner) : "mesh planner");
 }
 
 void table(const Named& c, const Args& a, const model::Fabric& f) {
   const int n = f.nranks();
-  if (!a.csv)
-    std::printf("\n%s (time in us, busbw in GB/s; * the tuner's pick, () not built yet)\n", c.name);
+  if (!a.csv) {
+    std::printf("\n%s (time in us, busbw in GB/s; * the tuner's pick, () not built yet%s)\n",
+                c.name,
+                f.gpu && f.hosts == 1 ? "; GPUs of one host: the mesh planner picks by its size "
+                                        "limits (LOOM_P2P_*), not asked here"
+                                      : "");
+  }
   bool header = false;
   for (size_t b = a.minBytes; b <= a.maxBytes; b *= a.factor) {
     const auto list = model::estimates(c.type, b, f);
     const model::Estimate pick = model::fastest(list);
+    model::Algo tuner{};
+    const bool asked = tunerOf(c.type, b, f, &tuner);
     if (a.csv) {
       for (const auto& e : list) {
-        std::printf("%s,%d,%d,%zu,%s,%.3f,%.3f,%d,%d\n", c.name, f.hosts, f.ranksPerHost, b,
+        std::printf("%s,%d,%d,%zu,%s,%.3f,%.3f,%d,%d,%d\n", c.name, f.hosts, f.ranksPerHost, b,
                     model::algoName(e.algo), e.us, model::busGBs(c.type, b, n, e.us),
-                    e.built ? 1 : 0, e.algo == pick.algo ? 1 : 0);
+                    e.built ? 1 : 0, e.algo == pick.algo ? 1 : 0, asked && e.algo == tuner ? 1 : 0);
       }
     } else {
-      printRow(c, b, n, list, pick, &header);
+      printRow(c, b, n, list, pick, asked ? &tuner : nullptr, &header);
     }
     if (b > a.maxBytes / a.factor) break;  // the next size would pass MAX (or wrap)
   }
@@ -189,7 +205,7 @@ int scale(const Args& a, const topo::Graph& g) {
                  std::strerror(errno));
     return 1;
   }
-  std::fprintf(out, "hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked\n");
+  std::fprintf(out, "hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked,tuner\n");
   for (int hosts = 2; hosts <= 4096; hosts *= 2) {
     model::FabricOptions o = a.fabric;
     o.hosts = hosts;
@@ -197,11 +213,13 @@ int scale(const Args& a, const topo::Graph& g) {
     for (size_t b : {size_t(8), size_t(1) << 30}) {
       const auto list = model::estimates(CollType::kAllReduce, b, f);
       const model::Estimate pick = model::fastest(list);
+      model::Algo tuner{};
+      const bool asked = tunerOf(CollType::kAllReduce, b, f, &tuner);
       for (const auto& e : list) {
-        std::fprintf(out, "%d,%d,%zu,%s,%.3f,%.4f,%d,%d\n", hosts, f.ranksPerHost, b,
+        std::fprintf(out, "%d,%d,%zu,%s,%.3f,%.4f,%d,%d,%d\n", hosts, f.ranksPerHost, b,
                      model::algoName(e.algo), e.us,
                      model::busGBs(CollType::kAllReduce, b, f.nranks(), e.us), e.built ? 1 : 0,
-                     e.algo == pick.algo ? 1 : 0);
+                     e.algo == pick.algo ? 1 : 0, asked && e.algo == tuner ? 1 : 0);
       }
     }
   }
@@ -246,7 +264,7 @@ int main(int argc, char** argv) {
   std::string why;
   const model::Fabric f = model::fabricOf(*graph, a.fabric, &why);
   if (a.csv) {
-    std::printf("coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked\n");
+    std::printf("coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked,tuner\n");
   } else {
     std::printf("loom-model: %d host(s) x %d rank(s); %s\n", f.hosts, f.ranksPerHost, why.c_str());
     std::printf("  per step: %.3g us inside a host, %.3g us between hosts; %.3g us a call\n",

@@ -573,6 +573,32 @@ TEST(Tuner, HierarchicalAllReduceWhereTheModelPricesItLower) {
   EXPECT_EQ(c->algo, Algorithm::kHier) << c->text();
 }
 
+// What loom-model prints as the tuner's pick is the tuner's own choice, rules included:
+// host buffers across hosts of two ranks take the hierarchical form for large messages
+// and recursive doubling for small ones (a rule, whatever the model says); GPU buffers
+// across hosts never the one-shot; GPUs of one host are the mesh planner's to decide.
+TEST(Tuner, PickForAFabricIsTheTunersChoice) {
+  const model::Fabric host = model::hostMemoryFabric(4, 2, 0.125);
+  model::Algo a{};
+  std::string why;
+  ASSERT_TRUE(tunerPick(CollType::kAllReduce, 4 << 20, host, &a, &why));
+  EXPECT_EQ(a, model::Algo::kHierarchical) << why;
+  ASSERT_TRUE(tunerPick(CollType::kAllReduce, 4096, host, &a, &why));
+  EXPECT_EQ(a, model::Algo::kDoubling) << why;
+  ASSERT_TRUE(tunerPick(CollType::kReduceScatter, 4 << 20, host, &a, &why));
+  EXPECT_EQ(a, model::Algo::kHierarchical) << why;
+  ASSERT_TRUE(tunerPick(CollType::kBroadcast, 4 << 20, host, &a, &why));
+  EXPECT_EQ(a, model::Algo::kChain) << why;
+  ASSERT_TRUE(tunerPick(CollType::kAllToAll, 4 << 20, host, &a, &why));
+  EXPECT_EQ(a, model::Algo::kDirect) << why;
+  const model::Fabric gpus = model::gpuFabric(3, 1, 450, 50, model::NetPath::kSockets);
+  ASSERT_TRUE(tunerPick(CollType::kAllReduce, 8, gpus, &a, &why));
+  EXPECT_EQ(a, model::Algo::kDirect) << why;  // 3 ranks: no doubling, no one-shot on GPUs
+  const model::Fabric mesh = model::gpuFabric(1, 8, 450, 50, model::NetPath::kRdma);
+  EXPECT_FALSE(tunerPick(CollType::kAllReduce, 8, mesh, &a, &why));
+  EXPECT_NE(why.find("mesh"), std::string::npos) << why;
+}
+
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {
   const size_t slot = 256 * 1024;
   // 512 KiB over 4 ranks: one block of four 128 KiB pieces.
