@@ -146,7 +146,9 @@ Estimate rootedTree(const Fabric& f, double S, bool built) {
   const int low = std::min(depth, log2Ceil(f.ranksPerHost));
   Sum s(f, Algo::kTree);
   s.steps(low, depth - low);
-  s.bytes(f.ranksPerHost > 1 ? 2 * S : 0, f.hosts > 1 ? 2 * S : 0);
+  // Two ranks: one edge, no inner rank.
+  const double moved = f.nranks() > 2 ? 2 * S : S;
+  s.bytes(f.ranksPerHost > 1 ? moved : 0, f.hosts > 1 ? moved : 0);
   return s.done(built);
 }
 
@@ -230,7 +232,8 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
       switch (a) {
         case Algo::kMeshOneShot: *out = direct(f, a, S / (n - 1), 1, true); return true;
         case Algo::kTree: *out = rootedTree(f, S, true); return true;
-        case Algo::kChain: *out = chain(f, a, S, false); return true;
+        // Built for host buffers (chainReduce); GPU buffers keep the tree.
+        case Algo::kChain: *out = chain(f, a, S, !f.gpu); return true;
         default: return false;
       }
     case CollType::kAllToAll:

@@ -138,6 +138,10 @@ bool isRingOrder(const std::vector<int>& ring, int n);
 Schedule chainBroadcast(int rank, int n, size_t count, int root);
 Schedule treeBroadcast(int rank, int n, size_t count, int root);
 Schedule treeReduce(int rank, int n, size_t count, int root);
+// The chain broadcast reversed: rank root + k adds its input to what root + k + 1 sends
+// and passes the sum to root + k - 1, piece by piece; each link carries the buffer once,
+// where the tree's inner ranks take in two.
+Schedule chainReduce(int rank, int n, size_t count, int root);
 Schedule directAllToAll(int rank, int n, size_t count);
 // The same exchange in phases of at most `peersPerPhase` peers, phase j with the peers at
 // distance j * peersPerPhase + 1.. on every rank (send to rank + k, receive from rank - k),

@@ -593,6 +593,26 @@ Schedule treeBroadcast(int r, int n, size_t count, int root) {
   return s;
 }
 
+Schedule chainReduce(int r, int n, size_t count, int root) {
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = count;
+  s.outputCount = r == root ? count : 0;
+  const int pos = mod(r - root, n);
+  Step st;
+  st.count = count;
+  st.src = in(0);
+  if (pos < n - 1) st.recvFrom(mod(r + 1, n));
+  if (pos == 0) {
+    st.dst = out(0);
+    st.final = true;
+  } else {
+    st.sendTo(mod(r - 1, n));
+  }
+  s.phases.push_back(single(st));
+  return s;
+}
+
 Schedule treeReduce(int r, int n, size_t count, int root) {
   Schedule s;
   s.reduces = true;

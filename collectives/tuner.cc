@@ -37,7 +37,8 @@ std::string TunerChoice::text() const {
   }
   if (ringUs < 0) return reason;
   char estimates[96];
-  std::snprintf(estimates, sizeof(estimates), ": ring %.1f us, tree %.1f us", ringUs, treeUs);
+  std::snprintf(estimates, sizeof(estimates), ": %s %.1f us, tree %.1f us", flatName, ringUs,
+                treeUs);
   return std::string(reason) + estimates;
 }
 
@@ -199,10 +200,34 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       }
       break;
     }
-    case CollType::kReduce:
-      c.algo = Algorithm::kTree;
-      c.reason = "reduce runs on a binary tree";
+    case CollType::kReduce: {
+      // Each link of a pipelined chain carries the buffer once; the tree's inner ranks take
+      // in two buffers for one sent on, in log2(n) hops instead of n - 1. The cost model
+      // weighs the two: network namespaces, 1 rank each, 1 Gb/s (docs/perf/cost_model.md,
+      // 2026-12-05), the chain 2.0 x the tree from 64 KiB at 4 and 8 hosts.
+      const bool chain = forced.allows(AlgoName::kChain) || forced.allows(AlgoName::kRing);
+      const bool tree = forced.allows(AlgoName::kTree);
+      if (chain && tree && n > 2) {
+        const model::Fabric& f = req.fabric ? *req.fabric : flatFabric(n);
+        model::Estimate ce, te;
+        const bool priced =
+            model::estimate(CollType::kReduce, model::Algo::kChain, bytes, f, &ce) &&
+            model::estimate(CollType::kReduce, model::Algo::kTree, bytes, f, &te);
+        const double ch = priced ? ce.us : 0, t = priced ? te.us : 1;
+        c.algo = t < ch ? Algorithm::kTree : Algorithm::kChain;
+        c.reason = "cost model";
+        c.flatName = "chain";
+        c.ringUs = ch;
+        c.treeUs = t;
+      } else if (tree && !chain) {
+        c.algo = Algorithm::kTree;
+        c.reason = "forced by LOOM_ALGO";
+      } else {
+        c.algo = Algorithm::kChain;
+        c.reason = chain && forced.set() ? "forced by LOOM_ALGO" : "pipelined chain";
+      }
       break;
+    }
     case CollType::kAllGather:
     case CollType::kReduceScatter:
       c.algo = Algorithm::kRing;
@@ -220,6 +245,15 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
 Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& forced) {
   req.network = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
+  // The chain reduce has run on host buffers only: GPU buffers keep the tree (measured
+  // against NCCL on one H200, docs/perf/crosshost.md) until it is checked on a GPU, unless
+  // LOOM_ALGO leaves the tree out.
+  if (req.type == CollType::kReduce && c.algo == Algorithm::kChain &&
+      forced.allows(AlgoName::kTree)) {
+    c.algo = Algorithm::kTree;
+    c.reason = "reduce of GPU buffers: the binary tree";
+    return c;
+  }
   if (c.algo != Algorithm::kOneShot) return c;
   const int n = req.nranks;
   if (n > 1 && (n & (n - 1)) == 0) {
@@ -298,7 +332,9 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
     case CollType::kBroadcast:
       return algo == Algorithm::kTree ? treeBroadcast(r, n, req.count, req.root)
                                       : chainBroadcast(r, n, req.count, req.root);
-    case CollType::kReduce: return treeReduce(r, n, req.count, req.root);
+    case CollType::kReduce:
+      return algo == Algorithm::kChain ? chainReduce(r, n, req.count, req.root)
+                                       : treeReduce(r, n, req.count, req.root);
     case CollType::kAllToAll: return directAllToAll(r, n, req.count);
     case CollType::kSendRecv: return Schedule{};
   }

@@ -43,7 +43,9 @@ struct CollRequest {
 struct TunerChoice {
   Algorithm algo = Algorithm::kRing;
   const char* reason = "";  // why (static text: choosing allocates nothing)
-  // The cost model's estimates, where it decided (negative otherwise).
+  // The cost model's estimates, where it decided (negative otherwise): the ring's (the
+  // chain's for reduce, as flatName says) and the tree's.
+  const char* flatName = "ring";
   double ringUs = -1;
   double treeUs = -1;
   // Where it weighed the hierarchical form against the flat one the rules chose.

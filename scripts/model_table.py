@@ -39,7 +39,7 @@ def main():
             colls.add(row["coll"])
             predicted[(n, int(row["bytes"]), algo)] = (
                 float(row["us"]), row["built"] == "1", row["picked"] == "1")
-    algos = ["ring", "tree", "direct", "doubling", "oneshot", "hier"]
+    algos = ["ring", "tree", "chain", "direct", "doubling", "oneshot", "hier"]
     hosts = sorted({k[0] for k in measured})
     sizes = sorted({k[1] for k in measured})
     if len(sys.argv) > 5:
@@ -47,7 +47,7 @@ def main():
         print(sys.argv[5] + "\n")
     else:
         what = {"all_reduce": "all-reduces", "all_gather": "all-gathers",
-                "reduce_scatter": "reduce-scatters"}.get(
+                "reduce_scatter": "reduce-scatters", "reduce": "reduces"}.get(
             next(iter(colls)) if len(colls) == 1 else "", "collectives")
         print(f"# The cost model against measured host-memory {what}, {rate} Mb/s links\n")
         print("Network namespaces as hosts (one rank each unless the heading says more), every "

@@ -49,7 +49,8 @@ const Case kCases[] = {
     {CollType::kAllReduce, Algorithm::kDirect}, {CollType::kAllReduce, Algorithm::kDoubling},
     {CollType::kAllGather, Algorithm::kRing},   {CollType::kReduceScatter, Algorithm::kRing},
     {CollType::kBroadcast, Algorithm::kChain},  {CollType::kBroadcast, Algorithm::kTree},
-    {CollType::kReduce, Algorithm::kTree},      {CollType::kAllToAll, Algorithm::kDirect},
+    {CollType::kReduce, Algorithm::kTree},      {CollType::kReduce, Algorithm::kChain},
+    {CollType::kAllToAll, Algorithm::kDirect},
 };
 
 TEST(NetPlan, EveryScheduleBecomesAPlanForOneToSixtyFourRanks) {
@@ -444,7 +445,7 @@ TEST(NetPlanOverSockets, LanesSplitEveryCollectiveButAllToAll) {
          {Case{CollType::kAllReduce, Algorithm::kRing},
           Case{CollType::kAllReduce, Algorithm::kDoubling},
           Case{CollType::kBroadcast, Algorithm::kChain}, Case{CollType::kReduce, Algorithm::kTree},
-          Case{CollType::kAllGather, Algorithm::kRing},
+          Case{CollType::kReduce, Algorithm::kChain}, Case{CollType::kAllGather, Algorithm::kRing},
           Case{CollType::kReduceScatter, Algorithm::kRing}}) {
       for (int lanes : {2, 3}) {
         runCollective(n, c.type, c.algo, 20011, n - 1, lanes);

@@ -210,6 +210,8 @@ std::vector<Case> cases() {
        [](int r, int n, size_t c, int root) { return chainBroadcast(r, n, c, root); }},
       {"TreeBroadcast", CollType::kBroadcast,
        [](int r, int n, size_t c, int root) { return treeBroadcast(r, n, c, root); }},
+      {"ChainReduce", CollType::kReduce,
+       [](int r, int n, size_t c, int root) { return chainReduce(r, n, c, root); }},
       {"TreeReduce", CollType::kReduce,
        [](int r, int n, size_t c, int root) { return treeReduce(r, n, c, root); }},
       {"DirectAllToAll", CollType::kAllToAll,
@@ -589,14 +591,52 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   EXPECT_EQ(a, model::Algo::kHierarchical) << why;
   ASSERT_TRUE(tunerPick(CollType::kBroadcast, 4 << 20, host, &a, &why));
   EXPECT_EQ(a, model::Algo::kChain) << why;
+  ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, host, &a, &why));
+  EXPECT_EQ(a, model::Algo::kChain) << why;
   ASSERT_TRUE(tunerPick(CollType::kAllToAll, 4 << 20, host, &a, &why));
   EXPECT_EQ(a, model::Algo::kDirect) << why;
   const model::Fabric gpus = model::gpuFabric(3, 1, 450, 50, model::NetPath::kSockets);
   ASSERT_TRUE(tunerPick(CollType::kAllReduce, 8, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kDirect) << why;  // 3 ranks: no doubling, no one-shot on GPUs
+  ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));
+  EXPECT_EQ(a, model::Algo::kTree) << why;  // the chain reduce runs on host buffers only
   const model::Fabric mesh = model::gpuFabric(1, 8, 450, 50, model::NetPath::kRdma);
   EXPECT_FALSE(tunerPick(CollType::kAllReduce, 8, mesh, &a, &why));
   EXPECT_NE(why.find("mesh"), std::string::npos) << why;
+}
+
+// Reduce as broadcast: the pipelined chain, but the tree for small messages over more
+// than 4 ranks; LOOM_ALGO picks either. GPU buffers over the network keep the tree unless
+// LOOM_ALGO leaves it out.
+TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
+  CollRequest req;
+  req.type = CollType::kReduce;
+  req.elemSize = 4;
+  req.nranks = 8;
+  req.count = 1 << 20;
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
+  EXPECT_EQ(buildSchedule(req, c->algo).phases.size(), 1u);
+  req.count = 1024;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
+  c = chooseAlgorithm(req, "chain");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
+  req.count = 1 << 20;
+  c = chooseAlgorithm(req, "tree");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
+  c = chooseNetAlgorithm(req, AlgoRequest{});
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
+  auto onlyChain = AlgoRequest::parse("chain");
+  ASSERT_TRUE(onlyChain.isOk());
+  c = chooseNetAlgorithm(req, *onlyChain);
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
 }
 
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {

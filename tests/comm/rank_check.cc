@@ -1,8 +1,8 @@
 // One rank of a multi-process check, launched by a script or a launcher (netns_test.sh,
 // mpirun): makes its communicator with loomCommInitFromEnv, runs all-reduce (small and
 // large, and an in-place average that must be bitwise the same on every rank), all-gather,
-// reduce-scatter (out of place, and in place with ncclAvg) and a send/recv ring on known
-// data, and exits 0 when all are right.
+// reduce-scatter (out of place, and in place with ncclAvg), reduce and a send/recv ring on
+// known data, and exits 0 when all are right.
 // With `--loop SECONDS` it then keeps checking all-reduces of 1 MiB for that long (a peer
 // can be killed meanwhile: the failure is printed with loom's message, exit 1); with
 // `--stagger-ms MS` as well, rank 0 sleeps MS before every 100th of them, so that the
@@ -167,6 +167,20 @@ int main(int argc, char** argv) {
       if (std::fabs(mineOut[i] - want) > 1e-12 * (1 + std::fabs(want))) {
         std::fprintf(stderr, "rank %d: average reduce-scatter element %zu is %.17g, not %.17g\n",
                      rank, i, mineOut[i], want);
+        return 1;
+      }
+    }
+  }
+  // Reduce to the last rank, small (the tree over many ranks) and large (the chain).
+  for (size_t rcount : {size_t{5}, size_t{1000003}}) {
+    std::vector<int> rin(rcount), rout(rcount, -1);
+    for (size_t i = 0; i < rcount; ++i) rin[i] = rank * 11 + static_cast<int>(i % 17);
+    if (ncclReduce(rin.data(), rout.data(), rcount, ncclInt32, ncclSum, n - 1, comm, nullptr)) {
+      return fail("reduce", comm, rank);
+    }
+    for (size_t i = 0; rank == n - 1 && i < rcount; ++i) {
+      if (rout[i] != 11 * n * (n - 1) / 2 + n * static_cast<int>(i % 17)) {
+        std::fprintf(stderr, "rank %d: reduce element %zu wrong\n", rank, i);
         return 1;
       }
     }
