@@ -4,7 +4,7 @@
 // LOOM_COMM_ID); LOOM_ALGO forces the algorithm as usual.
 //
 //   model_probe [--sizes 8,65536,...] [--seconds S] [--label TEXT]
-//               [--coll all_reduce|all_gather|reduce_scatter|reduce]
+//               [--coll all_reduce|all_gather|reduce_scatter|reduce|broadcast]
 //
 // For all_gather a size is the output's bytes, for reduce_scatter the input's, as
 // nccl-tests counts them (each rank gives, or receives, size / nranks of it).
@@ -13,7 +13,7 @@
 // fill about S seconds (default 0.5; at least 3, at most 1000), timed; every rank's input is a
 // known pattern, and the last call's output is checked against the exact sum (all-gather: every
 // rank's block; reduce-scatter: the sum of this rank's block; reduce: the sum, on rank 0, the
-// root). Rank 0 prints one CSV
+// root; broadcast: rank 0's input, from the root 0). Rank 0 prints one CSV
 // line per size:
 //   label,nranks,bytes,us_per_call,calls,wrong
 // where us_per_call is the slowest rank's mean. Exit 1 on a wrong value or a failed call.
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   std::vector<size_t> sizes = {8, 1 << 16, 1 << 20, 4 << 20};
   double seconds = 0.5;
   std::string label = "default";
-  bool gather = false, scatter = false, reduce = false;
+  bool gather = false, scatter = false, reduce = false, bcast = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (i + 1 >= argc) {
@@ -77,9 +77,11 @@ int main(int argc, char** argv) {
       gather = std::string(v) == "all_gather";
       scatter = std::string(v) == "reduce_scatter";
       reduce = std::string(v) == "reduce";
-      if (!gather && !scatter && !reduce && std::string(v) != "all_reduce") {
+      bcast = std::string(v) == "broadcast";
+      if (!gather && !scatter && !reduce && !bcast && std::string(v) != "all_reduce") {
         std::fprintf(stderr,
-                     "model_probe: --coll %s: all_reduce, all_gather, reduce_scatter or reduce\n",
+                     "model_probe: --coll %s: all_reduce, all_gather, reduce_scatter, reduce or "
+                     "broadcast\n",
                      v);
         return 2;
       }
@@ -107,6 +109,7 @@ int main(int argc, char** argv) {
       if (scatter) {
         return ncclReduceScatter(in.data(), out.data(), count, ncclFloat32, ncclSum, comm, nullptr);
       }
+      if (bcast) return ncclBroadcast(in.data(), out.data(), count, ncclFloat32, 0, comm, nullptr);
       if (reduce) {
         return ncclReduce(in.data(), out.data(), count, ncclFloat32, ncclSum, 0, comm, nullptr);
       }
@@ -142,6 +145,8 @@ int main(int argc, char** argv) {
     int wrong = 0;
     if (gather) {
       for (size_t i = 0; i < out.size(); ++i) wrong += out[i] != value(int(i / count), i % count);
+    } else if (bcast) {
+      for (size_t i = 0; i < count; ++i) wrong += out[i] != value(0, i);
     } else if (!reduce || rank == 0) {
       for (size_t i = 0; i < count; ++i) {
         float want = 0;

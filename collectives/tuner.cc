@@ -26,6 +26,21 @@ const model::Fabric& flatFabric(int n) {
   return f;
 }
 
+// Broadcast and reduce: the pipelined chain or the binary tree, whichever the cost model
+// prices lower on the request's fabric (the chain where it cannot price them).
+void pickChainOrTree(CollType type, const CollRequest& req, size_t bytes, TunerChoice* c) {
+  const model::Fabric& f = req.fabric ? *req.fabric : flatFabric(req.nranks);
+  model::Estimate ce, te;
+  const bool priced = model::estimate(type, model::Algo::kChain, bytes, f, &ce) &&
+                      model::estimate(type, model::Algo::kTree, bytes, f, &te);
+  const double ch = priced ? ce.us : 0, t = priced ? te.us : 1;
+  c->algo = t < ch ? Algorithm::kTree : Algorithm::kChain;
+  c->reason = "cost model";
+  c->flatName = "chain";
+  c->ringUs = ch;
+  c->treeUs = t;
+}
+
 }  // namespace
 
 std::string TunerChoice::text() const {
@@ -190,7 +205,14 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       bool chain = forced.allows(AlgoName::kChain) || forced.allows(AlgoName::kRing);
       bool tree = forced.allows(AlgoName::kTree);
       // A pipelined chain moves each byte once per link at full bandwidth; a tree halves
-      // the hops but sends twice from inner nodes: chain for large, tree for small.
+      // the hops but sends twice from inner nodes. Host buffers: the cost model weighs the
+      // two (network namespaces, 1 Gb/s, 2026-12-05: at 8 hosts and 64 KiB the chain took
+      // half the tree's time, where the rule below took the tree). GPU buffers: chain for
+      // large, tree for small, as measured against NCCL.
+      if (!req.device && chain && tree && n > 2) {
+        pickChainOrTree(CollType::kBroadcast, req, bytes, &c);
+        break;
+      }
       if (tree && (!chain || (bytes < 256 * 1024 && n > 4))) {
         c.algo = Algorithm::kTree;
         c.reason = chain ? "small message over many ranks" : "forced by LOOM_ALGO";
@@ -208,17 +230,7 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       const bool chain = forced.allows(AlgoName::kChain) || forced.allows(AlgoName::kRing);
       const bool tree = forced.allows(AlgoName::kTree);
       if (chain && tree && n > 2) {
-        const model::Fabric& f = req.fabric ? *req.fabric : flatFabric(n);
-        model::Estimate ce, te;
-        const bool priced =
-            model::estimate(CollType::kReduce, model::Algo::kChain, bytes, f, &ce) &&
-            model::estimate(CollType::kReduce, model::Algo::kTree, bytes, f, &te);
-        const double ch = priced ? ce.us : 0, t = priced ? te.us : 1;
-        c.algo = t < ch ? Algorithm::kTree : Algorithm::kChain;
-        c.reason = "cost model";
-        c.flatName = "chain";
-        c.ringUs = ch;
-        c.treeUs = t;
+        pickChainOrTree(CollType::kReduce, req, bytes, &c);
       } else if (tree && !chain) {
         c.algo = Algorithm::kTree;
         c.reason = "forced by LOOM_ALGO";
@@ -244,6 +256,7 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
 
 Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& forced) {
   req.network = true;
+  req.device = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
   // The chain reduce has run on host buffers only: GPU buffers keep the tree (measured
   // against NCCL on one H200, docs/perf/crosshost.md) until it is checked on a GPU, unless

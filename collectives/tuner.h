@@ -31,6 +31,9 @@ struct CollRequest {
   // Some peer is reached through sockets, where every message costs its sender a trip
   // through the network stack (on one host: both ends of loopback TCP).
   bool network = false;
+  // GPU buffers over the network (chooseNetAlgorithm sets it): broadcast keeps the rule
+  // measured there against NCCL, and reduce the tree, where host buffers ask the model.
+  bool device = false;
   // The fabric the cost model prices (collectives/cost_model.h); nullptr: one class of
   // link between every pair of ranks.
   const model::Fabric* fabric = nullptr;

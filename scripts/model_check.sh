@@ -15,7 +15,7 @@
 # memory, and the hierarchical form, LOOM_ALGO=hier, is measured too). COLL=all_gather or
 # COLL=reduce_scatter checks that collective instead (ring and hier; sizes are the output's
 # bytes for all-gather, the input's for reduce-scatter); COLL=reduce checks reduce to rank 0
-# (tree and chain).
+# (tree and chain), COLL=broadcast broadcast from rank 0 (tree and chain).
 #
 # A veth is a virtual device (loom plans no wire for it) that reports 10 Gb/s whatever tc
 # shapes it to, where a NIC reports its own speed: each namespace's ranks read their
@@ -65,10 +65,10 @@ for h in "${hosts[@]}"; do
   n=$((h * g))
   algos=(ring tree direct doubling oneshot)
   [[ $coll == all_gather || $coll == reduce_scatter ]] && algos=(ring)
-  [[ $coll == reduce ]] && algos=(tree chain)
-  ((g > 1)) && [[ $coll != reduce ]] && algos+=(hier)
+  [[ $coll == reduce || $coll == broadcast ]] && algos=(tree chain)
+  ((g > 1)) && [[ $coll != reduce && $coll != broadcast ]] && algos+=(hier)
   for algo in "${algos[@]}" default; do
-    ((n == 2)) && [[ $algo == tree && $coll != reduce ]] && continue  # no tree on 2 ranks
+    ((n == 2)) && [[ $algo == tree && $coll == all_reduce ]] && continue  # no tree on 2 ranks
     ((n & (n - 1))) && [[ $algo == doubling ]] && continue      # powers of two only
     ((n > 4)) && [[ $algo == direct ]] && continue              # direct: up to 4 ranks
     port=$((20000 + RANDOM % 20000))

@@ -47,7 +47,8 @@ def main():
         print(sys.argv[5] + "\n")
     else:
         what = {"all_reduce": "all-reduces", "all_gather": "all-gathers",
-                "reduce_scatter": "reduce-scatters", "reduce": "reduces"}.get(
+                "reduce_scatter": "reduce-scatters", "reduce": "reduces",
+                "broadcast": "broadcasts"}.get(
             next(iter(colls)) if len(colls) == 1 else "", "collectives")
         print(f"# The cost model against measured host-memory {what}, {rate} Mb/s links\n")
         print("Network namespaces as hosts (one rank each unless the heading says more), every "
