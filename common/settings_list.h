@@ -131,8 +131,17 @@
     "(PIX one PCIe switch, PXB several, PHB through the host bridge, SYS across sockets; LOC: " \
     "never); loom-topo and the INFO log assess it, loom's data path does not use it yet") \
   X(kUser, kIbGidIndex, "LOOM_IB_GID_INDEX", "NCCL_IB_GID_INDEX", kCount, "auto", "auto", \
-    "RoCE: the GID index to use on every port (auto: RoCE v2 with an IPv4 address, else the " \
-    "best other entry)") \
+    "RoCE: the GID index to use on every port (auto: of LOOM_IB_ADDR_FAMILY inside " \
+    "LOOM_IB_ADDR_RANGE, LOOM_IB_ROCE_VERSION_NUM first; else the best other entry)") \
+  X(kUser, kIbAddrFamily, "LOOM_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY", kChoice, "AF_INET", \
+    "AF_INET|AF_INET6", \
+    "RoCE: the address family of the GID chosen automatically (AF_INET: ::ffff:a.b.c.d; " \
+    "AF_INET6: a global IPv6 address)") \
+  X(kUser, kIbRoceVersionNum, "LOOM_IB_ROCE_VERSION_NUM", "NCCL_IB_ROCE_VERSION_NUM", kChoice, \
+    "2", "1|2", "RoCE: the version the automatic GID choice prefers among those of the family") \
+  X(kUser, kIbAddrRange, "LOOM_IB_ADDR_RANGE", "NCCL_IB_ADDR_RANGE", kString, "", "", \
+    "RoCE: the automatic GID choice takes addresses in this range first (10.0.0.0/8, " \
+    "fd00::/8)") \
   X(kUser, kIbTc, "LOOM_IB_TC", "NCCL_IB_TC", kInt, "0", "", \
     "RoCE traffic class (DSCP << 2) of the connections") \
   X(kUser, kIbSl, "LOOM_IB_SL", "NCCL_IB_SL", kInt, "0", "", \

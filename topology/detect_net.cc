@@ -134,16 +134,16 @@ struct Found {
 
 namespace {
 
-// Records the port's GID table and the entry NCCL would use ("gid", "gid_index", and
-// for RoCE "roce" and "netdev"); warns when a RoCE port has no v2 IPv4 entry.
+// Records the port's GID table and the entry the ib transport uses ("gid", "gid_index",
+// and for RoCE "roce" and "netdev"; common/roce_gid.h, with LOOM_IB_GID_INDEX and the
+// address settings); warns when a RoCE port has none that the rule asks for.
 void describeGids(const Reader& reader, const std::string& dev, const std::string& port,
                   const std::string& portDir, const std::string& layer, Net& net,
                   Warnings& warnings) {
   const bool roce = layer == "Ethernet";
-  net.gids = readGidTable(reader, portDir);
-  const int chosen = defaultGidIndex(net.gids, !roce);
   const std::string where = dev + " port " + port;
-  if (chosen < 0) {
+  net.gids = readGidTable(reader, portDir);
+  if (net.gids.empty()) {
     if (roce) {
       warnings.add("gid-" + dev + "/" + port,
                    where +
@@ -152,20 +152,25 @@ void describeGids(const Reader& reader, const std::string& dev, const std::strin
     }
     return;
   }
+  auto rule = roce::GidRule::fromSettings();
+  if (!rule) {
+    warnings.add("gid-rule", rule.status().message() + ": GIDs chosen as by default");
+    rule = roce::GidRule{};
+  }
+  const roce::GidChoice c = roce::chooseGid(roceTable(net.gids, !roce), !roce, *rule, where);
+  if (c.index < 0) {
+    if (roce) warnings.add("gid-" + dev + "/" + port, c.why);
+    return;
+  }
   const GidEntry& e = *std::find_if(net.gids.begin(), net.gids.end(),
-                                    [&](const GidEntry& g) { return g.index == chosen; });
+                                    [&](const GidEntry& g) { return g.index == c.index; });
   if (roce) {
-    if (!e.type.empty()) net.setAttr("roce", isRoceV2Gid(e) ? "v2" : "v1");
+    if (!e.type.empty()) net.setAttr("roce", e.type.find("v2") != std::string::npos ? "v2" : "v1");
     if (!e.netdev.empty()) net.setAttr("netdev", e.netdev);
-    if (!isRoceV2Gid(e) || !isIpv4MappedGid(e)) {
-      warnings.add("gid-" + dev + "/" + port,
-                   where + " has no RoCE v2 GID with an IPv4 address: using GID index " +
-                       std::to_string(chosen) + " (" + (e.type.empty() ? "type unknown" : e.type) +
-                       ", " + e.gid + ")");
-    }
+    if (!c.usual) warnings.add("gid-" + dev + "/" + port, where + ": " + c.why);
   }
   net.setAttr("gid", e.gid);
-  net.setAttr("gid_index", std::to_string(chosen));
+  net.setAttr("gid_index", std::to_string(c.index));
 }
 
 }  // namespace

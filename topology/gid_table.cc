@@ -2,46 +2,14 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdint>
-#include <cstdlib>
 
 namespace loom::topology {
 namespace {
 
 constexpr int kMaxGids = 256;
 
-// The eight 16-bit groups of a GID as sysfs writes it; false when the text is not one.
-bool gidGroups(const std::string& gid, uint16_t groups[8]) {
-  int n = 0;
-  size_t pos = 0;
-  while (n < 8) {
-    size_t colon = gid.find(':', pos);
-    std::string part =
-        gid.substr(pos, colon == std::string::npos ? std::string::npos : colon - pos);
-    if (part.empty() || part.size() > 4 ||
-        !std::all_of(part.begin(), part.end(), [](unsigned char c) { return std::isxdigit(c); })) {
-      return false;
-    }
-    groups[n++] = static_cast<uint16_t>(std::strtoul(part.c_str(), nullptr, 16));
-    if (colon == std::string::npos) break;
-    pos = colon + 1;
-  }
-  return n == 8;
-}
-
 bool isZeroGid(const std::string& gid) {
   return std::all_of(gid.begin(), gid.end(), [](char c) { return c == '0' || c == ':'; });
-}
-
-bool isLinkLocalGid(const GidEntry& e) {
-  uint16_t g[8];
-  return gidGroups(e.gid, g) && g[0] == 0xfe80 && !g[1] && !g[2] && !g[3];
-}
-
-// Lower is preferred: RoCE v2 before v1; IPv4-mapped, then global, then link-local.
-int roceTier(const GidEntry& e) {
-  int family = isIpv4MappedGid(e) ? 0 : (isLinkLocalGid(e) ? 2 : 1);
-  return (isRoceV2Gid(e) ? 0 : 3) + family;
 }
 
 }  // namespace
@@ -65,27 +33,19 @@ std::vector<GidEntry> readGidTable(const Reader& reader, const std::string& port
   return table;
 }
 
-int defaultGidIndex(const std::vector<GidEntry>& table, bool infiniband) {
-  if (table.empty()) return -1;
-  if (infiniband) {
-    // Index 0 is the port GID (subnet prefix + port GUID) on every IB port.
-    for (const GidEntry& e : table)
-      if (e.index == 0) return 0;
-    return table.front().index;
+std::vector<roce::Gid> roceTable(const std::vector<GidEntry>& table, bool infiniband) {
+  std::vector<roce::Gid> out;
+  for (const GidEntry& e : table) {
+    roce::Gid g;
+    if (!roce::parseGid(e.gid, g.raw)) continue;
+    g.index = e.index;
+    g.netdev = e.netdev;
+    g.type = infiniband                               ? roce::Gid::Type::kIb
+             : e.type.find("v2") != std::string::npos ? roce::Gid::Type::kRoceV2
+                                                      : roce::Gid::Type::kRoceV1;
+    out.push_back(g);
   }
-  const GidEntry* best = &table.front();
-  for (const GidEntry& e : table)
-    if (roceTier(e) < roceTier(*best)) best = &e;
-  return best->index;
-}
-
-bool isIpv4MappedGid(const GidEntry& e) {
-  uint16_t g[8];
-  return gidGroups(e.gid, g) && !g[0] && !g[1] && !g[2] && !g[3] && !g[4] && g[5] == 0xffff;
-}
-
-bool isRoceV2Gid(const GidEntry& e) {
-  return e.type.find("v2") != std::string::npos;
+  return out;
 }
 
 }  // namespace loom::topology

@@ -1,11 +1,13 @@
-// The GID table of RDMA ports: reading it from sysfs, the index NCCL would use, and how
+// The GID table of RDMA ports: reading it from sysfs, the index the transport uses, and how
 // it shows in the XML, the JSON and loom-topo's NIC lines.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <nlohmann/json.hpp>
 
+#include "common/settings.h"
 #include "tests/topology/fixtures.h"
+#include "topology/gid_table.h"
 
 namespace loom::topology {
 namespace {
@@ -80,32 +82,67 @@ TEST(Gid, InfinibandPortUsesIndexZero) {
   EXPECT_EQ(n0.attr("gid"), "fe80:0000:0000:0000:a088:c203:0012:0000");
 }
 
-TEST(Gid, DefaultIndexOrder) {
+// The sysfs table as the shared GID choice reads it (common/roce_gid.h), and the choice.
+TEST(Gid, ChoiceOverTheSysfsTable) {
   auto e = [](int i, const char* gid, const char* type) { return GidEntry{i, gid, type, "eth0"}; };
+  auto pick = [](const std::vector<GidEntry>& t, bool ib) {
+    return roce::chooseGid(roceTable(t, ib), ib, roce::GidRule{}, "d").index;
+  };
   // v2 + IPv4 first, wherever it sits.
-  EXPECT_EQ(defaultGidIndex({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kLinkLocal, "RoCE v2"),
-                             e(2, kIpv4, "IB/RoCE v1"), e(3, kIpv4, "RoCE v2")},
-                            false),
+  EXPECT_EQ(pick({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kLinkLocal, "RoCE v2"),
+                  e(2, kIpv4, "IB/RoCE v1"), e(3, kIpv4, "RoCE v2")},
+                 false),
             3);
   // No IPv4: other v2, global before link-local.
-  EXPECT_EQ(defaultGidIndex({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kLinkLocal, "RoCE v2"),
-                             e(2, kIpv6, "IB/RoCE v1"), e(3, kIpv6, "RoCE v2")},
-                            false),
+  EXPECT_EQ(pick({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kLinkLocal, "RoCE v2"),
+                  e(2, kIpv6, "IB/RoCE v1"), e(3, kIpv6, "RoCE v2")},
+                 false),
             3);
-  EXPECT_EQ(defaultGidIndex({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kLinkLocal, "RoCE v2")}, false),
-            1);
+  EXPECT_EQ(pick({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kLinkLocal, "RoCE v2")}, false), 1);
   // v1 only: IPv4 first, then the lowest index.
-  EXPECT_EQ(defaultGidIndex({e(0, kLinkLocal, "IB/RoCE v1"), e(4, kIpv4, "IB/RoCE v1")}, false), 4);
-  EXPECT_EQ(
-      defaultGidIndex({e(2, kLinkLocal, "IB/RoCE v1"), e(5, kLinkLocal, "IB/RoCE v1")}, false), 2);
-  // Equal entries: the lowest index.
-  EXPECT_EQ(defaultGidIndex({e(5, kIpv4, "RoCE v2"), e(6, kIpv4, "RoCE v2")}, false), 5);
+  EXPECT_EQ(pick({e(0, kLinkLocal, "IB/RoCE v1"), e(4, kIpv4, "IB/RoCE v1")}, false), 4);
+  EXPECT_EQ(pick({e(2, kLinkLocal, "IB/RoCE v1"), e(5, kLinkLocal, "IB/RoCE v1")}, false), 2);
   // InfiniBand: index 0 whatever else the table has.
-  EXPECT_EQ(defaultGidIndex({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kIpv4, "RoCE v2")}, true), 0);
-  EXPECT_EQ(defaultGidIndex({}, false), -1);
-  EXPECT_TRUE(isIpv4MappedGid(e(0, kIpv4, "")));
-  EXPECT_FALSE(isIpv4MappedGid(e(0, kIpv6, "")));
-  EXPECT_FALSE(isIpv4MappedGid(e(0, "not a gid", "")));
+  EXPECT_EQ(pick({e(0, kLinkLocal, "IB/RoCE v1"), e(1, kIpv4, "RoCE v2")}, true), 0);
+  EXPECT_EQ(pick({}, false), -1);
+  // Types and texts: "IB/RoCE v1" is v1 on a RoCE port; an entry that is not a GID is left out.
+  const auto t = roceTable(
+      {e(0, kIpv4, "IB/RoCE v1"), e(1, "not a gid", "RoCE v2"), e(2, kIpv6, "RoCE v2")}, false);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_TRUE(t[0].ipv4Mapped());
+  EXPECT_EQ(t[0].type, roce::Gid::Type::kRoceV1);
+  EXPECT_EQ(t[1].type, roce::Gid::Type::kRoceV2);
+  EXPECT_EQ(t[1].text(), "fd00:10:0:1::11");
+}
+
+// loom-topo shows the GID the transport uses: LOOM_IB_GID_INDEX and the address settings
+// move it.
+TEST(Gid, DetectionFollowsTheSettings) {
+  {
+    settings::ScopedSetting index(settings::kIbGidIndex, "3");
+    DirReader reader(sysfsRoot("pcie_4gpu_roce"));
+    auto d = detectLocal(reader);
+    ASSERT_TRUE(d.isOk()) << d.status().message();
+    EXPECT_EQ(netNamed(buildGraph(d->system), "mlx5_0").attr("gid_index"), "3");
+  }
+  {
+    settings::ScopedSetting family(settings::kIbAddrFamily, "AF_INET6");
+    DirReader reader(sysfsRoot("pcie_4gpu_roce"));
+    auto d = detectLocal(reader);
+    ASSERT_TRUE(d.isOk()) << d.status().message();
+    const Net& n = netNamed(buildGraph(d->system), "mlx5_0");
+    EXPECT_EQ(n.attr("gid_index"), "3");
+    EXPECT_EQ(n.attr("gid"), kIpv6);
+  }
+  {
+    settings::ScopedSetting index(settings::kIbGidIndex, "9");
+    DirReader reader(sysfsRoot("pcie_4gpu_roce"));
+    auto d = detectLocal(reader);
+    ASSERT_TRUE(d.isOk()) << d.status().message();
+    EXPECT_TRUE(hasLine(d->warnings, "LOOM_IB_GID_INDEX=9 is not a populated GID"))
+        << ::testing::PrintToString(d->warnings);
+    EXPECT_EQ(netNamed(buildGraph(d->system), "mlx5_0").attr("gid"), "");
+  }
 }
 
 // Counts the reads, to hold the cost of a mostly empty 256-slot table down.
@@ -162,8 +199,8 @@ TEST(Gid, RocePortWithoutIpv4V2Warns) {
   auto d = detectLocal(r);
   ASSERT_TRUE(d.isOk()) << d.status().message();
   EXPECT_TRUE(hasLine(d->warnings,
-                      "mlx5_0 port 1 has no RoCE v2 GID with an IPv4 address: using "
-                      "GID index 1 (RoCE v2"))
+                      "mlx5_0 port 1: GID 1 (fe80::e42:a1ff:fe5a:b10, RoCE v2): no GID fits "
+                      "AF_INET, RoCE v2"))
       << ::testing::PrintToString(d->warnings);
   EXPECT_TRUE(hasLine(d->warnings, "mlx5_1 port 1 has no populated GID"));
   Graph g = buildGraph(d->system);

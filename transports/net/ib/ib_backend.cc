@@ -178,7 +178,8 @@ struct Port {
   ibv_mtu mtu = IBV_MTU_1024;
   std::string pciPath;
   std::string gidWhy;
-  bool dmaBuf = false;  // the provider registers dma-buf (probeDmaBuf)
+  bool gidUsual = true;  // the GID the rule asks for, not a fallback
+  bool dmaBuf = false;   // the provider registers dma-buf (probeDmaBuf)
   std::string dmaBufWhy;
 };
 
@@ -1153,8 +1154,7 @@ Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usa
   std::vector<PortReport> reports;
   const std::string hcaText = settings::get(settings::kIbHca);
   const HcaFilter filter = HcaFilter::parse(hcaText);
-  const settings::Amount forcedGid = settings::get(settings::kIbGidIndex);
-  const int forced = forcedGid.isAuto() ? -1 : static_cast<int>(forcedGid.value);
+  LOOM_ASSIGN_OR_RETURN(const GidRule gidRule, GidRule::fromSettings());
   int n = 0;
   ibv_device** list = v.getDeviceList(&n);
   if (!list) {
@@ -1213,7 +1213,7 @@ Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usa
       } else {
         const std::string where = name + " port " + std::to_string(p);
         const std::vector<Gid> table = gidTable(v, dev->ctx, p, pa.gid_tbl_len);
-        GidChoice g = chooseGid(table, r.infiniband, r.infiniband ? -1 : forced, where);
+        GidChoice g = chooseGid(table, r.infiniband, gidRule, where);
         if (g.index < 0) {
           r.why = g.why;
         } else {
@@ -1230,6 +1230,7 @@ Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usa
           port.mtu = mtuOf(pa.active_mtu);
           port.pciPath = sysfsPci(name);
           port.gidWhy = g.why;
+          port.gidUsual = g.usual;
           r.usable = true;
           r.gidIndex = g.index;
           Gid shown;
@@ -1300,9 +1301,18 @@ Result<std::unique_ptr<Backend>> makeIbBackend(const Context& ctx) {
   // The handshake's TCP listeners go where sockets would (LOOM_SOCKET_IFNAME).
   LOOM_ASSIGN_OR_RETURN(auto ifs, findInterfacesFromSettings());
   for (const Port& p : ports) {
-    LOOM_INFO(kNet, "net/ib: %s port %d (%s, %d Gb/s), %s%s", p.device->name.c_str(), p.port,
-              p.infiniband ? "InfiniBand" : "RoCE", p.speedMbps / 1000, p.gidWhy.c_str(),
-              v->provider == std::string("libibverbs.so.1") ? "" : " [emulated device]");
+    const char* emulated =
+        v->provider == std::string("libibverbs.so.1") ? "" : " [emulated device]";
+    // A GID the rule did not ask for is the first thing to look at when RoCE peers cannot
+    // reach each other.
+    if (!p.gidUsual) {
+      LOOM_WARN(kNet, "net/ib: %s port %d (RoCE, %d Gb/s), %s%s", p.device->name.c_str(), p.port,
+                p.speedMbps / 1000, p.gidWhy.c_str(), emulated);
+    } else {
+      LOOM_INFO(kNet, "net/ib: %s port %d (%s, %d Gb/s), %s%s", p.device->name.c_str(), p.port,
+                p.infiniband ? "InfiniBand" : "RoCE", p.speedMbps / 1000, p.gidWhy.c_str(),
+                emulated);
+    }
   }
   LOOM_INFO(kNet, "net/ib: %zu port(s), %d queue pair(s) per connection, handshakes over %s (%s)",
             ports.size(), tuningFromSettings().nqps, ifs.front().name.c_str(),

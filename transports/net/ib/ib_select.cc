@@ -26,15 +26,6 @@ std::vector<std::string> split(const std::string& text, char sep) {
   return out;
 }
 
-const char* typeName(Gid::Type t) {
-  switch (t) {
-    case Gid::Type::kIb: return "IB";
-    case Gid::Type::kRoceV1: return "RoCE v1";
-    case Gid::Type::kRoceV2: return "RoCE v2";
-  }
-  return "?";
-}
-
 }  // namespace
 
 HcaFilter HcaFilter::parse(const std::string& text) {
@@ -69,87 +60,6 @@ bool HcaFilter::matches(const std::string& device, int port) const {
     }
   }
   return exclude ? !hit : hit;
-}
-
-bool Gid::ipv4Mapped() const {
-  static const unsigned char prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return std::memcmp(raw, prefix, sizeof(prefix)) == 0;
-}
-
-bool Gid::linkLocal() const {
-  return raw[0] == 0xfe && (raw[1] & 0xc0) == 0x80;
-}
-
-std::string Gid::text() const {
-  char buf[INET6_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET6, raw, buf, sizeof(buf));
-  return buf;
-}
-
-GidChoice chooseGid(const std::vector<Gid>& table, bool infiniband, int forced,
-                    const std::string& where) {
-  GidChoice c;
-  auto describe = [&] {
-    std::string s;
-    for (const Gid& g : table) {
-      if (!s.empty()) s += "; ";
-      s += std::to_string(g.index) + ": " + g.text() + " " + typeName(g.type);
-      if (!g.netdev.empty()) s += " (" + g.netdev + ")";
-    }
-    return s.empty() ? std::string("no populated entry") : s;
-  };
-  if (forced >= 0) {
-    for (const Gid& g : table) {
-      if (g.index == forced) {
-        c.index = forced;
-        c.why = "GID " + std::to_string(forced) + " (" + g.text() + ", " + typeName(g.type) +
-                ") as LOOM_IB_GID_INDEX asks";
-        return c;
-      }
-    }
-    c.why = where + ": LOOM_IB_GID_INDEX=" + std::to_string(forced) +
-            " is not a populated GID; the table holds: " + describe();
-    return c;
-  }
-  if (infiniband) {
-    for (const Gid& g : table) {
-      if (g.index == 0) {
-        c.index = 0;
-        c.why = "GID 0 (InfiniBand port GID " + g.text() + ")";
-        return c;
-      }
-    }
-    c.why = where + ": InfiniBand port without GID 0 (is the subnet manager running?)";
-    return c;
-  }
-  // Rank every entry; the best rank wins, the lowest index among equals.
-  auto rank = [](const Gid& g) {
-    const int version = g.type == Gid::Type::kRoceV2 ? 0 : g.type == Gid::Type::kRoceV1 ? 3 : 6;
-    const int family = g.ipv4Mapped() ? 0 : !g.linkLocal() ? 1 : 2;
-    return version + family;
-  };
-  const Gid* best = nullptr;
-  for (const Gid& g : table) {
-    if (g.type == Gid::Type::kIb) continue;
-    if (!best || rank(g) < rank(*best) || (rank(g) == rank(*best) && g.index < best->index)) {
-      best = &g;
-    }
-  }
-  if (!best) {
-    c.why =
-        where + ": no RoCE GID (no IP address on its interface?); the table holds: " + describe();
-    return c;
-  }
-  c.index = best->index;
-  c.why = "GID " + std::to_string(best->index) + " (" + best->text() + ", " + typeName(best->type) +
-          ")";
-  if (rank(*best) != 0) {
-    c.why +=
-        ": no RoCE v2 GID with an IPv4 address, so peers must be able to use this one; "
-        "the table holds: " +
-        describe() + " (LOOM_IB_GID_INDEX chooses another)";
-  }
-  return c;
 }
 
 int portSpeedMbps(int activeWidth, int activeSpeed) {
