@@ -260,9 +260,9 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
   // The chain reduce has run on host buffers only: GPU buffers keep the tree (measured
   // against NCCL on one H200, docs/perf/crosshost.md) until it is checked on a GPU, unless
-  // LOOM_ALGO leaves the tree out.
+  // LOOM_ALGO names the chain.
   if (req.type == CollType::kReduce && c.algo == Algorithm::kChain &&
-      forced.allows(AlgoName::kTree)) {
+      !forced.names(AlgoName::kChain)) {
     c.algo = Algorithm::kTree;
     c.reason = "reduce of GPU buffers: the binary tree";
     return c;

@@ -605,9 +605,8 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   EXPECT_NE(why.find("mesh"), std::string::npos) << why;
 }
 
-// Reduce as broadcast: the pipelined chain, but the tree for small messages over more
-// than 4 ranks; LOOM_ALGO picks either. GPU buffers over the network keep the tree unless
-// LOOM_ALGO leaves it out.
+// Reduce: the pipelined chain or the tree, as the cost model prices them; LOOM_ALGO picks
+// either. GPU buffers over the network keep the tree unless LOOM_ALGO names the chain.
 TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   CollRequest req;
   req.type = CollType::kReduce;
@@ -632,6 +631,11 @@ TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   c = chooseNetAlgorithm(req, AlgoRequest{});
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
+  auto onlyRing = AlgoRequest::parse("ring");
+  ASSERT_TRUE(onlyRing.isOk());
+  c = chooseNetAlgorithm(req, *onlyRing);
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;  // as before the chain existed
   auto onlyChain = AlgoRequest::parse("chain");
   ASSERT_TRUE(onlyChain.isOk());
   c = chooseNetAlgorithm(req, *onlyChain);
