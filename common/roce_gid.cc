@@ -4,7 +4,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
+#include "common/log.h"
 #include "common/settings.h"
 
 namespace loom::roce {
@@ -38,11 +40,18 @@ int versionOf(Gid::Type t) {
   return t == Gid::Type::kRoceV2 ? 2 : 1;
 }
 
-// Lower is preferred: an entry that fits the rule, then the rule's RoCE version, then
-// IPv4, global IPv6, link-local.
+// The entry is an address of the rule's family, whatever the range.
+bool ofFamily(const Gid& g, const GidRule& rule) {
+  return rule.family == 4 ? g.ipv4Mapped() : !g.ipv4Mapped() && !g.linkLocal();
+}
+
+// Lower is preferred: an entry that fits the rule, then one of its family outside the
+// range, then the others; among those the rule's RoCE version, then IPv4, global IPv6,
+// link-local.
 int rank(const Gid& g, const GidRule& rule) {
-  const int family = g.ipv4Mapped() ? 0 : (g.linkLocal() ? 2 : 1);
-  return (fits(g, rule) ? 0 : 10) + (versionOf(g.type) == rule.version ? 0 : 3) + family;
+  const int kind = g.ipv4Mapped() ? 0 : (g.linkLocal() ? 2 : 1);
+  const int fit = fits(g, rule) ? 0 : (ofFamily(g, rule) ? 10 : 20);
+  return fit + (versionOf(g.type) == rule.version ? 0 : 3) + kind;
 }
 
 std::string tableText(const std::vector<Gid>& table) {
@@ -123,12 +132,20 @@ Result<GidRule> GidRule::parse(int forced, const std::string& family, int versio
   return r;
 }
 
-Result<GidRule> GidRule::fromSettings() {
+GidRule GidRule::fromSettings() {
   const settings::Amount forced = settings::get(settings::kIbGidIndex);
-  const std::string version = settings::get(settings::kIbRoceVersionNum);
-  return parse(forced.isAuto() ? -1 : static_cast<int>(forced.value),
-               settings::get(settings::kIbAddrFamily), version == "1" ? 1 : 2,
-               settings::get(settings::kIbAddrRange));
+  const int index = forced.isAuto() ? -1 : static_cast<int>(forced.value);
+  const std::string family = settings::get(settings::kIbAddrFamily);
+  const int version = settings::get(settings::kIbRoceVersionNum) == "1" ? 1 : 2;
+  auto rule = parse(index, family, version, settings::get(settings::kIbAddrRange));
+  if (rule) return *rule;
+  // As NCCL, a range that does not parse is left out, said once.
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    LOOM_WARN(kNet, "%s; choosing GIDs without a range", rule.status().message().c_str());
+  });
+  auto plain = parse(index, family, version, "");
+  return plain ? *plain : GidRule{};
 }
 
 std::string GidRule::text() const {

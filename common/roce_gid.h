@@ -44,8 +44,10 @@ struct GidRule {
   // From text as the variables hold it; an error names the variable and what it takes.
   static Result<GidRule> parse(int forced, const std::string& family, int version,
                                const std::string& range);
-  // From LOOM_IB_* (or NCCL_IB_*) in the environment.
-  static Result<GidRule> fromSettings();
+  // From LOOM_IB_* (or NCCL_IB_*) in the environment. A family or version that is not one
+  // falls back to the default (the settings warn); a range that does not parse is left
+  // out with a warning, as NCCL does.
+  static GidRule fromSettings();
   // "AF_INET, RoCE v2" (and the range, where one is given).
   std::string text() const;
 };

@@ -152,14 +152,10 @@ void describeGids(const Reader& reader, const std::string& dev, const std::strin
     }
     return;
   }
-  auto rule = roce::GidRule::fromSettings();
-  if (!rule) {
-    warnings.add("gid-rule", rule.status().message() + ": GIDs chosen as by default");
-    rule = roce::GidRule{};
-  }
-  const roce::GidChoice c = roce::chooseGid(roceTable(net.gids, !roce), !roce, *rule, where);
+  const roce::GidRule rule = roce::GidRule::fromSettings();
+  const roce::GidChoice c = roce::chooseGid(roceTable(net.gids, !roce), !roce, rule, where);
   if (c.index < 0) {
-    if (roce) warnings.add("gid-" + dev + "/" + port, c.why);
+    warnings.add("gid-" + dev + "/" + port, c.why);
     return;
   }
   const GidEntry& e = *std::find_if(net.gids.begin(), net.gids.end(),

@@ -69,6 +69,13 @@ TEST(RoceGid, FamilyAndRange) {
   EXPECT_EQ(chooseGid(table, false, rule(-1, "AF_INET", 2, "10.1.0.0/24"), "d").index, 1);
   EXPECT_EQ(chooseGid(table, false, rule(-1, "AF_INET6"), "d").index, 3);
   EXPECT_EQ(chooseGid(table, false, rule(-1, "AF_INET6", 2, "2001:db8::/32"), "d").index, 4);
+  // Prefixes that end inside a byte: 10.1.0.0/12 holds 10.1.0.5, 10.16.0.0/12 does not.
+  EXPECT_EQ(chooseGid(table, false, rule(-1, "AF_INET", 2, "10.1.0.0/12"), "d").index, 1);
+  EXPECT_TRUE(chooseGid(table, false, rule(-1, "AF_INET", 2, "10.1.0.0/12"), "d").usual);
+  EXPECT_FALSE(chooseGid(table, false, rule(-1, "AF_INET", 2, "10.16.0.0/12"), "d").usual);
+  EXPECT_EQ(chooseGid(table, false, rule(-1, "AF_INET6", 2, "fd00::/7"), "d").index, 3);
+  // Nothing in the range: the family still comes first.
+  EXPECT_EQ(chooseGid(table, false, rule(-1, "AF_INET6", 2, "fc00:1::/32"), "d").index, 3);
   // A range nothing falls in: the best other, said.
   GidChoice none = chooseGid(table, false, rule(-1, "AF_INET", 2, "172.16.0.0/12"), "d");
   EXPECT_EQ(none.index, 1);
@@ -103,12 +110,24 @@ TEST(RoceGid, RuleFromTextAndSettings) {
   settings::ScopedSetting version(settings::kIbRoceVersionNum, "1");
   settings::ScopedSetting range(settings::kIbAddrRange, "fd00::/8");
   settings::ScopedSetting index(settings::kIbGidIndex, "4");
-  auto r = GidRule::fromSettings();
-  ASSERT_TRUE(r.isOk()) << r.status().message();
-  EXPECT_EQ(r->family, 6);
-  EXPECT_EQ(r->version, 1);
-  EXPECT_EQ(r->forced, 4);
-  EXPECT_EQ(r->text(), "AF_INET6, RoCE v1, in fd00::/8");
+  const GidRule r = GidRule::fromSettings();
+  EXPECT_EQ(r.family, 6);
+  EXPECT_EQ(r.version, 1);
+  EXPECT_EQ(r.forced, 4);
+  EXPECT_EQ(r.text(), "AF_INET6, RoCE v1, in fd00::/8");
+}
+
+// From the environment, as NCCL: a range that does not parse is left out (with a warning),
+// a family or version that is not one falls back to its default.
+TEST(RoceGid, SettingsThatDoNotParse) {
+  settings::ScopedSetting range(settings::kIbAddrRange, "10.0.0/8");
+  settings::ScopedSetting family(settings::kIbAddrFamily, "AF_UNIX");
+  settings::ScopedSetting version(settings::kIbRoceVersionNum, "3");
+  const GidRule r = GidRule::fromSettings();
+  EXPECT_FALSE(r.ranged);
+  EXPECT_EQ(r.family, 4);
+  EXPECT_EQ(r.version, 2);
+  EXPECT_EQ(r.forced, -1);
 }
 
 }  // namespace

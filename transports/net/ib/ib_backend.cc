@@ -1154,7 +1154,7 @@ Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usa
   std::vector<PortReport> reports;
   const std::string hcaText = settings::get(settings::kIbHca);
   const HcaFilter filter = HcaFilter::parse(hcaText);
-  LOOM_ASSIGN_OR_RETURN(const GidRule gidRule, GidRule::fromSettings());
+  const GidRule gidRule = GidRule::fromSettings();
   int n = 0;
   ibv_device** list = v.getDeviceList(&n);
   if (!list) {
