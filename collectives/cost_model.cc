@@ -119,13 +119,17 @@ Estimate hierarchical(const Fabric& f, double S) {
 }
 
 // Hierarchical all-gather (host buffers): a ring across the hosts per rail, then a ring
-// inside each host per host's blocks. The reduce-scatter is its mirror (a ring inside the
-// host per host's blocks, each ending in a step of the rail's ring): the same steps and
-// bytes.
-Estimate hierarchicalGather(const Fabric& f, double S) {
+// inside each host per host's blocks. The reduce-scatter is its mirror, the same bytes: a
+// ring inside the host per host's blocks whose last step is also the rail ring's, so H - 1
+// of its H (G - 1) steps cross hosts.
+Estimate hierarchicalGather(const Fabric& f, double S, bool scatter) {
   const int G = f.ranksPerHost, H = f.hosts;
   Sum s(f, Algo::kHierarchical);
-  s.steps(H * (G - 1), H - 1);
+  if (scatter) {
+    s.steps(H * (G - 1) - (H - 1), H - 1);
+  } else {
+    s.steps(H * (G - 1), H - 1);
+  }
   s.bytes(double(G - 1) / G * S, double(H - 1) / H * S);
   return s.done(!f.gpu);
 }
@@ -217,7 +221,7 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
         case Algo::kDirect: *out = direct(f, a, S / n, 1, false); return true;
         case Algo::kHierarchical:
           if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;
-          *out = hierarchicalGather(f, S);
+          *out = hierarchicalGather(f, S, type == CollType::kReduceScatter);
           return true;
         default: return false;
       }

@@ -98,7 +98,14 @@ void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
 // topology's) or rank order when it is null or not a permutation of n ranks.
 Schedule ringAllReduce(int rank, int n, size_t count, size_t piece,
                        const std::vector<int>* ring = nullptr);
-Schedule treeAllReduce(int rank, int n, size_t count, size_t piece);  // double binary tree
+// Double binary tree. `lagResults`: the steps that take a block's result down are
+// ordered two blocks after its reduction on the connections they share with the other
+// tree's reductions, where the shape allows (treeLag in schedules.cc), so that one tree's
+// reduction does not wait there for the other's result. For executors that run a phase's
+// steps as they become ready, taking each shared connection in phase order (the host
+// executor); the GPU network plan, which splits such steps into sub-phases, takes the
+// plain order.
+Schedule treeAllReduce(int rank, int n, size_t count, size_t piece, bool lagResults = false);
 // Recursive doubling: in round j every rank swaps its partial result with rank ^ 2^j and
 // adds the two; log2(n) rounds of one message each, for n a power of two (otherwise the
 // ring). Both partners add the same two operands, so results match bitwise on every rank.

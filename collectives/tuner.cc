@@ -26,9 +26,25 @@ const model::Fabric& flatFabric(int n) {
   return f;
 }
 
-// Broadcast and reduce: the pipelined chain or the binary tree, whichever the cost model
-// prices lower on the request's fabric (the chain where it cannot price them).
-void pickChainOrTree(CollType type, const CollRequest& req, size_t bytes, TunerChoice* c) {
+// Broadcast and reduce: the pipelined chain or the binary tree, as LOOM_ALGO forces one
+// (chain, or ring as its alias; ^chain leaves it out), else whichever the cost model prices
+// lower on the request's fabric (the chain where it cannot price them, and on 2 ranks,
+// where the two are one schedule). LOOM_ALGO naming neither (an all-reduce form) leaves
+// the choice to the model.
+void chooseChainOrTree(CollType type, const CollRequest& req, const AlgoRequest& forced,
+                       size_t bytes, TunerChoice* c) {
+  const bool chain = forced.allows(AlgoName::kChain) || forced.names(AlgoName::kRing);
+  const bool tree = forced.allows(AlgoName::kTree);
+  if (chain != tree) {
+    c->algo = chain ? Algorithm::kChain : Algorithm::kTree;
+    c->reason = "forced by LOOM_ALGO";
+    return;
+  }
+  if (req.nranks <= 2) {
+    c->algo = Algorithm::kChain;
+    c->reason = "pipelined chain (on 2 ranks the tree is the same)";
+    return;
+  }
   const model::Fabric& f = req.fabric ? *req.fabric : flatFabric(req.nranks);
   model::Estimate ce, te;
   const bool priced = model::estimate(type, model::Algo::kChain, bytes, f, &ce) &&
@@ -205,12 +221,13 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       bool chain = forced.allows(AlgoName::kChain) || forced.allows(AlgoName::kRing);
       bool tree = forced.allows(AlgoName::kTree);
       // A pipelined chain moves each byte once per link at full bandwidth; a tree halves
-      // the hops but sends twice from inner nodes. Host buffers: the cost model weighs the
-      // two (network namespaces, 1 Gb/s, 2026-12-05: at 8 hosts and 64 KiB the chain took
-      // half the tree's time, where the rule below took the tree). GPU buffers: chain for
-      // large, tree for small, as measured against NCCL.
-      if (!req.device && chain && tree && n > 2) {
-        pickChainOrTree(CollType::kBroadcast, req, bytes, &c);
+      // the hops but sends twice from inner nodes. Host buffers across hosts: the cost model
+      // weighs the two on the communicator's fabric (network namespaces, 1 Gb/s,
+      // 2026-12-05: at 8 hosts and 64 KiB the chain took half the tree's time, where the
+      // rule below took the tree). Inside one host, and GPU buffers: chain for large, tree
+      // for small, as measured (GPU buffers against NCCL).
+      if (!req.device && req.fabric) {
+        chooseChainOrTree(CollType::kBroadcast, req, forced, bytes, &c);
         break;
       }
       if (tree && (!chain || (bytes < 256 * 1024 && n > 4))) {
@@ -222,24 +239,14 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       }
       break;
     }
-    case CollType::kReduce: {
+    case CollType::kReduce:
       // Each link of a pipelined chain carries the buffer once; the tree's inner ranks take
-      // in two buffers for one sent on, in log2(n) hops instead of n - 1. The cost model
-      // weighs the two: network namespaces, 1 rank each, 1 Gb/s (docs/perf/cost_model.md,
-      // 2026-12-05), the chain 2.0 x the tree from 64 KiB at 4 and 8 hosts.
-      const bool chain = forced.allows(AlgoName::kChain) || forced.allows(AlgoName::kRing);
-      const bool tree = forced.allows(AlgoName::kTree);
-      if (chain && tree && n > 2) {
-        pickChainOrTree(CollType::kReduce, req, bytes, &c);
-      } else if (tree && !chain) {
-        c.algo = Algorithm::kTree;
-        c.reason = "forced by LOOM_ALGO";
-      } else {
-        c.algo = Algorithm::kChain;
-        c.reason = chain && forced.set() ? "forced by LOOM_ALGO" : "pipelined chain";
-      }
+      // in two buffers for one sent on, in log2(n) hops instead of n - 1. Network
+      // namespaces, 1 rank each, 1 Gb/s (docs/perf/cost_model.md, 2026-12-05): from 64 KiB
+      // at 4 and 8 hosts the chain took 0.37-0.50 of the tree's time; over shared memory
+      // (4 and 8 ranks, 64 KiB - 32 MiB) it was level or ahead.
+      chooseChainOrTree(CollType::kReduce, req, forced, bytes, &c);
       break;
-    }
     case CollType::kAllGather:
     case CollType::kReduceScatter:
       c.algo = Algorithm::kRing;
@@ -260,7 +267,8 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
   // The chain reduce has run on host buffers only: GPU buffers keep the tree (measured
   // against NCCL on one H200, docs/perf/crosshost.md) until it is checked on a GPU, unless
-  // LOOM_ALGO names the chain.
+  // LOOM_ALGO names the chain (as before the chain existed, even where LOOM_ALGO leaves
+  // the tree out).
   if (req.type == CollType::kReduce && c.algo == Algorithm::kChain &&
       !forced.names(AlgoName::kChain)) {
     c.algo = Algorithm::kTree;
@@ -332,7 +340,7 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
       if (algo == Algorithm::kDirect) return directAllReduce(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kHier && req.hier)
         return hierAllReduce(*req.hier, req.count, req.pieceElems);
-      return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems)
+      return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems, !req.device)
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kAllGather:
       if (algo == Algorithm::kHier && req.hier)
@@ -369,8 +377,10 @@ bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo*
                        type == CollType::kAllToAll;
   req.count = std::max<size_t>(1, bytes / req.elemSize / (perRank ? n : 1));
   req.network = f.hosts > 1;
-  // As the communicator asks: its own fabric across hosts, the flat one inside a host.
-  if (f.hosts > 1) req.fabric = &f;
+  // As the callers ask: the communicator, for host buffers, with its own fabric across
+  // hosts (the flat one inside a host); the GPU network executor with none (its ring
+  // against tree is priced on the flat fabric).
+  if (f.hosts > 1 && !f.gpu) req.fabric = &f;
   // Host buffers take the hierarchical forms where every host has several ranks; GPU
   // buffers only where LOOM_ALGO names them.
   Hierarchy h;

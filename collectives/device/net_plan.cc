@@ -125,7 +125,10 @@ Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules
   return out;
 }
 
-Schedule netSchedule(const CollRequest& req, Algorithm algo) {
+Schedule netSchedule(const CollRequest& deviceReq, Algorithm algo) {
+  // GPU buffers: the schedules' forms for them (CollRequest::device).
+  CollRequest req = deviceReq;
+  req.device = true;
   // A direct all-to-all takes a block per peer and direction: with many ranks, in rounds.
   if (req.type == CollType::kAllToAll && 2 * req.nranks - 1 > static_cast<int>(kNetMaxBlocks)) {
     return splitByConnection(

@@ -196,6 +196,8 @@ std::vector<Case> cases() {
        }},
       {"RingAllReduce", CollType::kAllReduce,
        [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
+      {"TreeAllReduceLagged", CollType::kAllReduce,
+       [](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, kPiece, true); }},
       {"DirectAllReduce", CollType::kAllReduce,
        [](int r, int n, size_t c, int) { return directAllReduce(r, n, c, kPiece); }},
       {"DoublingAllReduce", CollType::kAllReduce,
@@ -299,6 +301,8 @@ void checkCase(const Case& cs, int n, size_t count, int root, bool split = false
 // Every case, rank count 1..64, count and root; `split` as checkCase takes it.
 void checkEveryCase(bool split) {
   for (const auto& cs : cases()) {
+    // The lagged tree is the host executor's form: the GPU network plan takes the plain one.
+    if (split && cs.name == std::string("TreeAllReduceLagged")) continue;
     for (int n : rankCounts()) {
       for (size_t count : countsFor(n)) {
         std::vector<int> roots = {0};
@@ -323,11 +327,12 @@ TEST(Schedules, EveryCollectiveSplitByConnection) {
   checkEveryCase(true);
 }
 
-// The hierarchical all-reduce, all-gather and reduce-scatter (host buffers): hosts of L ranks, the
-// hosts' ranks either in blocks (0 1 | 2 3) or interleaved (0 2 | 1 3), counts from 0 to many
-// blocks; the sum on every rank, the pre-op and the post-op applied once each, every block
-// in place; split by connection too.
-TEST(Schedules, HierarchicalAllReduceEveryShape) {
+// The hierarchical all-reduce, all-gather and reduce-scatter (host buffers): hosts of L
+// ranks, the hosts' ranks either in blocks (0 1 | 2 3) or interleaved (0 2 | 1 3), counts
+// from 0 to many blocks; the results on every rank, the pre-op and the post-op applied once
+// each; split by connection too. (The simulator keeps input and output apart: in place is
+// checked by tests/comm/rank_check.cc.)
+TEST(Schedules, HierarchicalFormsEveryShape) {
   const std::pair<int, int> shapes[] = {{2, 2}, {2, 3}, {3, 2}, {4, 4}, {2, 8}, {8, 2}, {3, 5}};
   for (auto [hosts, local] : shapes) {
     for (bool interleaved : {false, true}) {
@@ -362,6 +367,22 @@ TEST(Schedules, HierarchicalAllReduceEveryShape) {
           checkCase(*c, n, count, 0, /*split=*/true);
         }
       }
+    }
+  }
+}
+
+// The host executor's tree all-reduce, results trailing reductions by two blocks on
+// shared connections: many blocks (up to 200 of two pieces), 3 to 33 ranks, FIFOs of two
+// slots.
+TEST(Schedules, LaggedTreeAllReduceManyBlocks) {
+  const Case lagged{"TreeAllReduceLagged", CollType::kAllReduce, [](int r, int n, size_t c, int) {
+                      return treeAllReduce(r, n, c, kPiece, true);
+                    }};
+  for (int n : {3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 31, 33}) {
+    for (size_t count : {size_t{41}, size_t{333}, size_t{2003}}) {
+      SCOPED_TRACE("n " + std::to_string(n) + ", count " + std::to_string(count));
+      checkCase(lagged, n, count, 0);
+      if (HasFatalFailure()) return;
     }
   }
 }
@@ -600,6 +621,23 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   EXPECT_EQ(a, model::Algo::kDirect) << why;  // 3 ranks: no doubling, no one-shot on GPUs
   ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kTree) << why;  // the chain reduce runs on host buffers only
+  // GPU buffers across hosts: what the network executor asks, with no fabric (its ring
+  // against tree on the flat fabric), at every size and host count.
+  for (int hosts : {2, 4, 16, 256}) {
+    const model::Fabric g = model::gpuFabric(hosts, 8, 450, 400, model::NetPath::kRdma);
+    for (size_t bytes = 8; bytes <= (size_t(1) << 30); bytes *= 16) {
+      CollRequest net;
+      net.type = CollType::kAllReduce;
+      net.elemSize = 4;
+      net.nranks = hosts * 8;
+      net.count = bytes / 4;
+      auto want = chooseNetAlgorithm(net, AlgoRequest{});
+      ASSERT_TRUE(want.isOk());
+      ASSERT_TRUE(tunerPick(CollType::kAllReduce, bytes, g, &a, &why));
+      EXPECT_STREQ(model::algoName(a), algorithmName(want->algo))
+          << hosts << " hosts, " << bytes << " B: " << why;
+    }
+  }
   const model::Fabric mesh = model::gpuFabric(1, 8, 450, 50, model::NetPath::kRdma);
   EXPECT_FALSE(tunerPick(CollType::kAllReduce, 8, mesh, &a, &why));
   EXPECT_NE(why.find("mesh"), std::string::npos) << why;
@@ -631,6 +669,14 @@ TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   c = chooseNetAlgorithm(req, AlgoRequest{});
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
+  // LOOM_ALGO naming neither (an all-reduce form) leaves reduce to the model; ^chain
+  // leaves the chain out.
+  c = chooseAlgorithm(req, "direct");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
+  c = chooseAlgorithm(req, "^chain");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
   auto onlyRing = AlgoRequest::parse("ring");
   ASSERT_TRUE(onlyRing.isOk());
   c = chooseNetAlgorithm(req, *onlyRing);
@@ -641,6 +687,32 @@ TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   c = chooseNetAlgorithm(req, *onlyChain);
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
+}
+
+// Broadcast: across hosts (a fabric given), host buffers take chain or tree by the model;
+// inside one host, and GPU buffers, the rule (tree below 256 KiB over more than 4 ranks).
+TEST(Tuner, BroadcastByTheModelAcrossHostsByTheRuleElsewhere) {
+  const model::Fabric f = model::hostMemoryFabric(8, 1, 0.125);  // 8 hosts, 1 Gb/s
+  CollRequest req;
+  req.type = CollType::kBroadcast;
+  req.elemSize = 4;
+  req.nranks = 8;
+  req.count = 16384;  // 64 KiB
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;  // one host: the rule
+  req.network = true;
+  req.fabric = &f;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kChain) << c->text();  // measured 0.50 of the tree's time
+  c = chooseNetAlgorithm(req, AlgoRequest{});
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;  // GPU buffers: the rule
+  req.count = 2;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kTree) << c->text();
 }
 
 TEST(Tuner, HostPiecesFillOneRingBlockWhenTheSlotsAllow) {

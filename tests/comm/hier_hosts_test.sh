@@ -47,9 +47,9 @@ if [[ $mode != auto && $mode != topo ]] && ((hier == 0 || gather == 0 || scatter
   echo "no hierarchical all-reduce, all-gather or reduce-scatter seen"
   rc=1
 fi
-# Every call's form the same on every rank: one form per count.
-split=$(grep -ho "\(All[A-Za-z]*\|ReduceScatter\)([a-z]*, [0-9]* x" /tmp/$tag.*.log | sort -u |
-        awk '{ split($1, a, "("); print a[1], $2 }' | sort | uniq -d)
+# Every call's form the same on every rank: one form per collective, count and type.
+split=$(grep -ho "\(All[A-Za-z]*\|ReduceScatter\|Reduce\|Broadcast\)([a-z]*, [0-9]* x [a-z0-9]*)" \
+          /tmp/$tag.*.log | sort -u | awk '{ split($1, a, "("); print a[1], $2, $4 }' | sort | uniq -d)
 if [[ -n $split ]]; then echo "ranks chose different forms for counts: $split"; rc=1; fi
 rm -f /tmp/$tag.*.log
 exit $rc

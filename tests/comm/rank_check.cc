@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  // Reduce to the last rank, small (the tree over many ranks) and large (the chain).
+  // Reduce to the last rank, small and large (the tuner's chain or tree, by the model).
   for (size_t rcount : {size_t{5}, size_t{1000003}}) {
     std::vector<int> rin(rcount), rout(rcount, -1);
     for (size_t i = 0; i < rcount; ++i) rin[i] = rank * 11 + static_cast<int>(i % 17);
