@@ -142,13 +142,18 @@ Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece,
                            const std::vector<int>* ring = nullptr);
 // True when `ring` lists each of 0..n-1 exactly once.
 bool isRingOrder(const std::vector<int>& ring, int n);
-Schedule chainBroadcast(int rank, int n, size_t count, int root);
+// A pipelined chain from the root along `ring` (as the ring schedules take it: rank order
+// where it is null or not a permutation), so that with the topology's ring each host's
+// ranks are together in it whatever the placement.
+Schedule chainBroadcast(int rank, int n, size_t count, int root,
+                        const std::vector<int>* ring = nullptr);
 Schedule treeBroadcast(int rank, int n, size_t count, int root);
 Schedule treeReduce(int rank, int n, size_t count, int root);
 // The chain broadcast reversed: rank root + k adds its input to what root + k + 1 sends
 // and passes the sum to root + k - 1, piece by piece; each link carries the buffer once,
 // where the tree's inner ranks take in two.
-Schedule chainReduce(int rank, int n, size_t count, int root);
+Schedule chainReduce(int rank, int n, size_t count, int root,
+                     const std::vector<int>* ring = nullptr);
 Schedule directAllToAll(int rank, int n, size_t count);
 // The same exchange in phases of at most `peersPerPhase` peers, phase j with the peers at
 // distance j * peersPerPhase + 1.. on every rank (send to rank + k, receive from rank - k),

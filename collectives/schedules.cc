@@ -508,21 +508,24 @@ Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece, const std::
   return s;
 }
 
-Schedule chainBroadcast(int r, int n, size_t count, int root) {
+Schedule chainBroadcast(int r, int n, size_t count, int root, const std::vector<int>* ring) {
   Schedule s;
   s.reduces = false;
   s.inputCount = r == root ? count : 0;
   s.outputCount = count;
-  const int pos = mod(r - root, n);
+  // Along the ring from the root: rank order, or the topology's ring (each host's ranks
+  // together, whatever the placement).
+  const RingOrder ro = ringOrder(r, n, ring);
+  const int pos = mod(ro.pos - ringOrder(root, n, ring).pos, n);
   Step st;
   st.count = count;
   st.dst = out(0);
   if (pos == 0) {
     st.src = in(0);
   } else {
-    st.recvFrom(mod(r - 1, n));
+    st.recvFrom(ro.rankAt(ro.pos - 1));
   }
-  if (pos < n - 1) st.sendTo(mod(r + 1, n));
+  if (pos < n - 1) st.sendTo(ro.rankAt(ro.pos + 1));
   s.phases.push_back(single(st));
   return s;
 }
@@ -593,21 +596,22 @@ Schedule treeBroadcast(int r, int n, size_t count, int root) {
   return s;
 }
 
-Schedule chainReduce(int r, int n, size_t count, int root) {
+Schedule chainReduce(int r, int n, size_t count, int root, const std::vector<int>* ring) {
   Schedule s;
   s.reduces = true;
   s.inputCount = count;
   s.outputCount = r == root ? count : 0;
-  const int pos = mod(r - root, n);
+  const RingOrder ro = ringOrder(r, n, ring);
+  const int pos = mod(ro.pos - ringOrder(root, n, ring).pos, n);
   Step st;
   st.count = count;
   st.src = in(0);
-  if (pos < n - 1) st.recvFrom(mod(r + 1, n));
+  if (pos < n - 1) st.recvFrom(ro.rankAt(ro.pos + 1));
   if (pos == 0) {
     st.dst = out(0);
     st.final = true;
   } else {
-    st.sendTo(mod(r - 1, n));
+    st.sendTo(ro.rankAt(ro.pos - 1));
   }
   s.phases.push_back(single(st));
   return s;

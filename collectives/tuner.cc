@@ -333,6 +333,10 @@ size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes) 
 
 Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
   const int r = req.rank, n = req.nranks;
+  // The chains of host buffers follow the topology's ring (each host's ranks together,
+  // however the launcher placed them: the cost model counts H - 1 host crossings); GPU
+  // buffers keep rank order, as measured.
+  const std::vector<int>* hostRing = req.device ? nullptr : req.ring;
   switch (req.type) {
     case CollType::kAllReduce:
       if (algo == Algorithm::kOneShot) return directAllGather(r, n, req.count);
@@ -352,9 +356,9 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
       return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kBroadcast:
       return algo == Algorithm::kTree ? treeBroadcast(r, n, req.count, req.root)
-                                      : chainBroadcast(r, n, req.count, req.root);
+                                      : chainBroadcast(r, n, req.count, req.root, hostRing);
     case CollType::kReduce:
-      return algo == Algorithm::kChain ? chainReduce(r, n, req.count, req.root)
+      return algo == Algorithm::kChain ? chainReduce(r, n, req.count, req.root, hostRing)
                                        : treeReduce(r, n, req.count, req.root);
     case CollType::kAllToAll: return directAllToAll(r, n, req.count);
     case CollType::kSendRecv: return Schedule{};

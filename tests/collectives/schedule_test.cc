@@ -194,6 +194,14 @@ std::vector<Case> cases() {
        [](int r, int n, size_t c, int) {
          return ringReduceScatter(r, n, c, kPiece, interleavedRing(n));
        }},
+      {"ChainBroadcastTopoOrder", CollType::kBroadcast,
+       [](int r, int n, size_t c, int root) {
+         return chainBroadcast(r, n, c, root, interleavedRing(n));
+       }},
+      {"ChainReduceTopoOrder", CollType::kReduce,
+       [](int r, int n, size_t c, int root) {
+         return chainReduce(r, n, c, root, interleavedRing(n));
+       }},
       {"RingAllReduce", CollType::kAllReduce,
        [](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, kPiece); }},
       {"TreeAllReduceLagged", CollType::kAllReduce,
