@@ -359,17 +359,12 @@ Schedule hierReduceScatter(const Hierarchy& h, size_t count, size_t piece) {
       // this host's sum of the block of host d's rank with this local index, goes on at
       // once as the rail's step: it adds what the rail's previous host summed and sends
       // the total on, or (host d is this one) writes the result.
-      Step fused;
-      if (L > 1) {
-        ringPass(
-            &s, local, L, RingMode::kReduceScatter, block, [&](int) { return base; },
-            [&](int) { return bc; });
-        fused = s.phases.back().front();
-        s.phases.pop_back();
-      } else {
-        fused.src = in(block(h.localRanks[h.localIndex]));
-        fused.count = bc;
-      }
+      // (A hierarchy has L > 1: findHierarchy.)
+      ringPass(
+          &s, local, L, RingMode::kReduceScatter, block, [&](int) { return base; },
+          [&](int) { return bc; });
+      Step fused = s.phases.back().front();
+      s.phases.pop_back();
       fused.final = false;
       fused.dst = Region{};
       if (t > 0) fused.recvFrom(railPrev);
@@ -508,24 +503,45 @@ Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece, const std::
   return s;
 }
 
+namespace {
+
+// Rank r's place in a chain from `root` along `ring` (rank order, or the topology's ring:
+// each host's ranks together, whatever the placement): its distance from the root, and
+// its neighbours towards the root and away from it.
+struct ChainLinks {
+  int pos = 0;
+  int towardRoot = -1;
+  int away = -1;
+};
+
+ChainLinks chainLinks(int r, int n, int root, const std::vector<int>* ring) {
+  const RingOrder ro = ringOrder(r, n, ring);
+  const int rootPos =
+      static_cast<int>(std::find(ro.order.begin(), ro.order.end(), root) - ro.order.begin());
+  ChainLinks c;
+  c.pos = mod(ro.pos - rootPos, n);
+  if (c.pos > 0) c.towardRoot = ro.rankAt(ro.pos - 1);
+  if (c.pos < n - 1) c.away = ro.rankAt(ro.pos + 1);
+  return c;
+}
+
+}  // namespace
+
 Schedule chainBroadcast(int r, int n, size_t count, int root, const std::vector<int>* ring) {
   Schedule s;
   s.reduces = false;
   s.inputCount = r == root ? count : 0;
   s.outputCount = count;
-  // Along the ring from the root: rank order, or the topology's ring (each host's ranks
-  // together, whatever the placement).
-  const RingOrder ro = ringOrder(r, n, ring);
-  const int pos = mod(ro.pos - ringOrder(root, n, ring).pos, n);
+  const ChainLinks c = chainLinks(r, n, root, ring);
   Step st;
   st.count = count;
   st.dst = out(0);
-  if (pos == 0) {
+  if (c.pos == 0) {
     st.src = in(0);
   } else {
-    st.recvFrom(ro.rankAt(ro.pos - 1));
+    st.recvFrom(c.towardRoot);
   }
-  if (pos < n - 1) st.sendTo(ro.rankAt(ro.pos + 1));
+  if (c.away >= 0) st.sendTo(c.away);
   s.phases.push_back(single(st));
   return s;
 }
@@ -601,17 +617,16 @@ Schedule chainReduce(int r, int n, size_t count, int root, const std::vector<int
   s.reduces = true;
   s.inputCount = count;
   s.outputCount = r == root ? count : 0;
-  const RingOrder ro = ringOrder(r, n, ring);
-  const int pos = mod(ro.pos - ringOrder(root, n, ring).pos, n);
+  const ChainLinks c = chainLinks(r, n, root, ring);
   Step st;
   st.count = count;
   st.src = in(0);
-  if (pos < n - 1) st.recvFrom(ro.rankAt(ro.pos + 1));
-  if (pos == 0) {
+  if (c.away >= 0) st.recvFrom(c.away);
+  if (c.pos == 0) {
     st.dst = out(0);
     st.final = true;
   } else {
-    st.sendTo(ro.rankAt(ro.pos - 1));
+    st.sendTo(c.towardRoot);
   }
   s.phases.push_back(single(st));
   return s;

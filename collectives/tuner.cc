@@ -240,6 +240,15 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       break;
     }
     case CollType::kReduce:
+      // The chain reduce has run on host buffers only: GPU buffers keep the tree (measured
+      // against NCCL on one H200, docs/perf/crosshost.md) until it is checked on a GPU,
+      // unless LOOM_ALGO names the chain (as before the chain existed, even where LOOM_ALGO
+      // leaves the tree out).
+      if (req.device && !forced.names(AlgoName::kChain)) {
+        c.algo = Algorithm::kTree;
+        c.reason = "reduce of GPU buffers: the binary tree";
+        break;
+      }
       // Each link of a pipelined chain carries the buffer once; the tree's inner ranks take
       // in two buffers for one sent on, in log2(n) hops instead of n - 1. Network
       // namespaces, 1 rank each, 1 Gb/s (docs/perf/cost_model.md, 2026-12-05): from 64 KiB
@@ -265,16 +274,6 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   req.network = true;
   req.device = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
-  // The chain reduce has run on host buffers only: GPU buffers keep the tree (measured
-  // against NCCL on one H200, docs/perf/crosshost.md) until it is checked on a GPU, unless
-  // LOOM_ALGO names the chain (as before the chain existed, even where LOOM_ALGO leaves
-  // the tree out).
-  if (req.type == CollType::kReduce && c.algo == Algorithm::kChain &&
-      !forced.names(AlgoName::kChain)) {
-    c.algo = Algorithm::kTree;
-    c.reason = "reduce of GPU buffers: the binary tree";
-    return c;
-  }
   if (c.algo != Algorithm::kOneShot) return c;
   const int n = req.nranks;
   if (n > 1 && (n & (n - 1)) == 0) {
