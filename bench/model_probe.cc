@@ -7,7 +7,8 @@
 //               [--coll all_reduce|all_gather|reduce_scatter|reduce|broadcast]
 //
 // For all_gather a size is the output's bytes, for reduce_scatter the input's, as
-// nccl-tests counts them (each rank gives, or receives, size / nranks of it).
+// nccl-tests counts them (each rank gives, or receives, size / nranks of it); a size
+// below 4 x nranks moves one float per rank, and its line gives the bytes it moved.
 //
 // For each size: 2 warm-up calls, 3 calls that say how long one takes, then as many as
 // fill about S seconds (default 0.5; at least 3, at most 1000), timed; every rank's input is a
@@ -158,7 +159,10 @@ int main(int argc, char** argv) {
     if (ncclAllReduce(&wrong, &wrongAll, 1, ncclInt32, ncclSum, comm, nullptr))
       return fail("all-reduce", comm, rank);
     if (rank == 0) {
-      std::printf("%s,%d,%zu,%.2f,%d,%d\n", label.c_str(), n, bytes, slowest, calls, wrongAll);
+      // The bytes the call moved: below 4 x n an all-gather or reduce-scatter still moves one
+      // float per rank, and is labelled so.
+      const size_t moved = (gather || scatter ? count * size_t(n) : count) * sizeof(float);
+      std::printf("%s,%d,%zu,%.2f,%d,%d\n", label.c_str(), n, moved, slowest, calls, wrongAll);
       std::fflush(stdout);
     }
     bad |= wrongAll != 0;
