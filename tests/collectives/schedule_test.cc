@@ -505,6 +505,42 @@ TEST(Tuner, SmallAllReduceOverSocketsTakesRecursiveDoubling) {
   EXPECT_EQ(c->algo, Algorithm::kOneShot) << c->reason;
 }
 
+// Thousands of ranks: 8 bytes pass the small-message bound (it counts one-shot's n-1
+// copies), yet recursive doubling's log2(n) steps stay under the tree's; large messages
+// leave it (log2(n) times the data); shared memory and LOOM_ALGO without it never take it.
+TEST(Tuner, ManyRanksOverSocketsKeepRecursiveDoublingWhereTheModelPricesItLower) {
+  CollRequest req;
+  req.type = CollType::kAllReduce;
+  req.count = 2;
+  req.elemSize = 4;
+  req.nranks = 16384;
+  req.network = true;
+  ASSERT_GT(req.count * req.elemSize * (req.nranks - 1), kOneShotMaxBytes);
+  auto c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDoubling) << c->reason;
+  c = chooseNetAlgorithm(req, AlgoRequest{});
+  ASSERT_TRUE(c.isOk());
+  EXPECT_EQ(c->algo, Algorithm::kDoubling) << c->reason;
+  c = chooseAlgorithm(req, "^doubling");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDoubling) << c->reason;
+  req.nranks = 12288;  // not a power of two
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDoubling) << c->reason;
+  req.nranks = 16384;
+  req.count = 64 << 20;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDoubling) << c->reason;
+  req.count = 2;
+  req.network = false;
+  c = chooseAlgorithm(req, "");
+  ASSERT_TRUE(c.isOk());
+  EXPECT_NE(c->algo, Algorithm::kDoubling) << c->reason;
+}
+
 TEST(Tuner, LargerAllReduceOverSocketsWithFewRanksGoesDirect) {
   CollRequest req;
   req.type = CollType::kAllReduce;
