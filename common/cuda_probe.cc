@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -30,6 +31,15 @@ using CuDeviceCanAccessPeer = int (*)(int*, int, int);
 using CuDeviceGetP2PAttribute = int (*)(int*, int, int, int);
 using CuStreamWriteValue64 = int (*)(void*, uintptr_t, uint64_t, unsigned);
 using CuDeviceGetAttribute = int (*)(int*, int, int);
+using CuCtxSetCurrent = int (*)(void*);
+using CuStreamCreate = int (*)(void**, unsigned);
+using CuStreamDestroy = int (*)(void*);
+using CuStreamSynchronize = int (*)(void*);
+using CuMemcpyAsync = int (*)(uintptr_t, uintptr_t, size_t, void*);
+constexpr int kAttrContext = 1;             // CU_POINTER_ATTRIBUTE_CONTEXT
+constexpr unsigned kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
+using CuMemGetHandleForAddressRange = int (*)(void*, uintptr_t, size_t, int, unsigned long long);
+constexpr int kRangeHandleDmaBufFd = 1;  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 
 constexpr int kAttrComputeMajor = 75;      // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 constexpr int kAttrGpuDirectRdma = 116;    // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
@@ -45,6 +55,12 @@ struct Driver {
   CuDeviceGetP2PAttribute p2pAttribute = nullptr;
   CuStreamWriteValue64 writeValue64 = nullptr;
   CuDeviceGetAttribute deviceAttribute = nullptr;
+  CuMemGetHandleForAddressRange rangeHandle = nullptr;  // CUDA 11.7 and later
+  CuCtxSetCurrent ctxSetCurrent = nullptr;
+  CuStreamCreate streamCreate = nullptr;
+  CuStreamDestroy streamDestroy = nullptr;
+  CuStreamSynchronize streamSynchronize = nullptr;
+  CuMemcpyAsync memcpyAsync = nullptr;
   std::string error;  // why there is no usable driver
 };
 
@@ -80,6 +96,12 @@ Driver load() {
   sym(lib, d.p2pAttribute, "cuDeviceGetP2PAttribute");
   sym(lib, d.writeValue64, "cuStreamWriteValue64_v2");
   sym(lib, d.deviceAttribute, "cuDeviceGetAttribute");
+  sym(lib, d.rangeHandle, "cuMemGetHandleForAddressRange");
+  sym(lib, d.ctxSetCurrent, "cuCtxSetCurrent");
+  sym(lib, d.streamCreate, "cuStreamCreate");
+  sym(lib, d.streamDestroy, "cuStreamDestroy_v2");
+  sym(lib, d.streamSynchronize, "cuStreamSynchronize");
+  sym(lib, d.memcpyAsync, "cuMemcpyAsync");
   return d;
 }
 
@@ -196,6 +218,93 @@ Result<GpuRdmaSupport> gpuRdmaSupport(int ordinal) {
   if (d.deviceAttribute(&v, kAttrDmaBufSupported, dev) == 0) s.dmaBuf = v != 0;
   if (d.deviceAttribute(&v, kAttrComputeMajor, dev) == 0) s.computeMajor = v;
   return s;
+}
+
+Result<DmaBuf> dmaBufFor(const void* ptr, size_t size) {
+  const Driver& d = driver();
+  if (!d.getAttribute) return errorf(Code::kSystemError, "%s", d.error.c_str());
+  if (!d.rangeHandle) {
+    return errorf(Code::kSystemError,
+                  "libcuda.so.1 lacks cuMemGetHandleForAddressRange (a driver older than CUDA "
+                  "11.7)");
+  }
+  Allocation a;
+  if (!allocationOf(ptr, &a)) {
+    return errorf(Code::kInvalidArgument, "%p is not device memory from this process", ptr);
+  }
+  constexpr uintptr_t kPage = 4096;
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  const uintptr_t begin = p & ~(kPage - 1);
+  const uintptr_t end = (p + std::max<size_t>(size, 1) + kPage - 1) & ~(kPage - 1);
+  if (begin < a.base || end > a.base + a.bytes) {
+    return errorf(Code::kInvalidArgument,
+                  "device memory %p (+%zu) does not fill whole pages of its allocation (%p, %zu "
+                  "bytes): dma-buf exports pages",
+                  ptr, size, reinterpret_cast<void*>(a.base), a.bytes);
+  }
+  int fd = -1;
+  if (int rc = d.rangeHandle(&fd, begin, end - begin, kRangeHandleDmaBufFd, 0); rc != 0) {
+    return errorf(Code::kSystemError,
+                  "cuMemGetHandleForAddressRange(dma-buf) failed (CUDA error %d): the driver "
+                  "does not export this memory as dma-buf (it needs the open kernel modules)",
+                  rc);
+  }
+  DmaBuf out;
+  out.fd = fd;
+  out.offset = p - begin;
+  return out;
+}
+
+namespace {
+
+// This thread's non-blocking stream in one context (copyMemory), destroyed with the thread.
+struct CopyStream {
+  void* ctx = nullptr;
+  void* stream = nullptr;
+  ~CopyStream() {
+    if (stream) driver().streamDestroy(stream);
+  }
+};
+
+}  // namespace
+
+Status copyMemory(void* dst, const void* src, size_t n) {
+  if (n == 0) return Status::ok();
+  const Driver& d = driver();
+  if (!d.getAttribute) return errorf(Code::kSystemError, "%s", d.error.c_str());
+  if (!d.ctxSetCurrent || !d.streamCreate || !d.streamDestroy || !d.streamSynchronize ||
+      !d.memcpyAsync) {
+    return errorf(Code::kSystemError, "libcuda.so.1 lacks the stream or copy calls");
+  }
+  // The context of whichever side is device memory.
+  void* ctx = nullptr;
+  if (d.getAttribute(&ctx, kAttrContext, reinterpret_cast<uintptr_t>(dst)) != 0 || !ctx) {
+    if (d.getAttribute(&ctx, kAttrContext, reinterpret_cast<uintptr_t>(src)) != 0 || !ctx) {
+      return errorf(Code::kInvalidArgument, "copy of %zu bytes: neither %p nor %p is device memory",
+                    n, dst, src);
+    }
+  }
+  thread_local CopyStream cs;
+  if (int rc = d.ctxSetCurrent(ctx); rc != 0) {
+    return errorf(Code::kSystemError, "cuCtxSetCurrent failed (CUDA error %d)", rc);
+  }
+  if (cs.ctx != ctx) {
+    if (cs.stream) d.streamDestroy(cs.stream);  // a stream of another context (rare)
+    cs.stream = nullptr;
+    cs.ctx = nullptr;
+    if (int rc = d.streamCreate(&cs.stream, kStreamNonBlocking); rc != 0) {
+      return errorf(Code::kSystemError, "cuStreamCreate failed (CUDA error %d)", rc);
+    }
+    cs.ctx = ctx;
+  }
+  int rc = d.memcpyAsync(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), n,
+                         cs.stream);
+  if (rc == 0) rc = d.streamSynchronize(cs.stream);
+  if (rc != 0) {
+    return errorf(Code::kCudaError, "copy of %zu bytes from %p to %p failed (CUDA error %d)", n,
+                  src, dst, rc);
+  }
+  return Status::ok();
 }
 
 Result<PeerAccess> peerAccess(int from, int to) {

@@ -58,6 +58,23 @@ struct GpuRdmaSupport {
 // cuDeviceGetAttribute.
 Result<GpuRdmaSupport> gpuRdmaSupport(int ordinal);
 
+// A dma-buf file descriptor exporting the whole pages around the device memory
+// [ptr, ptr + size) (cuMemGetHandleForAddressRange), and where `ptr` lies in it: what
+// ibv_reg_dmabuf_mr takes for GPUDirect RDMA. Needs the CUDA context of the memory's device
+// current. The caller closes the descriptor. kSystemError where the driver has no such call
+// or refuses (no dma-buf export: the proprietary kernel modules), with which in the message.
+struct DmaBuf {
+  int fd = -1;
+  uint64_t offset = 0;
+};
+Result<DmaBuf> dmaBufFor(const void* ptr, size_t size);
+
+// Copies `n` bytes between memory of this process, at least one side device memory, on a
+// non-blocking stream of the calling thread's own (no wait on the legacy default stream,
+// so kernels that run meanwhile do not hold it up), and waits for it. What an emulated NIC
+// does in place of DMA (transports/net/ib/emulator.h); not for data paths.
+Status copyMemory(void* dst, const void* src, size_t n);
+
 // What the CUDA driver says about device `from` reaching device `to`'s memory.
 struct PeerAccess {
   bool access = false;   // cuDeviceCanAccessPeer

@@ -129,7 +129,7 @@
     "LOC|PIX|PXB|PHB|SYS", \
     "GPUDirect RDMA: the farthest a NIC may be from the GPU on the PCI tree, in NCCL's terms " \
     "(PIX one PCIe switch, PXB several, PHB through the host bridge, SYS across sockets; LOC: " \
-    "never); loom-topo and the INFO log assess it, loom's data path does not use it yet") \
+    "never); beyond it GPU buffers go through page-locked host memory") \
   X(kUser, kIbGidIndex, "LOOM_IB_GID_INDEX", "NCCL_IB_GID_INDEX", kCount, "auto", "auto", \
     "RoCE: the GID index to use on every port (auto: of LOOM_IB_ADDR_FAMILY inside " \
     "LOOM_IB_ADDR_RANGE, LOOM_IB_ROCE_VERSION_NUM first; else the best other entry)") \
@@ -155,7 +155,8 @@
     "queue pairs per connection, each carrying an equal share of every message (1 to 8)") \
   X(kTuning, kIbEmulate, "LOOM_IB_EMULATE", nullptr, kString, "", "", \
     "tests only: an emulation of RDMA devices in place of libibverbs, roce[:N] or ib[:N] " \
-    "(N devices, default 1), reaching other processes of this machine through Unix sockets") \
+    "(N devices, default 1), reaching other processes of this machine through Unix sockets; " \
+    "with ,gdr its NIC also reads and writes GPU memory (GPUDirect RDMA through CUDA copies)") \
   X(kUser, kSocketIfname, "LOOM_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", kString, "", "", \
     "interfaces for sockets: prefix list, ^ to exclude, = for exact names") \
   X(kUser, kSocketFamily, "LOOM_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY", kChoice, "auto", "auto|AF_INET|AF_INET6", \

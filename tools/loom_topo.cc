@@ -147,7 +147,8 @@ void printIbPorts() {
     auto gpus = loom::cuda::deviceCount();
     const int ngpus = gpus.isOk() ? gpus.value() : 0;
     for (int g = 0; g < ngpus; ++g) {
-      const auto a = loom::transport::net::assessGdrFor(g, p.pciPath, p.dmaBuf, p.dmaBufWhy);
+      const auto a =
+          loom::transport::net::assessGdrFor(g, p.pciPath, p.dmaBuf, p.dmaBufWhy, p.nearEveryGpu);
       std::printf("    GPUDirect RDMA with GPU %d: %s (%s)\n", g,
                   a.mode == loom::transport::net::GdrMode::kNone
                       ? "not possible"
@@ -156,8 +157,9 @@ void printIbPorts() {
     }
   }
   std::printf(
-      "  GPU buffers: through page-locked host memory (loom's GPUDirect RDMA data path is not "
-      "built yet)\n");
+      "  GPU buffers: straight between GPU memory and the port where GPUDirect RDMA is possible "
+      "above (and the GPU is compute 9.0 or later: loom has no flush), else through page-locked "
+      "host memory\n");
 #endif
 }
 

@@ -1,10 +1,13 @@
 #include "collectives/device/net_executor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <tuple>
 
 #include "collectives/device/net_plan.h"
+#include "common/cuda_probe.h"
 #include "common/log.h"
 #include "transports/net/gdr.h"
 #include "transports/net/nic_choice.h"
@@ -115,26 +118,43 @@ Status NetExecutor::init(NetHandleExchange exchange) {
   dev_ = nic.dev;
   transport::net::Properties props;
   LOOM_TRY(backend_->properties(dev_, &props));
-  std::string gdr = "not an RDMA device";
-  if (props.rdma && log::enabled(log::kInfo, log::kNet)) {
-    const transport::net::GdrAssessment a = transport::net::assessGdrFor(
-        options_.device, props.pciPath, props.dmaBufRegistration, props.dmaBufWhy);
-    gdr = a.mode == transport::net::GdrMode::kNone
-              ? "GPUDirect RDMA would not be possible: " + a.why
-              : std::string("GPUDirect RDMA would be possible through ") +
-                    transport::net::gdrModeName(a.mode) + " (" + a.why + ")";
+  std::string gdr = "not an RDMA device: GPU buffers go through page-locked host memory";
+  if (props.rdma) {
+    using transport::net::GdrMode;
+    const transport::net::GdrAssessment a =
+        transport::net::assessGdrFor(options_.device, props.pciPath, props.dmaBufRegistration,
+                                     props.dmaBufWhy, props.nearEveryGpu);
+    const bool takes = a.mode == GdrMode::kDmaBuf
+                           ? (props.ptrSupport & transport::net::kPtrDmaBuf) != 0
+                           : (props.ptrSupport & transport::net::kPtrCuda) != 0;
+    if (a.mode == GdrMode::kNone) {
+      gdr = "GPUDirect RDMA is not possible (" + a.why +
+            "): GPU buffers go through page-locked host memory";
+    } else if (a.flush) {
+      // Before compute 9.0 a receive into GPU memory needs a flush read before the kernel may
+      // read it, which this data path does not have (NCCL's iflush).
+      gdr = std::string("GPUDirect RDMA through ") + transport::net::gdrModeName(a.mode) +
+            " would be possible, but this GPU (before compute 9.0) needs a flush after each "
+            "receive, which loom does not do: GPU buffers go through page-locked host memory";
+    } else if (!takes) {
+      gdr = std::string("GPUDirect RDMA through ") + transport::net::gdrModeName(a.mode) +
+            " would be possible, but the backend does not take such memory: GPU buffers go "
+            "through page-locked host memory";
+    } else {
+      gdr_ = a.mode;
+      gdr = std::string("GPUDirect RDMA through ") + transport::net::gdrModeName(a.mode) + " (" +
+            a.why + "): the NIC reads and writes the FIFOs' slots in GPU memory";
+    }
   }
-  LOOM_INFO(kNet,
-            "GPU %d (%s) uses %s device %s: %s; %s; GPU buffers go through page-locked host "
-            "memory (loom's GPUDirect RDMA data path is not built)",
-            options_.device, busId, backend_->name(), names[dev_].c_str(), nic.why.c_str(),
-            gdr.c_str());
+  LOOM_INFO(kNet, "GPU %d (%s) uses %s device %s: %s; %s", options_.device, busId, backend_->name(),
+            names[dev_].c_str(), nic.why.c_str(), gdr.c_str());
   LOOM_INFO(kInit,
             "GPU %d: device buffers reach the other ranks over the network (%s, %s, %d Mb/s): "
             "kernels on the caller's stream, a proxy thread, up to %d lanes, %u slots x %llu "
-            "bytes per connection in page-locked memory",
+            "bytes per connection in %s",
             options_.device, backend_->name(), props.name.c_str(), props.speedMbps, options_.lanes,
-            options_.slots, (unsigned long long)options_.slotBytes);
+            options_.slots, (unsigned long long)options_.slotBytes,
+            gdr_ == transport::net::GdrMode::kNone ? "page-locked memory" : "GPU memory");
   return Status::ok();
 }
 
@@ -162,6 +182,7 @@ NetExecutor::~NetExecutor() {
     if (p.used) cudaEventDestroy(p.used);
   }
   for (void* m : fifoMemory_) cudaFreeHost(m);
+  for (void* m : fifoSlotsOnGpu_) cudaFree(m);
   for (void* m : {static_cast<void*>(sendTable_), static_cast<void*>(recvTable_),
                   static_cast<void*>(counters_), static_cast<void*>(barrier_)}) {
     if (m) cudaFree(m);
@@ -224,15 +245,36 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
   // may capture or issue calls on its own, in any order with its peers.
   RelaxedCapture relaxed;
   const size_t bytes = transport::net::fifoBytes(options_.slots, options_.slotBytes);
-  auto fifoFor = [&](const NetLink& l,
-                     transport::net::Fifo* table) -> Result<transport::net::Fifo> {
+  auto fifoFor = [&](const NetLink& l, transport::net::Fifo* table,
+                     transport::net::SlotMemory* where) -> Result<transport::net::Fifo> {
+    // GPUDirect RDMA: the header (the counters the proxy polls) stays in page-locked memory,
+    // the slots go to GPU memory.
+    const size_t hostBytes = gdr_ == transport::net::GdrMode::kNone ? bytes : 4096;
     void* mem = nullptr;
-    LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, bytes, cudaHostAllocMapped | cudaHostAllocPortable),
+    LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, hostBytes, cudaHostAllocMapped | cudaHostAllocPortable),
                         "cudaHostAlloc of a network FIFO"));
-    std::memset(mem, 0, bytes);
+    std::memset(mem, 0, hostBytes);
     fifoMemory_.push_back(mem);
     transport::net::Fifo f =
         transport::net::fifoAt(mem, options_.slots, options_.slotBytes, l.peer);
+    if (gdr_ != transport::net::GdrMode::kNone) {
+      void* slots = nullptr;
+      LOOM_TRY(cudaStatus(cudaMalloc(&slots, bytes - 4096),
+                          "cudaMalloc of a network FIFO's slots (GPUDirect RDMA)"));
+      fifoSlotsOnGpu_.push_back(slots);
+      f.slots = static_cast<char*>(slots);
+      where->type = transport::net::MemType::kCuda;
+      if (gdr_ == transport::net::GdrMode::kDmaBuf) {
+        Result<cuda::DmaBuf> d = cuda::dmaBufFor(slots, bytes - 4096);
+        if (!d) {
+          return d.status().withContext(
+              "exporting a network FIFO's slots as dma-buf for GPUDirect RDMA "
+              "(LOOM_NET_GDR_LEVEL=LOC stages GPU buffers through host memory instead)");
+        }
+        where->dmaBufFd = d->fd;
+        where->dmaBufOffset = d->offset;
+      }
+    }
     LOOM_TRY(cudaStatus(cudaMemcpyAsync(table + l.lane * n + l.peer, &f, sizeof(f),
                                         cudaMemcpyHostToDevice, uploadStream_),
                         "cudaMemcpyAsync of the FIFO table"));
@@ -241,16 +283,21 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
   };
   // Each lane's connection between two ranks is its own, and so are its handles.
   for (const NetLink& l : needRecv) {
-    LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, recvTable_));
-    LOOM_ASSIGN_OR_RETURN(transport::net::RecvDialer dial,
-                          transport::net::listenFor(*backend_, dev_, l.peer, laneExchange(l.lane)));
-    proxy_->addRecv(std::move(dial), f, options_.timeoutMs);
+    transport::net::SlotMemory where;
+    LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, recvTable_, &where));
+    auto dial = transport::net::listenFor(*backend_, dev_, l.peer, laneExchange(l.lane));
+    if (!dial) {
+      if (where.dmaBufFd >= 0) ::close(where.dmaBufFd);
+      return dial.status();
+    }
+    proxy_->addRecv(std::move(*dial), f, options_.timeoutMs, where);
     recvConnected_[l.lane * n + l.peer] = true;
   }
   for (const NetLink& l : needSend) {
-    LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, sendTable_));
+    transport::net::SlotMemory where;
+    LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, sendTable_, &where));
     proxy_->addSend(transport::net::dialTo(*backend_, dev_, l.peer, laneExchange(l.lane)), f,
-                    options_.timeoutMs);
+                    options_.timeoutMs, where);
     sendConnected_[l.lane * n + l.peer] = true;
   }
   LOOM_INFO(kInit, "rank %d: network connections under way: %zu send, %zu receive", options_.rank,

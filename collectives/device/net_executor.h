@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "transports/net/connect.h"
+#include "transports/net/gdr.h"
 #include "transports/net/net.h"
 #include "transports/net/proxy.h"
 
@@ -137,7 +138,11 @@ class NetExecutor {
   unsigned* barrier_ = nullptr;
   // Page-locked, mapped: [0] abort (host writes), [1] error code, [2] its peer (kernels).
   int* hostFlags_ = nullptr;
-  std::vector<void*> fifoMemory_;                    // page-locked FIFOs
+  std::vector<void*> fifoMemory_;  // page-locked FIFOs (or their headers)
+  // GPUDirect RDMA: the FIFOs' slots in GPU memory, which the NIC reads and writes
+  // (transports/net/gdr.h chooses how it registers them); kNone: in page-locked memory.
+  transport::net::GdrMode gdr_ = transport::net::GdrMode::kNone;
+  std::vector<void*> fifoSlotsOnGpu_;
   std::vector<bool> sendConnected_, recvConnected_;  // by link (lane * nranks + peer)
   cudaStream_t uploadStream_ = nullptr;              // plan and table uploads (non-blocking)
   std::map<PlanKey, Plan> plans_;                    // collective plans, kept

@@ -186,6 +186,23 @@ INSTANTIATE_TEST_SUITE_P(GpuNetwork, OverTheNetwork, ::testing::Values(2, 3, 4),
                            return std::to_string(info.param) + "ranks";
                          });
 
+#if LOOM_HAVE_VERBS
+// GPUDirect RDMA's data path over the emulated RDMA devices (LOOM_IB_EMULATE=roce,gdr): the
+// FIFOs' slots in GPU memory, registered through dma-buf where the driver exports it (else
+// as peer memory), the emulated NIC copying with CUDA in place of DMA.
+TEST(GpuNetwork, IbEmulatedGpuDirect) {
+  REQUIRE_GPUS(1);
+  Ranks R(2, {{"LOOM_P2P_DISABLE", "1"}, {"LOOM_NET", "ib"}, {"LOOM_IB_EMULATE", "roce,gdr"}},
+          roundRobinDevices(2));
+  R.anyOrder = true;
+  EXPECT_EQ(everyCollectiveTypeAndOp(R), 0u);
+  for (Coll c : {Coll::kAllReduce, Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
+    EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{4} << 20) + 7, false, 0), 0u)
+        << collName(c);
+  }
+}
+#endif
+
 // Connections made, then only rank 0 calls: its kernel gives up after LOOM_TIMEOUT_MS,
 // the stream is released, and the error names the peer and the timeout.
 TEST(GpuNetwork, MissingPeerTimesOutInsteadOfHanging) {

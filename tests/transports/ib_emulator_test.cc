@@ -4,6 +4,7 @@
 // exactly, immediates consume receives, completions keep posting order, errors complete
 // and flush as on hardware, and a peer that dies ends in "transport retry counter exceeded".
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -273,11 +274,12 @@ class IbEmulatorTest : public ::testing::Test {
     std::filesystem::remove_all(dir_, ec);
   }
 
-  const Verbs* verbs(bool infiniband = false, int devices = 2) {
+  const Verbs* verbs(bool infiniband = false, int devices = 2, bool gdr = false) {
     EmulatorConfig c;
     c.infiniband = infiniband;
     c.devices = devices;
     c.dir = dir_;
+    c.gdr = gdr;
     return emulatedVerbs(c);
   }
 
@@ -302,8 +304,15 @@ TEST(IbEmulatorSpec, ParsesTheSettingSyntax) {
   ASSERT_TRUE(ib3.isOk());
   EXPECT_TRUE(ib3->infiniband);
   EXPECT_EQ(ib3->devices, 3);
-  for (const char* bad : {"", "rocev2", "ROCE", "roce:", "roce:0", "roce:17", "ib:x", "ib:2:3",
-                          "ib:-1", "infiniband"}) {
+  EXPECT_FALSE(ib3->gdr);
+  auto gdr = parseEmulatorSpec("roce:2,gdr");
+  ASSERT_TRUE(gdr.isOk());
+  EXPECT_TRUE(gdr->gdr);
+  EXPECT_EQ(gdr->devices, 2);
+  ASSERT_TRUE(parseEmulatorSpec("ib,gdr").isOk());
+  for (const char* bad :
+       {"", "rocev2", "ROCE", "roce:", "roce:0", "roce:17", "ib:x", "ib:2:3", "ib:-1", "infiniband",
+        "gdr", ",gdr", "roce,gdr,gdr", "roce,GDR", "roce:,gdr"}) {
     auto r = parseEmulatorSpec(bad);
     ASSERT_FALSE(r.isOk()) << bad;
     EXPECT_EQ(r.status().code(), Code::kInvalidUsage);
@@ -398,6 +407,41 @@ TEST_F(IbEmulatorTest, RocePortsAndGids) {
   EXPECT_EQ(v->deallocPd(pd), 0);
   EXPECT_EQ(v->closeDevice(c0), 0);
   EXPECT_EQ(v->closeDevice(c1), 0);
+}
+
+// With gdr, dma-buf registration is there (NCCL's probe, fd -1, fails with another error than
+// EOPNOTSUPP) but takes only GPU memory of this process behind an open descriptor; without a
+// GPU, host memory is refused with EINVAL. Host memory registers as before.
+TEST_F(IbEmulatorTest, GdrTakesDmaBufOfGpuMemoryOnly) {
+  const Verbs* v = verbs(false, 1, true);
+  ASSERT_NE(v, nullptr);
+  EXPECT_TRUE(v->emulatedGdr);
+  EXPECT_FALSE(verbs(false, 1)->emulatedGdr);
+  int n = 0;
+  ibv_device** list = v->getDeviceList(&n);
+  ASSERT_EQ(n, 1);
+  ibv_context* c = v->openDevice(list[0]);
+  v->freeDeviceList(list);
+  ASSERT_NE(c, nullptr);
+  ibv_pd* pd = v->allocPd(c);
+  ASSERT_NE(pd, nullptr);
+  errno = 0;
+  EXPECT_EQ(v->regDmabufMr(pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EBADF);
+  std::vector<char> host(8192);
+  const int fd = open("/dev/null", O_RDONLY);
+  ASSERT_GE(fd, 0);
+  errno = 0;
+  EXPECT_EQ(v->regDmabufMr(pd, 0, host.size(), reinterpret_cast<uint64_t>(host.data()), fd,
+                           IBV_ACCESS_LOCAL_WRITE),
+            nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  close(fd);
+  ibv_mr* mr = v->regMr(pd, host.data(), host.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(v->deregMr(mr), 0);
+  EXPECT_EQ(v->deallocPd(pd), 0);
+  EXPECT_EQ(v->closeDevice(c), 0);
 }
 
 TEST_F(IbEmulatorTest, HostIdentityNamesTheGids) {

@@ -416,6 +416,22 @@ TEST(NetSocket, UnknownBackendIsAnErrorThatSaysWhatThereIs) {
   EXPECT_TRUE(makeBackend(Context{}).isOk());
 }
 
+// dma-buf (GPU memory exported for a NIC) is the RDMA backends' to take: sockets refuse it.
+TEST(NetSocket, DmaBufRegistrationIsRefused) {
+  Pair p;
+  connectPair(&p, [](const Handle&) {});
+  ASSERT_TRUE(p.send && p.recv);
+  char buf[64];
+  auto s = p.send->regMrDmaBuf(buf, sizeof buf, MemType::kCuda, 0, 0);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_EQ(s.status().code(), Code::kInvalidUsage);
+  EXPECT_NE(s.status().message().find("dma-buf"), std::string::npos) << s.status().message();
+  EXPECT_FALSE(p.recv->regMrDmaBuf(buf, sizeof buf, MemType::kCuda, 0, 0).isOk());
+  Properties props;
+  ASSERT_TRUE(p.backend->properties(0, &props).isOk());
+  EXPECT_EQ(props.ptrSupport, kPtrHost);
+}
+
 #ifdef LOOM_HAVE_VERBS
 // Without an RDMA device (this machine, CI): LOOM_NET=IB is an error that says why, auto
 // falls back to sockets.
@@ -438,6 +454,35 @@ class NetIbEmulated : public ::testing::Test {
   void TearDown() override { gIb = false; }
   ScopedSetting emulate_{settings::kIbEmulate, "roce"};
 };
+
+// The emulation's NIC with gdr says what GPUDirect RDMA needs: GPU memory (peer memory and
+// dma-buf) in ptrSupport, and a NIC near every GPU; without gdr, host memory alone, and a
+// dma-buf registration is refused with what the provider said.
+TEST(NetIbEmulatedGdr, PropertiesSayWhatMemoryTheNicTakes) {
+  gIb = true;
+  {
+    ScopedSetting e(settings::kIbEmulate, "roce,gdr");
+    auto b = makeTested(Context{});
+    ASSERT_TRUE(b.isOk()) << b.status().message();
+    Properties p;
+    ASSERT_TRUE((*b)->properties(0, &p).isOk());
+    EXPECT_EQ(p.ptrSupport, kPtrHost | kPtrCuda | kPtrDmaBuf);
+    EXPECT_TRUE(p.dmaBufRegistration) << p.dmaBufWhy;
+    EXPECT_TRUE(p.nearEveryGpu);
+  }
+  {
+    ScopedSetting e(settings::kIbEmulate, "roce");
+    auto b = makeTested(Context{});
+    ASSERT_TRUE(b.isOk()) << b.status().message();
+    Properties p;
+    ASSERT_TRUE((*b)->properties(0, &p).isOk());
+    EXPECT_EQ(p.ptrSupport & kPtrDmaBuf, 0);
+    EXPECT_FALSE(p.dmaBufRegistration);
+    EXPECT_NE(p.dmaBufWhy.find("dma-buf"), std::string::npos) << p.dmaBufWhy;
+    EXPECT_FALSE(p.nearEveryGpu);
+  }
+  gIb = false;
+}
 
 // A listener that is gone (its rank exited) is reported at once, not retried until
 // LOOM_TIMEOUT_MS: it was listening before its handle was sent.

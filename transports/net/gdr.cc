@@ -115,7 +115,7 @@ GdrAssessment assessGdr(const GdrFacts& f) {
 }
 
 GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool nicDmaBuf,
-                           const std::string& nicDmaBufWhy) {
+                           const std::string& nicDmaBufWhy, bool nearEveryGpu) {
   auto gpu = cuda::gpuRdmaSupport(gpuOrdinal);
   if (!gpu) {
     GdrAssessment a;
@@ -131,7 +131,13 @@ GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool n
   f.peerMem = peerMemLoaded();
   f.path = pciPathBetween(pciSysfsPath(cuda::deviceBusId(gpuOrdinal)), nicPciPath);
   f.levelOff = !gdrLevelFrom(settings::get(settings::kNetGdrLevel), &f.maxPath);
-  return assessGdr(f);
+  if (nearEveryGpu) {  // the emulated NIC with gdr: no PCI path, peer memory of its own
+    f.path = PciPath::kPix;
+    f.peerMem = true;
+  }
+  GdrAssessment a = assessGdr(f);
+  if (nearEveryGpu) a.why += " [emulated NIC: taken as PIX, peer memory emulated]";
+  return a;
 }
 
 }  // namespace loom::transport::net

@@ -1,8 +1,8 @@
 // GPUDirect RDMA: whether a NIC could read and write a GPU's memory directly, and how
 // (dma-buf, or nvidia_peermem), by NCCL's rules; the facts come from the CUDA driver, the
 // verbs provider, the kernel's modules and the PCI tree. Reported by loom-topo and the
-// network executor's INFO log. loom's data path does not use it yet: GPU buffers go
-// through page-locked host memory (docs/ib.md).
+// network executor's INFO log; the network executor puts its FIFOs' slots in GPU memory
+// where the assessment allows it (docs/ib.md).
 #pragma once
 
 #include <string>
@@ -59,7 +59,9 @@ GdrAssessment assessGdr(const GdrFacts& f);
 // The same for CUDA device `gpuOrdinal` and a NIC at `nicPciPath` (sysfs) whose provider
 // does or does not register dma-buf: the facts read from the CUDA driver, sysfs and the
 // kernel's modules. Without a CUDA driver, the assessment says so.
+// `nearEveryGpu`: an emulated NIC (Properties::nearEveryGpu), taken as PIX from the GPU and
+// as if peer memory were loaded.
 GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool nicDmaBuf,
-                           const std::string& nicDmaBufWhy);
+                           const std::string& nicDmaBufWhy, bool nearEveryGpu = false);
 
 }  // namespace loom::transport::net

@@ -59,6 +59,9 @@ struct Properties {
   bool rdma = false;
   bool dmaBufRegistration = false;
   std::string dmaBufWhy;  // why not, where not
+  // An emulated NIC that reaches GPU memory (LOOM_IB_EMULATE=...,gdr): no place on the PCI
+  // tree, taken as near every GPU by the GPUDirect RDMA rule.
+  bool nearEveryGpu = false;
 };
 
 // A registration (backend-specific; null for backends that need none).
@@ -67,10 +70,21 @@ using MemHandle = void*;
 // An operation in flight, owned by the comm that made it.
 struct Request;
 
+// What regMrDmaBuf says on backends that take no dma-buf.
+inline Status noDmaBuf() {
+  return Status(Code::kInvalidUsage, "this network backend does not register dma-buf");
+}
+
 class SendComm {
  public:
   virtual ~SendComm() = default;
   virtual Result<MemHandle> regMr(void* data, size_t size, MemType type) = 0;
+  // Device memory exported as dma-buf (`fd`, `data` at `offset` in it), for backends whose
+  // properties name kPtrDmaBuf; the caller keeps the descriptor and may close it after.
+  virtual Result<MemHandle> regMrDmaBuf(void* data, size_t size, MemType type, uint64_t offset,
+                                        int fd) {
+    return noDmaBuf();
+  }
   virtual Status deregMr(MemHandle mh) = 0;
   // Posts `size` bytes at `data` (registered as `mh`); *request stays null when the
   // comm cannot take it now. `data` must stay valid until the request is done.
@@ -86,6 +100,10 @@ class RecvComm {
  public:
   virtual ~RecvComm() = default;
   virtual Result<MemHandle> regMr(void* data, size_t size, MemType type) = 0;
+  virtual Result<MemHandle> regMrDmaBuf(void* data, size_t size, MemType type, uint64_t offset,
+                                        int fd) {  // as SendComm's
+    return noDmaBuf();
+  }
   virtual Status deregMr(MemHandle mh) = 0;
   // Posts `n` (<= Properties::maxRecvs) buffers for the next message; *request stays
   // null when the comm cannot take it now.

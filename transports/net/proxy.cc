@@ -1,6 +1,7 @@
 #include "transports/net/proxy.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -38,11 +39,18 @@ struct Proxy::Channel {
   bool connected = false;
   int64_t timeoutMs = 0;
   Fifo fifo;
+  SlotMemory mem;
   MemHandle mh = nullptr;
   uint64_t issued = 0;     // slots handed to the backend
   uint64_t completed = 0;  // of those, the ones it finished
   Request* requests[kFifoMaxSlots] = {};
   bool failed = false;
+
+  ~Channel() {
+    if (mh && sendComm) (void)sendComm->deregMr(mh);
+    if (mh && recvComm) (void)recvComm->deregMr(mh);
+    if (mem.dmaBufFd >= 0) ::close(mem.dmaBufFd);
+  }
 };
 
 Proxy::Proxy(int rank, int64_t spinUs) : rank_(rank), spinUs_(std::max<int64_t>(0, spinUs)) {
@@ -84,20 +92,22 @@ void Proxy::addRecv(std::unique_ptr<RecvComm> comm, const Fifo& fifo) {
   add(std::move(c));
 }
 
-void Proxy::addSend(SendDialer dial, const Fifo& fifo, int64_t timeoutMs) {
+void Proxy::addSend(SendDialer dial, const Fifo& fifo, int64_t timeoutMs, SlotMemory mem) {
   auto c = std::make_unique<Channel>();
   c->send = true;
   c->sendDial = std::move(dial);
   c->timeoutMs = timeoutMs;
   c->fifo = fifo;
+  c->mem = mem;
   add(std::move(c));
 }
 
-void Proxy::addRecv(RecvDialer dial, const Fifo& fifo, int64_t timeoutMs) {
+void Proxy::addRecv(RecvDialer dial, const Fifo& fifo, int64_t timeoutMs, SlotMemory mem) {
   auto c = std::make_unique<Channel>();
   c->recvDial = std::move(dial);
   c->timeoutMs = timeoutMs;
   c->fifo = fifo;
+  c->mem = mem;
   add(std::move(c));
 }
 
@@ -148,10 +158,22 @@ void Proxy::adoptNew() {
 
 void Proxy::registerFifo(Channel& c) {
   const size_t bytes = size_t(c.fifo.nslots) * c.fifo.slotBytes;
-  auto mh = c.send ? c.sendComm->regMr(c.fifo.slots, bytes, MemType::kHost)
-                   : c.recvComm->regMr(c.fifo.slots, bytes, MemType::kHost);
+  const SlotMemory& m = c.mem;
+  Result<MemHandle> mh =
+      m.dmaBufFd >= 0
+          ? (c.send
+                 ? c.sendComm->regMrDmaBuf(c.fifo.slots, bytes, m.type, m.dmaBufOffset, m.dmaBufFd)
+                 : c.recvComm->regMrDmaBuf(c.fifo.slots, bytes, m.type, m.dmaBufOffset, m.dmaBufFd))
+          : (c.send ? c.sendComm->regMr(c.fifo.slots, bytes, m.type)
+                    : c.recvComm->regMr(c.fifo.slots, bytes, m.type));
+  if (c.mem.dmaBufFd >= 0) {
+    ::close(c.mem.dmaBufFd);  // the registration holds the pages
+    c.mem.dmaBufFd = -1;
+  }
   if (!mh) {
-    fail(c, mh.status().withContext("registering the FIFO"));
+    fail(c, mh.status().withContext(m.type == MemType::kCuda
+                                        ? "registering the FIFO's GPU memory (GPUDirect RDMA)"
+                                        : "registering the FIFO"));
   } else {
     c.mh = *mh;
   }

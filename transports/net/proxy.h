@@ -28,6 +28,16 @@
 
 namespace loom::transport::net {
 
+// Where a FIFO's slots live, for their registration with the backend: page-locked host
+// memory, or GPU memory (GPUDirect RDMA), registered through dma-buf where `dmaBufFd` is an
+// exported descriptor (the proxy closes it once registered, or with the channel), else as
+// plain GPU memory (nvidia_peermem).
+struct SlotMemory {
+  MemType type = MemType::kHost;
+  int dmaBufFd = -1;
+  uint64_t dmaBufOffset = 0;  // where the slots begin in the exported pages
+};
+
 class Proxy {
  public:
   // `rank` names this side in messages; `spinUs` as LOOM_PROXY_SPIN_US.
@@ -40,8 +50,8 @@ class Proxy {
   // Hands over a FIFO whose connection is still being made: the thread calls `dial`
   // until it gives the comm (kernels may post to the FIFO meanwhile), or fails the
   // channel when it fails or `timeoutMs` have passed.
-  void addSend(SendDialer dial, const Fifo& fifo, int64_t timeoutMs);
-  void addRecv(RecvDialer dial, const Fifo& fifo, int64_t timeoutMs);
+  void addSend(SendDialer dial, const Fifo& fifo, int64_t timeoutMs, SlotMemory mem = {});
+  void addRecv(RecvDialer dial, const Fifo& fifo, int64_t timeoutMs, SlotMemory mem = {});
 
   // Wakes the thread (a kernel that will post to its FIFOs was launched).
   void kick();

@@ -55,6 +55,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <type_traits>
@@ -62,6 +63,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cuda_probe.h"
 #include "common/settings.h"
 
 namespace loom::transport::net::ib {
@@ -232,7 +234,18 @@ struct EmuMr {
   ibv_mr base;
   EmuPd* pd;
   int access;
+  bool device;  // GPU memory (EmulatorConfig::gdr): reached through CUDA copies
 };
+
+// Bytes into or out of a registration: memcpy for host memory, a CUDA copy for GPU memory
+// (what a NIC's DMA through GPUDirect RDMA does). False when the copy fails.
+bool moveBytes(const EmuMr* mr, void* dst, const void* src, size_t n) {
+  if (!mr->device) {
+    std::memcpy(dst, src, n);
+    return true;
+  }
+  return cuda::copyMemory(dst, src, n).isOk();
+}
 
 struct EmuCq {
   ibv_cq base;
@@ -684,7 +697,10 @@ bool scatter(const EmuQp* qp, const RecvEntry& r, uint64_t offset, const char* d
       return false;
     }
     const uint64_t b = std::max(pos, offset), e = std::min(pos + g.length, offset + len);
-    if (b < e) std::memcpy(reinterpret_cast<void*>(g.addr + (b - pos)), data + (b - offset), e - b);
+    if (b < e &&
+        !moveBytes(mr, reinterpret_cast<void*>(g.addr + (b - pos)), data + (b - offset), e - b)) {
+      return false;
+    }
     pos += g.length;
   }
   return true;
@@ -703,8 +719,7 @@ bool placeWrite(const EmuQp* qp, const Snapshot& s, const Packet& h, const char*
       !inside(mr->base, h.remoteAddr, h.totalLength)) {
     return false;
   }
-  if (len > 0) std::memcpy(reinterpret_cast<void*>(h.remoteAddr + h.offset), data, len);
-  return true;
+  return len == 0 || moveBytes(mr, reinterpret_cast<void*>(h.remoteAddr + h.offset), data, len);
 }
 
 void onData(EmuQp* qp, Snapshot& s, const Packet& h, const char* data, uint64_t len) {
@@ -806,9 +821,10 @@ bool sendControl(EmuQp* qp, const Snapshot& s) {
 }
 
 // The iovecs of bytes [offset, offset + len) of the WR's gather list, every element checked
-// (lkey, protection domain, range); false on a bad one. With the registry held shared.
+// (lkey, protection domain, range); false on a bad one. With the registry held shared. GPU
+// memory is copied into `bounce` (len <= kSegmentBytes bytes) first.
 bool gather(const EmuQp* qp, const SendEntry& e, uint64_t offset, uint64_t len, iovec* iov,
-            int* count) {
+            int* count, char* bounce) {
   const Registry& reg = Registry::instance();
   uint64_t pos = 0;
   for (int i = 0; i < e.numSge; ++i) {
@@ -817,7 +833,15 @@ bool gather(const EmuQp* qp, const SendEntry& e, uint64_t offset, uint64_t len, 
     const EmuMr* mr = reg.findLocal(g.lkey);
     if (!mr || mr->pd != qp->pd || !inside(mr->base, g.addr, g.length)) return false;
     const uint64_t b = std::max(pos, offset), end = std::min(pos + g.length, offset + len);
-    if (b < end) iov[(*count)++] = {reinterpret_cast<void*>(g.addr + (b - pos)), end - b};
+    if (b < end) {
+      void* at = reinterpret_cast<void*>(g.addr + (b - pos));
+      if (mr->device) {
+        char* to = bounce + (b - offset);
+        if (!moveBytes(mr, to, at, end - b)) return false;
+        at = to;
+      }
+      iov[(*count)++] = {at, end - b};
+    }
     pos += g.length;
   }
   return true;
@@ -849,7 +873,9 @@ Outcome sendSegment(EmuQp* qp, const Snapshot& s, const SendEntry& e) {
     return sendPacket(qp, iov, count);
   }
   std::shared_lock<std::shared_mutex> lock(Registry::instance().mutex);
-  if (!gather(qp, e, n.txOffset, len, iov, &count)) return Outcome::kBadLocal;
+  thread_local std::unique_ptr<char[]> bounce;  // the NIC thread's, for GPU memory
+  if (!bounce) bounce = std::make_unique<char[]>(kSegmentBytes);
+  if (!gather(qp, e, n.txOffset, len, iov, &count, bounce.get())) return Outcome::kBadLocal;
   return sendPacket(qp, iov, count);
 }
 
@@ -1303,6 +1329,8 @@ int deallocPd(ibv_pd* ibpd) {
   return 0;
 }
 
+ibv_mr* addMr(EmuPd* pd, void* addr, size_t length, int access, bool device);
+
 ibv_mr* regMr(ibv_pd* ibpd, void* addr, size_t length, int access) {
   // Optional flags (relaxed ordering) are hints a device may ignore; hugetlb too. Memory
   // windows, zero-based and on-demand-paging registrations are not emulated.
@@ -1315,13 +1343,25 @@ ibv_mr* regMr(ibv_pd* ibpd, void* addr, size_t length, int access) {
     return nullptr;
   }
   EmuPd* pd = asPd(ibpd);
+  // GPU memory: a real ibv_reg_mr takes it only through nvidia_peermem, which the emulated
+  // NIC stands in for where its config says gdr; without, the pages cannot be pinned.
+  const bool device = cuda::isDevicePointer(addr);
+  if (device && !pd->ctx->emu->config.gdr) {
+    errno = EFAULT;
+    return nullptr;
+  }
+  return addMr(pd, addr, length, access, device);
+}
+
+ibv_mr* addMr(EmuPd* pd, void* addr, size_t length, int access, bool device) {
   auto* mr = new EmuMr{};
-  mr->base.context = ibpd->context;
-  mr->base.pd = ibpd;
+  mr->base.context = pd->base.context;
+  mr->base.pd = &pd->base;
   mr->base.addr = addr;
   mr->base.length = length;
   mr->pd = pd;
   mr->access = access;
+  mr->device = device;
   {
     Registry& reg = Registry::instance();
     std::unique_lock<std::shared_mutex> lock(reg.mutex);
@@ -1336,9 +1376,29 @@ ibv_mr* regMr(ibv_pd* ibpd, void* addr, size_t length, int access) {
   return &mr->base;
 }
 
-ibv_mr* regDmabufMr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
-  errno = EOPNOTSUPP;  // the emulation moves host memory only
-  return nullptr;
+ibv_mr* regDmabufMr(ibv_pd* ibpd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                    int access) {
+  if (!ibpd || !asPd(ibpd)->ctx->emu->config.gdr) {
+    errno = EOPNOTSUPP;  // without gdr the emulation moves host memory only
+    return nullptr;
+  }
+  // The emulated NIC reaches the memory at `iova` (the GPU address whose pages `fd` exports,
+  // as callers pass it) through CUDA copies; the descriptor itself must be open.
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    errno = EBADF;
+    return nullptr;
+  }
+  void* addr = reinterpret_cast<void*>(iova);
+  const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                    IBV_ACCESS_OPTIONAL_RANGE;
+  if ((access & ~known) || length == 0 || length > kMaxMrSize || !cuda::isDevicePointer(addr) ||
+      !cuda::isDevicePointer(static_cast<char*>(addr) + length - 1)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  (void)offset;
+  return addMr(asPd(ibpd), addr, length, access, true);
 }
 
 int deregMr(ibv_mr* ibmr) {
@@ -1850,7 +1910,8 @@ Emulator* makeEmulator(const EmulatorConfig& config, int slot) {
   e->config = config;
   e->dir = config.dir.empty() ? defaultDir() : config.dir;
   e->provider = std::string("loom RDMA emulator (") + (config.infiniband ? "ib:" : "roce:") +
-                std::to_string(config.devices) + ")";
+                std::to_string(config.devices) + (config.gdr ? ",gdr" : "") + ")";
+  e->verbs.emulatedGdr = config.gdr;
   for (int i = 0; i < config.devices; ++i) {
     auto d = std::make_unique<EmuDevice>();
     d->base = ibv_device{};
@@ -1891,8 +1952,15 @@ Emulator* makeEmulator(const EmulatorConfig& config, int slot) {
 
 }  // namespace
 
-Result<EmulatorConfig> parseEmulatorSpec(const std::string& spec) {
+Result<EmulatorConfig> parseEmulatorSpec(const std::string& full) {
   EmulatorConfig config;
+  std::string spec = full;
+  constexpr std::string_view kGdr = ",gdr";
+  if (spec.size() > kGdr.size() &&
+      spec.compare(spec.size() - kGdr.size(), kGdr.size(), kGdr) == 0) {
+    config.gdr = true;
+    spec.resize(spec.size() - kGdr.size());
+  }
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
   bool ok = kind == "roce" || kind == "ib";
@@ -1907,8 +1975,8 @@ Result<EmulatorConfig> parseEmulatorSpec(const std::string& spec) {
   if (!ok) {
     return errorf(Code::kInvalidUsage,
                   "LOOM_IB_EMULATE=%s: expected roce, roce:N, ib or ib:N (N emulated devices, "
-                  "1 to %d)",
-                  spec.c_str(), kMaxEmulatedDevices);
+                  "1 to %d), optionally followed by ,gdr",
+                  full.c_str(), kMaxEmulatedDevices);
   }
   return config;
 }

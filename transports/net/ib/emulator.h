@@ -1,6 +1,7 @@
 // An emulation of RDMA devices behind the verbs table (verbs.h), so the ib backend and its
 // tests run on machines without an RDMA NIC. It is an emulation, named so in every message:
-// it moves host memory only, through Unix datagram sockets, one per queue pair.
+// it moves host memory through Unix datagram sockets, one per queue pair, and with `gdr`
+// GPU memory too, through CUDA copies in place of a NIC's DMA.
 //
 // What it emulates, with the semantics of reliable-connected (RC) queue pairs:
 //   - devices "loomemu0", "loomemu1", ... with one port (port 1), RoCE or InfiniBand; the
@@ -12,9 +13,15 @@
 //     signaled and unsignaled completions in posting order, receiver-not-ready NAKs with
 //     rnr_retry, transport timeouts with retry_cnt (a dead peer ends in "transport retry
 //     counter exceeded"), remote access errors, and flushing on error.
+//   - with `gdr` (LOOM_IB_EMULATE=roce,gdr): GPUDirect RDMA, a NIC that reads and writes GPU
+//     memory, registered through dma-buf (regDmabufMr: the descriptor must be open, the
+//     iova a GPU address of this process) or as nvidia_peermem would take it (regMr on a GPU
+//     address); the NIC thread copies with CUDA on a stream of its own. Without `gdr`,
+//     regDmabufMr fails with EOPNOTSUPP and regMr of GPU memory with EFAULT, as on a host
+//     without peer memory.
 // What it does not emulate: RDMA READ and atomics (post_send returns EINVAL), shared
-// receive queues, UD/UC/XRC queue pairs, completion channels and async events, dma-buf
-// registration (regDmabufMr fails with EOPNOTSUPP), memory windows.
+// receive queues, UD/UC/XRC queue pairs, completion channels and async events, memory
+// windows; nor a PCIe fabric: with `gdr` the ib backend takes the NIC as near every GPU.
 //
 // Each opened context runs one thread, the emulated NIC: it transmits posted work requests,
 // answers as responder, and writes completions. Processes share nothing but a directory of
@@ -35,13 +42,15 @@ inline constexpr int kMaxEmulatedDevices = 16;
 struct EmulatorConfig {
   bool infiniband = false;  // link layer: false RoCE (Ethernet), true InfiniBand
   int devices = 1;          // emulated devices "loomemu0", "loomemu1", ... one port each (port 1)
-  std::string dir;  // where the QPs' Unix sockets live; "" = ${TMPDIR:-/tmp}/loom-ibemu-<uid>
+  std::string dir;   // where the QPs' Unix sockets live; "" = ${TMPDIR:-/tmp}/loom-ibemu-<uid>
+  bool gdr = false;  // the NIC reaches GPU memory (GPUDirect RDMA through CUDA copies)
 
   bool operator==(const EmulatorConfig&) const = default;
 };
 
 // Parses LOOM_IB_EMULATE's syntax: "roce", "roce:N", "ib", "ib:N" (N devices, 1 to
-// kMaxEmulatedDevices); an error (Code::kInvalidUsage) naming the value otherwise.
+// kMaxEmulatedDevices), each optionally followed by ",gdr"; an error (Code::kInvalidUsage)
+// naming the value otherwise.
 Result<EmulatorConfig> parseEmulatorSpec(const std::string& spec);
 
 // The emulator's verbs table for `config`. The table lives for the process; calling again

@@ -18,12 +18,13 @@ struct PortReport {
   bool usable = false;
   bool infiniband = false;  // link layer; false: Ethernet (RoCE)
   int speedMbps = 0;
-  int gidIndex = -1;      // the GID its connections use (usable ports)
-  std::string gid;        // "::ffff:10.0.0.1"
-  std::string why;        // usable: which GID and why; else why not
-  std::string pciPath;    // the device's PCI path in sysfs ("" when it has none)
-  bool dmaBuf = false;    // the provider registers dma-buf (ibv_reg_dmabuf_mr)
-  std::string dmaBufWhy;  // why not
+  int gidIndex = -1;          // the GID its connections use (usable ports)
+  std::string gid;            // "::ffff:10.0.0.1"
+  std::string why;            // usable: which GID and why; else why not
+  std::string pciPath;        // the device's PCI path in sysfs ("" when it has none)
+  bool dmaBuf = false;        // the provider registers dma-buf (ibv_reg_dmabuf_mr)
+  std::string dmaBufWhy;      // why not
+  bool nearEveryGpu = false;  // an emulated device with gdr (Properties::nearEveryGpu)
 };
 
 // The RDMA ports this process sees through the verbs (activeVerbs(): libibverbs, or

@@ -38,6 +38,7 @@
 #include "common/log.h"
 #include "common/settings.h"
 #include "common/socket.h"
+#include "transports/net/gdr.h"
 #include "transports/net/ib/ib.h"
 #include "transports/net/ib/ib_select.h"
 #include "transports/net/ib/verbs.h"
@@ -118,6 +119,7 @@ struct Device {
     uintptr_t begin = 0, end = 0;
     ibv_mr* mr = nullptr;
     int refs = 0;
+    bool gpu = false;  // GPU memory (GPUDirect RDMA)
   };
   std::mutex mutex;
   std::vector<std::unique_ptr<Registration>> regs;
@@ -128,32 +130,59 @@ struct Device {
     if (ctx) v->closeDevice(ctx);
   }
 
-  // A registration covering [data, data + size) (page-aligned), made or found in the cache.
-  Result<Registration*> acquire(const void* data, size_t size) {
-    const uintptr_t page = 4096;
+  // A registration covering [data, data + size) (page-aligned in host memory), made or found
+  // in the cache. GPU memory: as given (its pages are the driver's), through ibv_reg_mr, which
+  // takes it where nvidia_peermem is loaded, or through dma-buf where `dmaBuf` is an exported
+  // descriptor (cuda::dmaBufFor) with `data` at `dmaBufOffset` in it.
+  Result<Registration*> acquire(const void* data, size_t size, bool gpu = false, int dmaBuf = -1,
+                                uint64_t dmaBufOffset = 0) {
+    const uintptr_t page = gpu ? 1 : 4096;
     const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
     const uintptr_t end =
         (reinterpret_cast<uintptr_t>(data) + std::max<size_t>(size, 1) + page - 1) & ~(page - 1);
     std::lock_guard<std::mutex> lock(mutex);
     for (auto& r : regs) {
-      if (r->begin <= begin && end <= r->end) {
+      if (r->gpu == gpu && r->begin <= begin && end <= r->end) {
         ++r->refs;
         return r.get();
       }
     }
     const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    ibv_mr* mr = v->regMr(pd, reinterpret_cast<void*>(begin), end - begin, access);
-    if (!mr) {
-      return sysError(errno,
-                      "net/ib: %s: registering %zu bytes of host memory at %p (is the "
-                      "locked-memory limit, ulimit -l, too low?)",
-                      name.c_str(), static_cast<size_t>(end - begin), data);
+    ibv_mr* mr = nullptr;
+    if (dmaBuf >= 0) {
+      if (!v->regDmabufMr) {
+        return errorf(Code::kSystemError,
+                      "net/ib: %s: libibverbs has no ibv_reg_dmabuf_mr (rdma-core older than 34)",
+                      name.c_str());
+      }
+      mr = v->regDmabufMr(pd, dmaBufOffset, end - begin, begin, dmaBuf, access);
+      if (!mr) {
+        return sysError(errno,
+                        "net/ib: %s: registering %zu bytes of GPU memory at %p through dma-buf "
+                        "(ibv_reg_dmabuf_mr)",
+                        name.c_str(), static_cast<size_t>(end - begin), data);
+      }
+    } else {
+      mr = v->regMr(pd, reinterpret_cast<void*>(begin), end - begin, access);
+      if (!mr && gpu) {
+        return sysError(errno,
+                        "net/ib: %s: registering %zu bytes of GPU memory at %p (ibv_reg_mr on GPU "
+                        "memory needs nvidia_peermem loaded)",
+                        name.c_str(), static_cast<size_t>(end - begin), data);
+      }
+      if (!mr) {
+        return sysError(errno,
+                        "net/ib: %s: registering %zu bytes of host memory at %p (is the "
+                        "locked-memory limit, ulimit -l, too low?)",
+                        name.c_str(), static_cast<size_t>(end - begin), data);
+      }
     }
     auto r = std::make_unique<Registration>();
     r->begin = begin;
     r->end = end;
     r->mr = mr;
     r->refs = 1;
+    r->gpu = gpu;
     regs.push_back(std::move(r));
     return regs.back().get();
   }
@@ -478,6 +507,10 @@ class IbSend final : public SendComm {
   Result<MemHandle> regMr(void* data, size_t size, MemType type) override {
     return registerMemory(*link_->port().device, data, size, type);
   }
+  Result<MemHandle> regMrDmaBuf(void* data, size_t size, MemType type, uint64_t offset,
+                                int fd) override {
+    return registerDmaBuf(*link_->port().device, data, size, type, offset, fd);
+  }
   Status deregMr(MemHandle mh) override {
     if (mh) link_->port().device->release(static_cast<Device::Registration*>(mh));
     return Status::ok();
@@ -584,13 +617,16 @@ class IbSend final : public SendComm {
   void shutdown() override { link_->shutdown(); }
 
   static Result<MemHandle> registerMemory(Device& d, void* data, size_t size, MemType type) {
-    if (type == MemType::kCuda) {
-      return errorf(Code::kInvalidUsage,
-                    "net/ib: %s: GPU memory is not registered directly yet (GPU buffers go "
-                    "through page-locked host memory)",
-                    d.name.c_str());
+    LOOM_ASSIGN_OR_RETURN(Device::Registration * r, d.acquire(data, size, type == MemType::kCuda));
+    return static_cast<MemHandle>(r);
+  }
+  static Result<MemHandle> registerDmaBuf(Device& d, void* data, size_t size, MemType type,
+                                          uint64_t offset, int fd) {
+    if (type != MemType::kCuda || fd < 0) {
+      return errorf(Code::kInvalidUsage, "net/ib: %s: dma-buf registration of %s (fd %d)",
+                    d.name.c_str(), type == MemType::kCuda ? "GPU memory" : "host memory", fd);
     }
-    LOOM_ASSIGN_OR_RETURN(Device::Registration * r, d.acquire(data, size));
+    LOOM_ASSIGN_OR_RETURN(Device::Registration * r, d.acquire(data, size, true, fd, offset));
     return static_cast<MemHandle>(r);
   }
 
@@ -634,6 +670,10 @@ class IbRecv final : public RecvComm {
 
   Result<MemHandle> regMr(void* data, size_t size, MemType type) override {
     return IbSend::registerMemory(*link_->port().device, data, size, type);
+  }
+  Result<MemHandle> regMrDmaBuf(void* data, size_t size, MemType type, uint64_t offset,
+                                int fd) override {
+    return IbSend::registerDmaBuf(*link_->port().device, data, size, type, offset, fd);
   }
   Status deregMr(MemHandle mh) override {
     if (mh) link_->port().device->release(static_cast<Device::Registration*>(mh));
@@ -895,7 +935,11 @@ class IbBackend final : public Backend {
     p->name = port.device->name;
     p->pciPath = port.pciPath;
     p->guid = port.device->attr.node_guid;
-    p->ptrSupport = kPtrHost;
+    // GPU memory: through nvidia_peermem (ibv_reg_mr) or dma-buf, as NCCL's IB transport says.
+    const bool emulatedGdr = port.device->v->emulatedGdr;
+    p->ptrSupport = kPtrHost | (emulatedGdr || peerMemLoaded() ? kPtrCuda : 0) |
+                    (port.dmaBuf ? kPtrCuda | kPtrDmaBuf : 0);
+    p->nearEveryGpu = emulatedGdr;
     p->speedMbps = port.speedMbps;
     p->latencyUs = 0;
     p->rdma = true;
@@ -1252,6 +1296,7 @@ Result<std::vector<PortReport>> scanPorts(const Verbs& v, std::vector<Port>* usa
         r.pciPath = pci;
         r.dmaBuf = dmaBuf;
         r.dmaBufWhy = why;
+        r.nearEveryGpu = v.emulatedGdr;
       }
       if (usable) {
         for (Port& q : *usable) {

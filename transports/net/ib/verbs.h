@@ -18,6 +18,9 @@ namespace loom::transport::net::ib {
 
 struct Verbs {
   const char* provider = "";  // "libibverbs.so.1" or the emulator's name, for messages
+  // The emulator with gdr (emulator.h): its NIC reaches GPU memory as peer memory or dma-buf
+  // would let it, and has no place on the PCI tree, so it counts as near every GPU.
+  bool emulatedGdr = false;
 
   ibv_device** (*getDeviceList)(int* num) = nullptr;
   void (*freeDeviceList)(ibv_device** list) = nullptr;

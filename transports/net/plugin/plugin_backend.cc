@@ -137,6 +137,15 @@ ncclNetResult_t callRegMr(const Library& l, void* comm, void* data, size_t size,
   return onTable(l, [&](const auto& t) { return t.regMr(comm, data, size, kind, mh); });
 }
 
+ncclNetResult_t callRegMrDmaBuf(const Library& l, void* comm, void* data, size_t size, MemType type,
+                                uint64_t offset, int fd, void** mh) {
+  const int kind = type == MemType::kCuda ? kNcclPtrCuda : kNcclPtrHost;
+  return onTable(l, [&](const auto& t) {
+    return t.regMrDmaBuf ? t.regMrDmaBuf(comm, data, size, kind, offset, fd, mh)
+                         : kNcclNetInternalError;
+  });
+}
+
 ncclNetResult_t callDeregMr(const Library& l, void* comm, void* mh) {
   return onTable(l, [&](const auto& t) { return t.deregMr(comm, mh); });
 }
@@ -159,6 +168,14 @@ class PluginSend : public SendComm {
     if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     void* mh = nullptr;
     LOOM_TRY(named(lib().check(callRegMr(lib(), comm_, data, size, type, &mh), "regMr")));
+    return mh;
+  }
+  Result<MemHandle> regMrDmaBuf(void* data, size_t size, MemType type, uint64_t offset,
+                                int fd) override {
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
+    void* mh = nullptr;
+    LOOM_TRY(named(lib().check(callRegMrDmaBuf(lib(), comm_, data, size, type, offset, fd, &mh),
+                               "regMrDmaBuf")));
     return mh;
   }
   Status deregMr(MemHandle mh) override {
@@ -227,6 +244,14 @@ class PluginRecv : public RecvComm {
     if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
     void* mh = nullptr;
     LOOM_TRY(lib().check(callRegMr(lib(), comm_, data, size, type, &mh), "regMr"));
+    return mh;
+  }
+  Result<MemHandle> regMrDmaBuf(void* data, size_t size, MemType type, uint64_t offset,
+                                int fd) override {
+    if (shut_.load(std::memory_order_acquire)) return shutDown(lib());
+    void* mh = nullptr;
+    LOOM_TRY(lib().check(callRegMrDmaBuf(lib(), comm_, data, size, type, offset, fd, &mh),
+                         "regMrDmaBuf"));
     return mh;
   }
   Status deregMr(MemHandle mh) override {
