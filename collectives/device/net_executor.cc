@@ -118,34 +118,16 @@ Status NetExecutor::init(NetHandleExchange exchange) {
   dev_ = nic.dev;
   transport::net::Properties props;
   LOOM_TRY(backend_->properties(dev_, &props));
-  std::string gdr = "not an RDMA device: GPU buffers go through page-locked host memory";
-  if (props.rdma) {
-    using transport::net::GdrMode;
-    const transport::net::GdrAssessment a =
+  transport::net::GdrAssessment assessment;
+  if (transport::net::placementNeedsAssessment(props)) {
+    assessment =
         transport::net::assessGdrFor(options_.device, props.pciPath, props.dmaBufRegistration,
                                      props.dmaBufWhy, props.nearEveryGpu);
-    const bool takes = a.mode == GdrMode::kDmaBuf
-                           ? (props.ptrSupport & transport::net::kPtrDmaBuf) != 0
-                           : (props.ptrSupport & transport::net::kPtrCuda) != 0;
-    if (a.mode == GdrMode::kNone) {
-      gdr = "GPUDirect RDMA is not possible (" + a.why +
-            "): GPU buffers go through page-locked host memory";
-    } else if (a.flush) {
-      // Before compute 9.0 a receive into GPU memory needs a flush read before the kernel may
-      // read it, which this data path does not have (NCCL's iflush).
-      gdr = std::string("GPUDirect RDMA through ") + transport::net::gdrModeName(a.mode) +
-            " would be possible, but this GPU (before compute 9.0) needs a flush after each "
-            "receive, which loom does not do: GPU buffers go through page-locked host memory";
-    } else if (!takes) {
-      gdr = std::string("GPUDirect RDMA through ") + transport::net::gdrModeName(a.mode) +
-            " would be possible, but the backend does not take such memory: GPU buffers go "
-            "through page-locked host memory";
-    } else {
-      gdr_ = a.mode;
-      gdr = std::string("GPUDirect RDMA through ") + transport::net::gdrModeName(a.mode) + " (" +
-            a.why + "): the NIC reads and writes the FIFOs' slots in GPU memory";
-    }
   }
+  const transport::net::SlotPlacement placement = transport::net::placeSlots(props, assessment);
+  slotsOnGpu_ = placement.gpu;
+  slotsDmaBuf_ = placement.dmaBuf;
+  const std::string& gdr = placement.why;
   LOOM_INFO(kNet, "GPU %d (%s) uses %s device %s: %s; %s", options_.device, busId, backend_->name(),
             names[dev_].c_str(), nic.why.c_str(), gdr.c_str());
   LOOM_INFO(kInit,
@@ -154,7 +136,7 @@ Status NetExecutor::init(NetHandleExchange exchange) {
             "bytes per connection in %s",
             options_.device, backend_->name(), props.name.c_str(), props.speedMbps, options_.lanes,
             options_.slots, (unsigned long long)options_.slotBytes,
-            gdr_ == transport::net::GdrMode::kNone ? "page-locked memory" : "GPU memory");
+            slotsOnGpu_ ? "GPU memory" : "page-locked memory");
   return Status::ok();
 }
 
@@ -249,7 +231,7 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
                      transport::net::SlotMemory* where) -> Result<transport::net::Fifo> {
     // GPUDirect RDMA: the header (the counters the proxy polls) stays in page-locked memory,
     // the slots go to GPU memory.
-    const size_t hostBytes = gdr_ == transport::net::GdrMode::kNone ? bytes : 4096;
+    const size_t hostBytes = slotsOnGpu_ ? 4096 : bytes;
     void* mem = nullptr;
     LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, hostBytes, cudaHostAllocMapped | cudaHostAllocPortable),
                         "cudaHostAlloc of a network FIFO"));
@@ -257,14 +239,14 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
     fifoMemory_.push_back(mem);
     transport::net::Fifo f =
         transport::net::fifoAt(mem, options_.slots, options_.slotBytes, l.peer);
-    if (gdr_ != transport::net::GdrMode::kNone) {
+    if (slotsOnGpu_) {
       void* slots = nullptr;
       LOOM_TRY(cudaStatus(cudaMalloc(&slots, bytes - 4096),
                           "cudaMalloc of a network FIFO's slots (GPUDirect RDMA)"));
       fifoSlotsOnGpu_.push_back(slots);
       f.slots = static_cast<char*>(slots);
       where->type = transport::net::MemType::kCuda;
-      if (gdr_ == transport::net::GdrMode::kDmaBuf) {
+      if (slotsDmaBuf_) {
         Result<cuda::DmaBuf> d = cuda::dmaBufFor(slots, bytes - 4096);
         if (!d) {
           return d.status().withContext(

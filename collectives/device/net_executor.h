@@ -139,9 +139,11 @@ class NetExecutor {
   // Page-locked, mapped: [0] abort (host writes), [1] error code, [2] its peer (kernels).
   int* hostFlags_ = nullptr;
   std::vector<void*> fifoMemory_;  // page-locked FIFOs (or their headers)
-  // GPUDirect RDMA: the FIFOs' slots in GPU memory, which the NIC reads and writes
-  // (transports/net/gdr.h chooses how it registers them); kNone: in page-locked memory.
-  transport::net::GdrMode gdr_ = transport::net::GdrMode::kNone;
+  // The FIFOs' slots in GPU memory (transports/net/gdr.h placeSlots), which the NIC reads and
+  // writes (GPUDirect RDMA) or the backend moves itself, registered through dma-buf or not;
+  // otherwise in page-locked memory.
+  bool slotsOnGpu_ = false;
+  bool slotsDmaBuf_ = false;
   std::vector<void*> fifoSlotsOnGpu_;
   std::vector<bool> sendConnected_, recvConnected_;  // by link (lane * nranks + peer)
   cudaStream_t uploadStream_ = nullptr;              // plan and table uploads (non-blocking)

@@ -48,6 +48,57 @@ GdrFacts capable(PciPath path) {
   return f;
 }
 
+// Where the network executor puts a GPU's FIFO slots (placeSlots): GPU memory where the
+// assessment allows it and the NIC takes that memory, never before compute 9.0 (no flush),
+// page-locked host memory otherwise; a backend with no NIC on the PCI tree that moves GPU
+// memory itself (UCX built with CUDA) without the assessment; sockets never.
+TEST(Gdr, SlotPlacementFollowsTheAssessmentAndTheBackend) {
+  Properties ib;
+  ib.rdma = true;
+  ib.pciPath = kNicSameSwitch;
+  ib.ptrSupport = kPtrHost | kPtrCuda | kPtrDmaBuf;
+  EXPECT_TRUE(placementNeedsAssessment(ib));
+  SlotPlacement p = placeSlots(ib, assessGdr(capable(PciPath::kPix)));
+  EXPECT_TRUE(p.gpu) << p.why;
+  EXPECT_TRUE(p.dmaBuf) << p.why;
+  EXPECT_NE(p.why.find("dma-buf"), std::string::npos) << p.why;
+  GdrFacts f = capable(PciPath::kPix);
+  f.nicDmaBuf = false;
+  f.peerMem = true;
+  p = placeSlots(ib, assessGdr(f));
+  EXPECT_TRUE(p.gpu) << p.why;
+  EXPECT_FALSE(p.dmaBuf) << p.why;
+  f.computeMajor = 8;  // Ampere: a receive needs a flush loom does not do
+  p = placeSlots(ib, assessGdr(f));
+  EXPECT_FALSE(p.gpu) << p.why;
+  EXPECT_NE(p.why.find("flush"), std::string::npos) << p.why;
+  p = placeSlots(ib, assessGdr(capable(PciPath::kSys)));  // beyond LOOM_NET_GDR_LEVEL
+  EXPECT_FALSE(p.gpu) << p.why;
+  EXPECT_NE(p.why.find("page-locked host memory"), std::string::npos) << p.why;
+  ib.ptrSupport = kPtrHost | kPtrCuda;  // dma-buf possible, but the backend takes only peer memory
+  p = placeSlots(ib, assessGdr(capable(PciPath::kPix)));
+  EXPECT_FALSE(p.gpu) << p.why;
+  ib.ptrSupport = kPtrHost;
+  EXPECT_FALSE(placementNeedsAssessment(ib));
+  EXPECT_FALSE(placeSlots(ib, assessGdr(capable(PciPath::kPix))).gpu);
+
+  Properties ucx;  // no PCI path (loopback), built with CUDA
+  ucx.ptrSupport = kPtrHost | kPtrCuda;
+  EXPECT_FALSE(placementNeedsAssessment(ucx));
+  p = placeSlots(ucx, GdrAssessment{});
+  EXPECT_TRUE(p.gpu) << p.why;
+  EXPECT_FALSE(p.dmaBuf);
+  ucx.ptrSupport = kPtrHost;
+  EXPECT_FALSE(placeSlots(ucx, GdrAssessment{}).gpu);
+
+  Properties socket;
+  socket.pciPath = kNicSameSwitch;
+  EXPECT_FALSE(placementNeedsAssessment(socket));
+  p = placeSlots(socket, assessGdr(capable(PciPath::kPix)));
+  EXPECT_FALSE(p.gpu) << p.why;
+  EXPECT_NE(p.why.find("host memory only"), std::string::npos) << p.why;
+}
+
 TEST(Gdr, DmaBufThenPeerMemoryWithinTheDistance) {
   GdrAssessment a = assessGdr(capable(PciPath::kPix));
   EXPECT_EQ(a.mode, GdrMode::kDmaBuf) << a.why;

@@ -140,4 +140,49 @@ GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool n
   return a;
 }
 
+bool placementNeedsAssessment(const Properties& nic) {
+  const bool gpuMemory = (nic.ptrSupport & (kPtrCuda | kPtrDmaBuf)) != 0;
+  return gpuMemory && (nic.rdma || nic.nearEveryGpu || !nic.pciPath.empty());
+}
+
+SlotPlacement placeSlots(const Properties& nic, const GdrAssessment& a) {
+  SlotPlacement p;
+  const std::string staged = ": GPU buffers go through page-locked host memory";
+  if ((nic.ptrSupport & (kPtrCuda | kPtrDmaBuf)) == 0) {
+    p.why =
+        std::string(nic.rdma ? "the NIC takes no GPU memory here (no nvidia_peermem, no dma-buf)"
+                             : "the backend moves host memory only") +
+        staged;
+    return p;
+  }
+  if (!placementNeedsAssessment(nic)) {
+    // No NIC on the PCI tree between them (UCX over TCP, say): the backend moves GPU
+    // memory itself, as its memory-type support says.
+    p.gpu = true;
+    p.why =
+        "the backend moves GPU memory itself (its pointer support says so: UCX built with "
+        "CUDA, or a network plugin): the FIFOs' slots in GPU memory";
+    return p;
+  }
+  const std::string through = std::string("GPUDirect RDMA through ") + gdrModeName(a.mode);
+  if (a.mode == GdrMode::kNone) {
+    p.why = "GPUDirect RDMA is not possible (" + a.why + ")" + staged;
+  } else if (a.flush) {
+    // Before compute 9.0 a receive into GPU memory needs a flush read before a kernel may
+    // read it (NCCL's iflush), which this data path does not do.
+    p.why = through +
+            " would be possible, but this GPU (before compute 9.0) needs a flush after each "
+            "receive, which loom does not do" +
+            staged;
+  } else if (a.mode == GdrMode::kDmaBuf ? !(nic.ptrSupport & kPtrDmaBuf)
+                                        : !(nic.ptrSupport & kPtrCuda)) {
+    p.why = through + " would be possible, but the backend does not take such memory" + staged;
+  } else {
+    p.gpu = true;
+    p.dmaBuf = a.mode == GdrMode::kDmaBuf;
+    p.why = through + " (" + a.why + "): the NIC reads and writes the FIFOs' slots in GPU memory";
+  }
+  return p;
+}
+
 }  // namespace loom::transport::net

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "transports/net/net.h"
+
 namespace loom::transport::net {
 
 // How far a NIC is from a GPU on the PCI tree, in NCCL's terms: PIX (behind one PCIe
@@ -63,5 +65,19 @@ GdrAssessment assessGdr(const GdrFacts& f);
 // as if peer memory were loaded.
 GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool nicDmaBuf,
                            const std::string& nicDmaBufWhy, bool nearEveryGpu = false);
+
+// Where the network executor puts a GPU's FIFO slots: in GPU memory, registered through
+// dma-buf (`dmaBuf`) or as plain GPU memory (peer memory, or a backend that moves GPU memory
+// itself), or in page-locked host memory (`gpu` false); `why` says which and why, for the
+// INFO log. `a` is assessGdrFor for the GPU and `nic` (it is read only where the NIC stands
+// on the PCI tree or is loom's RDMA backend).
+struct SlotPlacement {
+  bool gpu = false;
+  bool dmaBuf = false;
+  std::string why;
+};
+SlotPlacement placeSlots(const Properties& nic, const GdrAssessment& a);
+// Whether placeSlots reads its assessment for `nic` (else the CUDA driver need not be asked).
+bool placementNeedsAssessment(const Properties& nic);
 
 }  // namespace loom::transport::net
