@@ -276,13 +276,14 @@ Status copyMemory(void* dst, const void* src, size_t n) {
       !d.memcpyAsync) {
     return errorf(Code::kSystemError, "libcuda.so.1 lacks the stream or copy calls");
   }
-  // The context of whichever side is device memory.
+  // The context of whichever side is device memory (page-locked host memory has one too).
+  const void* gpuSide = isDevicePointer(dst) ? dst : src;
   void* ctx = nullptr;
-  if (d.getAttribute(&ctx, kAttrContext, reinterpret_cast<uintptr_t>(dst)) != 0 || !ctx) {
-    if (d.getAttribute(&ctx, kAttrContext, reinterpret_cast<uintptr_t>(src)) != 0 || !ctx) {
-      return errorf(Code::kInvalidArgument, "copy of %zu bytes: neither %p nor %p is device memory",
-                    n, dst, src);
-    }
+  if (!isDevicePointer(gpuSide) ||
+      d.getAttribute(&ctx, kAttrContext, reinterpret_cast<uintptr_t>(gpuSide)) != 0 || !ctx) {
+    return errorf(Code::kInvalidArgument,
+                  "copy of %zu bytes: neither %p nor %p is device memory with a context", n, dst,
+                  src);
   }
   thread_local CopyStream cs;
   if (int rc = d.ctxSetCurrent(ctx); rc != 0) {

@@ -229,9 +229,43 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
   const size_t bytes = transport::net::fifoBytes(options_.slots, options_.slotBytes);
   auto fifoFor = [&](const NetLink& l, transport::net::Fifo* table,
                      transport::net::SlotMemory* where) -> Result<transport::net::Fifo> {
-    // GPUDirect RDMA: the header (the counters the proxy polls) stays in page-locked memory,
-    // the slots go to GPU memory.
-    const size_t hostBytes = slotsOnGpu_ ? 4096 : bytes;
+    // GPU memory for the slots where placeSlots chose it (page-aligned: dma-buf exports
+    // whole pages), and its dma-buf export; the counters the proxy polls stay in page-locked
+    // memory. An export the driver refuses sends this and every later FIFO to host memory.
+    const size_t slotBytes = bytes - 4096;
+    char* gpuSlots = nullptr;
+    if (slotsOnGpu_) {
+      void* raw = nullptr;
+      LOOM_TRY(cudaStatus(cudaMalloc(&raw, slotBytes + 4096),
+                          "cudaMalloc of a network FIFO's slots (GPU memory)"));
+      fifoSlotsOnGpu_.push_back(raw);
+      gpuSlots =
+          reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 4095) & ~uintptr_t(4095));
+      if (slotsDmaBuf_) {
+        Result<cuda::DmaBuf> d = cuda::dmaBufFor(gpuSlots, slotBytes);
+        if (!d) {
+          LOOM_WARN(kNet,
+                    "GPU %d: the CUDA driver would not export the network FIFOs' GPU memory as "
+                    "dma-buf (%s): GPU buffers go through page-locked host memory instead",
+                    options_.device, d.status().message().c_str());
+          slotsOnGpu_ = slotsDmaBuf_ = false;
+          gpuSlots = nullptr;
+        } else {
+          where->dmaBufFd = d->fd;
+          where->dmaBufOffset = d->offset;
+        }
+      }
+    }
+    // From here on an early return closes the descriptor (the caller's `where` is dropped).
+    struct CloseOnError {
+      transport::net::SlotMemory* where;
+      bool keep = false;
+      ~CloseOnError() {
+        if (!keep && where->dmaBufFd >= 0) ::close(where->dmaBufFd);
+        if (!keep) where->dmaBufFd = -1;
+      }
+    } guard{where};
+    const size_t hostBytes = gpuSlots ? 4096 : bytes;
     void* mem = nullptr;
     LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, hostBytes, cudaHostAllocMapped | cudaHostAllocPortable),
                         "cudaHostAlloc of a network FIFO"));
@@ -239,28 +273,15 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
     fifoMemory_.push_back(mem);
     transport::net::Fifo f =
         transport::net::fifoAt(mem, options_.slots, options_.slotBytes, l.peer);
-    if (slotsOnGpu_) {
-      void* slots = nullptr;
-      LOOM_TRY(cudaStatus(cudaMalloc(&slots, bytes - 4096),
-                          "cudaMalloc of a network FIFO's slots (GPUDirect RDMA)"));
-      fifoSlotsOnGpu_.push_back(slots);
-      f.slots = static_cast<char*>(slots);
+    if (gpuSlots) {
+      f.slots = gpuSlots;
       where->type = transport::net::MemType::kCuda;
-      if (slotsDmaBuf_) {
-        Result<cuda::DmaBuf> d = cuda::dmaBufFor(slots, bytes - 4096);
-        if (!d) {
-          return d.status().withContext(
-              "exporting a network FIFO's slots as dma-buf for GPUDirect RDMA "
-              "(LOOM_NET_GDR_LEVEL=LOC stages GPU buffers through host memory instead)");
-        }
-        where->dmaBufFd = d->fd;
-        where->dmaBufOffset = d->offset;
-      }
     }
     LOOM_TRY(cudaStatus(cudaMemcpyAsync(table + l.lane * n + l.peer, &f, sizeof(f),
                                         cudaMemcpyHostToDevice, uploadStream_),
                         "cudaMemcpyAsync of the FIFO table"));
     LOOM_TRY(cudaStatus(cudaStreamSynchronize(uploadStream_), "cudaStreamSynchronize"));
+    guard.keep = true;
     return f;
   };
   // Each lane's connection between two ranks is its own, and so are its handles.

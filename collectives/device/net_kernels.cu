@@ -1,9 +1,10 @@
 // The network executor's kernel (see net.h for the protocol, net_fifo.h for the FIFOs).
 //
 // Thread 0 of a block does the waiting and the counting; every thread moves data
-// (reduceCopy). Host memory is reached through the GPU's mapping of page-locked memory:
-// loads with acquire at system scope for what the proxy writes, and the block's barrier
-// followed by thread 0's system fence and release store before a slot is handed on.
+// (reduceCopy). The counters are page-locked host memory the GPU maps, the slots too or
+// GPU memory that the NIC reads and writes (GPUDirect RDMA): loads with acquire at system
+// scope for what the proxy writes, and the block's barrier followed by thread 0's system
+// fence and release store before a slot is handed on.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/datatype.h"
+#include "common/log.h"
 #include "tests/gpu/collective_check.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -192,8 +193,19 @@ INSTANTIATE_TEST_SUITE_P(GpuNetwork, OverTheNetwork, ::testing::Values(2, 3, 4),
 // as peer memory), the emulated NIC copying with CUDA in place of DMA.
 TEST(GpuNetwork, IbEmulatedGpuDirect) {
   REQUIRE_GPUS(1);
+  // The network executor's INFO line says where the slots went.
+  setenv("LOOM_DEBUG", "INFO", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "NET", 1);
+  loom::log::reload();
+  ::testing::internal::CaptureStderr();
   Ranks R(2, {{"LOOM_P2P_DISABLE", "1"}, {"LOOM_NET", "ib"}, {"LOOM_IB_EMULATE", "roce,gdr"}},
           roundRobinDevices(2));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  unsetenv("LOOM_DEBUG");
+  unsetenv("LOOM_DEBUG_SUBSYS");
+  loom::log::reload();
+  EXPECT_NE(log.find("the NIC reads and writes the FIFOs' slots in GPU memory"), std::string::npos)
+      << log;
   R.anyOrder = true;
   EXPECT_EQ(everyCollectiveTypeAndOp(R), 0u);
   for (Coll c : {Coll::kAllReduce, Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {

@@ -458,8 +458,13 @@ class NetIbEmulated : public ::testing::Test {
 // The emulation's NIC with gdr says what GPUDirect RDMA needs: GPU memory (peer memory and
 // dma-buf) in ptrSupport, and a NIC near every GPU; without gdr, host memory alone, and a
 // dma-buf registration is refused with what the provider said.
-TEST(NetIbEmulatedGdr, PropertiesSayWhatMemoryTheNicTakes) {
-  gIb = true;
+class NetIbEmulatedGdr : public ::testing::Test {
+ protected:
+  void SetUp() override { gIb = true; }
+  void TearDown() override { gIb = false; }
+};
+
+TEST_F(NetIbEmulatedGdr, PropertiesSayWhatMemoryTheNicTakes) {
   {
     ScopedSetting e(settings::kIbEmulate, "roce,gdr");
     auto b = makeTested(Context{});
@@ -481,7 +486,6 @@ TEST(NetIbEmulatedGdr, PropertiesSayWhatMemoryTheNicTakes) {
     EXPECT_NE(p.dmaBufWhy.find("dma-buf"), std::string::npos) << p.dmaBufWhy;
     EXPECT_FALSE(p.nearEveryGpu);
   }
-  gIb = false;
 }
 
 // A listener that is gone (its rank exited) is reported at once, not retried until

@@ -77,7 +77,7 @@ bool gdrLevelFrom(const std::string& word, PciPath* maxPath) {
 
 GdrAssessment assessGdr(const GdrFacts& f) {
   GdrAssessment a;
-  a.flush = f.computeMajor > 0 && f.computeMajor < 9;
+  a.flush = f.computeMajor < 9;  // unknown (0) counts as needing it
   if (f.levelOff) {
     a.why = "LOOM_NET_GDR_LEVEL (or NCCL_NET_GDR_LEVEL) is LOC: GPUDirect RDMA is off";
     return a;
@@ -131,12 +131,14 @@ GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool n
   f.peerMem = peerMemLoaded();
   f.path = pciPathBetween(pciSysfsPath(cuda::deviceBusId(gpuOrdinal)), nicPciPath);
   f.levelOff = !gdrLevelFrom(settings::get(settings::kNetGdrLevel), &f.maxPath);
-  if (nearEveryGpu) {  // the emulated NIC with gdr: no PCI path, peer memory of its own
-    f.path = PciPath::kPix;
+  if (nearEveryGpu) {        // the emulated NIC with gdr: no PCI path, peer memory of its own,
+    f.path = PciPath::kPix;  // and it copies with CUDA, whatever a NIC could reach
     f.peerMem = true;
+    f.gpuRdma = true;
   }
   GdrAssessment a = assessGdr(f);
-  if (nearEveryGpu) a.why += " [emulated NIC: taken as PIX, peer memory emulated]";
+  if (nearEveryGpu)
+    a.why += " [emulated NIC: taken as PIX, GPUDirect RDMA and peer memory emulated]";
   return a;
 }
 

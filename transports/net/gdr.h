@@ -49,7 +49,8 @@ const char* gdrModeName(GdrMode m);
 
 struct GdrAssessment {
   GdrMode mode = GdrMode::kNone;
-  bool flush = false;  // a receive into GPU memory needs a flush read (before compute 9.0)
+  bool flush = false;  // a receive into GPU memory needs a flush read (before compute 9.0, or
+                       // where the compute capability is not known)
   std::string why;
 };
 
@@ -61,8 +62,9 @@ GdrAssessment assessGdr(const GdrFacts& f);
 // The same for CUDA device `gpuOrdinal` and a NIC at `nicPciPath` (sysfs) whose provider
 // does or does not register dma-buf: the facts read from the CUDA driver, sysfs and the
 // kernel's modules. Without a CUDA driver, the assessment says so.
-// `nearEveryGpu`: an emulated NIC (Properties::nearEveryGpu), taken as PIX from the GPU and
-// as if peer memory were loaded.
+// `nearEveryGpu`: an emulated NIC (Properties::nearEveryGpu), taken as PIX from the GPU, as
+// if peer memory were loaded and the GPU reported GPUDirect RDMA (the emulation copies with
+// CUDA); dma-buf export and the compute capability stay the driver's.
 GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool nicDmaBuf,
                            const std::string& nicDmaBufWhy, bool nearEveryGpu = false);
 

@@ -1,6 +1,7 @@
-// The FIFO between a GPU kernel and the proxy thread: slots in page-locked host memory
-// that the GPU maps, and the counters that hand them back and forth. One FIFO per
-// network connection and direction.
+// The FIFO between a GPU kernel and the proxy thread: slots, and the counters that hand
+// them back and forth. The counters are page-locked host memory that the GPU maps; the
+// slots too, or GPU memory where the NIC reaches it (GPUDirect RDMA, gdr.h placeSlots). One
+// FIFO per network connection and direction.
 //
 //   send FIFO: the kernel fills slot `posted % slots`, writes its size, then bumps
 //              `posted`; the proxy isends it and, once the backend is done with it,
@@ -43,8 +44,8 @@ struct alignas(128) FifoHeader {
 };
 static_assert(sizeof(FifoHeader) % 128 == 0);
 
-// One FIFO as both sides address it (host pointers; the GPU maps the same addresses
-// through unified addressing).
+// One FIFO as both sides address it (unified addressing: the GPU maps the host pointers,
+// and `slots` may be a GPU pointer, which the proxy only hands to the backend).
 struct Fifo {
   FifoHeader* header = nullptr;
   char* slots = nullptr;  // `nslots` slots of `slotBytes`, back to back

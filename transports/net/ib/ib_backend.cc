@@ -935,10 +935,12 @@ class IbBackend final : public Backend {
     p->name = port.device->name;
     p->pciPath = port.pciPath;
     p->guid = port.device->attr.node_guid;
-    // GPU memory: through nvidia_peermem (ibv_reg_mr) or dma-buf, as NCCL's IB transport says.
+    // GPU memory as NCCL's IB transport says it: CUDA where nvidia_peermem lets ibv_reg_mr
+    // take a GPU address (or the emulation stands in for it), DMABUF where the provider
+    // registers dma-buf.
     const bool emulatedGdr = port.device->v->emulatedGdr;
-    p->ptrSupport = kPtrHost | (emulatedGdr || peerMemLoaded() ? kPtrCuda : 0) |
-                    (port.dmaBuf ? kPtrCuda | kPtrDmaBuf : 0);
+    p->ptrSupport =
+        kPtrHost | (emulatedGdr || peerMemLoaded() ? kPtrCuda : 0) | (port.dmaBuf ? kPtrDmaBuf : 0);
     p->nearEveryGpu = emulatedGdr;
     p->speedMbps = port.speedMbps;
     p->latencyUs = 0;

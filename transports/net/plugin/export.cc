@@ -179,7 +179,10 @@ void fillCommon(const Properties& p, int dev, P* out) {
   out->name = const_cast<char*>(p.name.c_str());
   out->pciPath = p.pciPath.empty() ? nullptr : const_cast<char*>(p.pciPath.c_str());
   out->guid = p.guid ? p.guid : static_cast<uint64_t>(dev);
-  out->ptrSupport = p.ptrSupport & (kNcclPtrHost | kNcclPtrCuda);
+  // Host memory only: a backend that takes GPU memory (ib with nvidia_peermem) has no iflush,
+  // which NCCL calls after receives into GPU memory before compute 9.0, and loom's regMrDmaBuf
+  // is not exported; NCCL stages through host memory instead.
+  out->ptrSupport = p.ptrSupport & kNcclPtrHost;
   out->regIsGlobal = 0;
   out->speed = p.speedMbps;
   out->port = p.port;

@@ -142,7 +142,7 @@ ncclNetResult_t callRegMrDmaBuf(const Library& l, void* comm, void* data, size_t
   const int kind = type == MemType::kCuda ? kNcclPtrCuda : kNcclPtrHost;
   return onTable(l, [&](const auto& t) {
     return t.regMrDmaBuf ? t.regMrDmaBuf(comm, data, size, kind, offset, fd, mh)
-                         : kNcclNetInternalError;
+                         : kNcclNetInvalidUsage;  // the plugin has no regMrDmaBuf
   });
 }
 
