@@ -32,6 +32,8 @@ using CuDeviceGetP2PAttribute = int (*)(int*, int, int, int);
 using CuStreamWriteValue64 = int (*)(void*, uintptr_t, uint64_t, unsigned);
 using CuDeviceGetAttribute = int (*)(int*, int, int);
 using CuCtxSetCurrent = int (*)(void*);
+using CuCtxGetCurrent = int (*)(void**);
+using CuFlushGPUDirectRDMAWrites = int (*)(int, int);
 using CuStreamCreate = int (*)(void**, unsigned);
 using CuStreamDestroy = int (*)(void*);
 using CuStreamSynchronize = int (*)(void*);
@@ -44,6 +46,12 @@ constexpr int kRangeHandleDmaBufFd = 1;  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 constexpr int kAttrComputeMajor = 75;      // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 constexpr int kAttrGpuDirectRdma = 116;    // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
 constexpr int kAttrDmaBufSupported = 124;  // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+constexpr int kAttrRdmaFlushOptions =
+    117;  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+constexpr int kAttrRdmaWritesOrdering = 118;  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING
+constexpr int kFlushOptionHost = 1;           // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST
+constexpr int kFlushTargetCurrentCtx = 0;     // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX
+constexpr int kFlushToOwner = 100;            // CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER
 
 struct Driver {
   CuPointerGetAttribute getAttribute = nullptr;    // null: no usable driver (see `error`)
@@ -57,6 +65,8 @@ struct Driver {
   CuDeviceGetAttribute deviceAttribute = nullptr;
   CuMemGetHandleForAddressRange rangeHandle = nullptr;  // CUDA 11.7 and later
   CuCtxSetCurrent ctxSetCurrent = nullptr;
+  CuCtxGetCurrent ctxGetCurrent = nullptr;
+  CuFlushGPUDirectRDMAWrites flushRdmaWrites = nullptr;  // CUDA 11.3 and later
   CuStreamCreate streamCreate = nullptr;
   CuStreamDestroy streamDestroy = nullptr;
   CuStreamSynchronize streamSynchronize = nullptr;
@@ -98,6 +108,8 @@ Driver load() {
   sym(lib, d.deviceAttribute, "cuDeviceGetAttribute");
   sym(lib, d.rangeHandle, "cuMemGetHandleForAddressRange");
   sym(lib, d.ctxSetCurrent, "cuCtxSetCurrent");
+  sym(lib, d.ctxGetCurrent, "cuCtxGetCurrent");
+  sym(lib, d.flushRdmaWrites, "cuFlushGPUDirectRDMAWrites");
   sym(lib, d.streamCreate, "cuStreamCreate");
   sym(lib, d.streamDestroy, "cuStreamDestroy_v2");
   sym(lib, d.streamSynchronize, "cuStreamSynchronize");
@@ -217,6 +229,10 @@ Result<GpuRdmaSupport> gpuRdmaSupport(int ordinal) {
   if (d.deviceAttribute(&v, kAttrGpuDirectRdma, dev) == 0) s.rdma = v != 0;
   if (d.deviceAttribute(&v, kAttrDmaBufSupported, dev) == 0) s.dmaBuf = v != 0;
   if (d.deviceAttribute(&v, kAttrComputeMajor, dev) == 0) s.computeMajor = v;
+  if (d.deviceAttribute(&v, kAttrRdmaWritesOrdering, dev) == 0) s.writesOrdering = v;
+  if (d.deviceAttribute(&v, kAttrRdmaFlushOptions, dev) == 0) {
+    s.flushHost = (v & kFlushOptionHost) != 0 && d.flushRdmaWrites;
+  }
   return s;
 }
 
@@ -253,6 +269,33 @@ Result<DmaBuf> dmaBufFor(const void* ptr, size_t size) {
   out.fd = fd;
   out.offset = p - begin;
   return out;
+}
+
+void* currentContext() {
+  const Driver& d = driver();
+  void* ctx = nullptr;
+  if (!d.ctxGetCurrent || d.ctxGetCurrent(&ctx) != 0) return nullptr;
+  return ctx;
+}
+
+Status flushRdmaWrites(void* ctx) {
+  const Driver& d = driver();
+  if (!d.getAttribute) return errorf(Code::kSystemError, "%s", d.error.c_str());
+  if (!d.flushRdmaWrites || !d.ctxSetCurrent || !ctx) {
+    return errorf(Code::kSystemError,
+                  "no cuFlushGPUDirectRDMAWrites (a driver older than CUDA 11.3) or no context");
+  }
+  thread_local void* current = nullptr;
+  if (current != ctx) {
+    if (int rc = d.ctxSetCurrent(ctx); rc != 0) {
+      return errorf(Code::kSystemError, "cuCtxSetCurrent failed (CUDA error %d)", rc);
+    }
+    current = ctx;
+  }
+  if (int rc = d.flushRdmaWrites(kFlushTargetCurrentCtx, kFlushToOwner); rc != 0) {
+    return errorf(Code::kCudaError, "cuFlushGPUDirectRDMAWrites failed (CUDA error %d)", rc);
+  }
+  return Status::ok();
 }
 
 namespace {

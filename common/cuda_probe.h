@@ -53,6 +53,12 @@ struct GpuRdmaSupport {
   bool rdma = false;     // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
   bool dmaBuf = false;   // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
   int computeMajor = 0;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: 0 the device does not order a NIC's
+  // writes for its own consumers (they need a flush), 100 it does (owner), 200 for every
+  // device; -1 not known.
+  int writesOrdering = -1;
+  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS has HOST: flushRdmaWrites works.
+  bool flushHost = false;
 };
 // kSystemError without a driver, or when the driver rejects the device or lacks
 // cuDeviceGetAttribute.
@@ -68,6 +74,16 @@ struct DmaBuf {
   uint64_t offset = 0;
 };
 Result<DmaBuf> dmaBufFor(const void* ptr, size_t size);
+
+// The calling thread's current CUDA context (cuCtxGetCurrent), null without one or without a
+// driver.
+void* currentContext();
+
+// Blocks until GPUDirect RDMA writes into `ctx`'s device are visible to that context
+// (cuFlushGPUDirectRDMAWrites to the owner, with `ctx` made current on the calling thread):
+// what a receive into GPU memory needs before a kernel reads it, on devices that do not order
+// such writes themselves. Any thread.
+Status flushRdmaWrites(void* ctx);
 
 // Copies `n` bytes between memory of this process, at least one side device memory, on a
 // non-blocking stream of the calling thread's own (no wait on the legacy default stream,

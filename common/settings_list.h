@@ -130,6 +130,9 @@
     "GPUDirect RDMA: the farthest a NIC may be from the GPU on the PCI tree, in NCCL's terms " \
     "(PIX one PCIe switch, PXB several, PHB through the host bridge, SYS across sockets; LOC: " \
     "never); beyond it GPU buffers go through page-locked host memory") \
+  X(kUser, kNetForceFlush, "LOOM_NET_FORCE_FLUSH", "NCCL_NET_FORCE_FLUSH", kBool, "0", "", \
+    "GPUDirect RDMA: flush the NIC's writes into GPU memory after every receive " \
+    "(cuFlushGPUDirectRDMAWrites) even where the GPU orders them itself (compute 9.0 and later)") \
   X(kUser, kIbGidIndex, "LOOM_IB_GID_INDEX", "NCCL_IB_GID_INDEX", kCount, "auto", "auto", \
     "RoCE: the GID index to use on every port (auto: of LOOM_IB_ADDR_FAMILY inside " \
     "LOOM_IB_ADDR_RANGE, LOOM_IB_ROCE_VERSION_NUM first; else the best other entry)") \

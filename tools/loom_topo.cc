@@ -158,8 +158,8 @@ void printIbPorts() {
   }
   std::printf(
       "  GPU buffers: straight between GPU memory and the port where GPUDirect RDMA is possible "
-      "above (and the GPU is compute 9.0 or later: loom has no flush), else through page-locked "
-      "host memory\n");
+      "above (flushing each receive where the GPU needs it and the driver can), else through "
+      "page-locked host memory\n");
 #endif
 }
 

@@ -127,6 +127,13 @@ Status NetExecutor::init(NetHandleExchange exchange) {
   const transport::net::SlotPlacement placement = transport::net::placeSlots(props, assessment);
   slotsOnGpu_ = placement.gpu;
   slotsDmaBuf_ = placement.dmaBuf;
+  flushContext_ = placement.flush ? cuda::currentContext() : nullptr;
+  if (placement.flush && !flushContext_) {
+    return errorf(Code::kCudaError,
+                  "GPU %d: GPUDirect RDMA needs a flush after each receive, and this thread has "
+                  "no current CUDA context to flush",
+                  options_.device);
+  }
   const std::string& gdr = placement.why;
   LOOM_INFO(kNet, "GPU %d (%s) uses %s device %s: %s; %s", options_.device, busId, backend_->name(),
             names[dev_].c_str(), nic.why.c_str(), gdr.c_str());
@@ -276,6 +283,7 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
     if (gpuSlots) {
       f.slots = gpuSlots;
       where->type = transport::net::MemType::kCuda;
+      where->flushContext = flushContext_;
     }
     LOOM_TRY(cudaStatus(cudaMemcpyAsync(table + l.lane * n + l.peer, &f, sizeof(f),
                                         cudaMemcpyHostToDevice, uploadStream_),

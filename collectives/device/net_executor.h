@@ -144,6 +144,7 @@ class NetExecutor {
   // otherwise in page-locked memory.
   bool slotsOnGpu_ = false;
   bool slotsDmaBuf_ = false;
+  void* flushContext_ = nullptr;  // flushed after each receive into GPU slots, where needed
   std::vector<void*> fifoSlotsOnGpu_;
   std::vector<bool> sendConnected_, recvConnected_;  // by link (lane * nranks + peer)
   cudaStream_t uploadStream_ = nullptr;              // plan and table uploads (non-blocking)

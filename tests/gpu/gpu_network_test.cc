@@ -190,15 +190,19 @@ INSTANTIATE_TEST_SUITE_P(GpuNetwork, OverTheNetwork, ::testing::Values(2, 3, 4),
 #if LOOM_HAVE_VERBS
 // GPUDirect RDMA's data path over the emulated RDMA devices (LOOM_IB_EMULATE=roce,gdr): the
 // FIFOs' slots in GPU memory, registered through dma-buf where the driver exports it (else
-// as peer memory), the emulated NIC copying with CUDA in place of DMA.
-TEST(GpuNetwork, IbEmulatedGpuDirect) {
-  REQUIRE_GPUS(1);
+// as peer memory), the emulated NIC copying with CUDA in place of DMA; with `forceFlush`
+// (LOOM_NET_FORCE_FLUSH=1) every receive flushed as on GPUs that need it.
+void gpuDirectOverTheEmulation(bool forceFlush) {
   // The network executor's INFO line says where the slots went.
   setenv("LOOM_DEBUG", "INFO", 1);
   setenv("LOOM_DEBUG_SUBSYS", "NET", 1);
   loom::log::reload();
   ::testing::internal::CaptureStderr();
-  Ranks R(2, {{"LOOM_P2P_DISABLE", "1"}, {"LOOM_NET", "ib"}, {"LOOM_IB_EMULATE", "roce,gdr"}},
+  Ranks R(2,
+          {{"LOOM_P2P_DISABLE", "1"},
+           {"LOOM_NET", "ib"},
+           {"LOOM_IB_EMULATE", "roce,gdr"},
+           {"LOOM_NET_FORCE_FLUSH", forceFlush ? "1" : "0"}},
           roundRobinDevices(2));
   const std::string log = ::testing::internal::GetCapturedStderr();
   unsetenv("LOOM_DEBUG");
@@ -206,12 +210,23 @@ TEST(GpuNetwork, IbEmulatedGpuDirect) {
   loom::log::reload();
   EXPECT_NE(log.find("the NIC reads and writes the FIFOs' slots in GPU memory"), std::string::npos)
       << log;
+  if (forceFlush) EXPECT_NE(log.find("each receive flushed"), std::string::npos) << log;
   R.anyOrder = true;
   EXPECT_EQ(everyCollectiveTypeAndOp(R), 0u);
   for (Coll c : {Coll::kAllReduce, Coll::kAllGather, Coll::kBroadcast, Coll::kAllToAll}) {
     EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, (size_t{4} << 20) + 7, false, 0), 0u)
         << collName(c);
   }
+}
+
+TEST(GpuNetwork, IbEmulatedGpuDirect) {
+  REQUIRE_GPUS(1);
+  gpuDirectOverTheEmulation(false);
+}
+
+TEST(GpuNetwork, IbEmulatedGpuDirectFlushed) {
+  REQUIRE_GPUS(1);
+  gpuDirectOverTheEmulation(true);
 }
 #endif
 

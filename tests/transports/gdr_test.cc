@@ -68,10 +68,26 @@ TEST(Gdr, SlotPlacementFollowsTheAssessmentAndTheBackend) {
   p = placeSlots(ib, assessGdr(f));
   EXPECT_TRUE(p.gpu) << p.why;
   EXPECT_FALSE(p.dmaBuf) << p.why;
-  f.computeMajor = 8;  // Ampere: a receive needs a flush loom does not do
+  EXPECT_FALSE(p.flush);
+  f.computeMajor = 8;  // Ampere: a receive needs a flush, which this driver does not offer
   p = placeSlots(ib, assessGdr(f));
   EXPECT_FALSE(p.gpu) << p.why;
   EXPECT_NE(p.why.find("flush"), std::string::npos) << p.why;
+  f.flushHost = true;  // it does: GPU memory, every receive flushed
+  p = placeSlots(ib, assessGdr(f));
+  EXPECT_TRUE(p.gpu) << p.why;
+  EXPECT_TRUE(p.flush) << p.why;
+  f.writesOrdering = 100;  // the driver says the GPU orders the NIC's writes itself
+  EXPECT_FALSE(placeSlots(ib, assessGdr(f)).flush);
+  f.forceFlush = true;  // LOOM_NET_FORCE_FLUSH
+  EXPECT_TRUE(placeSlots(ib, assessGdr(f)).flush);
+  f.writesOrdering = 0;  // Hopper by its capability, yet the driver says it needs one
+  f.forceFlush = false;
+  f.computeMajor = 9;
+  EXPECT_TRUE(placeSlots(ib, assessGdr(f)).flush);
+  f = capable(PciPath::kPix);
+  f.nicDmaBuf = false;
+  f.peerMem = true;
   p = placeSlots(ib, assessGdr(capable(PciPath::kSys)));  // beyond LOOM_NET_GDR_LEVEL
   EXPECT_FALSE(p.gpu) << p.why;
   EXPECT_NE(p.why.find("page-locked host memory"), std::string::npos) << p.why;

@@ -77,7 +77,8 @@ bool gdrLevelFrom(const std::string& word, PciPath* maxPath) {
 
 GdrAssessment assessGdr(const GdrFacts& f) {
   GdrAssessment a;
-  a.flush = f.computeMajor < 9;  // unknown (0) counts as needing it
+  a.flush = f.forceFlush || (f.writesOrdering >= 0 ? f.writesOrdering < 100 : f.computeMajor < 9);
+  a.canFlush = f.flushHost;
   if (f.levelOff) {
     a.why = "LOOM_NET_GDR_LEVEL (or NCCL_NET_GDR_LEVEL) is LOC: GPUDirect RDMA is off";
     return a;
@@ -126,6 +127,9 @@ GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool n
   f.gpuRdma = gpu->rdma;
   f.gpuDmaBuf = gpu->dmaBuf;
   f.computeMajor = gpu->computeMajor;
+  f.writesOrdering = gpu->writesOrdering;
+  f.flushHost = gpu->flushHost;
+  f.forceFlush = settings::get(settings::kNetForceFlush);
   f.nicDmaBuf = nicDmaBuf;
   f.nicDmaBufWhy = nicDmaBufWhy;
   f.peerMem = peerMemLoaded();
@@ -169,12 +173,13 @@ SlotPlacement placeSlots(const Properties& nic, const GdrAssessment& a) {
   const std::string through = std::string("GPUDirect RDMA through ") + gdrModeName(a.mode);
   if (a.mode == GdrMode::kNone) {
     p.why = "GPUDirect RDMA is not possible (" + a.why + ")" + staged;
-  } else if (a.flush) {
-    // Before compute 9.0 a receive into GPU memory needs a flush read before a kernel may
-    // read it (NCCL's iflush), which this data path does not do.
+  } else if (a.flush && !a.canFlush) {
+    // A receive into GPU memory must be flushed before a kernel may read it (NCCL flushes
+    // with an RDMA READ, loom with the driver's cuFlushGPUDirectRDMAWrites), and this driver
+    // offers no such call.
     p.why = through +
-            " would be possible, but this GPU (before compute 9.0) needs a flush after each "
-            "receive, which loom does not do" +
+            " would be possible, but this GPU needs a flush after each receive and the CUDA "
+            "driver offers none (cuFlushGPUDirectRDMAWrites)" +
             staged;
   } else if (a.mode == GdrMode::kDmaBuf ? !(nic.ptrSupport & kPtrDmaBuf)
                                         : !(nic.ptrSupport & kPtrCuda)) {
@@ -182,7 +187,9 @@ SlotPlacement placeSlots(const Properties& nic, const GdrAssessment& a) {
   } else {
     p.gpu = true;
     p.dmaBuf = a.mode == GdrMode::kDmaBuf;
-    p.why = through + " (" + a.why + "): the NIC reads and writes the FIFOs' slots in GPU memory";
+    p.flush = a.flush;
+    p.why = through + " (" + a.why + "): the NIC reads and writes the FIFOs' slots in GPU memory" +
+            (a.flush ? ", each receive flushed (cuFlushGPUDirectRDMAWrites)" : "");
   }
   return p;
 }

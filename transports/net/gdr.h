@@ -30,6 +30,9 @@ struct GdrFacts {
   bool gpuDmaBuf = false;    // the CUDA driver exports the GPU's memory as dma-buf
   bool gpuRdma = false;      // the CUDA driver says the GPU supports GPUDirect RDMA
   int computeMajor = 0;      // the GPU's compute capability (0: not known)
+  int writesOrdering = -1;   // cuda::GpuRdmaSupport::writesOrdering (-1: not known)
+  bool flushHost = false;    // the driver flushes a NIC's writes (cuFlushGPUDirectRDMAWrites)
+  bool forceFlush = false;   // LOOM_NET_FORCE_FLUSH
   bool nicDmaBuf = false;    // the verbs provider registers dma-buf (ibv_reg_dmabuf_mr)
   std::string nicDmaBufWhy;  // why not, where not
   bool peerMem = false;      // peerMemLoaded()
@@ -49,8 +52,11 @@ const char* gdrModeName(GdrMode m);
 
 struct GdrAssessment {
   GdrMode mode = GdrMode::kNone;
-  bool flush = false;  // a receive into GPU memory needs a flush read (before compute 9.0, or
-                       // where the compute capability is not known)
+  // A receive into GPU memory needs a flush before a kernel reads it: the driver says the GPU
+  // does not order a NIC's writes for its own consumers (where it does not say, before compute
+  // 9.0, as NCCL), or LOOM_NET_FORCE_FLUSH.
+  bool flush = false;
+  bool canFlush = false;  // the driver offers the flush (cuFlushGPUDirectRDMAWrites)
   std::string why;
 };
 
@@ -76,6 +82,7 @@ GdrAssessment assessGdrFor(int gpuOrdinal, const std::string& nicPciPath, bool n
 struct SlotPlacement {
   bool gpu = false;
   bool dmaBuf = false;
+  bool flush = false;  // flush the NIC's writes after each receive (cuda::flushRdmaWrites)
   std::string why;
 };
 SlotPlacement placeSlots(const Properties& nic, const GdrAssessment& a);

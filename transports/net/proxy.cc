@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/clock.h"
+#include "common/cuda_probe.h"
 #include "common/log.h"
 
 namespace loom::transport::net {
@@ -224,8 +225,9 @@ void Proxy::fail(Channel& c, const Status& st) {
 }
 
 // Posts requests while `post(seq, &request)` gives them and `room` allows, then retires
-// those the backend finished, in order, calling `retired(size)` for each. False (and the
-// channel failed) on an error; `moved` says whether anything changed.
+// those the backend finished, in order, calling `retired(size)` for each (a failing status
+// fails the channel). False (and the channel failed) on an error; `moved` says whether
+// anything changed.
 template <typename Post, typename Test, typename Retired>
 bool Proxy::pump(Channel& c, uint64_t room, Post post, Test test, Retired retired, bool* moved) {
   while (c.issued < room) {
@@ -249,7 +251,10 @@ bool Proxy::pump(Channel& c, uint64_t room, Post post, Test test, Retired retire
       return false;
     }
     if (!done) break;
-    retired(size);
+    if (Status rs = retired(size); !rs) {
+      fail(c, rs);
+      return false;
+    }
     *moved = true;
   }
   return true;
@@ -265,7 +270,11 @@ bool Proxy::progressSend(Channel& c) {
         return c.sendComm->isend(c.fifo.slot(seq), h->sizes[seq % c.fifo.nslots], 0, c.mh, r);
       },
       [&](Request* r, bool* done, size_t* size) { return c.sendComm->test(r, done, size); },
-      [&](size_t) { storeRelease(&h->done, ++c.completed); }, &moved);
+      [&](size_t) {
+        storeRelease(&h->done, ++c.completed);
+        return Status::ok();
+      },
+      &moved);
   return moved || !ok;
 }
 
@@ -283,8 +292,15 @@ bool Proxy::progressRecv(Channel& c) {
       },
       [&](Request* r, bool* done, size_t* size) { return c.recvComm->test(r, done, size); },
       [&](size_t size) {
+        // GPUDirect RDMA on a GPU that does not order the NIC's writes: make them visible
+        // before the kernel may read the slot.
+        if (c.mem.flushContext && size > 0) {
+          LOOM_TRY(cuda::flushRdmaWrites(c.mem.flushContext)
+                       .withContext("flushing a receive into GPU memory (GPUDirect RDMA)"));
+        }
         h->sizes[c.completed % c.fifo.nslots] = size;
         storeRelease(&h->posted, ++c.completed);
+        return Status::ok();
       },
       &moved);
   return moved || !ok;

@@ -36,6 +36,9 @@ struct SlotMemory {
   MemType type = MemType::kHost;
   int dmaBufFd = -1;
   uint64_t dmaBufOffset = 0;  // where the slots begin in the exported pages
+  // Receives: the CUDA context whose GPU's writes from the NIC are flushed after each
+  // receive, before the kernel is told (cuda::flushRdmaWrites); null: none needed.
+  void* flushContext = nullptr;
 };
 
 class Proxy {
