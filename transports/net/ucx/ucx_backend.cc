@@ -548,9 +548,21 @@ Result<Opened> open() {
   // UCX's tcp transport moves 8 KiB (send) and 64 KiB (receive) per system call by
   // default. 2 processes as hosts on an H200 machine (16 cores), all_reduce 16 MiB of GPU
   // buffers, 4 lanes, 2026-12-03: 64 KiB/8 KiB 3.1 GB/s busbw (one lane: 0.76), 256 KiB
-  // 5.7, 1 MiB 3.1. The user's UCX_TCP_* settings win.
+  // 5.7, 1 MiB 3.1. The user's UCX_TCP_* settings win. UCX 1.13 (Debian 12) takes these two
+  // from its environment only: set through ucp_config_modify, every worker warns "invalid
+  // configurations" and keeps its defaults (2 processes over loopback, 16 MiB of host
+  // buffers, 2026-12-05: 36.8 ms as set here, 24.7 ms with the variables in the
+  // environment); UCX 1.16 takes them. Before 1.16 loom leaves them and says so.
+  const bool modifiable = major > 1 || (major == 1 && minor >= 16);
   for (const char* name : {"TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE"}) {
     if (std::getenv((std::string("UCX_") + name).c_str())) continue;
+    if (!modifiable) {
+      LOOM_INFO(kNet,
+                "net/ucx: UCX %u.%u takes UCX_%s only from the environment: set it to %s (with "
+                "the receive side's too) for larger TCP segments than UCX's default",
+                major, minor, name, kTcpSegment);
+      continue;
+    }
     ucs_status_t m = u->configModify(config, name, kTcpSegment);
     if (m != UCS_OK) {
       LOOM_INFO(kNet, "net/ucx: UCX_%s=%s not applied: %s", name, kTcpSegment, u->statusString(m));
