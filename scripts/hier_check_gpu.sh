@@ -25,8 +25,12 @@ export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
 bin=$prefix/bin
 source "$here/lib/gpu_hosts.sh"
 loom_start_mps
+# LOOM_TIMEOUT_MS: a call that waits on a peer for 20 s fails with what it waited for, where
+# a run killed at its limit says nothing and leaves MPS refusing the next clients for a while
+# (2026-12-05: the hier all_reduce stopped at 8 B; the flat run after it got CUDA error 46).
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
-     -x NCCL_TESTS_DEVICE=0 -x LOOM_P2P_SHARE_GPU=1 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=INIT,NET)
+     -x NCCL_TESTS_DEVICE=0 -x LOOM_P2P_SHARE_GPU=1 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=INIT,NET,COLL
+     -x LOOM_TIMEOUT_MS=20000)
 # Rows of a perf log as "size time busbw wrong-out wrong-in" (out-of-place time and busbw).
 rows() { awk '/^ +[0-9]+ +[0-9]+ / { print $1, $6, $8, $9, $13 }' "$1"; }
 {
