@@ -1,7 +1,5 @@
 #include "collectives/device/net_executor.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -134,9 +132,8 @@ Status NetExecutor::init(NetHandleExchange exchange) {
                   "no current CUDA context to flush",
                   options_.device);
   }
-  const std::string& gdr = placement.why;
   LOOM_INFO(kNet, "GPU %d (%s) uses %s device %s: %s; %s", options_.device, busId, backend_->name(),
-            names[dev_].c_str(), nic.why.c_str(), gdr.c_str());
+            names[dev_].c_str(), nic.why.c_str(), placement.why.c_str());
   LOOM_INFO(kInit,
             "GPU %d: device buffers reach the other ranks over the network (%s, %s, %d Mb/s): "
             "kernels on the caller's stream, a proxy thread, up to %d lanes, %u slots x %llu "
@@ -263,15 +260,6 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
         }
       }
     }
-    // From here on an early return closes the descriptor (the caller's `where` is dropped).
-    struct CloseOnError {
-      transport::net::SlotMemory* where;
-      bool keep = false;
-      ~CloseOnError() {
-        if (!keep && where->dmaBufFd >= 0) ::close(where->dmaBufFd);
-        if (!keep) where->dmaBufFd = -1;
-      }
-    } guard{where};
     const size_t hostBytes = gpuSlots ? 4096 : bytes;
     void* mem = nullptr;
     LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, hostBytes, cudaHostAllocMapped | cudaHostAllocPortable),
@@ -289,26 +277,22 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
                                         cudaMemcpyHostToDevice, uploadStream_),
                         "cudaMemcpyAsync of the FIFO table"));
     LOOM_TRY(cudaStatus(cudaStreamSynchronize(uploadStream_), "cudaStreamSynchronize"));
-    guard.keep = true;
     return f;
   };
   // Each lane's connection between two ranks is its own, and so are its handles.
   for (const NetLink& l : needRecv) {
     transport::net::SlotMemory where;
     LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, recvTable_, &where));
-    auto dial = transport::net::listenFor(*backend_, dev_, l.peer, laneExchange(l.lane));
-    if (!dial) {
-      if (where.dmaBufFd >= 0) ::close(where.dmaBufFd);
-      return dial.status();
-    }
-    proxy_->addRecv(std::move(*dial), f, options_.timeoutMs, where);
+    LOOM_ASSIGN_OR_RETURN(transport::net::RecvDialer dial,
+                          transport::net::listenFor(*backend_, dev_, l.peer, laneExchange(l.lane)));
+    proxy_->addRecv(std::move(dial), f, options_.timeoutMs, std::move(where));
     recvConnected_[l.lane * n + l.peer] = true;
   }
   for (const NetLink& l : needSend) {
     transport::net::SlotMemory where;
     LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, sendTable_, &where));
     proxy_->addSend(transport::net::dialTo(*backend_, dev_, l.peer, laneExchange(l.lane)), f,
-                    options_.timeoutMs, where);
+                    options_.timeoutMs, std::move(where));
     sendConnected_[l.lane * n + l.peer] = true;
   }
   LOOM_INFO(kInit, "rank %d: network connections under way: %zu send, %zu receive", options_.rank,

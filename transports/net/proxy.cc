@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/cuda_probe.h"
@@ -50,9 +51,24 @@ struct Proxy::Channel {
   ~Channel() {
     if (mh && sendComm) (void)sendComm->deregMr(mh);
     if (mh && recvComm) (void)recvComm->deregMr(mh);
-    if (mem.dmaBufFd >= 0) ::close(mem.dmaBufFd);
   }
 };
+
+SlotMemory& SlotMemory::operator=(SlotMemory&& o) noexcept {
+  if (this != &o) {
+    closeDmaBuf();
+    type = o.type;
+    dmaBufFd = std::exchange(o.dmaBufFd, -1);
+    dmaBufOffset = o.dmaBufOffset;
+    flushContext = o.flushContext;
+  }
+  return *this;
+}
+
+void SlotMemory::closeDmaBuf() {
+  if (dmaBufFd >= 0) ::close(dmaBufFd);
+  dmaBufFd = -1;
+}
 
 Proxy::Proxy(int rank, int64_t spinUs) : rank_(rank), spinUs_(std::max<int64_t>(0, spinUs)) {
   thread_ = std::thread([this] { run(); });
@@ -99,7 +115,7 @@ void Proxy::addSend(SendDialer dial, const Fifo& fifo, int64_t timeoutMs, SlotMe
   c->sendDial = std::move(dial);
   c->timeoutMs = timeoutMs;
   c->fifo = fifo;
-  c->mem = mem;
+  c->mem = std::move(mem);
   add(std::move(c));
 }
 
@@ -108,7 +124,7 @@ void Proxy::addRecv(RecvDialer dial, const Fifo& fifo, int64_t timeoutMs, SlotMe
   c->recvDial = std::move(dial);
   c->timeoutMs = timeoutMs;
   c->fifo = fifo;
-  c->mem = mem;
+  c->mem = std::move(mem);
   add(std::move(c));
 }
 
@@ -167,10 +183,7 @@ void Proxy::registerFifo(Channel& c) {
                  : c.recvComm->regMrDmaBuf(c.fifo.slots, bytes, m.type, m.dmaBufOffset, m.dmaBufFd))
           : (c.send ? c.sendComm->regMr(c.fifo.slots, bytes, m.type)
                     : c.recvComm->regMr(c.fifo.slots, bytes, m.type));
-  if (c.mem.dmaBufFd >= 0) {
-    ::close(c.mem.dmaBufFd);  // the registration holds the pages
-    c.mem.dmaBufFd = -1;
-  }
+  c.mem.closeDmaBuf();  // the registration holds the pages
   if (!mh) {
     fail(c, mh.status().withContext(m.type == MemType::kCuda
                                         ? "registering the FIFO's GPU memory (GPUDirect RDMA)"

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -30,8 +31,8 @@ namespace loom::transport::net {
 
 // Where a FIFO's slots live, for their registration with the backend: page-locked host
 // memory, or GPU memory (GPUDirect RDMA), registered through dma-buf where `dmaBufFd` is an
-// exported descriptor (the proxy closes it once registered, or with the channel), else as
-// plain GPU memory (nvidia_peermem).
+// exported descriptor, else as plain GPU memory (nvidia_peermem). It owns the descriptor:
+// closed with it, or by closeDmaBuf once the registration holds the pages.
 struct SlotMemory {
   MemType type = MemType::kHost;
   int dmaBufFd = -1;
@@ -39,6 +40,12 @@ struct SlotMemory {
   // Receives: the CUDA context whose GPU's writes from the NIC are flushed after each
   // receive, before the kernel is told (cuda::flushRdmaWrites); null: none needed.
   void* flushContext = nullptr;
+
+  SlotMemory() = default;
+  SlotMemory(SlotMemory&& o) noexcept { *this = std::move(o); }
+  SlotMemory& operator=(SlotMemory&& o) noexcept;
+  ~SlotMemory() { closeDmaBuf(); }
+  void closeDmaBuf();
 };
 
 class Proxy {
