@@ -521,32 +521,62 @@ Status Communicator::runOnDevice(const std::vector<Operation>& ops, size_t* i) {
   return device_->run(op, red);
 }
 
-Status Communicator::execute(const std::vector<Operation>& groupOps) {
-  // A group's Send/Recv calls progress together (a Send, a collective and the matching
-  // Recv in one group would otherwise wait on each other): all of them run as one batch
-  // where the first one stands; the other calls keep their order.
-  const std::vector<Operation>* opsPtr = &groupOps;
-  std::vector<Operation> ordered;
-  {
-    size_t firstP2p = groupOps.size(), lastP2p = 0, nP2p = 0;
-    for (size_t k = 0; k < groupOps.size(); ++k) {
-      if (groupOps[k].type != collectives::CollType::kSendRecv) continue;
-      firstP2p = std::min(firstP2p, k);
-      lastP2p = k;
-      ++nP2p;
-    }
-    if (nP2p > 0 && lastP2p - firstP2p + 1 != nP2p) {
-      for (size_t k = 0; k < groupOps.size(); ++k) {
-        if (k == firstP2p) {
-          for (const Operation& o : groupOps) {
-            if (o.type == collectives::CollType::kSendRecv) ordered.push_back(o);
-          }
-        }
-        if (groupOps[k].type != collectives::CollType::kSendRecv) ordered.push_back(groupOps[k]);
+// A group's Send/Recv calls progress together (a Send, a collective and the matching
+// Recv in one group would otherwise wait on each other): all of them run as one batch
+// where the first one stands; the other calls keep their order. Returns `groupOps` where
+// they are already so, else `ordered`, filled.
+namespace {
+const std::vector<Operation>& inRunOrder(const std::vector<Operation>& groupOps,
+                                         std::vector<Operation>* ordered) {
+  size_t firstP2p = groupOps.size(), lastP2p = 0, nP2p = 0;
+  for (size_t k = 0; k < groupOps.size(); ++k) {
+    if (groupOps[k].type != collectives::CollType::kSendRecv) continue;
+    firstP2p = std::min(firstP2p, k);
+    lastP2p = k;
+    ++nP2p;
+  }
+  if (nP2p == 0 || lastP2p - firstP2p + 1 == nP2p) return groupOps;
+  for (size_t k = 0; k < groupOps.size(); ++k) {
+    if (k == firstP2p) {
+      for (const Operation& o : groupOps) {
+        if (o.type == collectives::CollType::kSendRecv) ordered->push_back(o);
       }
-      opsPtr = &ordered;
+    }
+    if (groupOps[k].type != collectives::CollType::kSendRecv) ordered->push_back(groupOps[k]);
+  }
+  return *ordered;
+}
+}  // namespace
+
+Status Communicator::prepare(const std::vector<Operation>& groupOps) {
+  if (!device_ || device_->mesh()) return Status::ok();
+  std::vector<Operation> ordered;
+  const std::vector<Operation>& ops = inRunOrder(groupOps, &ordered);
+  log::RankScope scope(rank_);
+  if (abortFlag_.load() || asyncError_.load() != ncclSuccess) return Status::ok();  // execute says
+  Status st;
+  for (size_t i = 0; i < ops.size() && st;) {
+    if (!ops[i].onDevice) {
+      ++i;
+    } else if (ops[i].type == collectives::CollType::kSendRecv) {
+      size_t j = i;
+      while (j < ops.size() && ops[j].type == collectives::CollType::kSendRecv) ++j;
+      st = device_->prepareP2p(ops, i, j);
+      i = j;
+    } else {
+      st = device_->prepare(ops[i++]);
     }
   }
+  if (!st) {
+    device_->endGroup();
+    return failWith(st.withContext("preparing the group's GPU calls"));
+  }
+  return Status::ok();
+}
+
+Status Communicator::execute(const std::vector<Operation>& groupOps) {
+  std::vector<Operation> ordered;
+  const std::vector<Operation>* opsPtr = &inRunOrder(groupOps, &ordered);
   const std::vector<Operation>& ops = *opsPtr;
   log::RankScope scope(rank_);
   // The group's postings are good for this run only.
@@ -590,24 +620,26 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
       st = runCollective(ops[i]);
       ++i;
     }
-    if (!st) {
-      st = explainFailure(st);
-      setAsyncError(st.code());
-      {
-        std::lock_guard<std::mutex> lock(failureMutex_);
-        if (failure_.empty()) failure_ = st.message();
-      }
-      // Tell every connected peer, so nobody waits on us until its timeout.
-      for (auto& s : sends_)
-        if (s) s->abort();
-      for (auto& r : recvs_)
-        if (r) r->abort();
-      LOOM_WARN(kColl, "%s", st.message().c_str());
-      return st;
-    }
+    if (!st) return failWith(st);
     progress_.leave();
   }
   return Status::ok();
+}
+
+Status Communicator::failWith(Status st) {
+  st = explainFailure(st);
+  setAsyncError(st.code());
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    if (failure_.empty()) failure_ = st.message();
+  }
+  // Tell every connected peer, so nobody waits on us until its timeout.
+  for (auto& s : sends_)
+    if (s) s->abort();
+  for (auto& r : recvs_)
+    if (r) r->abort();
+  LOOM_WARN(kColl, "%s", st.message().c_str());
+  return st;
 }
 
 Status Communicator::explainFailure(Status st) {

@@ -72,6 +72,14 @@ class Communicator : public collectives::ConnectionProvider {
   void postGroup(uint64_t group, const std::vector<Operation>& ops) {
     if (device_) device_->postGroup(group, ops);
   }
+  // After postGroup, before any communicator of the group runs its calls: what the GPU
+  // network path would make on the way (DeviceExecutor::prepare), made now. A failure
+  // fails the communicator as a failed call does.
+  Status prepare(const std::vector<Operation>& ops);
+  // A group that will not run after postGroup (another communicator's prepare failed).
+  void dropGroup() {
+    if (device_) device_->endGroup();
+  }
   // ncclCommRegister / ncclCommDeregister (device communicators; host memory: no effect).
   Result<void*> registerBuffer(void* buff, size_t bytes);
   Status deregisterBuffer(void* handle);
@@ -196,6 +204,9 @@ class Communicator : public collectives::ConnectionProvider {
   uint64_t secret_[2] = {0, 0};
   // `st` (a failure of this rank), with where every rank is when it was a timeout.
   Status explainFailure(Status st);
+  // `st` explained, kept as the communicator's failure (ncclCommGetAsyncError), and told
+  // to the connected peers; returned.
+  Status failWith(Status st);
 
   std::atomic<bool> abortFlag_{false};
   std::atomic<int> asyncError_{ncclSuccess};

@@ -77,6 +77,18 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
   const uint64_t group = ++groups;
   for (size_t k = 0; k < comms.size(); ++k) comms[k]->impl->postGroup(group, calls[k]);
   Status result;
+  // What the calls need made (network plans, connections, scratch memory), for every
+  // communicator before any of them launches: made between two kernels of the group that
+  // wait for each other, it could stall the GPU for good (Communicator::prepare). A failure
+  // runs none of the group: nothing is enqueued that would wait for the failed rank.
+  for (size_t k = 0; k < comms.size() && result; ++k) result = comms[k]->impl->prepare(calls[k]);
+  if (!result) {
+    for (ncclComm* c : comms) {
+      c->impl->dropGroup();
+      c->impl->leave();
+    }
+    return result;
+  }
   // GPU mesh operations only enqueue work on streams: they never wait on a peer in the
   // calling thread, so several communicators' calls need no worker each (below: launch
   // threads, or one after another in this thread).

@@ -157,7 +157,9 @@ class CudaExecutor final : public DeviceExecutor {
 
   void postGroup(uint64_t group, const std::vector<Operation>& ops) override;
 
-  void endGroup() override { group_ = 0; }
+  Status prepare(const Operation& op) override;
+  Status prepareP2p(const std::vector<Operation>& ops, size_t begin, size_t end) override;
+  void endGroup() override;
   std::string describe() const override;
 
   Status kernelError() const override;
@@ -316,6 +318,13 @@ class CudaExecutor final : public DeviceExecutor {
                      const std::vector<transport::PeerInfo>& peers);
   Status runNet(const Operation& op, const ExecutorRedOp& red);
   Status runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
+  // A group's Send/Recv calls [begin, end) with peers, and those with this rank itself.
+  Status netP2pList(const std::vector<Operation>& ops, size_t begin, size_t end,
+                    std::vector<dev::NetExecutor::P2p>* list,
+                    std::vector<const Operation*>* selfSends,
+                    std::vector<const Operation*>* selfRecvs) const;
+  // The flat form's request for a collective (runNet, prepare).
+  collectives::CollRequest flatRequest(const Operation& op) const;
   // The copy an in-place all-to-all reads from (kept: a captured graph may read it).
   Result<void*> netScratch(size_t bytes);
 
@@ -325,6 +334,10 @@ class CudaExecutor final : public DeviceExecutor {
   Status initHierarchy(transport::SetupChannel& bootstrap,
                        const std::vector<transport::PeerInfo>& peers);
   Status runHier(const Operation& op, const ExecutorRedOp& red);
+  // The call this rank makes on its rail for `op` (false: none, as for a broadcast's
+  // ranks off the root's rail).
+  bool railCall(const Operation& op, collectives::CollRequest* req) const;
+  Status prepareHier(const Operation& op);
 
   ExecutorContext context_;
   int rank_ = 0;

@@ -106,6 +106,34 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
   return Status::ok();
 }
 
+bool CudaExecutor::railCall(const Operation& op, collectives::CollRequest* req) const {
+  req->elemSize = dataTypeSize(op.dtype);
+  req->nranks = hier_.hosts;
+  req->rank = hier_.hostIndex;
+  req->root = 0;
+  req->type = op.type;
+  switch (op.type) {
+    case CollType::kAllReduce:  // this rank's part of the buffer, with its rail
+      req->count = op.count / static_cast<size_t>(hier_.local);
+      return true;
+    case CollType::kBroadcast:
+    case CollType::kReduce:  // the whole buffer, on the root's rail only
+      req->count = op.count;
+      req->root = hier_.hostOf[op.root];
+      return hier_.localIndex == hier_.localOf[op.root];
+    default: return false;
+  }
+}
+
+Status CudaExecutor::prepareHier(const Operation& op) {
+  collectives::CollRequest req;
+  if (!railCall(op, &req)) return Status::ok();
+  // A rank of the root's rail other than the root reduces into scratch memory (runHier).
+  if (op.type == CollType::kReduce && rank_ != op.root)
+    LOOM_TRY(netScratch(op.count * req.elemSize).status());
+  return rail_->prepareCollective(req, railRequest(limits_.algo));
+}
+
 Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   ++cursor_;
   if (op.count == 0) return Status::ok();
@@ -131,21 +159,15 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   const AlgoRequest railAlgo = railRequest(limits_.algo);
   const bool logging = log::enabled(log::kInfo, log::kColl);
   std::string railWhy;
-  auto across = [&](CollType type, const void* in, void* out, size_t count, int root,
-                    const ExecutorRedOp& r) {
-    CollRequest req;
-    req.type = type;
-    req.count = count;
-    req.elemSize = es;
-    req.nranks = hier_.hosts;
-    req.rank = hier_.hostIndex;
-    req.root = root;
+  collectives::CollRequest railReq;
+  const bool onRail = railCall(op, &railReq);
+  auto across = [&](const void* in, void* out, const ExecutorRedOp& r) {
     dev::NetReduction nr;
     nr.red = r.op.kind;
     nr.scalar = r.op.scalar;
     nr.scalarDevice = r.scalarDevice;
     nr.divisor = r.op.divisor;
-    return rail_->runCollective(req, in, out, op.dtype, nr, railAlgo, op.stream,
+    return rail_->runCollective(railReq, in, out, op.dtype, nr, railAlgo, op.stream,
                                 logging ? &railWhy : nullptr);
   };
   char* out = static_cast<char*>(op.recvbuff);
@@ -161,7 +183,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       rs.count = part;
       rs.ncclOp = firstOp;
       LOOM_TRY(local_->run(rs, first));
-      LOOM_TRY(across(CollType::kAllReduce, mine, mine, part, 0, second));
+      LOOM_TRY(across(mine, mine, second));
       Operation ag = op;
       ag.type = CollType::kAllGather;
       ag.sendbuff = mine;
@@ -173,9 +195,8 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
     case CollType::kBroadcast: {
       // The root's rail carries it to every host, then each host's rank on that rail
       // gives it to the others.
-      const int rootHost = hier_.hostOf[op.root], rootLocal = hier_.localOf[op.root];
-      if (hier_.localIndex == rootLocal)
-        LOOM_TRY(across(CollType::kBroadcast, op.sendbuff, out, op.count, rootHost, red));
+      const int rootLocal = hier_.localOf[op.root];
+      if (onRail) LOOM_TRY(across(op.sendbuff, out, red));
       Operation b = op;
       b.sendbuff = out;
       b.root = rootLocal;
@@ -186,7 +207,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // Each host reduces into its rank on the root's rail, and that rail reduces the
       // hosts' results into the root. A rank of that rail other than the root reduces
       // into a scratch buffer (its own output is not the caller's to give).
-      const int rootHost = hier_.hostOf[op.root], rootLocal = hier_.localOf[op.root];
+      const int rootLocal = hier_.localOf[op.root];
       void* target = out;
       if (hier_.localIndex == rootLocal && rank_ != op.root) {
         LOOM_ASSIGN_OR_RETURN(target, netScratch(op.count * es));
@@ -196,8 +217,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       rd.recvbuff = target;
       rd.ncclOp = firstOp;
       LOOM_TRY(local_->run(rd, first));
-      if (hier_.localIndex == rootLocal)
-        LOOM_TRY(across(CollType::kReduce, target, target, op.count, rootHost, second));
+      if (onRail) LOOM_TRY(across(target, target, second));
       break;
     }
     default:

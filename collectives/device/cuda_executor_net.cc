@@ -99,6 +99,44 @@ Result<void*> CudaExecutor::netScratch(size_t bytes) {
   return p;
 }
 
+collectives::CollRequest CudaExecutor::flatRequest(const Operation& op) const {
+  collectives::CollRequest req;
+  req.type = op.type;
+  req.count = op.count;
+  req.elemSize = dataTypeSize(op.dtype);
+  req.nranks = nranks_;
+  req.rank = rank_;
+  req.root = op.root;
+  return req;
+}
+
+Status CudaExecutor::prepare(const Operation& op) {
+  if (mesh_ || !net_ || op.count == 0 || op.type == collectives::CollType::kSendRecv)
+    return Status::ok();
+  DeviceGuard guard(device_);
+  if (local_ && rail_ && !hierDecline(op.type, op.count, hier_, limits_.algo))
+    return prepareHier(op);
+  const collectives::CollRequest req = flatRequest(op);
+  if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff)
+    LOOM_TRY(netScratch(op.count * req.elemSize * nranks_).status());
+  return net_->prepareCollective(req, flatAlgo_);
+}
+
+Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
+  if (mesh_ || !net_) return Status::ok();
+  DeviceGuard guard(device_);
+  std::vector<dev::NetExecutor::P2p> list;
+  std::vector<const Operation*> selfSends, selfRecvs;
+  LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
+  return net_->prepareP2p(list, ops[begin].stream);
+}
+
+void CudaExecutor::endGroup() {
+  group_ = 0;
+  if (net_) net_->endGroup();
+  if (rail_) rail_->endGroup();
+}
+
 Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   const char* flat = !limits_.algo.names(AlgoName::kHier)
                          ? "the hierarchical form not asked for (LOOM_ALGO=hier)"
@@ -112,13 +150,7 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
   LOOM_TRY(order(op.stream, cap));
-  collectives::CollRequest req;
-  req.type = op.type;
-  req.count = op.count;
-  req.elemSize = dataTypeSize(op.dtype);
-  req.nranks = nranks_;
-  req.rank = rank_;
-  req.root = op.root;
+  const collectives::CollRequest req = flatRequest(op);
   const void* in = op.sendbuff;
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff) {
     // The direct exchange reads blocks it also overwrites: from a copy.
@@ -143,6 +175,28 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   return recordDone(op.stream, cap);
 }
 
+Status CudaExecutor::netP2pList(const std::vector<Operation>& ops, size_t begin, size_t end,
+                                std::vector<dev::NetExecutor::P2p>* list,
+                                std::vector<const Operation*>* selfSends,
+                                std::vector<const Operation*>* selfRecvs) const {
+  for (size_t i = begin; i < end; ++i) {
+    const Operation& o = ops[i];
+    const size_t bytes = o.count * dataTypeSize(o.dtype);
+    if (bytes == 0) continue;
+    if (o.root == rank_) {
+      (o.isSend ? selfSends : selfRecvs)->push_back(&o);
+      continue;
+    }
+    list->push_back(
+        {o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff, bytes, o.root, o.isSend});
+  }
+  if (selfSends->size() != selfRecvs->size()) {
+    return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
+                  rank_, selfSends->size(), selfRecvs->size());
+  }
+  return Status::ok();
+}
+
 Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
   DeviceGuard guard(device_);
   cudaStream_t stream = ops[begin].stream;
@@ -154,21 +208,7 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   LOOM_TRY(order(stream, cap));
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
-  for (size_t i = begin; i < end; ++i) {
-    const Operation& o = ops[i];
-    const size_t bytes = o.count * dataTypeSize(o.dtype);
-    if (bytes == 0) continue;
-    if (o.root == rank_) {
-      (o.isSend ? selfSends : selfRecvs).push_back(&o);
-      continue;
-    }
-    list.push_back(
-        {o.isSend ? const_cast<void*>(o.sendbuff) : o.recvbuff, bytes, o.root, o.isSend});
-  }
-  if (selfSends.size() != selfRecvs.size()) {
-    return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
-                  rank_, selfSends.size(), selfRecvs.size());
-  }
+  LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
   LOOM_TRY(net_->runP2p(list, stream));
   return recordDone(stream, cap);

@@ -59,6 +59,14 @@ class DeviceExecutor {
   // other's buffers, and copy-only collectives go through the copy engines
   // (collectives/device/copy_plan.h). endGroup() after the group's calls ran.
   virtual void postGroup(uint64_t group, const std::vector<Operation>& ops) = 0;
+  // After postGroup, for every communicator of the group before any runs a call: what
+  // run() and runP2p() would make on the way (network plans, connections, scratch
+  // memory), made now in the calling thread. A run then only enqueues: nothing waits for
+  // the GPU or allocates between two kernels of one group, which with the ranks of one
+  // process could stall the GPU for good. prepareP2p takes the calls [begin, end) that
+  // runP2p will get.
+  virtual Status prepare(const Operation& op) = 0;
+  virtual Status prepareP2p(const std::vector<Operation>& ops, size_t begin, size_t end) = 0;
   virtual void endGroup() = 0;
   // ncclCommRegister: [buff, buff + bytes) may be read by peers in other processes where
   // it lies (the registered forms, cuda_executor_registration.cc). Returns the handle for

@@ -367,10 +367,7 @@ Status NetExecutor::launch(const Plan& plan, const NetCall& call, cudaStream_t s
   return Status::ok();
 }
 
-Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, DataType type,
-                                  const NetReduction& red, const AlgoRequest& algo,
-                                  cudaStream_t stream, std::string* why) {
-  LOOM_TRY(error());
+Result<NetExecutor::Ready> NetExecutor::readyCollective(CollRequest& req, const AlgoRequest& algo) {
   const size_t bytes = req.count * req.elemSize;
   // Lanes for every collective but all-to-all, each with at least kMinLaneBytes of each
   // ring step (all-reduce: a rank's share of the buffer; all-gather and reduce-scatter: a
@@ -379,21 +376,35 @@ Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, Da
   constexpr size_t kMinLaneBytes = 256 * 1024;
   const bool blocked = req.type == CollType::kAllGather || req.type == CollType::kReduceScatter;
   const size_t stepBytes = blocked ? bytes : bytes / static_cast<size_t>(std::max(1, req.nranks));
-  const int lanes =
+  Ready r;
+  r.lanes =
       req.type == CollType::kAllToAll
           ? 1
           : static_cast<int>(std::clamp<size_t>(stepBytes / kMinLaneBytes, 1, options_.lanes));
-  const size_t piece = options_.pieceBytes > 0
-                           ? options_.pieceBytes
-                           : netPieceBytes(req.type, bytes / lanes, req.nranks, options_.slotBytes);
+  const size_t piece = options_.pieceBytes > 0 ? options_.pieceBytes
+                                               : netPieceBytes(req.type, bytes / r.lanes,
+                                                               req.nranks, options_.slotBytes);
   req.pieceElems = std::max<size_t>(1, std::min<size_t>(piece, options_.slotBytes) / req.elemSize);
   req.network = true;
-  LOOM_ASSIGN_OR_RETURN(TunerChoice choice, chooseNetAlgorithm(req, algo));
-  LOOM_ASSIGN_OR_RETURN(Plan * plan, collectivePlan(req, choice.algo, lanes));
-  LOOM_TRY(connect(plan->sends, plan->recvs));
+  LOOM_ASSIGN_OR_RETURN(r.choice, chooseNetAlgorithm(req, algo));
+  LOOM_ASSIGN_OR_RETURN(r.plan, collectivePlan(req, r.choice.algo, r.lanes));
+  LOOM_TRY(connect(r.plan->sends, r.plan->recvs));
+  return r;
+}
+
+Status NetExecutor::prepareCollective(CollRequest req, const AlgoRequest& algo) {
+  LOOM_TRY(error());
+  return readyCollective(req, algo).status();
+}
+
+Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, DataType type,
+                                  const NetReduction& red, const AlgoRequest& algo,
+                                  cudaStream_t stream, std::string* why) {
+  LOOM_TRY(error());
+  LOOM_ASSIGN_OR_RETURN(const Ready r, readyCollective(req, algo));
   if (why) {
-    *why = std::string(algorithmName(choice.algo)) + ", " + choice.text() + "; " +
-           std::to_string(lanes) + " lane(s), pieces of " +
+    *why = std::string(algorithmName(r.choice.algo)) + ", " + r.choice.text() + "; " +
+           std::to_string(r.lanes) + " lane(s), pieces of " +
            std::to_string(req.pieceElems * req.elemSize) + " bytes";
   }
   NetCall call;
@@ -404,13 +415,12 @@ Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, Da
   call.divisor = red.divisor;
   call.in = in;
   call.out = out;
-  call.plan = static_cast<const NetPlanHeader*>(plan->device);
-  call.blocks = plan->blocks;
-  return launch(*plan, call, stream);
+  call.plan = static_cast<const NetPlanHeader*>(r.plan->device);
+  call.blocks = r.plan->blocks;
+  return launch(*r.plan, call, stream);
 }
 
-Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
-  LOOM_TRY(error());
+Result<std::vector<uint64_t>> NetExecutor::p2pPlanBytes(const std::vector<P2p>& ops) const {
   Schedule sch;
   Phase phase;
   for (const P2p& o : ops) {
@@ -426,43 +436,99 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
     }
     phase.push_back(st);
   }
-  if (phase.empty()) return Status::ok();
+  if (phase.empty()) return std::vector<uint64_t>{};
   sch.phases.push_back(std::move(phase));
-  LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes,
-                        makeNetPlan(splitByConnection(sch), options_.slotBytes));
-  const auto* h = reinterpret_cast<const NetPlanHeader*>(bytes.data());
-  LOOM_ASSIGN_OR_RETURN(const bool cap, streamCapturing(stream));
+  return makeNetPlan(splitByConnection(sch), options_.slotBytes);
+}
+
+Result<size_t> NetExecutor::p2pPlanFor(const std::vector<uint64_t>& bytes, bool captured) {
   // A plan whose last kernel is done is reused (eager calls); a captured one is kept.
-  Plan* plan = nullptr;
   const size_t size = bytes.size() * sizeof(uint64_t);
-  if (!cap) {
-    for (auto& p : p2pPlans_) {
-      if (p.pinned || p.capacity < size) continue;
+  size_t index = p2pPlans_.size();
+  if (!captured) {
+    for (size_t i = 0; i < p2pPlans_.size(); ++i) {
+      const Plan& p = p2pPlans_[i];
+      if (p.pinned || p.reserved || p.capacity < size) continue;
       if (cudaEventQuery(p.used) == cudaSuccess) {
-        plan = &p;
+        index = i;
         break;
       }
       cudaGetLastError();
     }
   }
-  if (!plan) {
+  if (index == p2pPlans_.size()) {
     p2pPlans_.emplace_back();
-    plan = &p2pPlans_.back();
     RelaxedCapture relaxed;
-    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&plan->used, cudaEventDisableTiming),
+    LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&p2pPlans_.back().used, cudaEventDisableTiming),
                         "cudaEventCreate"));
   }
-  plan->blocks = h->blocks;
-  netPlanLinks(h, &plan->sends, &plan->recvs);
-  LOOM_TRY(connect(plan->sends, plan->recvs));
-  LOOM_TRY(uploadPlan(bytes, cap, stream, plan).status());
-  plan->pinned = cap;
+  Plan& plan = p2pPlans_[index];
+  const auto* h = reinterpret_cast<const NetPlanHeader*>(bytes.data());
+  plan.blocks = h->blocks;
+  plan.sends.clear();
+  plan.recvs.clear();
+  netPlanLinks(h, &plan.sends, &plan.recvs);
+  LOOM_TRY(connect(plan.sends, plan.recvs));
+  // Device memory for an eager plan's bytes now (they are uploaded on the caller's stream
+  // at the call); a captured plan's are uploaded now, once.
+  if (captured) {
+    LOOM_TRY(uploadPlan(bytes, true, nullptr, &plan).status());
+  } else if (plan.capacity < size) {
+    RelaxedCapture relaxed;
+    if (plan.device) cudaFree(plan.device);
+    plan.device = nullptr;
+    plan.capacity = 0;
+    LOOM_TRY(cudaStatus(cudaMalloc(&plan.device, size), "cudaMalloc of a network plan"));
+    plan.capacity = size;
+  }
+  plan.pinned = captured;
+  return index;
+}
+
+Status NetExecutor::prepareP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
+  LOOM_TRY(error());
+  LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes, p2pPlanBytes(ops));
+  if (bytes.empty()) return Status::ok();
+  LOOM_ASSIGN_OR_RETURN(const bool cap, streamCapturing(stream));
+  LOOM_ASSIGN_OR_RETURN(const size_t index, p2pPlanFor(bytes, cap));
+  p2pPlans_[index].reserved = true;
+  preparedP2p_.push_back({std::move(bytes), index});
+  return Status::ok();
+}
+
+void NetExecutor::endGroup() {
+  for (const PreparedP2p& p : preparedP2p_) p2pPlans_[p.plan].reserved = false;
+  preparedP2p_.clear();
+}
+
+Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
+  LOOM_TRY(error());
+  LOOM_ASSIGN_OR_RETURN(std::vector<uint64_t> bytes, p2pPlanBytes(ops));
+  if (bytes.empty()) return Status::ok();
+  LOOM_ASSIGN_OR_RETURN(const bool cap, streamCapturing(stream));
+  // The plan prepared for this call (the first prepared one with the same bytes), else one
+  // found or made now.
+  size_t index = p2pPlans_.size();
+  for (auto it = preparedP2p_.begin(); it != preparedP2p_.end(); ++it) {
+    if (it->bytes != bytes) continue;
+    index = it->plan;
+    p2pPlans_[index].reserved = false;
+    preparedP2p_.erase(it);
+    break;
+  }
+  if (index == p2pPlans_.size() || p2pPlans_[index].pinned != cap) {
+    LOOM_ASSIGN_OR_RETURN(index, p2pPlanFor(bytes, cap));
+  }
+  Plan& plan = p2pPlans_[index];
+  // Eager: the bytes on the caller's stream, ahead of the kernel (pageable memory: staged
+  // at the call). Captured: uploaded when the plan was made.
+  if (!cap) LOOM_TRY(uploadPlan(bytes, false, stream, &plan).status());
   NetCall call;
   call.type = DataType::kUint8;
-  call.plan = static_cast<const NetPlanHeader*>(plan->device);
-  call.blocks = plan->blocks;
-  LOOM_TRY(launch(*plan, call, stream));
-  if (!cap) LOOM_TRY(cudaStatus(cudaEventRecord(plan->used, stream), "cudaEventRecord"));
+  call.plan = static_cast<const NetPlanHeader*>(plan.device);
+  call.blocks = plan.blocks;
+  LOOM_TRY(launch(plan, call, stream));
+  if (!cap) LOOM_TRY(cudaStatus(cudaEventRecord(plan.used, stream), "cudaEventRecord"));
   return Status::ok();
 }
 

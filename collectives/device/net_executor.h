@@ -2,7 +2,8 @@
 // join (other hosts, or P2P off), stream-ordered and capturable in CUDA graphs. It owns
 // the proxy (transports/net/proxy.h), the FIFOs in page-locked host memory, the plans in
 // device memory, and launches the kernel of net.h. Nothing here blocks the calling
-// thread after the first call that needs a connection (which makes it, collectively).
+// thread after the first call that needs a connection (which makes it, collectively), and
+// a call prepared ahead (prepareCollective, prepareP2p) neither waits nor allocates.
 //
 // Internal to the GPU side of a communicator (comm/), built where CUDA is.
 #pragma once
@@ -87,6 +88,17 @@ class NetExecutor {
   };
   Status runP2p(const std::vector<P2p>& ops, cudaStream_t stream);
 
+  // What a call needs before its kernel: its plan in device memory and its connections,
+  // made ahead for a group, before the group's first kernel. Making them waits for an
+  // upload stream and allocates memory: between two kernels of one group that wait for each
+  // other (the ranks of one process) either can stall the GPU for good (CUDA may order a
+  // copy behind a waiting kernel, and an allocation may wait for the device).
+  // runCollective and runP2p then find them made. endGroup() drops what was prepared and
+  // not run.
+  Status prepareCollective(CollRequest req, const AlgoRequest& algo);
+  Status prepareP2p(const std::vector<P2p>& ops, cudaStream_t stream);
+  void endGroup();
+
   // A kernel's or the network's failure so far, as a status naming the peer; ok if none.
   Status error() const;
   void abort();
@@ -101,7 +113,19 @@ class NetExecutor {
     std::vector<NetLink> sends, recvs;
     cudaEvent_t used = nullptr;  // p2p plans: after the kernel that reads it (eager calls)
     bool pinned = false;         // read by a captured graph: kept until the end
+    bool reserved = false;       // p2p plans: prepared for a call of the running group
     size_t capacity = 0;
+  };
+  // A collective's plan, with the choice behind it (runCollective, prepareCollective).
+  struct Ready {
+    Plan* plan = nullptr;
+    TunerChoice choice;
+    int lanes = 1;
+  };
+  // A p2p call prepared ahead: its plan's bytes and the plan reserved for it.
+  struct PreparedP2p {
+    std::vector<uint64_t> bytes;
+    size_t plan = 0;  // index in p2pPlans_
   };
   struct PlanKey {
     CollType type;
@@ -117,6 +141,11 @@ class NetExecutor {
   // Every connection the plan needs exists (collective over the peers involved).
   Status connect(const std::vector<NetLink>& sends, const std::vector<NetLink>& recvs);
   Result<Plan*> collectivePlan(const CollRequest& req, Algorithm algo, int lanes);
+  // Sets req.pieceElems, chooses the algorithm, makes the plan and the connections.
+  Result<Ready> readyCollective(CollRequest& req, const AlgoRequest& algo);
+  // A p2p call's plan bytes, and an idle (or new) plan for it, connected.
+  Result<std::vector<uint64_t>> p2pPlanBytes(const std::vector<P2p>& ops) const;
+  Result<size_t> p2pPlanFor(const std::vector<uint64_t>& bytes, bool captured);
   Status launch(const Plan& plan, const NetCall& call, cudaStream_t stream);
   // A device copy of `bytes` (uploaded once, or on `stream` for eager p2p plans).
   Result<void*> uploadPlan(const std::vector<uint64_t>& bytes, bool captured, cudaStream_t stream,
@@ -150,6 +179,7 @@ class NetExecutor {
   cudaStream_t uploadStream_ = nullptr;              // plan and table uploads (non-blocking)
   std::map<PlanKey, Plan> plans_;                    // collective plans, kept
   std::vector<Plan> p2pPlans_;                       // reused once their kernel is done
+  std::vector<PreparedP2p> preparedP2p_;             // this group's, in call order
   bool launched_ = false;
   Clock::time_point started_{};  // the proxy's start (its CPU share at the end)
 };

@@ -241,6 +241,71 @@ size_t graphReplays(Host& h, size_t count, int replays) {
   return wrong;
 }
 
+// As the perf binaries warm up: every size from 8 bytes to 64 MiB, three all-reduces and
+// three broadcasts of each issued back to back (a group per call, nothing waited for
+// between them), then the last results checked. Each size is new to the network plans,
+// and the larger ones to the connections of further lanes: made while earlier calls'
+// kernels wait for each other, they stalled the GPU (2026-12-05, the hierarchical
+// all_reduce_perf -g 2). The wrong elements.
+size_t backToBack(Host& h) {
+  constexpr size_t kMaxCount = size_t{16} << 20;  // floats
+  float* in[kLocal];
+  float* out[kLocal];
+  for (int l = 0; l < kLocal; ++l) {
+    std::vector<float> host(kMaxCount);
+    for (size_t i = 0; i < kMaxCount; ++i) host[i] = float(inputValue(h.base + l, i));
+    cudaMalloc(&in[l], kMaxCount * 4);
+    cudaMalloc(&out[l], kMaxCount * 4);
+    cudaMemcpy(in[l], host.data(), kMaxCount * 4, cudaMemcpyHostToDevice);
+  }
+  size_t wrong = 0;
+  std::vector<float> got(kMaxCount);
+  for (size_t count = 2; count <= kMaxCount && wrong == 0; count *= 2) {
+    for (bool broadcast : {false, true}) {
+      for (int k = 0; k < 3; ++k) {
+        if (ncclGroupStart() != ncclSuccess) return 1;
+        for (int l = 0; l < kLocal; ++l) {
+          if (broadcast) {
+            ncclBroadcast(in[l], out[l], count, ncclFloat32, 1, h.comms[l], h.streams[l]);
+          } else {
+            ncclAllReduce(in[l], out[l], count, ncclFloat32, ncclSum, h.comms[l], h.streams[l]);
+          }
+        }
+        if (ncclGroupEnd() != ncclSuccess) {
+          ADD_FAILURE() << (broadcast ? "broadcast" : "all-reduce") << " of " << count
+                        << " floats, call " << k << ": " << ncclGetLastError(nullptr);
+          return 1;
+        }
+      }
+      for (int l = 0; l < kLocal; ++l) {
+        if (cudaStreamSynchronize(h.streams[l]) != cudaSuccess) {
+          ADD_FAILURE() << "stream of rank " << h.base + l << " failed at " << count << " floats";
+          return 1;
+        }
+        cudaMemcpy(got.data(), out[l], count * 4, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < count; ++i) {
+          double v[kRanks];
+          for (int r = 0; r < kRanks; ++r) v[r] = inputValue(r, i);
+          const double want = broadcast ? v[1] : combine(ncclSum, v, false);
+          if (got[i] != float(want)) {
+            if (wrong < 3) {
+              ADD_FAILURE() << (broadcast ? "broadcast" : "all-reduce") << " back to back, "
+                            << count << " floats: rank " << h.base + l << " element " << i << " is "
+                            << got[i] << ", not " << want;
+            }
+            ++wrong;
+          }
+        }
+      }
+    }
+  }
+  for (int l = 0; l < kLocal; ++l) {
+    cudaFree(in[l]);
+    cudaFree(out[l]);
+  }
+  return wrong;
+}
+
 // One host (run by GpuHier.TwoHostsOfTwoRanks through the environment).
 TEST(GpuHier, OneHost) {
   const char* hostText = std::getenv("LOOM_TEST_HIER_HOST");
@@ -248,12 +313,16 @@ TEST(GpuHier, OneHost) {
   Host h;
   h.base = std::atoi(hostText) * kLocal;
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  // The streams before the communicators, as the perf binaries make them (CUDA gives a
+  // process's streams its hardware queues in turn).
+  for (auto& s : h.streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);  // from LOOM_COMM_ID
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int l = 0; l < kLocal; ++l) ncclCommInitRank(&h.comms[l], kRanks, id, h.base + l);
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
-  for (auto& s : h.streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // First, while every plan and every lane's connection is still to be made.
+  EXPECT_EQ(backToBack(h), 0u);
   using loom::DataType;
   // Counts: 8 bytes, odd (all-reduce then declines the form), a few pieces, many pieces.
   const size_t counts[] = {2, 4099, 100002, (size_t{4} << 20) + 2};
