@@ -318,4 +318,18 @@ Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps, N
   return f;
 }
 
+Fabric netExecutorFabric(const Fabric& comm, bool rail) {
+  Fabric f = comm;
+  f.gpu = false;  // no mesh forms among the executor's ranks
+  const LinkCost share = {comm.inter.latencyUs, comm.inter.gbps / std::max(1, comm.ranksPerHost)};
+  if (rail) {
+    f.ranksPerHost = 1;
+    f.inter = share;
+  } else {
+    f.intra = share;
+  }
+  f.intraName = f.interName;
+  return f;
+}
+
 }  // namespace loom::collectives::model

@@ -102,5 +102,11 @@ enum class NetPath { kSockets, kRdma };
 // GPUs with NVLink inside a host (intraGbps per GPU) and `nicGbps` of NICs per host
 // (GPU buffers over the network transport, by `path`).
 Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps, NetPath path);
+// The fabric the GPU network executor (collectives/device/net_executor.h) prices ring
+// against tree on, from its communicator's gpuFabric `comm`: every pair of its ranks goes
+// through the network backend, those of one host too (no mesh among them), each rank on
+// its share of its host's NICs. `rail`: the executor of one rail of the hierarchical
+// form, one rank per host.
+Fabric netExecutorFabric(const Fabric& comm, bool rail);
 
 }  // namespace loom::collectives::model

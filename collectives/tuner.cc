@@ -391,9 +391,14 @@ bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo*
   req.count = std::max<size_t>(1, bytes / req.elemSize / (perRank ? n : 1));
   req.network = f.hosts > 1;
   // As the callers ask: the communicator, for host buffers, with its own fabric across
-  // hosts (the flat one inside a host); the GPU network executor with none (its ring
-  // against tree is priced on the flat fabric).
+  // hosts (the flat one inside a host); the GPU network executor with its own
+  // (netExecutorFabric: the flat form, every pair of ranks through the network backend).
+  model::Fabric executorFabric;
   if (f.hosts > 1 && !f.gpu) req.fabric = &f;
+  if (f.hosts > 1 && f.gpu) {
+    executorFabric = model::netExecutorFabric(f, /*rail=*/false);
+    req.fabric = &executorFabric;
+  }
   // Host buffers take the hierarchical forms where every host has several ranks; GPU
   // buffers only where LOOM_ALGO names them.
   Hierarchy h;

@@ -203,6 +203,7 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
     collectives::device::ExecutorContext dc;
     dc.abortFlag = &abortFlag_;
     dc.commHash = context_.commHash;
+    if (topo_.hostRanks.size() > 1) dc.fabric = fabric(/*hostMemory=*/false);
     auto device =
         collectives::device::DeviceExecutor::create(*bootstrap_, peers_, rank_, cudaDev_, dc);
     if (!device)

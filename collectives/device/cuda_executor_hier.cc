@@ -72,6 +72,7 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
     o.rank = hier_.hostIndex;
     o.nranks = hier_.hosts;
     o.commHash = context_.commHash ^ kRailHashSalt;
+    if (context_.fabric) o.fabric = model::netExecutorFabric(*context_.fabric, /*rail=*/true);
     auto net = dev::NetExecutor::create(
         o, bootstrapExchange(&bootstrap, rank_, hier_.railRanks, kRailHandles));
     if (net) {

@@ -16,9 +16,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "collectives/cost_model.h"
 #include "collectives/operation.h"
 #include "common/datatype.h"
 #include "common/status.h"
@@ -37,6 +39,10 @@ struct ExecutorRedOp {
 struct ExecutorContext {
   const std::atomic<bool>* abortFlag = nullptr;  // ncclCommAbort
   uint64_t commHash = 0;  // tells this communicator's connections from others'
+  // The communicator's fabric for GPU buffers (collectives/cost_model.h gpuFabric) where
+  // its ranks span several hosts: what the network executors price their algorithms on
+  // (model::netExecutorFabric). Unset: one class of link between every pair.
+  std::optional<model::Fabric> fabric;
 };
 
 class DeviceExecutor {

@@ -386,6 +386,7 @@ Result<NetExecutor::Ready> NetExecutor::readyCollective(CollRequest& req, const 
                                                                req.nranks, options_.slotBytes);
   req.pieceElems = std::max<size_t>(1, std::min<size_t>(piece, options_.slotBytes) / req.elemSize);
   req.network = true;
+  if (options_.fabric) req.fabric = &*options_.fabric;
   LOOM_ASSIGN_OR_RETURN(r.choice, chooseNetAlgorithm(req, algo));
   LOOM_ASSIGN_OR_RETURN(r.plan, collectivePlan(req, r.choice.algo, r.lanes));
   LOOM_TRY(connect(r.plan->sends, r.plan->recvs));

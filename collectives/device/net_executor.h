@@ -14,9 +14,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "collectives/cost_model.h"
 #include "collectives/device/net.h"
 #include "collectives/schedule.h"
 #include "collectives/tuner.h"
@@ -41,6 +43,8 @@ struct NetOptions {
   int threads = 512;             // per block of the kernel
   int64_t proxySpinUs = 5000;    // LOOM_PROXY_SPIN_US
   uint64_t pieceBytes = 0;       // LOOM_CHUNK_BYTES: pieces of this size (0: netPieceBytes)
+  // What ring and tree are priced on (model::netExecutorFabric); unset: one class of link.
+  std::optional<model::Fabric> fabric;
   const std::atomic<bool>* abortFlag = nullptr;
 };
 

@@ -169,6 +169,41 @@ TEST(CostModel, HierarchicalHostAllReduceWinsLargeAcrossSlowNics) {
 }
 
 // The fabric of a recorded DGX H100 topology: 8 GPUs on NVSwitch, 8 NICs of 400 Gb/s.
+// The GPU network executor's fabric: its in-host pairs cross the network backend too, and
+// a rail has one rank a host on its share of the host's NICs. On it the tuner takes the
+// tree where the model prices it under the ring: at 16 hosts of 8 and 1 GiB the flat
+// fabric's ratios kept the ring (2026-12-05, docs/perf/cost_model.md).
+TEST(CostModel, NetworkExecutorFabric) {
+  const Fabric comm = dgx(16);
+  const Fabric flat = netExecutorFabric(comm, false);
+  EXPECT_FALSE(flat.gpu);
+  EXPECT_EQ(flat.nranks(), comm.nranks());
+  EXPECT_DOUBLE_EQ(flat.intra.gbps, 50);  // 400 GB/s of NICs over 8 GPUs
+  EXPECT_DOUBLE_EQ(flat.intra.latencyUs, comm.inter.latencyUs);
+  EXPECT_DOUBLE_EQ(flat.inter.gbps, 400);
+  const Fabric rail = netExecutorFabric(comm, true);
+  auto ringOrTree = AlgoRequest::parse("ring,tree");
+  ASSERT_TRUE(ringOrTree.isOk());
+  EXPECT_EQ(rail.hosts, 16);
+  EXPECT_EQ(rail.ranksPerHost, 1);
+  EXPECT_DOUBLE_EQ(rail.inter.gbps, 50);
+  for (const Fabric* f : {&flat, &rail}) {
+    for (size_t b = 8; b <= (size_t(1) << 30); b *= 8) {
+      CollRequest req;
+      req.type = CollType::kAllReduce;
+      req.count = b / 4;
+      req.nranks = f->nranks();
+      req.fabric = f;
+      auto c = chooseNetAlgorithm(req, *ringOrTree);
+      ASSERT_TRUE(c.isOk());
+      const bool treeCheaper = us(CollType::kAllReduce, Algo::kTree, b, *f) <
+                               us(CollType::kAllReduce, Algo::kRing, b, *f);
+      EXPECT_EQ(c->algo, treeCheaper ? Algorithm::kTree : Algorithm::kRing)
+          << (f == &rail ? "rail " : "flat ") << b << " B: " << c->text();
+    }
+  }
+}
+
 TEST(CostModel, FabricOfADgxTopology) {
   auto r = topology::readXmlFile(std::string(LOOM_FIXTURES) + "/dgx_h100.xml");
   ASSERT_TRUE(r.isOk()) << r.status().message();

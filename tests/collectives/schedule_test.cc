@@ -665,16 +665,18 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   EXPECT_EQ(a, model::Algo::kDirect) << why;  // 3 ranks: no doubling, no one-shot on GPUs
   ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kTree) << why;  // the chain reduce runs on host buffers only
-  // GPU buffers across hosts: what the network executor asks, with no fabric (its ring
-  // against tree on the flat fabric), at every size and host count.
+  // GPU buffers across hosts: what the network executor asks, on its fabric (every pair
+  // of ranks through the network), at every size and host count.
   for (int hosts : {2, 4, 16, 256}) {
     const model::Fabric g = model::gpuFabric(hosts, 8, 450, 400, model::NetPath::kRdma);
+    const model::Fabric executor = model::netExecutorFabric(g, /*rail=*/false);
     for (size_t bytes = 8; bytes <= (size_t(1) << 30); bytes *= 16) {
       CollRequest net;
       net.type = CollType::kAllReduce;
       net.elemSize = 4;
       net.nranks = hosts * 8;
       net.count = bytes / 4;
+      net.fabric = &executor;
       auto want = chooseNetAlgorithm(net, AlgoRequest{});
       ASSERT_TRUE(want.isOk());
       ASSERT_TRUE(tunerPick(CollType::kAllReduce, bytes, g, &a, &why));
