@@ -554,7 +554,9 @@ Status Communicator::prepare(const std::vector<Operation>& groupOps) {
   std::vector<Operation> ordered;
   const std::vector<Operation>& ops = inRunOrder(groupOps, &ordered);
   log::RankScope scope(rank_);
-  if (abortFlag_.load() || asyncError_.load() != ncclSuccess) return Status::ok();  // execute says
+  // A communicator aborted, failed, or whose kernels failed: execute says so, as always.
+  if (abortFlag_.load() || asyncError_.load() != ncclSuccess || !device_->kernelError().isOk())
+    return Status::ok();
   Status st;
   for (size_t i = 0; i < ops.size() && st;) {
     if (!ops[i].onDevice) {

@@ -80,6 +80,9 @@ class Communicator : public collectives::ConnectionProvider {
   void dropGroup() {
     if (device_) device_->endGroup();
   }
+  // `st` explained, kept as the communicator's failure (ncclCommGetAsyncError), and told
+  // to the connected peers; returned. A failed call, or a group that could not run.
+  Status failWith(Status st);
   // ncclCommRegister / ncclCommDeregister (device communicators; host memory: no effect).
   Result<void*> registerBuffer(void* buff, size_t bytes);
   Status deregisterBuffer(void* handle);
@@ -204,9 +207,6 @@ class Communicator : public collectives::ConnectionProvider {
   uint64_t secret_[2] = {0, 0};
   // `st` (a failure of this rank), with where every rank is when it was a timeout.
   Status explainFailure(Status st);
-  // `st` explained, kept as the communicator's failure (ncclCommGetAsyncError), and told
-  // to the connected peers; returned.
-  Status failWith(Status st);
 
   std::atomic<bool> abortFlag_{false};
   std::atomic<int> asyncError_{ncclSuccess};

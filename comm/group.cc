@@ -9,6 +9,7 @@
 #include <future>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "comm/api_state.h"
@@ -81,11 +82,26 @@ Status runGroup(std::vector<std::pair<ncclComm*, Operation>>& ops) {
   // communicator before any of them launches: made between two kernels of the group that
   // wait for each other, it could stall the GPU for good (Communicator::prepare). A failure
   // runs none of the group: nothing is enqueued that would wait for the failed rank.
-  for (size_t k = 0; k < comms.size() && result; ++k) result = comms[k]->impl->prepare(calls[k]);
+  size_t failed = comms.size();
+  for (size_t k = 0; k < comms.size() && result; ++k) {
+    result = comms[k]->impl->prepare(calls[k]);
+    if (!result) failed = k;
+  }
   if (!result) {
-    for (ncclComm* c : comms) {
-      c->impl->dropGroup();
-      c->impl->leave();
+    // The group's other communicators fail too: their peers would otherwise wait for calls
+    // that never come, and their next calls would meet the peers' earlier ones.
+    for (size_t k = 0; k < comms.size(); ++k) {
+      comms[k]->impl->dropGroup();
+      if (k != failed) {
+        (void)comms[k]->impl->failWith(
+            Status(result.code(), "rank " + std::to_string(comms[k]->impl->rank()) +
+                                      ": the group was not run: rank " +
+                                      std::to_string(comms[failed]->impl->rank()) +
+                                      " of a communicator in the same group could not prepare its "
+                                      "calls: " +
+                                      result.message()));
+      }
+      comms[k]->impl->leave();
     }
     return result;
   }

@@ -93,6 +93,15 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
   nranks_ = static_cast<int>(peers.size());
   device_ = device;
   DeviceGuard guard(device_);
+  // Every mesh kernel loaded now: under CUDA's lazy loading a first launch may wait for the
+  // whole context, and so for a peer's kernel that waits for this one (mesh.h).
+  if (const int e = dev::preloadMeshKernels(); e != 0) {
+    cudaGetLastError();
+    LOOM_WARN(kInit,
+              "GPU %d: loading the mesh kernels ahead failed (%s): each loads at its "
+              "first launch",
+              device_, cudaGetErrorString(static_cast<cudaError_t>(e)));
+  }
   LOOM_ASSIGN_OR_RETURN(auto self, transport::p2p::describeGpu(rank, device, peers[rank].hostHash));
   std::vector<transport::p2p::GpuIdentity> gpus(nranks_);
   gpus[rank] = self;

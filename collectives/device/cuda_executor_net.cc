@@ -92,6 +92,7 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
 Result<void*> CudaExecutor::netScratch(size_t bytes) {
   if (netScratchBytes_ >= bytes && !netScratch_.empty()) return netScratch_.back();
   void* p = nullptr;
+  dev::RelaxedCapture relaxed;  // prepare() may run in a thread that captures
   LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes),
                       "cudaMalloc of a network scratch buffer (an in-place all-to-all's copy, or "
                       "a hierarchical reduce's partial result)"));

@@ -261,6 +261,13 @@ int launchChunkReduce(const MeshContext& ctx, const ChunkReduce& chunk, cudaStre
 // be launched with `pdl`.
 bool kernelsWaitForPredecessor();
 
+// Loads every mesh kernel for the current device now (cudaFuncGetAttributes), as NCCL
+// loads its own at init. Under CUDA's lazy loading (the default since 12.2) a kernel is
+// otherwise loaded at its first launch, which may wait for the whole context: for a kernel
+// that spins until a peer's kernel of the same process arrives, that peer's first launch
+// would then wait for it forever. Returns a cudaError_t value.
+int preloadMeshKernels();
+
 // Enqueues a barrier of every rank of the mesh on `stream`: one small kernel that tells
 // each peer this rank got here and waits until every peer did (counters in the windows,
 // system-scope release and acquire, so work before it on any rank's stream, copies

@@ -1257,6 +1257,32 @@ bool kernelsWaitForPredecessor() {
   return fa.ptxVersion >= 90;
 }
 
+namespace {
+template <typename K>
+int loadKernel(K kernel) {
+  cudaFuncAttributes fa{};
+  return static_cast<int>(cudaFuncGetAttributes(&fa, kernel));
+}
+}  // namespace
+
+int preloadMeshKernels() {
+  int e = 0;
+  for (int k : {loadKernel(barrierKernel), loadKernel(chunkFlagsKernel), loadKernel(p2pKernel)})
+    e = e ? e : k;
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    const int k = withElement(static_cast<DataType>(t), [](auto el) {
+      using E = decltype(el);
+      int r = 0;
+      for (int x : {loadKernel(meshKernel<E>), loadKernel(pullAllReduceKernel<E>),
+                    loadKernel(pullTwoShotKernel<E>), loadKernel(chunkReduceKernel<E>)})
+        r = r ? r : x;
+      return r;
+    });
+    e = e ? e : k;
+  }
+  return e;
+}
+
 int launchMeshBarrier(const MeshContext& ctx, cudaStream_t stream) {
   return launchKernel(barrierKernel, 1, 32, stream, false, ctx);
 }

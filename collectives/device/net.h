@@ -65,5 +65,7 @@ struct NetCall {
 
 // Enqueues the plan on `stream`. Returns a cudaError_t value (0: success).
 int launchNet(const NetContext& ctx, const NetCall& call, cudaStream_t stream);
+// Loads the network kernel for every element type now (as preloadMeshKernels, mesh.h).
+int preloadNetKernels();
 
 }  // namespace loom::collectives::device

@@ -20,20 +20,6 @@ Status cudaStatus(cudaError_t e, const char* what) {
   return errorf(Code::kCudaError, "%s failed: %s", what, cudaGetErrorString(e));
 }
 
-// Set-up calls (allocations, synchronous uploads) may come while the caller's stream
-// captures a graph: they touch no captured stream, so the thread may make them.
-class RelaxedCapture {
- public:
-  RelaxedCapture() {
-    mode_ = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode_);
-  }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-
- private:
-  cudaStreamCaptureMode mode_;
-};
-
 const char* closedText(int code) {
   switch (code) {
     case kNetErrorAborted: return "aborted (ncclCommAbort)";
@@ -92,6 +78,14 @@ Status NetExecutor::init(NetHandleExchange exchange) {
   std::memset(hostFlags_, 0, 4 * sizeof(int));
   LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&uploadStream_, cudaStreamNonBlocking),
                       "cudaStreamCreate"));
+  // Loaded now, not at a first launch that could wait behind a kernel waiting for a peer.
+  if (const int e = preloadNetKernels(); e != 0) {
+    cudaGetLastError();
+    LOOM_WARN(kInit,
+              "GPU %d: loading the network kernels ahead failed (%s): each loads at its "
+              "first launch",
+              options_.device, cudaGetErrorString(static_cast<cudaError_t>(e)));
+  }
   LOOM_TRY(cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the network set-up"));
   sendConnected_.assign(n, false);
   recvConnected_.assign(n, false);
@@ -492,13 +486,21 @@ Status NetExecutor::prepareP2p(const std::vector<P2p>& ops, cudaStream_t stream)
   if (bytes.empty()) return Status::ok();
   LOOM_ASSIGN_OR_RETURN(const bool cap, streamCapturing(stream));
   LOOM_ASSIGN_OR_RETURN(const size_t index, p2pPlanFor(bytes, cap));
+  // An eager plan's bytes too, now: the plan is idle (no kernel reads it), and an upload at
+  // the call would wait on a stream (the default stream's call) or stage pageable memory.
+  if (!cap) LOOM_TRY(uploadPlan(bytes, true, nullptr, &p2pPlans_[index]).status());
   p2pPlans_[index].reserved = true;
-  preparedP2p_.push_back({std::move(bytes), index});
+  preparedP2p_.push_back({std::move(bytes), index, cap});
   return Status::ok();
 }
 
 void NetExecutor::endGroup() {
-  for (const PreparedP2p& p : preparedP2p_) p2pPlans_[p.plan].reserved = false;
+  // What was prepared and not run: free again (a captured plan no graph took is no longer
+  // kept for one).
+  for (const PreparedP2p& p : preparedP2p_) {
+    p2pPlans_[p.plan].reserved = false;
+    if (p.captured) p2pPlans_[p.plan].pinned = false;
+  }
   preparedP2p_.clear();
 }
 
@@ -510,20 +512,22 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
   // The plan prepared for this call (the first prepared one with the same bytes), else one
   // found or made now.
   size_t index = p2pPlans_.size();
+  bool uploaded = false;
   for (auto it = preparedP2p_.begin(); it != preparedP2p_.end(); ++it) {
-    if (it->bytes != bytes) continue;
+    if (it->bytes != bytes || it->captured != cap) continue;
     index = it->plan;
+    uploaded = true;
     p2pPlans_[index].reserved = false;
     preparedP2p_.erase(it);
     break;
   }
-  if (index == p2pPlans_.size() || p2pPlans_[index].pinned != cap) {
+  if (!uploaded) {
     LOOM_ASSIGN_OR_RETURN(index, p2pPlanFor(bytes, cap));
   }
   Plan& plan = p2pPlans_[index];
-  // Eager: the bytes on the caller's stream, ahead of the kernel (pageable memory: staged
-  // at the call). Captured: uploaded when the plan was made.
-  if (!cap) LOOM_TRY(uploadPlan(bytes, false, stream, &plan).status());
+  // Eager and not prepared: the bytes on the caller's stream, ahead of the kernel
+  // (pageable memory: staged at the call). Captured: uploaded when the plan was made.
+  if (!cap && !uploaded) LOOM_TRY(uploadPlan(bytes, false, stream, &plan).status());
   NetCall call;
   call.type = DataType::kUint8;
   call.plan = static_cast<const NetPlanHeader*>(plan.device);

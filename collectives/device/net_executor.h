@@ -68,6 +68,20 @@ struct NetHandleExchange {
 // asked. Shared by the GPU executors.
 Result<bool> streamCapturing(cudaStream_t s);
 
+// Set-up calls (allocations, synchronous uploads) may come while the caller's stream
+// captures a graph: they touch no captured stream, so the thread may make them. In scope,
+// this thread's capture mode is relaxed.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 class NetExecutor {
  public:
   static Result<std::unique_ptr<NetExecutor>> create(const NetOptions& options,
@@ -126,10 +140,11 @@ class NetExecutor {
     TunerChoice choice;
     int lanes = 1;
   };
-  // A p2p call prepared ahead: its plan's bytes and the plan reserved for it.
+  // A p2p call prepared ahead: its plan's bytes and the plan reserved for it, uploaded.
   struct PreparedP2p {
     std::vector<uint64_t> bytes;
     size_t plan = 0;  // index in p2pPlans_
+    bool captured = false;
   };
   struct PlanKey {
     CollType type;

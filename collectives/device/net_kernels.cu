@@ -250,6 +250,18 @@ __global__ void __launch_bounds__(512)
 
 }  // namespace
 
+int preloadNetKernels() {
+  int e = 0;
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    const int k = withElement(static_cast<DataType>(t), [](auto el) {
+      cudaFuncAttributes fa{};
+      return static_cast<int>(cudaFuncGetAttributes(&fa, netKernel<decltype(el)>));
+    });
+    e = e ? e : k;
+  }
+  return e;
+}
+
 int launchNet(const NetContext& ctx, const NetCall& call, cudaStream_t stream) {
   const unsigned blocks = std::max<uint32_t>(1, call.blocks);
   const unsigned threads = static_cast<unsigned>(std::clamp(ctx.threads, 64, 512)) / 32 * 32;

@@ -249,14 +249,28 @@ size_t graphReplays(Host& h, size_t count, int replays) {
 // all_reduce_perf -g 2). The wrong elements.
 size_t backToBack(Host& h) {
   constexpr size_t kMaxCount = size_t{16} << 20;  // floats
-  float* in[kLocal];
-  float* out[kLocal];
+  struct Buffers {
+    float* in[kLocal] = {};
+    float* out[kLocal] = {};
+    ~Buffers() {
+      for (int l = 0; l < kLocal; ++l) {
+        cudaFree(in[l]);
+        cudaFree(out[l]);
+      }
+    }
+  } b;
+  float** in = b.in;
+  float** out = b.out;
   for (int l = 0; l < kLocal; ++l) {
     std::vector<float> host(kMaxCount);
     for (size_t i = 0; i < kMaxCount; ++i) host[i] = float(inputValue(h.base + l, i));
-    cudaMalloc(&in[l], kMaxCount * 4);
-    cudaMalloc(&out[l], kMaxCount * 4);
-    cudaMemcpy(in[l], host.data(), kMaxCount * 4, cudaMemcpyHostToDevice);
+    if (cudaMalloc(&in[l], kMaxCount * 4) != cudaSuccess ||
+        cudaMalloc(&out[l], kMaxCount * 4) != cudaSuccess ||
+        cudaMemcpy(in[l], host.data(), kMaxCount * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+      ADD_FAILURE() << "buffers of rank " << h.base + l << ": "
+                    << cudaGetErrorString(cudaGetLastError());
+      return 1;
+    }
   }
   size_t wrong = 0;
   std::vector<float> got(kMaxCount);
@@ -298,10 +312,6 @@ size_t backToBack(Host& h) {
         }
       }
     }
-  }
-  for (int l = 0; l < kLocal; ++l) {
-    cudaFree(in[l]);
-    cudaFree(out[l]);
   }
   return wrong;
 }
