@@ -59,14 +59,32 @@ const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const A
       }
       return nullptr;
     case CollType::kBroadcast:
-    case CollType::kReduce: return nullptr;
+    case CollType::kReduce:
     case CollType::kAllGather:
-    case CollType::kReduceScatter:
-      return "no hierarchical form of all-gather and reduce-scatter yet";
+    case CollType::kReduceScatter: return nullptr;
     case CollType::kAllToAll:
     case CollType::kSendRecv: return "point-to-point exchanges go directly";
   }
   return "unknown collective";
+}
+
+std::vector<BlockCopy2D> hierBlockOrderCopies(int hosts, int local, size_t blockBytes,
+                                              bool toRankOrder) {
+  const size_t G = static_cast<size_t>(local), H = static_cast<size_t>(hosts);
+  std::vector<BlockCopy2D> copies;
+  for (size_t l = 0; l < G; ++l) {
+    BlockCopy2D c;
+    const size_t rankOrder = l * blockBytes;       // block (0, l); then every G blocks
+    const size_t localOrder = l * H * blockBytes;  // block (0, l); then the next
+    c.srcOffset = toRankOrder ? localOrder : rankOrder;
+    c.srcPitch = toRankOrder ? blockBytes : G * blockBytes;
+    c.dstOffset = toRankOrder ? rankOrder : localOrder;
+    c.dstPitch = toRankOrder ? G * blockBytes : blockBytes;
+    c.width = blockBytes;
+    c.height = H;
+    copies.push_back(c);
+  }
+  return copies;
 }
 
 SplitReduction splitReduction(RedKind kind) {

@@ -17,6 +17,10 @@
 //               (GPU buffers).
 //   reduce      in each host to the rank on the root's rail, then across hosts on that rail
 //               (GPU buffers).
+//   all-gather  GPU buffers: across hosts on each rail (the blocks of its local index), then
+//               in the host over the mesh, then the blocks put in rank order (2D copies).
+//               Host buffers: across hosts on each rail, then in the host per host's blocks.
+//   reduce-scatter  the mirror of the all-gather.
 #pragma once
 
 #include <cstddef>
@@ -50,8 +54,21 @@ bool findHierarchy(const std::vector<uint64_t>& hostKeys, int rank, Hierarchy* h
 // Why the call does not take the hierarchical form (null: it does). `count` as the C API
 // gives it. LOOM_ALGO leaves it out unless it allows "hier".
 const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const AlgoRequest& algo);
-// (The GPU forms: all-reduce, broadcast, reduce. Host buffers have all-reduce, all-gather
-// and reduce-scatter, collectives/schedule.h.)
+// (The GPU forms: all-reduce, broadcast, reduce, all-gather, reduce-scatter. Host buffers
+// have all-reduce, all-gather and reduce-scatter, collectives/schedule.h.)
+
+// The GPU all-gather and reduce-scatter reorder every rank's block between rank order
+// (host by host: block (h, l) at h * local + l) and local order (local index by local
+// index, each with its hosts' blocks: (h, l) at l * hosts + h), in one 2D copy per local
+// index: `height` rows of `width` bytes, from src + srcOffset every srcPitch bytes to
+// dst + dstOffset every dstPitch bytes (cudaMemcpy2DAsync's terms).
+struct BlockCopy2D {
+  size_t srcOffset = 0, srcPitch = 0;
+  size_t dstOffset = 0, dstPitch = 0;
+  size_t width = 0, height = 0;
+};
+std::vector<BlockCopy2D> hierBlockOrderCopies(int hosts, int local, size_t blockBytes,
+                                              bool toRankOrder);
 
 // A reduction split between the levels: the first reduces each rank's input (the host
 // level), the second combines the hosts' partial results. PreMulSum scales the inputs,

@@ -338,6 +338,17 @@ class CudaExecutor final : public DeviceExecutor {
   // ranks off the root's rail).
   bool railCall(const Operation& op, collectives::CollRequest* req) const;
   Status prepareHier(const Operation& op);
+  // All-gather and reduce-scatter: scratch for the rail's blocks (railBytes, rounded up),
+  // then for the host's (hostBytes); zero for the other collectives.
+  struct HierScratch {
+    size_t railBytes = 0;
+    size_t hostBytes = 0;
+  };
+  HierScratch hierScratchBytes(const Operation& op) const;
+  // Every rank's block between rank order (host by host) and local order (local index by
+  // local index, each with its H hosts' blocks), G 2D copies on `stream`.
+  Status transposeBlocks(const char* src, char* dst, size_t block, bool toRankOrder,
+                         cudaStream_t stream);
 
   ExecutorContext context_;
   int rank_ = 0;

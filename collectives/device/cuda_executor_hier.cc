@@ -122,16 +122,46 @@ bool CudaExecutor::railCall(const Operation& op, collectives::CollRequest* req) 
       req->count = op.count;
       req->root = hier_.hostOf[op.root];
       return hier_.localIndex == hier_.localOf[op.root];
+    case CollType::kAllGather:
+    case CollType::kReduceScatter:  // a block a host: this rank's, and its rail's
+      req->count = op.count;
+      return true;
     default: return false;
   }
+}
+
+CudaExecutor::HierScratch CudaExecutor::hierScratchBytes(const Operation& op) const {
+  // All-gather and reduce-scatter: the rail's H blocks, and the host's G x H blocks in
+  // local-rank order (the call's buffers are in rank order, host by host).
+  HierScratch s;
+  if (op.type != CollType::kAllGather && op.type != CollType::kReduceScatter) return s;
+  const size_t block = op.count * dataTypeSize(op.dtype);
+  s.railBytes = (size_t(hier_.hosts) * block + 255) / 256 * 256;
+  s.hostBytes = size_t(hier_.local) * size_t(hier_.hosts) * block;
+  return s;
+}
+
+Status CudaExecutor::transposeBlocks(const char* src, char* dst, size_t block, bool toRankOrder,
+                                     cudaStream_t stream) {
+  for (const BlockCopy2D& c : hierBlockOrderCopies(hier_.hosts, hier_.local, block, toRankOrder)) {
+    LOOM_TRY(
+        cudaStatus(cudaMemcpy2DAsync(dst + c.dstOffset, c.dstPitch, src + c.srcOffset, c.srcPitch,
+                                     c.width, c.height, cudaMemcpyDeviceToDevice, stream),
+                   "cudaMemcpy2DAsync (the hierarchical form's blocks between rank and "
+                   "local order)"));
+  }
+  return Status::ok();
 }
 
 Status CudaExecutor::prepareHier(const Operation& op) {
   collectives::CollRequest req;
   if (!railCall(op, &req)) return Status::ok();
-  // A rank of the root's rail other than the root reduces into scratch memory (runHier).
+  // A rank of the root's rail other than the root reduces into scratch memory (runHier),
+  // and all-gather and reduce-scatter reorder their blocks through it.
   if (op.type == CollType::kReduce && rank_ != op.root)
     LOOM_TRY(netScratch(op.count * req.elemSize).status());
+  if (const HierScratch s = hierScratchBytes(op); s.railBytes > 0)
+    LOOM_TRY(netScratch(s.railBytes + s.hostBytes).status());
   return rail_->prepareCollective(req, railRequest(limits_.algo));
 }
 
@@ -219,6 +249,41 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       rd.ncclOp = firstOp;
       LOOM_TRY(local_->run(rd, first));
       if (onRail) LOOM_TRY(across(target, target, second));
+      break;
+    }
+    case CollType::kAllGather: {
+      // Each rank's rail gathers the hosts' blocks of its local index, the host's ranks
+      // gather those over the mesh (in local order), and each puts them in rank order.
+      const HierScratch s = hierScratchBytes(op);
+      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes));
+      char* rail = static_cast<char*>(scratch);
+      char* host = rail + s.railBytes;
+      LOOM_TRY(across(op.sendbuff, rail, red));
+      Operation ag = op;
+      ag.sendbuff = rail;
+      ag.recvbuff = host;
+      ag.count = op.count * size_t(hier_.hosts);
+      LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
+      LOOM_TRY(transposeBlocks(host, out, op.count * es, /*toRankOrder=*/true, op.stream));
+      break;
+    }
+    case CollType::kReduceScatter: {
+      // The mirror: the input's blocks in local order, reduced over the mesh so that each
+      // rank holds the sum of its local index's H blocks, then reduced across the hosts on
+      // its rail, each host keeping its own block. The copy also frees an in-place output.
+      const HierScratch s = hierScratchBytes(op);
+      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes));
+      char* rail = static_cast<char*>(scratch);
+      char* host = rail + s.railBytes;
+      LOOM_TRY(transposeBlocks(static_cast<const char*>(op.sendbuff), host, op.count * es,
+                               /*toRankOrder=*/false, op.stream));
+      Operation rs = op;
+      rs.sendbuff = host;
+      rs.recvbuff = rail;
+      rs.count = op.count * size_t(hier_.hosts);
+      rs.ncclOp = firstOp;
+      LOOM_TRY(local_->run(rs, first));
+      LOOM_TRY(across(rail, out, second));
       break;
     }
     default:

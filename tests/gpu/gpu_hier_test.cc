@@ -1,8 +1,8 @@
 // The hierarchical GPU forms across hosts (collectives/hierarchy.h): two copies of
 // this binary, each a host of its own (LOOM_HOST_ID) holding two ranks on GPU 0
 // (LOOM_P2P_SHARE_GPU=1 lets them form a GPU mesh there), four ranks in all. All-reduce,
-// broadcast and reduce take the hierarchical form (mesh in the host, the network between
-// the rails); all-gather and reduce-scatter the flat one beside them. Every result is
+// broadcast, reduce, all-gather and reduce-scatter take the hierarchical form (mesh in the
+// host, the network between the rails). Every result is
 // checked against the host's answer on small integers (exact in every type used), in place
 // and out of place, for every root; a CUDA graph of a hierarchical all-reduce is replayed
 // with its output poisoned between replays. The children's logs must show the form.
@@ -364,8 +364,14 @@ TEST(GpuHier, OneHost) {
     EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kFloat32, ncclMax, 7777, false, root), 0u);
   }
   for (Coll c : {Coll::kAllGather, Coll::kReduceScatter}) {
-    for (bool inPlace : {false, true})
-      EXPECT_EQ(runAndCheck(h, c, DataType::kFloat32, ncclSum, 100001, inPlace, 0), 0u);
+    for (size_t count : {size_t{1}, size_t{100001}, (size_t{1} << 20) + 3}) {
+      for (bool inPlace : {false, true})
+        EXPECT_EQ(runAndCheck(h, c, DataType::kFloat32, ncclSum, count, inPlace, 0), 0u);
+    }
+  }
+  for (DataType t : {DataType::kInt32, DataType::kBfloat16, DataType::kFloat64}) {
+    for (ncclRedOp_t op : {ncclSum, ncclMax, ncclAvg})
+      EXPECT_EQ(runAndCheck(h, Coll::kReduceScatter, t, op, 5003, false, 0), 0u);
   }
   EXPECT_EQ(graphReplays(h, (size_t{1} << 20) + 2, 200), 0u);
   for (int l = 0; l < kLocal; ++l) {
@@ -418,7 +424,8 @@ TEST(GpuHier, TwoHostsOfTwoRanks) {
     // The forms it ran: the hierarchical one (LOOM_DEBUG=INFO says so per call).
     EXPECT_NE(log.find("hierarchical GPU forms: host"), std::string::npos) << "host " << k;
     for (const char* form :
-         {"GPU AllReduce hierarchical", "GPU Broadcast hierarchical", "GPU Reduce hierarchical"}) {
+         {"GPU AllReduce hierarchical", "GPU Broadcast hierarchical", "GPU Reduce hierarchical",
+          "GPU AllGather hierarchical", "GPU ReduceScatter hierarchical"}) {
       EXPECT_NE(log.find(form), std::string::npos) << "host " << k << ": no \"" << form << "\"";
     }
     unlink(logs[k].c_str());
