@@ -59,9 +59,19 @@ const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const A
       }
       return nullptr;
     case CollType::kBroadcast:
-    case CollType::kReduce:
+    case CollType::kReduce: return nullptr;
     case CollType::kAllGather:
-    case CollType::kReduceScatter: return nullptr;
+    case CollType::kReduceScatter:
+      // Their blocks are in rank order, which the copies between rank and local order
+      // (hierBlockOrderCopies) take to be host by host.
+      for (int host = 0; host < h.hosts; ++host) {
+        for (int l = 0; l < h.local; ++l) {
+          if (h.hostRanks[host][l] != host * h.local + l)
+            return "the ranks are not numbered host by host (each host's ranks one after "
+                   "another), which the all-gather's and reduce-scatter's block order needs";
+        }
+      }
+      return nullptr;
     case CollType::kAllToAll:
     case CollType::kSendRecv: return "point-to-point exchanges go directly";
   }

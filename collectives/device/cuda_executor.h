@@ -326,7 +326,9 @@ class CudaExecutor final : public DeviceExecutor {
   // The flat form's request for a collective (runNet, prepare).
   collectives::CollRequest flatRequest(const Operation& op) const;
   // The copy an in-place all-to-all reads from (kept: a captured graph may read it).
-  Result<void*> netScratch(size_t bytes);
+  // `captured`: for a call captured in a graph, which keeps every buffer it may read (an
+  // eager call's outgrown buffer is freed when the scratch grows).
+  Result<void*> netScratch(size_t bytes, bool captured = false);
 
   // The hierarchical forms (cuda_executor_hier.cc): set up after the network form where
   // the ranks' hosts allow it (hierarchy.h) and every host's ranks form a GPU mesh; the
@@ -390,7 +392,8 @@ class CudaExecutor final : public DeviceExecutor {
   std::unique_ptr<dev::NetExecutor> net_;
   std::vector<void*> netScratch_;
   size_t netScratchBytes_ = 0;
-  dev::NetOptions netOptions_;  // as agreed at init (the rail's executor takes them too)
+  bool netScratchInGraph_ = false;  // a captured call took the scratch: none is freed
+  dev::NetOptions netOptions_;      // as agreed at init (the rail's executor takes them too)
   // The hierarchical forms: the host's ranks over their mesh (a CudaExecutor of its own,
   // on a channel of the host's ranks), the rail's over the network. Null: not set up.
   bool meshOnly_ = false;  // this executor is a host's mesh: no network form if no mesh

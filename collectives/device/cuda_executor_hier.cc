@@ -3,6 +3,8 @@
 // sub-channel of the bootstrap), and the ranks of each rail the across-host step over the
 // network (a NetExecutor of the rail's ranks). Every step is a kernel on the caller's
 // stream, so a call stays asynchronous and capturable in CUDA graphs.
+#include <algorithm>
+
 #include "collectives/device/cuda_executor.h"
 #include "common/log.h"
 #include "nccl.h"
@@ -143,7 +145,24 @@ CudaExecutor::HierScratch CudaExecutor::hierScratchBytes(const Operation& op) co
 
 Status CudaExecutor::transposeBlocks(const char* src, char* dst, size_t block, bool toRankOrder,
                                      cudaStream_t stream) {
+  // A 2D copy's pitch has a limit (cudaDevAttrMaxPitch, 2^31 - 1 bytes on current GPUs):
+  // past it, one copy per block.
+  int maxPitch = 0;
+  if (cudaDeviceGetAttribute(&maxPitch, cudaDevAttrMaxPitch, device_) != cudaSuccess) {
+    cudaGetLastError();
+    maxPitch = 0;
+  }
   for (const BlockCopy2D& c : hierBlockOrderCopies(hier_.hosts, hier_.local, block, toRankOrder)) {
+    if (std::max(c.srcPitch, c.dstPitch) > static_cast<size_t>(maxPitch)) {
+      for (size_t row = 0; row < c.height; ++row) {
+        LOOM_TRY(cudaStatus(cudaMemcpyAsync(dst + c.dstOffset + row * c.dstPitch,
+                                            src + c.srcOffset + row * c.srcPitch, c.width,
+                                            cudaMemcpyDeviceToDevice, stream),
+                            "cudaMemcpyAsync (the hierarchical form's blocks between rank and "
+                            "local order)"));
+      }
+      continue;
+    }
     LOOM_TRY(
         cudaStatus(cudaMemcpy2DAsync(dst + c.dstOffset, c.dstPitch, src + c.srcOffset, c.srcPitch,
                                      c.width, c.height, cudaMemcpyDeviceToDevice, stream),
@@ -241,7 +260,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       const int rootLocal = hier_.localOf[op.root];
       void* target = out;
       if (hier_.localIndex == rootLocal && rank_ != op.root) {
-        LOOM_ASSIGN_OR_RETURN(target, netScratch(op.count * es));
+        LOOM_ASSIGN_OR_RETURN(target, netScratch(op.count * es, cap));
       }
       Operation rd = op;
       rd.root = rootLocal;
@@ -255,7 +274,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // Each rank's rail gathers the hosts' blocks of its local index, the host's ranks
       // gather those over the mesh (in local order), and each puts them in rank order.
       const HierScratch s = hierScratchBytes(op);
-      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes));
+      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes, cap));
       char* rail = static_cast<char*>(scratch);
       char* host = rail + s.railBytes;
       LOOM_TRY(across(op.sendbuff, rail, red));
@@ -272,7 +291,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // rank holds the sum of its local index's H blocks, then reduced across the hosts on
       // its rail, each host keeping its own block. The copy also frees an in-place output.
       const HierScratch s = hierScratchBytes(op);
-      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes));
+      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes, cap));
       char* rail = static_cast<char*>(scratch);
       char* host = rail + s.railBytes;
       LOOM_TRY(transposeBlocks(static_cast<const char*>(op.sendbuff), host, op.count * es,

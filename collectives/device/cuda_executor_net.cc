@@ -89,10 +89,19 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
   return Status::ok();
 }
 
-Result<void*> CudaExecutor::netScratch(size_t bytes) {
+Result<void*> CudaExecutor::netScratch(size_t bytes, bool captured) {
+  netScratchInGraph_ = netScratchInGraph_ || captured;
   if (netScratchBytes_ >= bytes && !netScratch_.empty()) return netScratch_.back();
   void* p = nullptr;
   dev::RelaxedCapture relaxed;  // prepare() may run in a thread that captures
+  // The outgrown buffer goes, unless a captured graph may read it: cudaFree waits for the
+  // device, so for the calls that used it (prepare() grows the buffer before the group's
+  // first kernel).
+  if (!netScratchInGraph_ && !netScratch_.empty()) {
+    cudaFree(netScratch_.back());
+    netScratch_.pop_back();
+    netScratchBytes_ = 0;
+  }
   LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes),
                       "cudaMalloc of a network scratch buffer (an in-place all-to-all's copy, or "
                       "a hierarchical reduce's partial result)"));
@@ -157,7 +166,7 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff) {
     // The direct exchange reads blocks it also overwrites: from a copy.
     const size_t bytes = op.count * req.elemSize * nranks_;
-    LOOM_ASSIGN_OR_RETURN(void* copy, netScratch(bytes));
+    LOOM_ASSIGN_OR_RETURN(void* copy, netScratch(bytes, cap));
     LOOM_TRY(
         cudaStatus(cudaMemcpyAsync(copy, op.sendbuff, bytes, cudaMemcpyDeviceToDevice, op.stream),
                    "cudaMemcpyAsync (in-place all-to-all)"));

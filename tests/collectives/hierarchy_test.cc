@@ -71,6 +71,12 @@ TEST(Hierarchy, WhichCallsTakeIt) {
   EXPECT_EQ(hierDecline(CollType::kAllGather, 5, h, any), nullptr);
   EXPECT_EQ(hierDecline(CollType::kReduceScatter, 5, h, any), nullptr);
   EXPECT_NE(hierDecline(CollType::kAllToAll, 4, h, any), nullptr);
+  // Hosts interleaved in rank order: all-gather and reduce-scatter keep the flat form.
+  Hierarchy mixed;
+  ASSERT_TRUE(findHierarchy({1, 2, 1, 2}, 0, &mixed, &why));
+  EXPECT_EQ(hierDecline(CollType::kAllReduce, 4, mixed, any), nullptr);
+  EXPECT_NE(hierDecline(CollType::kAllGather, 4, mixed, any), nullptr);
+  EXPECT_NE(hierDecline(CollType::kReduceScatter, 4, mixed, any), nullptr);
   // LOOM_ALGO: "ring" alone (the flat ring) and "^hier" leave it out; "hier" and lists
   // naming it keep it.
   for (const char* text : {"ring", "^hier", "tree", "Ring,Tree"}) {
@@ -162,15 +168,24 @@ TEST(Hierarchy, GpuAllGatherAndReduceScatterReorderBlocks) {
           local[k].assign(in.size(), -1);
           applyCopies(hierBlockOrderCopies(H, G, block, /*toRankOrder=*/false), in, &local[k]);
         }
+        // Host step (the mesh's reduce-scatter of H x count a rank): rank (h, l) gets the
+        // sum over its host's ranks of their block l.
+        std::vector<std::vector<int>> railIn(n, std::vector<int>(size_t(H) * count, 0));
         for (int h = 0; h < H; ++h) {
           for (int l = 0; l < G; ++l) {
-            // Host step: rank (h, l) sums block l (H x count) over its host's ranks; rail
-            // step: host h's part of it, summed over the hosts.
+            for (int l2 = 0; l2 < G; ++l2) {
+              for (size_t j = 0; j < size_t(H) * count; ++j)
+                railIn[h * G + l][j] += local[h * G + l2][l * H * count + j];
+            }
+          }
+        }
+        // Rail step (reduce-scatter of count a rank over the rail): rank (h, l) gets the
+        // sum over the hosts of their block h.
+        for (int h = 0; h < H; ++h) {
+          for (int l = 0; l < G; ++l) {
             for (size_t i = 0; i < count; ++i) {
               int got = 0;
-              for (int h2 = 0; h2 < H; ++h2) {
-                for (int l2 = 0; l2 < G; ++l2) got += local[h2 * G + l2][(l * H + h) * count + i];
-              }
+              for (int h2 = 0; h2 < H; ++h2) got += railIn[h2 * G + l][h * count + i];
               int want = 0;
               for (int k = 0; k < n; ++k) want += input(k, h * G + l, i);
               ASSERT_EQ(got, want) << H << "x" << G << " rank " << h * G + l << " element " << i;

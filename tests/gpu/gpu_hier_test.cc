@@ -241,12 +241,12 @@ size_t graphReplays(Host& h, size_t count, int replays) {
   return wrong;
 }
 
-// As the perf binaries warm up: every size from 8 bytes to 64 MiB, three all-reduces and
-// three broadcasts of each issued back to back (a group per call, nothing waited for
-// between them), then the last results checked. Each size is new to the network plans,
-// and the larger ones to the connections of further lanes: made while earlier calls'
-// kernels wait for each other, they stalled the GPU (2026-12-05, the hierarchical
-// all_reduce_perf -g 2). The wrong elements.
+// As the perf binaries warm up: every size from 8 bytes to 64 MiB, three calls of each
+// collective issued back to back (a group per call, nothing waited for between them),
+// then the last results checked. Each size is new to the network plans, and the larger
+// ones to the connections of further lanes; made while earlier calls' kernels wait for each
+// other, they may stall the GPU (the hierarchical all_reduce_perf -g 2 stopped during such
+// a warm-up on 2026-12-05). The wrong elements.
 size_t backToBack(Host& h) {
   constexpr size_t kMaxCount = size_t{16} << 20;  // floats
   struct Buffers {
@@ -274,38 +274,64 @@ size_t backToBack(Host& h) {
   }
   size_t wrong = 0;
   std::vector<float> got(kMaxCount);
+  // All-gather and reduce-scatter move kRanks blocks of `count`: up to kMaxCount / kRanks.
   for (size_t count = 2; count <= kMaxCount && wrong == 0; count *= 2) {
-    for (bool broadcast : {false, true}) {
+    for (Coll c : {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather, Coll::kReduceScatter}) {
+      const bool blocks = c == Coll::kAllGather || c == Coll::kReduceScatter;
+      if (blocks && count * kRanks > kMaxCount) continue;
       for (int k = 0; k < 3; ++k) {
         if (ncclGroupStart() != ncclSuccess) return 1;
         for (int l = 0; l < kLocal; ++l) {
-          if (broadcast) {
-            ncclBroadcast(in[l], out[l], count, ncclFloat32, 1, h.comms[l], h.streams[l]);
-          } else {
-            ncclAllReduce(in[l], out[l], count, ncclFloat32, ncclSum, h.comms[l], h.streams[l]);
+          switch (c) {
+            case Coll::kAllReduce:
+              ncclAllReduce(in[l], out[l], count, ncclFloat32, ncclSum, h.comms[l], h.streams[l]);
+              break;
+            case Coll::kBroadcast:
+              ncclBroadcast(in[l], out[l], count, ncclFloat32, 1, h.comms[l], h.streams[l]);
+              break;
+            case Coll::kAllGather:
+              ncclAllGather(in[l], out[l], count, ncclFloat32, h.comms[l], h.streams[l]);
+              break;
+            default:
+              ncclReduceScatter(in[l], out[l], count, ncclFloat32, ncclSum, h.comms[l],
+                                h.streams[l]);
+              break;
           }
         }
         if (ncclGroupEnd() != ncclSuccess) {
-          ADD_FAILURE() << (broadcast ? "broadcast" : "all-reduce") << " of " << count
-                        << " floats, call " << k << ": " << ncclGetLastError(nullptr);
+          ADD_FAILURE() << collName(c) << " of " << count << " floats, call " << k << ": "
+                        << ncclGetLastError(nullptr);
           return 1;
         }
       }
+      const size_t outCount = c == Coll::kAllGather ? count * kRanks : count;
       for (int l = 0; l < kLocal; ++l) {
+        const int rank = h.base + l;
         if (cudaStreamSynchronize(h.streams[l]) != cudaSuccess) {
-          ADD_FAILURE() << "stream of rank " << h.base + l << " failed at " << count << " floats";
+          ADD_FAILURE() << "stream of rank " << rank << " failed at " << collName(c) << " of "
+                        << count << " floats";
           return 1;
         }
-        cudaMemcpy(got.data(), out[l], count * 4, cudaMemcpyDeviceToHost);
-        for (size_t i = 0; i < count; ++i) {
+        cudaMemcpy(got.data(), out[l], outCount * 4, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < outCount; ++i) {
           double v[kRanks];
-          for (int r = 0; r < kRanks; ++r) v[r] = inputValue(r, i);
-          const double want = broadcast ? v[1] : combine(ncclSum, v, false);
+          double want = 0;
+          switch (c) {
+            case Coll::kAllReduce:
+              for (int r = 0; r < kRanks; ++r) v[r] = inputValue(r, i);
+              want = combine(ncclSum, v, false);
+              break;
+            case Coll::kBroadcast: want = inputValue(1, i); break;
+            case Coll::kAllGather: want = inputValue(int(i / count), i % count); break;
+            default:
+              for (int r = 0; r < kRanks; ++r) v[r] = inputValue(r, size_t(rank) * count + i);
+              want = combine(ncclSum, v, false);
+              break;
+          }
           if (got[i] != float(want)) {
             if (wrong < 3) {
-              ADD_FAILURE() << (broadcast ? "broadcast" : "all-reduce") << " back to back, "
-                            << count << " floats: rank " << h.base + l << " element " << i << " is "
-                            << got[i] << ", not " << want;
+              ADD_FAILURE() << collName(c) << " back to back, " << count << " floats: rank " << rank
+                            << " element " << i << " is " << got[i] << ", not " << want;
             }
             ++wrong;
           }
