@@ -106,6 +106,9 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
   std::vector<transport::p2p::GpuIdentity> gpus(nranks_);
   gpus[rank] = self;
   LOOM_TRY(bootstrap.allGather(gpus.data(), sizeof(gpus[0])));
+  for (int r = 0; r < nranks_; ++r) {
+    if (r != rank && gpus[r].process == self.process) aloneInProcess_ = false;
+  }
   // LOOM_P2P_SHARE_GPU: ranks of this process may share a GPU (to run the mesh's kernels
   // for more ranks than there are GPUs; slow, for testing). Their kernels must all be
   // resident at once, since each waits for its peers: fewer blocks, no early launches.

@@ -393,6 +393,7 @@ class CudaExecutor final : public DeviceExecutor {
   std::vector<void*> netScratch_;
   size_t netScratchBytes_ = 0;
   bool netScratchInGraph_ = false;  // a captured call took the scratch: none is freed
+  bool aloneInProcess_ = true;      // no other rank of the communicator in this process
   dev::NetOptions netOptions_;      // as agreed at init (the rail's executor takes them too)
   // The hierarchical forms: the host's ranks over their mesh (a CudaExecutor of its own,
   // on a channel of the host's ranks), the rail's over the network. Null: not set up.

@@ -94,10 +94,12 @@ Result<void*> CudaExecutor::netScratch(size_t bytes, bool captured) {
   if (netScratchBytes_ >= bytes && !netScratch_.empty()) return netScratch_.back();
   void* p = nullptr;
   dev::RelaxedCapture relaxed;  // prepare() may run in a thread that captures
-  // The outgrown buffer goes, unless a captured graph may read it: cudaFree waits for the
-  // device, so for the calls that used it (prepare() grows the buffer before the group's
-  // first kernel).
-  if (!netScratchInGraph_ && !netScratch_.empty()) {
+  // The outgrown buffer goes, unless a captured graph may read it. cudaFree waits for the
+  // whole device, so for the calls that used it (prepare() grows the buffer before the
+  // group's first kernel), but also for every kernel of this process: with another rank of
+  // the communicator here, one of its kernels may wait for a call of this thread that comes
+  // after this one. Then the buffer stays until the end.
+  if (!netScratchInGraph_ && aloneInProcess_ && !netScratch_.empty()) {
     cudaFree(netScratch_.back());
     netScratch_.pop_back();
     netScratchBytes_ = 0;
