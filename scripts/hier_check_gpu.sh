@@ -5,15 +5,17 @@
 # machine: 2 processes as 2 hosts (LOOM_HOST_ID per process), each holding 2 ranks (the perf
 # binaries' -g 2; LOOM_P2P_SHARE_GPU=1 lets a process's two ranks form a GPU mesh on the one
 # GPU), every rank on GPU 0 (NCCL_TESTS_DEVICE=0), under CUDA MPS:
-#   hier   all_reduce, broadcast and reduce with LOOM_ALGO=hier (the hierarchical form;
-#          set up only where LOOM_ALGO names it until it has been checked on a GPU)
+#   hier   all_reduce, broadcast, reduce, all_gather and reduce_scatter with LOOM_ALGO=hier
+#          (the hierarchical form; set up only where LOOM_ALGO names it)
 #   flat   the same with LOOM_ALGO=^hier: every rank a network peer of every other, the
 #          in-host pairs over loopback TCP too
 #   4x1    4 processes as 4 hosts of one rank, loom beside NVIDIA's NCCL (--compare nccl).
 #          NCCL cannot run 2 x 2 here (it refuses two ranks of one communicator on one GPU),
 #          so this is the nearest NCCL figure: the same 4 ranks, all over its Socket transport.
 # -c 1 throughout. Writes OUTDIR/hier.md (table, machine, date, commands) and the logs.
-# SIZES: the perf binaries' size flags (default "-b 8 -e 128M -f 8").
+# SIZES: the perf binaries' size flags (default "-b 8 -e 128M -f 8"); COLLS: the collectives
+# (default all_reduce broadcast reduce all_gather reduce_scatter); RUN_LIMIT: seconds per run
+# (default 120).
 set -u
 prefix=$(cd "$1" && pwd)
 out=$2
@@ -45,14 +47,14 @@ rows() { awk '/^ +[0-9]+ +[0-9]+ / { print $1, $6, $8, $9, $13 }' "$1"; }
   echo "not NVLink: it shows the form works and what it saves on the network, not NVLink speed."
   echo
 } > "$out/hier.md"
-for c in all_reduce broadcast reduce; do
+for c in ${COLLS:-all_reduce broadcast reduce all_gather reduce_scatter}; do
   echo "=== $c"
-  loom_as_hosts 120 2 "$out/${c}_hier" env LOOM_ALGO=hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 > "$out/${c}_hier.log" 2>&1
+  loom_as_hosts "${RUN_LIMIT:-120}" 2 "$out/${c}_hier" env LOOM_ALGO=hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 > "$out/${c}_hier.log" 2>&1
   echo "hier rc=$?"
-  loom_as_hosts 120 2 "$out/${c}_flat" env LOOM_ALGO=^hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 \
+  loom_as_hosts "${RUN_LIMIT:-120}" 2 "$out/${c}_flat" env LOOM_ALGO=^hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 \
     > "$out/${c}_flat.log" 2>&1
   echo "flat rc=$?"
-  loom_as_hosts 120 4 "$out/${c}_4x1" "$bin/${c}_perf" $sizes -c 1 -n 20 -w 5 --compare nccl > "$out/${c}_4x1.log" 2>&1
+  loom_as_hosts "${RUN_LIMIT:-120}" 4 "$out/${c}_4x1" "$bin/${c}_perf" $sizes -c 1 -n 20 -w 5 --compare nccl > "$out/${c}_4x1.log" 2>&1
   echo "4x1 rc=$?"
   {
     echo "## $c"
