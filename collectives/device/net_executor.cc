@@ -486,11 +486,13 @@ Status NetExecutor::prepareP2p(const std::vector<P2p>& ops, cudaStream_t stream)
   if (bytes.empty()) return Status::ok();
   LOOM_ASSIGN_OR_RETURN(const bool cap, streamCapturing(stream));
   LOOM_ASSIGN_OR_RETURN(const size_t index, p2pPlanFor(bytes, cap));
-  // An eager plan's bytes too, now: the plan is idle (no kernel reads it), and an upload at
-  // the call would wait on a stream (the default stream's call) or stage pageable memory.
-  if (!cap) LOOM_TRY(uploadPlan(bytes, true, nullptr, &p2pPlans_[index]).status());
+  // A call on the legacy default stream: its eager plan's bytes now (the plan is idle), since
+  // at the call they would go through the upload stream and wait for it. On any other
+  // stream they go ahead of the kernel at the call, without waiting.
+  const bool uploadNow = !cap && !stream;
+  if (uploadNow) LOOM_TRY(uploadPlan(bytes, true, nullptr, &p2pPlans_[index]).status());
   p2pPlans_[index].reserved = true;
-  preparedP2p_.push_back({std::move(bytes), index, cap});
+  preparedP2p_.push_back({std::move(bytes), index, cap, cap || uploadNow});
   return Status::ok();
 }
 
@@ -512,22 +514,25 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
   // The plan prepared for this call (the first prepared one with the same bytes), else one
   // found or made now.
   size_t index = p2pPlans_.size();
-  bool uploaded = false;
+  bool prepared = false, uploaded = false;
   for (auto it = preparedP2p_.begin(); it != preparedP2p_.end(); ++it) {
     if (it->bytes != bytes || it->captured != cap) continue;
     index = it->plan;
-    uploaded = true;
+    prepared = true;
+    uploaded = it->uploaded;
     p2pPlans_[index].reserved = false;
     preparedP2p_.erase(it);
     break;
   }
-  if (!uploaded) {
+  if (!prepared) {
     LOOM_ASSIGN_OR_RETURN(index, p2pPlanFor(bytes, cap));
+    uploaded = cap;
   }
   Plan& plan = p2pPlans_[index];
-  // Eager and not prepared: the bytes on the caller's stream, ahead of the kernel
-  // (pageable memory: staged at the call). Captured: uploaded when the plan was made.
-  if (!cap && !uploaded) LOOM_TRY(uploadPlan(bytes, false, stream, &plan).status());
+  // Eager: the bytes on the caller's stream, ahead of the kernel (pageable memory: staged
+  // at the call, without waiting), unless prepare() uploaded them. Captured: uploaded when
+  // the plan was made.
+  if (!uploaded) LOOM_TRY(uploadPlan(bytes, false, stream, &plan).status());
   NetCall call;
   call.type = DataType::kUint8;
   call.plan = static_cast<const NetPlanHeader*>(plan.device);

@@ -140,11 +140,12 @@ class NetExecutor {
     TunerChoice choice;
     int lanes = 1;
   };
-  // A p2p call prepared ahead: its plan's bytes and the plan reserved for it, uploaded.
+  // A p2p call prepared ahead: its plan's bytes and the plan reserved for it.
   struct PreparedP2p {
     std::vector<uint64_t> bytes;
     size_t plan = 0;  // index in p2pPlans_
     bool captured = false;
+    bool uploaded = false;  // the bytes are in the plan already
   };
   struct PlanKey {
     CollType type;
