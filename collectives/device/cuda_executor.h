@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -326,9 +327,12 @@ class CudaExecutor final : public DeviceExecutor {
   // The flat form's request for a collective (runNet, prepare).
   collectives::CollRequest flatRequest(const Operation& op) const;
   // The copy an in-place all-to-all reads from (kept: a captured graph may read it).
-  // `captured`: for a call captured in a graph, which keeps every buffer it may read (an
-  // eager call's outgrown buffer is freed when the scratch grows).
-  Result<void*> netScratch(size_t bytes, bool captured = false);
+  // Eager calls share one buffer, grown as needed (they run one after another on the GPU);
+  // each captured call has a buffer of its own, kept until the end. reserveScratch (from
+  // prepare(), before the group's kernels) makes what scratchFor (the run) then takes.
+  Result<void*> netScratch(size_t bytes);
+  Status reserveScratch(size_t bytes, cudaStream_t stream);
+  Result<void*> scratchFor(size_t bytes, bool captured);
 
   // The hierarchical forms (cuda_executor_hier.cc): set up after the network form where
   // the ranks' hosts allow it (hierarchy.h) and every host's ranks form a GPU mesh; the
@@ -392,9 +396,10 @@ class CudaExecutor final : public DeviceExecutor {
   std::unique_ptr<dev::NetExecutor> net_;
   std::vector<void*> netScratch_;
   size_t netScratchBytes_ = 0;
-  bool netScratchInGraph_ = false;  // a captured call took the scratch: none is freed
-  bool aloneInProcess_ = true;      // no other rank of the communicator in this process
-  dev::NetOptions netOptions_;      // as agreed at init (the rail's executor takes them too)
+  std::vector<void*> graphScratch_;                            // captured calls' buffers
+  std::deque<std::pair<size_t, void*>> preparedGraphScratch_;  // this group's, in call order
+  bool aloneInProcess_ = true;  // no other rank of the communicator in this process
+  dev::NetOptions netOptions_;  // as agreed at init (the rail's executor takes them too)
   // The hierarchical forms: the host's ranks over their mesh (a CudaExecutor of its own,
   // on a channel of the host's ranks), the rail's over the network. Null: not set up.
   bool meshOnly_ = false;  // this executor is a host's mesh: no network form if no mesh
