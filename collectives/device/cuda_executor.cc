@@ -33,7 +33,6 @@ CudaExecutor::~CudaExecutor() {
   local_.reset();
   net_.reset();
   for (void* p : netScratch_) cudaFree(p);
-  for (void* p : graphScratch_) cudaFree(p);
   // Kernels still queued write into the windows: let them finish first.
   if (window_) cudaDeviceSynchronize();
   closeImports();

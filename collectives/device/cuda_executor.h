@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -326,13 +325,12 @@ class CudaExecutor final : public DeviceExecutor {
                     std::vector<const Operation*>* selfRecvs) const;
   // The flat form's request for a collective (runNet, prepare).
   collectives::CollRequest flatRequest(const Operation& op) const;
-  // The copy an in-place all-to-all reads from (kept: a captured graph may read it).
-  // Eager calls share one buffer, grown as needed (they run one after another on the GPU);
-  // each captured call has a buffer of its own, kept until the end. reserveScratch (from
-  // prepare(), before the group's kernels) makes what scratchFor (the run) then takes.
-  Result<void*> netScratch(size_t bytes);
-  Status reserveScratch(size_t bytes, cudaStream_t stream);
-  Result<void*> scratchFor(size_t bytes, bool captured);
+  // Scratch memory of the network forms (an in-place all-to-all's copy of its input, the
+  // hierarchical reduce's partial result, the hierarchical all-gather's and reduce-scatter's
+  // blocks), one buffer for the communicator's calls, which run one after another on the
+  // GPU. `captured`: for a call captured in a graph, which from then on keeps every buffer
+  // (an outgrown one is otherwise freed when the scratch grows).
+  Result<void*> netScratch(size_t bytes, bool captured = false);
 
   // The hierarchical forms (cuda_executor_hier.cc): set up after the network form where
   // the ranks' hosts allow it (hierarchy.h) and every host's ranks form a GPU mesh; the
@@ -396,10 +394,9 @@ class CudaExecutor final : public DeviceExecutor {
   std::unique_ptr<dev::NetExecutor> net_;
   std::vector<void*> netScratch_;
   size_t netScratchBytes_ = 0;
-  std::vector<void*> graphScratch_;                            // captured calls' buffers
-  std::deque<std::pair<size_t, void*>> preparedGraphScratch_;  // this group's, in call order
-  bool aloneInProcess_ = true;  // no other rank of the communicator in this process
-  dev::NetOptions netOptions_;  // as agreed at init (the rail's executor takes them too)
+  bool netScratchInGraph_ = false;  // a captured call took the scratch: none is freed
+  bool aloneInProcess_ = true;      // no other rank of the communicator in this process
+  dev::NetOptions netOptions_;      // as agreed at init (the rail's executor takes them too)
   // The hierarchical forms: the host's ranks over their mesh (a CudaExecutor of its own,
   // on a channel of the host's ranks), the rail's over the network. Null: not set up.
   bool meshOnly_ = false;  // this executor is a host's mesh: no network form if no mesh

@@ -178,9 +178,9 @@ Status CudaExecutor::prepareHier(const Operation& op) {
   // A rank of the root's rail other than the root reduces into scratch memory (runHier),
   // and all-gather and reduce-scatter reorder their blocks through it.
   if (op.type == CollType::kReduce && rank_ != op.root)
-    LOOM_TRY(reserveScratch(op.count * req.elemSize, op.stream));
+    LOOM_TRY(netScratch(op.count * req.elemSize).status());
   if (const HierScratch s = hierScratchBytes(op); s.railBytes > 0)
-    LOOM_TRY(reserveScratch(s.railBytes + s.hostBytes, op.stream));
+    LOOM_TRY(netScratch(s.railBytes + s.hostBytes).status());
   return rail_->prepareCollective(req, railRequest(limits_.algo));
 }
 
@@ -260,7 +260,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       const int rootLocal = hier_.localOf[op.root];
       void* target = out;
       if (hier_.localIndex == rootLocal && rank_ != op.root) {
-        LOOM_ASSIGN_OR_RETURN(target, scratchFor(op.count * es, cap));
+        LOOM_ASSIGN_OR_RETURN(target, netScratch(op.count * es, cap));
       }
       Operation rd = op;
       rd.root = rootLocal;
@@ -274,7 +274,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // Each rank's rail gathers the hosts' blocks of its local index, the host's ranks
       // gather those over the mesh (in local order), and each puts them in rank order.
       const HierScratch s = hierScratchBytes(op);
-      LOOM_ASSIGN_OR_RETURN(void* scratch, scratchFor(s.railBytes + s.hostBytes, cap));
+      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes, cap));
       char* rail = static_cast<char*>(scratch);
       char* host = rail + s.railBytes;
       LOOM_TRY(across(op.sendbuff, rail, red));
@@ -291,7 +291,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // rank holds the sum of its local index's H blocks, then reduced across the hosts on
       // its rail, each host keeping its own block. The copy also frees an in-place output.
       const HierScratch s = hierScratchBytes(op);
-      LOOM_ASSIGN_OR_RETURN(void* scratch, scratchFor(s.railBytes + s.hostBytes, cap));
+      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes, cap));
       char* rail = static_cast<char*>(scratch);
       char* host = rail + s.railBytes;
       LOOM_TRY(transposeBlocks(static_cast<const char*>(op.sendbuff), host, op.count * es,

@@ -89,16 +89,17 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
   return Status::ok();
 }
 
-Result<void*> CudaExecutor::netScratch(size_t bytes) {
+Result<void*> CudaExecutor::netScratch(size_t bytes, bool captured) {
+  netScratchInGraph_ = netScratchInGraph_ || captured;
   if (netScratchBytes_ >= bytes && !netScratch_.empty()) return netScratch_.back();
   void* p = nullptr;
   dev::RelaxedCapture relaxed;  // prepare() may run in a thread that captures
-  // The outgrown buffer goes (no graph reads it: captured calls have their own). cudaFree
-  // waits for the whole device, so for the calls that used it (prepare() grows the buffer
-  // before the group's first kernel), but also for every kernel of this process: with
-  // another rank of the communicator here, one of its kernels may wait for a call of this
-  // thread that comes after this one. Then the buffer stays until the end.
-  if (aloneInProcess_ && !netScratch_.empty()) {
+  // The outgrown buffer goes, unless a captured graph may read it. cudaFree waits for the
+  // whole device, so for the calls that used it (prepare() grows the buffer before the
+  // group's first kernel), but also for every kernel of this process: with another rank of
+  // the communicator here, one of its kernels may wait for a call of this thread that comes
+  // after this one. Then the buffer stays until the end.
+  if (!netScratchInGraph_ && aloneInProcess_ && !netScratch_.empty()) {
     cudaFree(netScratch_.back());
     netScratch_.pop_back();
     netScratchBytes_ = 0;
@@ -108,35 +109,6 @@ Result<void*> CudaExecutor::netScratch(size_t bytes) {
                       "a hierarchical reduce's partial result)"));
   netScratch_.push_back(p);
   netScratchBytes_ = bytes;
-  return p;
-}
-
-Status CudaExecutor::reserveScratch(size_t bytes, cudaStream_t stream) {
-  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
-  if (!cap) return netScratch(bytes).status();
-  // A captured call's own buffer, which its graph reads at every replay: no eager call and
-  // no other graph of this communicator writes it.
-  void* p = nullptr;
-  dev::RelaxedCapture relaxed;
-  LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes),
-                      "cudaMalloc of a network scratch buffer for a captured call"));
-  graphScratch_.push_back(p);
-  preparedGraphScratch_.push_back({bytes, p});
-  return Status::ok();
-}
-
-Result<void*> CudaExecutor::scratchFor(size_t bytes, bool captured) {
-  if (!captured) return netScratch(bytes);
-  if (!preparedGraphScratch_.empty() && preparedGraphScratch_.front().first >= bytes) {
-    void* p = preparedGraphScratch_.front().second;
-    preparedGraphScratch_.pop_front();
-    return p;
-  }
-  void* p = nullptr;  // not prepared (a call outside a group's preparation): made now
-  dev::RelaxedCapture relaxed;
-  LOOM_TRY(cudaStatus(cudaMalloc(&p, bytes),
-                      "cudaMalloc of a network scratch buffer for a captured call"));
-  graphScratch_.push_back(p);
   return p;
 }
 
@@ -159,7 +131,7 @@ Status CudaExecutor::prepare(const Operation& op) {
     return prepareHier(op);
   const collectives::CollRequest req = flatRequest(op);
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff)
-    LOOM_TRY(reserveScratch(op.count * req.elemSize * nranks_, op.stream));
+    LOOM_TRY(netScratch(op.count * req.elemSize * nranks_).status());
   return net_->prepareCollective(req, flatAlgo_);
 }
 
@@ -174,7 +146,6 @@ Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin,
 
 void CudaExecutor::endGroup() {
   group_ = 0;
-  preparedGraphScratch_.clear();  // not taken: kept in graphScratch_ until the end
   if (net_) net_->endGroup();
   if (rail_) rail_->endGroup();
 }
@@ -197,7 +168,7 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff) {
     // The direct exchange reads blocks it also overwrites: from a copy.
     const size_t bytes = op.count * req.elemSize * nranks_;
-    LOOM_ASSIGN_OR_RETURN(void* copy, scratchFor(bytes, cap));
+    LOOM_ASSIGN_OR_RETURN(void* copy, netScratch(bytes, cap));
     LOOM_TRY(
         cudaStatus(cudaMemcpyAsync(copy, op.sendbuff, bytes, cudaMemcpyDeviceToDevice, op.stream),
                    "cudaMemcpyAsync (in-place all-to-all)"));

@@ -241,10 +241,10 @@ size_t graphReplays(Host& h, size_t count, int replays) {
   return wrong;
 }
 
-// A captured all-gather replayed while eager all-gathers of other data run between the
-// replays on the same streams, nothing waited for in between: each keeps scratch memory of
-// its own (the graph reads its buffer at every replay), so both outputs stay right. Then
-// a captured reduce-scatter the same way. The wrong elements.
+// A captured all-gather replayed with eager all-gathers of other data between the replays,
+// on the same streams, nothing waited for in between (both take the network executor's
+// scratch memory in turn), every output poisoned before it is written and checked. Then a
+// captured reduce-scatter the same way. The wrong elements.
 size_t graphBesideEager(Host& h, size_t count, int replays) {
   constexpr int kBufs = 4;  // graph in, graph out, eager in, eager out
   struct Buffers {
