@@ -9,6 +9,7 @@
 #include "collectives/algo_request.h"
 #include "collectives/cost_model.h"
 #include "collectives/hierarchy.h"
+#include "collectives/operation.h"
 
 namespace loom::collectives {
 
@@ -373,6 +374,17 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
     case CollType::kSendRecv: return Schedule{};
   }
   return Schedule{};
+}
+
+CollRequest requestFor(const Operation& op, int nranks, int rank) {
+  CollRequest req;
+  req.type = op.type;
+  req.count = op.count;
+  req.elemSize = dataTypeSize(op.dtype);
+  req.nranks = nranks;
+  req.rank = rank;
+  req.root = op.root;
+  return req;
 }
 
 bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo* algo,

@@ -18,6 +18,7 @@ struct Fabric;
 enum class Algo;
 }  // namespace model
 struct Hierarchy;
+struct Operation;
 
 struct CollRequest {
   CollType type = CollType::kAllReduce;
@@ -42,6 +43,10 @@ struct CollRequest {
   // the hierarchical all-reduce: the host executor. Null: the flat forms only.
   const Hierarchy* hier = nullptr;
 };
+
+// The request for `op` among `nranks` ranks, seen from `rank` (type, count, element size,
+// root); the rest as the caller's executor sets it.
+CollRequest requestFor(const Operation& op, int nranks, int rank);
 
 struct TunerChoice {
   Algorithm algo = Algorithm::kRing;

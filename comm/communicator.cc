@@ -682,13 +682,7 @@ const collectives::Schedule& Communicator::scheduleFor(const collectives::CollRe
 
 Status Communicator::runCollective(const Operation& op) {
   if (op.count == 0) return runEmptyCall(op);
-  collectives::CollRequest req;
-  req.type = op.type;
-  req.count = op.count;
-  req.elemSize = dataTypeSize(op.dtype);
-  req.nranks = nranks_;
-  req.rank = rank_;
-  req.root = op.root;
+  collectives::CollRequest req = collectives::requestFor(op, nranks_, rank_);
   const size_t pieceBytes = collectives::hostPieceBytes(op.type, op.count * req.elemSize, nranks_,
                                                         context_.fifo.slotBytes, networkPeers_);
   req.pieceElems = std::max<size_t>(1, pieceBytes / req.elemSize);

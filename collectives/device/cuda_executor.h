@@ -323,8 +323,6 @@ class CudaExecutor final : public DeviceExecutor {
                     std::vector<dev::NetExecutor::P2p>* list,
                     std::vector<const Operation*>* selfSends,
                     std::vector<const Operation*>* selfRecvs) const;
-  // The flat form's request for a collective (runNet, prepare).
-  collectives::CollRequest flatRequest(const Operation& op) const;
   // Scratch memory of the network forms (an in-place all-to-all's copy of its input, the
   // hierarchical reduce's partial result, the hierarchical all-gather's and reduce-scatter's
   // blocks), one buffer for the communicator's calls, which run one after another on the

@@ -110,23 +110,18 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
 }
 
 bool CudaExecutor::railCall(const Operation& op, collectives::CollRequest* req) const {
-  req->elemSize = dataTypeSize(op.dtype);
-  req->nranks = hier_.hosts;
-  req->rank = hier_.hostIndex;
+  *req = collectives::requestFor(op, hier_.hosts, hier_.hostIndex);
   req->root = 0;
-  req->type = op.type;
   switch (op.type) {
     case CollType::kAllReduce:  // this rank's part of the buffer, with its rail
       req->count = op.count / static_cast<size_t>(hier_.local);
       return true;
     case CollType::kBroadcast:
     case CollType::kReduce:  // the whole buffer, on the root's rail only
-      req->count = op.count;
       req->root = hier_.hostOf[op.root];
       return hier_.localIndex == hier_.localOf[op.root];
     case CollType::kAllGather:
     case CollType::kReduceScatter:  // a block a host: this rank's, and its rail's
-      req->count = op.count;
       return true;
     default: return false;
   }
@@ -221,6 +216,14 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
                                 logging ? &railWhy : nullptr);
   };
   char* out = static_cast<char*>(op.recvbuff);
+  // All-gather and reduce-scatter: the rail's blocks, then the host's (hierScratchBytes).
+  char* railBlocks = nullptr;
+  char* hostBlocks = nullptr;
+  if (const HierScratch s = hierScratchBytes(op); s.railBytes > 0) {
+    LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes, cap));
+    railBlocks = static_cast<char*>(scratch);
+    hostBlocks = railBlocks + s.railBytes;
+  }
   switch (op.type) {
     case CollType::kAllReduce: {
       // Each local rank reduces its part of the buffer over the mesh, all-reduces it with
@@ -273,36 +276,28 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
     case CollType::kAllGather: {
       // Each rank's rail gathers the hosts' blocks of its local index, the host's ranks
       // gather those over the mesh (in local order), and each puts them in rank order.
-      const HierScratch s = hierScratchBytes(op);
-      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes, cap));
-      char* rail = static_cast<char*>(scratch);
-      char* host = rail + s.railBytes;
-      LOOM_TRY(across(op.sendbuff, rail, red));
+      LOOM_TRY(across(op.sendbuff, railBlocks, red));
       Operation ag = op;
-      ag.sendbuff = rail;
-      ag.recvbuff = host;
+      ag.sendbuff = railBlocks;
+      ag.recvbuff = hostBlocks;
       ag.count = op.count * size_t(hier_.hosts);
       LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
-      LOOM_TRY(transposeBlocks(host, out, op.count * es, /*toRankOrder=*/true, op.stream));
+      LOOM_TRY(transposeBlocks(hostBlocks, out, op.count * es, /*toRankOrder=*/true, op.stream));
       break;
     }
     case CollType::kReduceScatter: {
       // The mirror: the input's blocks in local order, reduced over the mesh so that each
       // rank holds the sum of its local index's H blocks, then reduced across the hosts on
       // its rail, each host keeping its own block. The copy also frees an in-place output.
-      const HierScratch s = hierScratchBytes(op);
-      LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(s.railBytes + s.hostBytes, cap));
-      char* rail = static_cast<char*>(scratch);
-      char* host = rail + s.railBytes;
-      LOOM_TRY(transposeBlocks(static_cast<const char*>(op.sendbuff), host, op.count * es,
+      LOOM_TRY(transposeBlocks(static_cast<const char*>(op.sendbuff), hostBlocks, op.count * es,
                                /*toRankOrder=*/false, op.stream));
       Operation rs = op;
-      rs.sendbuff = host;
-      rs.recvbuff = rail;
+      rs.sendbuff = hostBlocks;
+      rs.recvbuff = railBlocks;
       rs.count = op.count * size_t(hier_.hosts);
       rs.ncclOp = firstOp;
       LOOM_TRY(local_->run(rs, first));
-      LOOM_TRY(across(rail, out, second));
+      LOOM_TRY(across(railBlocks, out, second));
       break;
     }
     default:

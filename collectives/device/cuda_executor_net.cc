@@ -112,24 +112,13 @@ Result<void*> CudaExecutor::netScratch(size_t bytes, bool captured) {
   return p;
 }
 
-collectives::CollRequest CudaExecutor::flatRequest(const Operation& op) const {
-  collectives::CollRequest req;
-  req.type = op.type;
-  req.count = op.count;
-  req.elemSize = dataTypeSize(op.dtype);
-  req.nranks = nranks_;
-  req.rank = rank_;
-  req.root = op.root;
-  return req;
-}
-
 Status CudaExecutor::prepare(const Operation& op) {
   if (mesh_ || !net_ || op.count == 0 || op.type == collectives::CollType::kSendRecv)
     return Status::ok();
   DeviceGuard guard(device_);
   if (local_ && rail_ && !hierDecline(op.type, op.count, hier_, limits_.algo))
     return prepareHier(op);
-  const collectives::CollRequest req = flatRequest(op);
+  const collectives::CollRequest req = collectives::requestFor(op, nranks_, rank_);
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff)
     LOOM_TRY(netScratch(op.count * req.elemSize * nranks_).status());
   return net_->prepareCollective(req, flatAlgo_);
@@ -163,7 +152,7 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
   LOOM_TRY(order(op.stream, cap));
-  const collectives::CollRequest req = flatRequest(op);
+  const collectives::CollRequest req = collectives::requestFor(op, nranks_, rank_);
   const void* in = op.sendbuff;
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff) {
     // The direct exchange reads blocks it also overwrites: from a copy.

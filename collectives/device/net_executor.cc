@@ -294,16 +294,21 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
   return Status::ok();
 }
 
+Status NetExecutor::planCapacity(Plan* plan, size_t size) {
+  if (plan->device && plan->capacity >= size) return Status::ok();
+  RelaxedCapture relaxed;
+  if (plan->device) cudaFree(plan->device);
+  plan->device = nullptr;
+  plan->capacity = 0;
+  LOOM_TRY(cudaStatus(cudaMalloc(&plan->device, size), "cudaMalloc of a network plan"));
+  plan->capacity = size;
+  return Status::ok();
+}
+
 Result<void*> NetExecutor::uploadPlan(const std::vector<uint64_t>& bytes, bool captured,
                                       cudaStream_t stream, Plan* plan) {
   const size_t size = bytes.size() * sizeof(uint64_t);
-  if (!plan->device || plan->capacity < size) {
-    RelaxedCapture relaxed;
-    if (plan->device) cudaFree(plan->device);
-    plan->device = nullptr;
-    LOOM_TRY(cudaStatus(cudaMalloc(&plan->device, size), "cudaMalloc of a network plan"));
-    plan->capacity = size;
-  }
+  LOOM_TRY(planCapacity(plan, size));
   if (captured || !stream) {
     // Read at every replay: uploaded now, and never reused.
     RelaxedCapture relaxed;
@@ -468,13 +473,8 @@ Result<size_t> NetExecutor::p2pPlanFor(const std::vector<uint64_t>& bytes, bool 
   // at the call); a captured plan's are uploaded now, once.
   if (captured) {
     LOOM_TRY(uploadPlan(bytes, true, nullptr, &plan).status());
-  } else if (plan.capacity < size) {
-    RelaxedCapture relaxed;
-    if (plan.device) cudaFree(plan.device);
-    plan.device = nullptr;
-    plan.capacity = 0;
-    LOOM_TRY(cudaStatus(cudaMalloc(&plan.device, size), "cudaMalloc of a network plan"));
-    plan.capacity = size;
+  } else {
+    LOOM_TRY(planCapacity(&plan, size));
   }
   plan.pinned = captured;
   return index;

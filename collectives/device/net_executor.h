@@ -167,6 +167,8 @@ class NetExecutor {
   Result<std::vector<uint64_t>> p2pPlanBytes(const std::vector<P2p>& ops) const;
   Result<size_t> p2pPlanFor(const std::vector<uint64_t>& bytes, bool captured);
   Status launch(const Plan& plan, const NetCall& call, cudaStream_t stream);
+  // Device memory for at least `size` bytes of the plan (what it had, or a new buffer).
+  Status planCapacity(Plan* plan, size_t size);
   // A device copy of `bytes` (uploaded once, or on `stream` for eager p2p plans).
   Result<void*> uploadPlan(const std::vector<uint64_t>& bytes, bool captured, cudaStream_t stream,
                            Plan* p2p);
