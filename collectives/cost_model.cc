@@ -62,19 +62,67 @@ Estimate ring(const Fabric& f, Algo a, double S, int turns) {
   return s.done(true);
 }
 
+// How many tree edges cross the NICs of the busiest host, the n ranks numbered host by
+// host, G to a host, placed in the trees as the tree schedules place them
+// (collectives/schedule.h). `rooted`: the tree of broadcast and reduce rooted at rank 0,
+// counting for each host the edges of the busier direction (a broadcast sends down each
+// edge, a reduce up). Else both trees of the all-reduce's double binary tree, counting
+// every edge that leaves the host (each carries half the buffer each way). With one rank
+// per host: 2 (an inner rank's two children) and 4 (inner in one tree, a leaf in the
+// other). With several, the in-order labels keep only some of the low edges inside a
+// host: 4 x 2 ranks puts 6 across the busiest host's NICs, not 4. O(n log n) the first
+// time for each (n, G); the last few answers are kept, so the tuner's calls allocate
+// nothing.
+int treeHostCrossings(int n, int G, bool rooted) {
+  struct Answer {
+    int n = 0, G = 0;
+    bool rooted = false;
+    int crossings = 0;
+  };
+  thread_local Answer kept[8];
+  thread_local int next = 0;
+  for (const Answer& a : kept) {
+    if (a.n == n && a.G == G && a.rooted == rooted) return a.crossings;
+  }
+  int most = 0;
+  const int H = n / G;
+  for (int h = 0; h < H; ++h) {
+    int out = 0, in = 0, leaving = 0;
+    for (int r = h * G; r < (h + 1) * G; ++r) {
+      if (rooted) {
+        const TreeLinks t = binaryTree(rootedTreePosition(r, n, 0), n);
+        if (t.parent >= 0 && rootedTreeRank(t.parent, n, 0) / G != h) ++in;
+        for (int c = 0; c < t.nchildren; ++c)
+          if (rootedTreeRank(t.children[c], n, 0) / G != h) ++out;
+        continue;
+      }
+      for (int tree = 0; tree < 2; ++tree) {
+        const TreeLinks t = binaryTree(doubleTreePosition(tree, r, n), n);
+        if (t.parent >= 0 && doubleTreeRank(tree, t.parent, n) / G != h) ++leaving;
+        for (int c = 0; c < t.nchildren; ++c)
+          if (doubleTreeRank(tree, t.children[c], n) / G != h) ++leaving;
+      }
+    }
+    most = std::max(most, rooted ? std::max(in, out) : leaving);
+  }
+  kept[next] = {n, G, rooted, most};
+  next = (next + 1) % 8;
+  return most;
+}
+
 // The double binary tree over all ranks (in-order labels on the ring order): depth
 // ceil(log2 n); the edges of the lowest log2(ranksPerHost) levels join ranks of one host,
 // the others cross hosts. All-reduce goes up and down (2 * depth steps) and moves about
-// 2S through every rank and every host's NICs (each rank is inner in one tree, a leaf in
-// the other, each tree carrying S/2).
+// 2S through every rank (each rank is inner in one tree, a leaf in the other, each tree
+// carrying S/2); through the busiest host's NICs, S/2 for each tree edge that leaves it.
 Estimate tree(const Fabric& f, double S) {
   const int n = f.nranks();
   const int depth = log2Ceil(n);
   const int low = std::min(depth, log2Ceil(f.ranksPerHost));
   Sum s(f, Algo::kTree);
   s.steps(2 * low, 2 * (depth - low));
-  const double moved = 2 * S;
-  s.bytes(f.ranksPerHost > 1 ? moved : 0, f.hosts > 1 ? moved : 0);
+  const double inter = f.hosts > 1 ? treeHostCrossings(n, f.ranksPerHost, false) * S / 2 : 0;
+  s.bytes(f.ranksPerHost > 1 ? 2 * S : 0, inter);
   return s.done(true);
 }
 
@@ -146,13 +194,15 @@ Estimate chain(const Fabric& f, Algo a, double S, bool built) {
 }
 
 Estimate rootedTree(const Fabric& f, double S, bool built) {
-  const int depth = log2Ceil(f.nranks());
+  const int n = f.nranks();
+  const int depth = log2Ceil(n);
   const int low = std::min(depth, log2Ceil(f.ranksPerHost));
   Sum s(f, Algo::kTree);
   s.steps(low, depth - low);
   // Two ranks: one edge, no inner rank.
-  const double moved = f.nranks() > 2 ? 2 * S : S;
-  s.bytes(f.ranksPerHost > 1 ? moved : 0, f.hosts > 1 ? moved : 0);
+  const double moved = n > 2 ? 2 * S : S;
+  const double inter = f.hosts > 1 ? treeHostCrossings(n, f.ranksPerHost, true) * S : 0;
+  s.bytes(f.ranksPerHost > 1 ? moved : 0, inter);
   return s.done(built);
 }
 

@@ -170,12 +170,20 @@ Schedule directAllGather(int rank, int n, size_t count);
 Schedule emptyCall(int rank, int n, const std::vector<int>* ring = nullptr);
 
 // The binary tree over positions 0..n-1 used by the tree schedules: parent (-1 for the
-// root) and children (0-2) of position p. Leaves are the even positions.
+// root) and children (0-2) of position p. Leaves are the even positions. O(log n).
 struct TreeLinks {
   int parent = -1;
   int children[2] = {-1, -1};
   int nchildren = 0;
 };
 TreeLinks binaryTree(int position, int n);
+// Where ranks sit in the trees. The double binary tree of the all-reduce: tree 0 puts rank
+// r at position r, tree 1 is tree 0 mirrored (n even) or shifted by one (n odd), so a rank
+// that is a leaf in one is inside the other. The tree of broadcast and reduce: positions
+// rotated so that `root` sits at the tree's root.
+int doubleTreePosition(int tree, int rank, int n);
+int doubleTreeRank(int tree, int position, int n);
+int rootedTreePosition(int rank, int n, int root);
+int rootedTreeRank(int position, int n, int root);
 
 }  // namespace loom::collectives

@@ -546,68 +546,92 @@ Schedule chainBroadcast(int r, int n, size_t count, int root, const std::vector<
   return s;
 }
 
-TreeLinks binaryTree(int p, int n) {
-  // In-order binary tree on 1-based labels i = p + 1: the level of i is its lowest set
-  // bit; the parent of a level-k node is i -/+ 2^k (towards the other side of bit k+1),
-  // skipping labels past n. The root is the largest power of two <= n.
-  auto parentOf = [n](int i) {
-    int k = __builtin_ctz(static_cast<unsigned>(i));
-    int rootLabel = 1;
-    while (rootLabel * 2 <= n) rootLabel *= 2;
-    if (i == rootLabel) return -1;
-    int cur = i;
-    while (true) {
-      int step = 1 << k;
-      int par = (cur & (step << 1)) ? cur - step : cur + step;
-      if (par <= n) return par;
-      cur = par;
-      k = __builtin_ctz(static_cast<unsigned>(cur));
-    }
-  };
-  TreeLinks t;
-  int i = p + 1;
-  int par = parentOf(i);
-  t.parent = par < 0 ? -1 : par - 1;
-  for (int j = 1; j <= n; ++j) {
-    if (j != i && parentOf(j) == i && t.nchildren < 2) t.children[t.nchildren++] = j - 1;
+namespace {
+
+// The root's label: the largest power of two <= n.
+int treeRootLabel(int n) {
+  int root = 1;
+  while (root * 2 <= n) root *= 2;
+  return root;
+}
+
+// The parent of label i (1-based) in the in-order tree of n labels; -1 for the root. The
+// level of i is its lowest set bit k; its parent is i -/+ 2^k (towards the other side of
+// bit k+1), and where that is past n, that label's parent in turn.
+int treeParentLabel(int i, int n) {
+  if (i == treeRootLabel(n)) return -1;
+  int cur = i;
+  int k = __builtin_ctz(static_cast<unsigned>(i));
+  while (true) {
+    const int step = 1 << k;
+    const int par = (cur & (step << 1)) ? cur - step : cur + step;
+    if (par <= n) return par;
+    cur = par;
+    k = __builtin_ctz(static_cast<unsigned>(cur));
   }
+}
+
+// The root of the subtree on labels [a, b]: the label there with the most trailing zeros.
+int treeRangeRoot(int a, int b) {
+  for (int p = treeRootLabel(b); p >= 1; p /= 2) {
+    const int m = (a + p - 1) / p * p;
+    if (m <= b) return m;
+  }
+  return a;
+}
+
+}  // namespace
+
+TreeLinks binaryTree(int p, int n) {
+  // In-order binary tree on 1-based labels i = p + 1. A level-k node spans the labels
+  // within 2^k - 1 of it: its left child is i - 2^(k-1), its right child the root of
+  // what is left of [i + 1, i + 2^k - 1] below n (the root's right side reaches n).
+  TreeLinks t;
+  const int i = p + 1;
+  const int par = treeParentLabel(i, n);
+  t.parent = par < 0 ? -1 : par - 1;
+  const int k = __builtin_ctz(static_cast<unsigned>(i));
+  if (k == 0) return t;
+  t.children[t.nchildren++] = i - (1 << (k - 1)) - 1;
+  const int hi = par < 0 ? n : std::min(n, i + (1 << k) - 1);
+  if (i + 1 <= hi) t.children[t.nchildren++] = treeRangeRoot(i + 1, hi) - 1;
   return t;
 }
 
-namespace {
+int doubleTreePosition(int tree, int rank, int n) {
+  if (tree == 0) return rank;
+  return n % 2 == 0 ? n - 1 - rank : mod(rank + 1, n);
+}
 
-// Tree position <-> rank for a tree rooted at `root`: positions are ranks rotated so
-// that the tree's root position maps to `root`.
-struct RootedTree {
-  int n, root, rootPos;
-  explicit RootedTree(int n_, int root_) : n(n_), root(root_) {
-    rootPos = 0;
-    for (int p = 0; p < n; ++p) {
-      if (binaryTree(p, n).parent < 0) rootPos = p;
-    }
-  }
-  int rankOf(int pos) const { return mod(pos - rootPos + root, n); }
-  int posOf(int rank) const { return mod(rank - root + rootPos, n); }
-};
+int doubleTreeRank(int tree, int position, int n) {
+  if (tree == 0) return position;
+  return n % 2 == 0 ? n - 1 - position : mod(position - 1, n);
+}
 
-}  // namespace
+int rootedTreePosition(int rank, int n, int root) {
+  return mod(rank - root + treeRootLabel(n) - 1, n);
+}
+
+int rootedTreeRank(int position, int n, int root) {
+  return mod(position - (treeRootLabel(n) - 1) + root, n);
+}
 
 Schedule treeBroadcast(int r, int n, size_t count, int root) {
   Schedule s;
   s.reduces = false;
   s.inputCount = r == root ? count : 0;
   s.outputCount = count;
-  RootedTree rt(n, root);
-  TreeLinks t = binaryTree(rt.posOf(r), n);
+  const TreeLinks t = binaryTree(rootedTreePosition(r, n, root), n);
+  auto rankOf = [&](int pos) { return rootedTreeRank(pos, n, root); };
   Step st;
   st.count = count;
   st.dst = out(0);
   if (t.parent < 0) {
     st.src = in(0);
   } else {
-    st.recvFrom(rt.rankOf(t.parent));
+    st.recvFrom(rankOf(t.parent));
   }
-  for (int c = 0; c < t.nchildren; ++c) st.sendTo(rt.rankOf(t.children[c]));
+  for (int c = 0; c < t.nchildren; ++c) st.sendTo(rankOf(t.children[c]));
   s.phases.push_back(single(st));
   return s;
 }
@@ -637,17 +661,17 @@ Schedule treeReduce(int r, int n, size_t count, int root) {
   s.reduces = true;
   s.inputCount = count;
   s.outputCount = r == root ? count : 0;
-  RootedTree rt(n, root);
-  TreeLinks t = binaryTree(rt.posOf(r), n);
+  const TreeLinks t = binaryTree(rootedTreePosition(r, n, root), n);
+  auto rankOf = [&](int pos) { return rootedTreeRank(pos, n, root); };
   Step st;
   st.count = count;
   st.src = in(0);
-  for (int c = 0; c < t.nchildren; ++c) st.recvFrom(rt.rankOf(t.children[c]));
+  for (int c = 0; c < t.nchildren; ++c) st.recvFrom(rankOf(t.children[c]));
   if (t.parent < 0) {
     st.dst = out(0);
     st.final = true;
   } else {
-    st.sendTo(rt.rankOf(t.parent));
+    st.sendTo(rankOf(t.parent));
   }
   s.phases.push_back(single(st));
   return s;
@@ -655,21 +679,10 @@ Schedule treeReduce(int r, int n, size_t count, int root) {
 
 namespace {
 
-// The two trees of the double binary tree: tree 1 is tree 0 mirrored (n even) or shifted
-// by one (n odd), so a rank that is a leaf in one is inside the other.
-int treePosOf(int tree, int rank, int n) {
-  if (tree == 0) return rank;
-  return n % 2 == 0 ? n - 1 - rank : mod(rank + 1, n);
-}
-int treeRankOf(int tree, int pos, int n) {
-  if (tree == 0) return pos;
-  return n % 2 == 0 ? n - 1 - pos : mod(pos - 1, n);
-}
-
 // Whether ranks a and b are joined by an edge of `tree`.
 bool treeEdge(int tree, int a, int b, int n) {
-  const TreeLinks ta = binaryTree(treePosOf(tree, a, n), n);
-  const int pb = treePosOf(tree, b, n);
+  const TreeLinks ta = binaryTree(doubleTreePosition(tree, a, n), n);
+  const int pb = doubleTreePosition(tree, b, n);
   if (ta.parent == pb) return true;
   for (int c = 0; c < ta.nchildren; ++c)
     if (ta.children[c] == pb) return true;
@@ -694,10 +707,10 @@ int treeLag(int n) {
   for (int tree = 0; tree < 2; ++tree) {
     int root = -1;
     for (int p = 0; p < n && root < 0; ++p)
-      if (binaryTree(p, n).parent < 0) root = treeRankOf(tree, p, n);
-    const TreeLinks t = binaryTree(treePosOf(tree, root, n), n);
+      if (binaryTree(p, n).parent < 0) root = doubleTreeRank(tree, p, n);
+    const TreeLinks t = binaryTree(doubleTreePosition(tree, root, n), n);
     for (int c = 0; c < t.nchildren; ++c) {
-      if (treeEdge(1 - tree, root, treeRankOf(tree, t.children[c], n), n)) return 0;
+      if (treeEdge(1 - tree, root, doubleTreeRank(tree, t.children[c], n), n)) return 0;
     }
   }
   return kLag;
@@ -725,8 +738,8 @@ Schedule treeAllReduce(int r, int n, size_t count, size_t piece, bool lagResults
       size_t off, sz;
       chunkRange(bc, 2, tree, &off, &sz);
       off += base;
-      auto rankOf = [&](int pos) { return treeRankOf(tree, pos, n); };
-      TreeLinks t = binaryTree(treePosOf(tree, r, n), n);
+      auto rankOf = [&](int pos) { return doubleTreeRank(tree, pos, n); };
+      TreeLinks t = binaryTree(doubleTreePosition(tree, r, n), n);
       Step up;
       up.src = in(off);
       up.count = sz;

@@ -421,6 +421,44 @@ TEST(Schedules, BinaryTreeIsATree) {
   }
 }
 
+// binaryTree in O(log n) against the definition it replaced: every label's parent by
+// walking up the levels, children as the labels whose parent it is.
+TEST(Schedules, BinaryTreeMatchesParentWalk) {
+  for (int n = 1; n <= 300; ++n) {
+    int root = 1;
+    while (root * 2 <= n) root *= 2;
+    auto parentOf = [&](int i) {
+      if (i == root) return -1;
+      int cur = i, k = __builtin_ctz(static_cast<unsigned>(i));
+      while (true) {
+        const int par = (cur & (2 << k)) ? cur - (1 << k) : cur + (1 << k);
+        if (par <= n) return par;
+        cur = par;
+        k = __builtin_ctz(static_cast<unsigned>(cur));
+      }
+    };
+    for (int p = 0; p < n; ++p) {
+      const TreeLinks t = binaryTree(p, n);
+      const int par = parentOf(p + 1);
+      ASSERT_EQ(t.parent, par < 0 ? -1 : par - 1) << "n=" << n << " p=" << p;
+      std::vector<int> kids;
+      for (int j = 1; j <= n; ++j)
+        if (j != p + 1 && parentOf(j) == p + 1) kids.push_back(j - 1);
+      ASSERT_EQ(t.nchildren, static_cast<int>(kids.size())) << "n=" << n << " p=" << p;
+      for (int c = 0; c < t.nchildren; ++c) ASSERT_EQ(t.children[c], kids[c]);
+    }
+    for (int r = 0; r < n; ++r) {
+      for (int tree = 0; tree < 2; ++tree)
+        ASSERT_EQ(doubleTreeRank(tree, doubleTreePosition(tree, r, n), n), r);
+      for (int rootRank : {0, n / 2, n - 1}) {
+        ASSERT_EQ(rootedTreeRank(rootedTreePosition(r, n, rootRank), n, rootRank), r);
+      }
+    }
+    for (int rootRank : {0, n - 1})
+      ASSERT_LT(binaryTree(rootedTreePosition(rootRank, n, rootRank), n).parent, 0);
+  }
+}
+
 TEST(Schedules, ChunksCoverTheCount) {
   for (int n = 1; n <= 64; ++n) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{63}, size_t{1000003}}) {
