@@ -169,10 +169,11 @@
     "where the proxy thread moves socket 0 and a helper thread each of the others)") \
   X(kTuning, kNsocksPerthread, "LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", kInt, "1", "", \
     "sockets per TCP connection (1 measured best over loopback; more may pay on fast NICs)") \
-  X(kTuning, kUcxLanes, "LOOM_UCX_LANES", nullptr, kInt, "4", "", \
-    "UCX workers per connection (at most 16): lane 0, moved by the proxy thread, carries the " \
-    "sizes and every message under 64 KiB; a larger one is cut into a part per further lane, " \
-    "each with a thread of its own (1: the proxy moves everything)") \
+  X(kTuning, kUcxLanes, "LOOM_UCX_LANES", nullptr, kCount, "auto", "auto", \
+    "UCX workers per connection (at most 16; auto: 1 for host buffers, 4 for GPU buffers): " \
+    "lane 0, moved by the proxy thread, carries the sizes and every message under 64 KiB; a " \
+    "larger one is cut into a part per further lane, each with a thread of its own (1: the " \
+    "proxy moves everything)") \
   X(kTuning, kBuffsize, "LOOM_BUFFSIZE", "NCCL_BUFFSIZE", kSize, "2M", "", \
     "bytes of FIFO per connection of host buffers (split into LOOM_STEPS slots)") \
   X(kTuning, kNetBuffsize, "LOOM_NET_BUFFSIZE", nullptr, kSize, "8M", "", \

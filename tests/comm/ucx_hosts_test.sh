@@ -6,7 +6,8 @@
 #               picks shared memory between them), or `tcp` as the third argument
 #   netns       two network namespaces with two ranks each, UCX_TLS=tcp (needs root and
 #               `ip netns`, else exit 77: skipped): the pairs inside a namespace use shm,
-#               the others net/ucx over TCP across the veth link
+#               the others net/ucx over TCP across the veth link, in 4 lanes (host
+#               buffers take 1 by default) so that striping runs between processes too
 #   kill        three hosts check all-reduces in a loop and the third is killed (kill -9)
 #               after a second and a half: the other two must fail within 15 s with a
 #               message that names it
@@ -54,7 +55,7 @@ if [[ "$mode" == netns ]]; then
   n=4
   for r in 0 1 2 3; do
     if (( r < 2 )); then ns="$a"; host=hostA; dev="v${tag}a"; else ns="$b"; host=hostB; dev="v${tag}b"; fi
-    ip netns exec "$ns" "${common[@]}" UCX_TLS=tcp UCX_NET_DEVICES="$dev" \
+    ip netns exec "$ns" "${common[@]}" UCX_TLS=tcp UCX_NET_DEVICES="$dev" LOOM_UCX_LANES=4 \
       LOOM_COMM_ID="198.51.100.1:$port" LOOM_NRANKS=4 LOOM_RANK=$r LOOM_HOST_ID=$host \
       "$check" > "$logs/$r.log" 2>&1 &
     pids+=($!)

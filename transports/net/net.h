@@ -135,6 +135,10 @@ struct Context {
   int rank = -1;          // named in the peer's messages
   const std::atomic<bool>* abortFlag = nullptr;
   int64_t handshakeMs = 5000;  // the longest a connecting socket may take to say hello
+  // The connections carry host buffers (transports/net/net_transport.cc), not GPU buffers
+  // through the proxy: a backend that gives a connection helper threads by default gives
+  // them fewer (each message is already a copy the caller's thread made).
+  bool hostBuffers = false;
 };
 
 class Backend {

@@ -421,6 +421,7 @@ Result<std::unique_ptr<Transport>> makeNetTransport(const TransportContext& ctx)
   nctx.commHash = ctx.commHash;
   nctx.rank = ctx.self.rank;
   nctx.abortFlag = ctx.abortFlag;
+  nctx.hostBuffers = true;
   LOOM_ASSIGN_OR_RETURN(std::unique_ptr<net::Backend> backend, net::makeNonSocketBackend(nctx));
   if (!backend) return std::unique_ptr<Transport>();
   LOOM_INFO(kNet, "host buffers between hosts go over net/%s", backend->name());

@@ -46,6 +46,14 @@
 namespace loom::transport::net::ucx {
 namespace {
 
+// LOOM_UCX_LANES auto. GPU buffers through the proxy: 4, on one H200 machine (16 cores),
+// 2 processes as hosts, all_reduce 16 MiB, 2026-12-03 (docs/perf/ucx.md): 1 lane 1.3-1.8
+// GB/s busbw, 4 lanes 2.4-5.7. Host buffers: 1 (a lane thread each beside the caller's own
+// copies; 2 processes over loopback on the 2-core development machine, all_reduce of host
+// buffers with 256 KiB tcp segments, three runs, 2026-12-05: 16 MiB 6.9-7.9 ms with 1
+// lane, 16.7-19.0 with 2, 25.6-26.8 with 4).
+constexpr int kGpuLanes = 4;
+
 constexpr uint64_t kHandleMagic = 0x3178637568c6f6full;  // "loomucx1" (roughly)
 constexpr uint64_t kHelloMagic = 0x6f6c6c6568786375ull;  // "ucxhello"
 constexpr uint32_t kMaxReply = 1 << 22;  // the lanes' UCP addresses: a few hundred bytes each
@@ -359,8 +367,9 @@ class UcxBackend final : public Backend {
     h.rank = ctx_.rank;
     *handle = Handle{};
     std::memcpy(handle->data, &h, sizeof(h));
-    const int lanes =
-        static_cast<int>(std::clamp<int64_t>(settings::get(settings::kUcxLanes), 1, kMaxLanes));
+    const int lanes = static_cast<int>(std::clamp<uint64_t>(
+        settings::get(settings::kUcxLanes).orAuto(ctx_.hostBuffers ? 1 : kGpuLanes), 1,
+        kMaxLanes));
     *listenComm = std::make_unique<UcxListen>(ctx_, ucp_, std::move(listener), h.nonce, lanes);
     return Status::ok();
   }
