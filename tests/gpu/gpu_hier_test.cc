@@ -5,7 +5,8 @@
 // host, the network between the rails). Every result is
 // checked against the host's answer on small integers (exact in every type used), in place
 // and out of place, for every root; a CUDA graph of a hierarchical all-reduce is replayed
-// with its output poisoned between replays. The children's logs must show the form.
+// with its output poisoned between replays, and each rank driven from a thread of its own
+// (the perf binaries' -t). The children's logs must show the form.
 //
 // Needs one GPU; skips with the reason where there is none. Without CUDA MPS the two
 // processes take turns on the GPU, which makes it slow but not wrong.
@@ -449,6 +450,76 @@ size_t backToBack(Host& h) {
   return wrong;
 }
 
+// As the perf binaries' -t 2 drives its ranks: a thread per local rank, each calling on
+// its own communicator with no group around the two, sizes new to every plan (3 x 2^k
+// floats, 24 B to 48 MiB, two calls each), each thread waiting only for its own stream
+// before it checks. A rank whose thread makes a plan or a connection may then do so while
+// the other rank's kernel of the same call already waits for it (the group's prepare step
+// does not cover this). The wrong elements, or 1 for a call that failed.
+size_t threadPerRank(Host& h) {
+  constexpr size_t kMaxCount = size_t{3} << 22;
+  struct Buffers {
+    float* in[kLocal] = {};
+    float* out[kLocal] = {};
+    ~Buffers() {
+      for (int l = 0; l < kLocal; ++l) {
+        cudaFree(in[l]);
+        cudaFree(out[l]);
+      }
+    }
+  } b;
+  for (int l = 0; l < kLocal; ++l) {
+    std::vector<float> host(kMaxCount);
+    for (size_t i = 0; i < kMaxCount; ++i) host[i] = float(inputValue(h.base + l, i));
+    if (cudaMalloc(&b.in[l], kMaxCount * 4) != cudaSuccess ||
+        cudaMalloc(&b.out[l], kMaxCount * 4) != cudaSuccess ||
+        cudaMemcpy(b.in[l], host.data(), kMaxCount * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+      ADD_FAILURE() << "buffers of rank " << h.base + l << ": "
+                    << cudaGetErrorString(cudaGetLastError());
+      return 1;
+    }
+  }
+  size_t wrong[kLocal] = {};
+  auto body = [&](int l) {
+    const int rank = h.base + l;
+    cudaSetDevice(0);
+    std::vector<float> got(kMaxCount);
+    for (size_t count = 6; count <= kMaxCount && wrong[l] == 0; count *= 2) {
+      for (int k = 0; k < 2; ++k) {
+        if (ncclAllReduce(b.in[l], b.out[l], count, ncclFloat32, ncclSum, h.comms[l],
+                          h.streams[l]) != ncclSuccess) {
+          ADD_FAILURE() << "rank " << rank << ", its own thread: all_reduce of " << count
+                        << " floats: " << ncclGetLastError(h.comms[l]);
+          wrong[l] = 1;
+          return;
+        }
+      }
+      if (cudaStreamSynchronize(h.streams[l]) != cudaSuccess ||
+          cudaMemcpy(got.data(), b.out[l], count * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        ADD_FAILURE() << "rank " << rank << ", its own thread: stream failed at " << count
+                      << " floats: " << cudaGetErrorString(cudaGetLastError());
+        wrong[l] = 1;
+        return;
+      }
+      for (size_t i = 0; i < count; ++i) {
+        double v[kRanks];
+        for (int r = 0; r < kRanks; ++r) v[r] = inputValue(r, i);
+        if (got[i] != float(combine(ncclSum, v, false))) {
+          if (wrong[l] < 3) {
+            ADD_FAILURE() << "rank " << rank << ", its own thread, " << count << " floats: element "
+                          << i << " is " << got[i];
+          }
+          ++wrong[l];
+        }
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int l = 0; l < kLocal; ++l) threads.emplace_back(body, l);
+  for (auto& t : threads) t.join();
+  return wrong[0] + wrong[1];
+}
+
 // One host (run by GpuHier.TwoHostsOfTwoRanks through the environment).
 TEST(GpuHier, OneHost) {
   const char* hostText = std::getenv("LOOM_TEST_HIER_HOST");
@@ -508,6 +579,7 @@ TEST(GpuHier, OneHost) {
   }
   EXPECT_EQ(graphReplays(h, (size_t{1} << 20) + 2, 200), 0u);
   EXPECT_EQ(graphBesideEager(h, (size_t{1} << 18) + 3, 50), 0u);
+  EXPECT_EQ(threadPerRank(h), 0u);
   for (int l = 0; l < kLocal; ++l) {
     cudaStreamDestroy(h.streams[l]);
     EXPECT_EQ(ncclCommDestroy(h.comms[l]), ncclSuccess);

@@ -368,8 +368,7 @@ class UcxBackend final : public Backend {
     *handle = Handle{};
     std::memcpy(handle->data, &h, sizeof(h));
     const int lanes = static_cast<int>(std::clamp<uint64_t>(
-        settings::get(settings::kUcxLanes).orAuto(ctx_.hostBuffers ? 1 : kGpuLanes), 1,
-        kMaxLanes));
+        settings::get(settings::kUcxLanes).orAuto(ctx_.hostBuffers ? 1 : kGpuLanes), 1, kMaxLanes));
     *listenComm = std::make_unique<UcxListen>(ctx_, ucp_, std::move(listener), h.nonce, lanes);
     return Status::ok();
   }
