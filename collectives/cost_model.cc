@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 namespace loom::collectives::model {
 
@@ -152,26 +153,80 @@ Estimate doubling(const Fabric& f, double S) {
   return s.done(true);
 }
 
+// GPU buffers: the hierarchical forms run their in-host mesh passes and the rail's call
+// one after the other on the caller's stream (collectives/device/cuda_executor_hier.cc),
+// so their times add up. The rail is a network executor of one rank per host
+// (netExecutorFabric(f, rail)); it runs the fastest of its built forms there, one-shot
+// aside (it has no GPU form over the network).
+Estimate railEstimate(CollType type, double bytes, const Fabric& f) {
+  const Fabric rail = netExecutorFabric(f, /*rail=*/true);
+  Estimate best;
+  bool any = false;
+  for (Algo a : kAllAlgos) {
+    Estimate e;
+    if (a == Algo::kOneShot || !estimate(type, a, static_cast<size_t>(bytes), rail, &e) || !e.built)
+      continue;
+    if (!any || e.us < best.us) best = e;
+    any = true;
+  }
+  return best;
+}
+
+Estimate meshEstimate(CollType type, double bytes, const Fabric& f) {
+  Fabric host = f;
+  host.hosts = 1;
+  Estimate e;
+  estimate(type, Algo::kMeshOneShot, static_cast<size_t>(bytes), host, &e);
+  return e;
+}
+
+// The passes of a GPU hierarchical form, in order, as one estimate.
+Estimate sequence(std::initializer_list<Estimate> passes) {
+  Estimate out;
+  out.algo = Algo::kHierarchical;
+  for (const Estimate& p : passes) {
+    out.us += p.us;
+    out.latencyUs += p.latencyUs;
+    out.bandwidthUs += p.bandwidthUs;
+    out.steps += p.steps;
+  }
+  // Built, but run only where LOOM_ALGO=hier asks, so the tuner does not weigh it.
+  out.built = false;
+  return out;
+}
+
 // Split rail: reduce-scatter inside each host, then ranksPerHost rings across hosts at
-// once (one per rail, each on S / ranksPerHost), then all-gather inside each host. The
-// three phases pipeline in pieces (as UCC's split_rail does), so the busier of the two
-// link classes sets the bandwidth term, as for every other algorithm.
+// once (one per rail, each on S / ranksPerHost), then all-gather inside each host. For
+// host buffers (hierAllReduce) the three phases pipeline in pieces (as UCC's split_rail
+// does), so the busier of the two link classes sets the bandwidth term, as for every other
+// algorithm. For GPU buffers they run one after the other, the rail's all-reduce in
+// whichever form its executor takes (ring, tree, recursive doubling).
 Estimate hierarchical(const Fabric& f, double S) {
   const int G = f.ranksPerHost, H = f.hosts;
+  if (f.gpu) {
+    return sequence({meshEstimate(CollType::kReduceScatter, S, f),
+                     railEstimate(CollType::kAllReduce, S / G, f),
+                     meshEstimate(CollType::kAllGather, S, f)});
+  }
   Sum s(f, Algo::kHierarchical);
   s.steps(2 * (G - 1), 2 * (H - 1));
   s.bytes(2.0 * (G - 1) / G * S, 2.0 * (H - 1) / H * S);
-  // Built for host buffers (hierAllReduce); the GPU form runs only where LOOM_ALGO=hier
-  // asks (collectives/device/cuda_executor_hier.cc), so the tuner does not weigh it.
-  return s.done(!f.gpu);
+  return s.done(true);
 }
 
 // Hierarchical all-gather (host buffers): a ring across the hosts per rail, then a ring
 // inside each host per host's blocks. The reduce-scatter is its mirror, the same bytes: a
 // ring inside the host per host's blocks whose last step is also the rail ring's, so H - 1
-// of its H (G - 1) steps cross hosts.
+// of its H (G - 1) steps cross hosts. GPU buffers: the rail's call on S / G of output (or
+// input), and the mesh pass on S, one after the other (the 2D copies between rank and
+// local order, at device memory speed, are left out).
 Estimate hierarchicalGather(const Fabric& f, double S, bool scatter) {
   const int G = f.ranksPerHost, H = f.hosts;
+  if (f.gpu) {
+    const CollType t = scatter ? CollType::kReduceScatter : CollType::kAllGather;
+    return scatter ? sequence({meshEstimate(t, S, f), railEstimate(t, S / G, f)})
+                   : sequence({railEstimate(t, S / G, f), meshEstimate(t, S, f)});
+  }
   Sum s(f, Algo::kHierarchical);
   if (scatter) {
     s.steps(H * (G - 1) - (H - 1), H - 1);
@@ -179,7 +234,7 @@ Estimate hierarchicalGather(const Fabric& f, double S, bool scatter) {
     s.steps(H * (G - 1), H - 1);
   }
   s.bytes(double(G - 1) / G * S, double(H - 1) / H * S);
-  return s.done(!f.gpu);
+  return s.done(true);
 }
 
 // Broadcast and reduce: a chain streams S through every rank once, n - 1 hops; the tree

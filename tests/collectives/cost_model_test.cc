@@ -46,6 +46,32 @@ TEST(CostModel, TreeCountsTheEdgesLeavingAHost) {
   EXPECT_NEAR(interBytes(CollType::kAllReduce, hostMemoryFabric(4, 2, 0.125)), 3 * S, 1);
 }
 
+// GPU buffers: the hierarchical all-reduce's passes run one after the other (mesh
+// reduce-scatter, the rail's all-reduce of S/G, mesh all-gather), so the estimate is their
+// sum, the rail in its fastest built form on the rail's own fabric: at 256 hosts an 8-byte
+// call takes far fewer than the ring's 2 x 255 steps between hosts.
+TEST(CostModel, GpuHierarchicalAddsItsPasses) {
+  const double S = 1 << 30;
+  const Fabric f = dgx(2);
+  Estimate h;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kHierarchical, size_t(S), f, &h));
+  EXPECT_FALSE(h.built);
+  const Fabric host = dgx(1);
+  const Fabric rail = netExecutorFabric(f, /*rail=*/true);
+  double railUs = 1e300;
+  for (Algo a : {Algo::kRing, Algo::kDirect, Algo::kDoubling}) {
+    Estimate e;
+    if (estimate(CollType::kAllReduce, a, size_t(S / 8), rail, &e) && e.built)
+      railUs = std::min(railUs, e.us);
+  }
+  const double want = us(CollType::kReduceScatter, Algo::kMeshOneShot, size_t(S), host) + railUs +
+                      us(CollType::kAllGather, Algo::kMeshOneShot, size_t(S), host);
+  EXPECT_NEAR(h.us, want, 1e-6 * want);
+  Estimate small;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kHierarchical, 8, dgx(256), &small));
+  EXPECT_LT(small.latencyUs, 2 * 255 * dgx(256).inter.latencyUs / 4);
+}
+
 // More bytes never take less time, on any algorithm, collective or fabric.
 TEST(CostModel, TimeGrowsWithBytes) {
   for (const Fabric& f :
