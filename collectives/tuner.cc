@@ -431,4 +431,12 @@ bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo*
   return true;
 }
 
+bool tunerEstimate(CollType type, size_t bytes, const model::Fabric& f, model::Estimate* e) {
+  model::Algo algo{};
+  if (!tunerPick(type, bytes, f, &algo)) return false;
+  const model::Fabric where =
+      f.gpu && f.hosts > 1 ? model::netExecutorFabric(f, /*rail=*/false) : f;
+  return model::estimate(type, algo, bytes, where, e);
+}
+
 }  // namespace loom::collectives

@@ -15,6 +15,7 @@ namespace loom::collectives {
 
 namespace model {
 struct Fabric;
+struct Estimate;
 enum class Algo;
 }  // namespace model
 struct Hierarchy;
@@ -96,6 +97,12 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo);
 // (collectives/device/mesh_plan.h). What loom-model prints beside the model's estimates.
 bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo* algo,
                std::string* reason = nullptr);
+// The tuner's pick priced where it runs: on `f` for host buffers; for GPU buffers across
+// hosts on the network executor's own fabric (model::netExecutorFabric: every pair of
+// ranks through the network, each GPU on its share of the host's NICs), which is what
+// loom does by default there, not what `f`'s NVLink-inside rows price. False where
+// tunerPick is.
+bool tunerEstimate(CollType type, size_t bytes, const model::Fabric& f, model::Estimate* e);
 
 // The piece size (bytes) of a host collective: what one FIFO slot carries per step.
 // `bytes` is the call's size as the C API counts it (per rank for all-gather and

@@ -4,7 +4,10 @@
 Draws `loom-model --scale` output: all-reduce bus bandwidth of 1 GiB (left) and time of
 8 B (right) against the host count, one line per algorithm (dashed: not built yet), the
 tuner's pick marked (the model's fastest where the file has no tuner column, or where the
-tuner is the GPU mesh planner, which loom-model does not ask). Needs matplotlib (Debian: python3-matplotlib)."""
+tuner is the GPU mesh planner, which loom-model does not ask), and in black the `loom` rows
+where the file has them: the tuner's pick priced where loom runs it (for GPU buffers across
+hosts, the network executor's fabric, not the NVLink-inside one of the other lines). Needs
+matplotlib (Debian: python3-matplotlib)."""
 import csv
 import sys
 from collections import defaultdict
@@ -41,6 +44,9 @@ def main():
             xs = [p[0] for p in pts]
             ys = [p[1] for p in pts]
             built = pts[0][2]
+            if algo == "loom":
+                ax.plot(xs, ys, "k-", marker="x", ms=5, lw=1.5, label="loom (the pick, where it runs)")
+                continue
             line, = ax.plot(xs, ys, "-" if built else "--", label=algo + ("" if built else " (not built)"))
             picked = [(p[0], p[1]) for p in pts if p[3]]
             if picked:

@@ -1,6 +1,10 @@
 // loom-model: what the cost model (collectives/cost_model.h) predicts for every
 // collective, size and algorithm on a topology and a host count, and which algorithm the
-// tuner would take. docs/cost-model.md explains the terms.
+// tuner would take. docs/cost-model.md explains the terms. The algorithms are priced on the
+// communicator's fabric (for GPUs: NVLink inside a host, the NICs across); the `loom`
+// column (a `loom` row in the CSV) prices the tuner's pick where loom runs it, which for
+// GPU buffers across hosts is the network executor's fabric: every pair of ranks through
+// the network, those of one host too, each GPU on its share of the NICs.
 //
 //   loom-model                           this machine, 2 hosts like it
 //   loom-model --topo-file F.xml -N 64   an NCCL topology XML, 64 hosts like it
@@ -49,7 +53,8 @@ void usage(FILE* out) {
       "  -c COLL            all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall\n"
       "                     or all (default)\n"
       "  -b, -e, -f         sizes in bytes from MIN to MAX by FACTOR (8 B to 1 GiB by 8)\n"
-      "  --csv              one line per collective, size and algorithm\n"
+      "  --csv              one line per collective, size and algorithm (and `loom`: the\n"
+      "                     tuner's pick priced where loom runs it)\n"
       "  --scale FILE       write all_reduce at 1 GiB and 8 B for 2..4096 hosts to FILE (CSV)\n");
 }
 
@@ -152,11 +157,12 @@ bool tunerOf(CollType type, size_t b, const model::Fabric& f, model::Algo* algo)
 // One size of the table: each algorithm's time and busbw (* on the tuner's pick), the
 // model's fastest built one and the tuner's pick; the header before the first.
 void printRow(const Named& c, size_t b, int n, const std::vector<model::Estimate>& list,
-              const model::Estimate& fastest, const model::Algo* tuner, bool* header) {
+              const model::Estimate& fastest, const model::Algo* tuner, const model::Estimate* loom,
+              bool* header) {
   if (!*header) {
     std::printf("%10s", "size");
     for (const auto& e : list) std::printf("  %22s", model::algoName(e.algo));
-    std::printf("  %-13s %s\n", "fastest", "tuner");
+    std::printf("  %-13s %-13s %s\n", "fastest", "tuner", "loom");
     *header = true;
   }
   std::printf("%10s", sizeText(b).c_str());
@@ -167,8 +173,13 @@ void printRow(const Named& c, size_t b, int n, const std::vector<model::Estimate
                   tuner && e.algo == *tuner ? "*" : "");
     std::printf("  %22s", cell);
   }
-  std::printf("  %-13s %s\n", model::algoName(fastest.algo),
-              tuner ? model::algoName(*tuner) : "mesh planner");
+  char where[48] = "";
+  if (loom) {
+    std::snprintf(where, sizeof(where), "%.4g / %.3g", loom->us,
+                  model::busGBs(c.type, b, n, loom->us));
+  }
+  std::printf("  %-13s %-13s %s\n", model::algoName(fastest.algo),
+              tuner ? model::algoName(*tuner) : "mesh planner", where);
 }
 
 void table(const Named& c, const Args& a, const model::Fabric& f) {
@@ -186,14 +197,20 @@ void table(const Named& c, const Args& a, const model::Fabric& f) {
     const model::Estimate pick = model::fastest(list);
     model::Algo tuner{};
     const bool asked = tunerOf(c.type, b, f, &tuner);
+    model::Estimate runs;
+    const bool priced = asked && loom::collectives::tunerEstimate(c.type, b, f, &runs);
     if (a.csv) {
       for (const auto& e : list) {
         std::printf("%s,%d,%d,%zu,%s,%.3f,%.3f,%d,%d,%d\n", c.name, f.hosts, f.ranksPerHost, b,
                     model::algoName(e.algo), e.us, model::busGBs(c.type, b, n, e.us),
                     e.built ? 1 : 0, e.algo == pick.algo ? 1 : 0, asked && e.algo == tuner ? 1 : 0);
       }
+      if (priced) {
+        std::printf("%s,%d,%d,%zu,loom,%.3f,%.3f,1,0,0\n", c.name, f.hosts, f.ranksPerHost, b,
+                    runs.us, model::busGBs(c.type, b, n, runs.us));
+      }
     } else {
-      printRow(c, b, n, list, pick, asked ? &tuner : nullptr, &header);
+      printRow(c, b, n, list, pick, asked ? &tuner : nullptr, priced ? &runs : nullptr, &header);
     }
     if (b > a.maxBytes / a.factor) break;  // the next size would pass MAX (or wrap)
   }
@@ -220,6 +237,11 @@ int scale(const Args& a, const topo::Graph& g) {
                      model::algoName(e.algo), e.us,
                      model::busGBs(CollType::kAllReduce, b, f.nranks(), e.us), e.built ? 1 : 0,
                      e.algo == pick.algo ? 1 : 0, asked && e.algo == tuner ? 1 : 0);
+      }
+      model::Estimate runs;
+      if (asked && loom::collectives::tunerEstimate(CollType::kAllReduce, b, f, &runs)) {
+        std::fprintf(out, "%d,%d,%zu,loom,%.3f,%.4f,1,0,0\n", hosts, f.ranksPerHost, b, runs.us,
+                     model::busGBs(CollType::kAllReduce, b, f.nranks(), runs.us));
       }
     }
   }
