@@ -121,6 +121,15 @@ Estimate tree(const Fabric& f, double S) {
   const int depth = log2Ceil(n);
   const int low = std::min(depth, log2Ceil(f.ranksPerHost));
   Sum s(f, Algo::kTree);
+  if (f.hostTree && f.hosts > 1 && f.ranksPerHost > 1) {
+    // A chain of G ranks inside each host under its member of the trees across the hosts:
+    // 2 (G - 1) steps inside and 2 ceil(log2 H) across, up and down; through a host's
+    // NICs, S/2 for each edge of the host-level trees that leaves it (S on 2 hosts, 2S
+    // from 3); a rank of a chain moves 2S through its links inside.
+    s.steps(2 * (f.ranksPerHost - 1), 2 * log2Ceil(f.hosts));
+    s.bytes(2 * S, treeHostCrossings(f.hosts, 1, false) * S / 2);
+    return s.done(true);
+  }
   s.steps(2 * low, 2 * (depth - low));
   const double inter = f.hosts > 1 ? treeHostCrossings(n, f.ranksPerHost, false) * S / 2 : 0;
   s.bytes(f.ranksPerHost > 1 ? 2 * S : 0, inter);
@@ -394,6 +403,7 @@ Fabric hostMemoryFabric(int hosts, int ranksPerHost, double netGbps) {
   f.baseUs = 1.0;
   f.messageUs = 5.0;
   f.gpu = false;
+  f.hostTree = true;
   f.intraName = "shm";
   f.interName = "tcp";
   return f;
@@ -425,7 +435,8 @@ Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps, N
 
 Fabric netExecutorFabric(const Fabric& comm, bool rail) {
   Fabric f = comm;
-  f.gpu = false;  // no mesh forms among the executor's ranks
+  f.gpu = false;       // no mesh forms among the executor's ranks
+  f.hostTree = false;  // its tree is the one over all ranks (treeAllReduce)
   const LinkCost share = {comm.inter.latencyUs, comm.inter.gbps / std::max(1, comm.ranksPerHost)};
   if (rail) {
     f.ranksPerHost = 1;

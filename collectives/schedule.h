@@ -106,6 +106,14 @@ Schedule ringAllReduce(int rank, int n, size_t count, size_t piece,
 // executor); the GPU network plan, which splits such steps into sub-phases, takes the
 // plain order.
 Schedule treeAllReduce(int rank, int n, size_t count, size_t piece, bool lagResults = false);
+// The double binary tree of host buffers on hosts of several ranks, as NCCL places its
+// trees: a double binary tree across the hosts, and inside each host a chain through its
+// ranks from the host's member of that tree (local rank 0 in tree 0, the last in tree 1).
+// A host's NICs then carry half the buffer for each edge of the two trees across hosts
+// (2S at most, S on 2 hosts), where the tree over all ranks sends 3S through the busiest
+// host at 4 hosts of 2 ranks. `lagResults` as for treeAllReduce.
+struct Hierarchy;
+Schedule hostTreeAllReduce(const Hierarchy& h, size_t count, size_t piece, bool lagResults = false);
 // Recursive doubling: in round j every rank swaps its partial result with rank ^ 2^j and
 // adds the two; log2(n) rounds of one message each, for n a power of two (otherwise the
 // ring). Both partners add the same two operands, so results match bitwise on every rank.

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "collectives/hierarchy.h"
@@ -679,13 +680,32 @@ Schedule treeReduce(int r, int n, size_t count, int root) {
 
 namespace {
 
+// A rank's place in one tree of a double binary tree, in ranks: its parent (-1 at the
+// root) and up to kMaxStepPeers children (a host's member of the tree across hosts has its
+// host's chain below it beside two hosts).
+struct RankLinks {
+  int parent = -1;
+  int children[kMaxStepPeers] = {-1, -1, -1};
+  int nchildren = 0;
+};
+using TreeOf = std::function<RankLinks(int tree, int rank)>;
+
+// The double binary tree over all ranks (in-order labels, tree 1 mirrored or shifted).
+RankLinks inOrderLinks(int tree, int rank, int n) {
+  const TreeLinks t = binaryTree(doubleTreePosition(tree, rank, n), n);
+  RankLinks l;
+  if (t.parent >= 0) l.parent = doubleTreeRank(tree, t.parent, n);
+  for (int c = 0; c < t.nchildren; ++c)
+    l.children[l.nchildren++] = doubleTreeRank(tree, t.children[c], n);
+  return l;
+}
+
 // Whether ranks a and b are joined by an edge of `tree`.
-bool treeEdge(int tree, int a, int b, int n) {
-  const TreeLinks ta = binaryTree(doubleTreePosition(tree, a, n), n);
-  const int pb = doubleTreePosition(tree, b, n);
-  if (ta.parent == pb) return true;
-  for (int c = 0; c < ta.nchildren; ++c)
-    if (ta.children[c] == pb) return true;
+bool treeEdge(const TreeOf& links, int tree, int a, int b) {
+  const RankLinks la = links(tree, a);
+  if (la.parent == b) return true;
+  for (int c = 0; c < la.nchildren; ++c)
+    if (la.children[c] == b) return true;
   return false;
 }
 
@@ -694,11 +714,11 @@ bool treeEdge(int tree, int a, int b, int n) {
 // the other's results share a connection (a leaf of one next to its parent, which is its
 // child in the other), the next block's reduction waits there for this block's result,
 // a round trip of the whole tree per block. Every rank orders its steps by the same slots
-// (collectives/schedules.cc, treeAllReduce), except the root, whose one step takes the
-// reduction and sends the result: its sends to its children keep the reduction's slot. So
-// the lag is used only where no edge from a root to its child belongs to the other tree,
-// and is 0 (both in a block's slot) otherwise; n alone decides, so all ranks agree.
-int treeLag(int n) {
+// (treeAllReduceOver), except the root, whose one step takes the reduction and sends the
+// result: its sends to its children keep the reduction's slot. So the lag is used only
+// where no edge from a root to its child belongs to the other tree, and is 0 (both in a
+// block's slot) otherwise; the trees alone decide, so all ranks agree.
+int treeLag(int n, const TreeOf& links) {
   // Two blocks: with FIFOs of two slots (the fewest LOOM_STEPS allows) the schedule
   // simulator finds lags up to 4 safe and 5 deadlocking; at 8 network namespaces of 1 Gb/s
   // (2026-12-05) 2 took the tree from 85 to 80 ms at 4 MiB and 1.3-1.7 to 1.1 ms at 64 KiB,
@@ -706,29 +726,27 @@ int treeLag(int n) {
   constexpr int kLag = 2;
   for (int tree = 0; tree < 2; ++tree) {
     int root = -1;
-    for (int p = 0; p < n && root < 0; ++p)
-      if (binaryTree(p, n).parent < 0) root = doubleTreeRank(tree, p, n);
-    const TreeLinks t = binaryTree(doubleTreePosition(tree, root, n), n);
+    for (int r = 0; r < n && root < 0; ++r)
+      if (links(tree, r).parent < 0) root = r;
+    const RankLinks t = links(tree, root);
     for (int c = 0; c < t.nchildren; ++c) {
-      if (treeEdge(1 - tree, root, doubleTreeRank(tree, t.children[c], n), n)) return 0;
+      if (treeEdge(links, 1 - tree, root, t.children[c])) return 0;
     }
   }
   return kLag;
 }
 
-}  // namespace
-
-Schedule treeAllReduce(int r, int n, size_t count, size_t piece, bool lagResults) {
-  if (n <= 2) return ringAllReduce(r, n, count, piece);
+// The all-reduce over two trees given by `links`, each carrying half of every block.
+Schedule treeAllReduceOver(int r, int n, size_t count, size_t piece, bool lagResults,
+                           const TreeOf& links) {
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
-  // Two trees, each carrying half of every block. All blocks go in one phase: steps
-  // sharing a connection take turns in phase order, so the reduction streams up while
-  // results stream down. A block's reduction steps take slot 2 x block, its result steps
-  // slot 2 x (block + lag) + 1 (treeLag); the phase lists the steps by slot, the two trees
-  // in order within one.
-  const int lag = lagResults ? treeLag(n) : 0;
+  // All blocks go in one phase: steps sharing a connection take turns in phase order, so
+  // the reduction streams up while results stream down. A block's reduction steps take
+  // slot 2 x block, its result steps slot 2 x (block + lag) + 1 (treeLag); the phase lists
+  // the steps by slot, the two trees in order within one.
+  const int lag = lagResults ? treeLag(n, links) : 0;
   std::vector<std::pair<size_t, Step>> slotted;
   const size_t block = 2 * piece;
   size_t bi = 0;
@@ -738,26 +756,25 @@ Schedule treeAllReduce(int r, int n, size_t count, size_t piece, bool lagResults
       size_t off, sz;
       chunkRange(bc, 2, tree, &off, &sz);
       off += base;
-      auto rankOf = [&](int pos) { return doubleTreeRank(tree, pos, n); };
-      TreeLinks t = binaryTree(doubleTreePosition(tree, r, n), n);
+      const RankLinks t = links(tree, r);
       Step up;
       up.src = in(off);
       up.count = sz;
-      for (int c = 0; c < t.nchildren; ++c) up.recvFrom(rankOf(t.children[c]));
+      for (int c = 0; c < t.nchildren; ++c) up.recvFrom(t.children[c]);
       if (t.parent < 0) {
         // The root finishes the reduction and starts the broadcast in one pass.
         up.final = true;
         up.dst = out(off);
-        for (int c = 0; c < t.nchildren; ++c) up.sendTo(rankOf(t.children[c]));
+        for (int c = 0; c < t.nchildren; ++c) up.sendTo(t.children[c]);
         slotted.emplace_back(2 * bi, up);
       } else {
-        up.sendTo(rankOf(t.parent));
+        up.sendTo(t.parent);
         slotted.emplace_back(2 * bi, up);
         Step down;
         down.count = sz;
         down.dst = out(off);
-        down.recvFrom(rankOf(t.parent));
-        for (int c = 0; c < t.nchildren; ++c) down.sendTo(rankOf(t.children[c]));
+        down.recvFrom(t.parent);
+        for (int c = 0; c < t.nchildren; ++c) down.sendTo(t.children[c]);
         slotted.emplace_back(2 * (bi + static_cast<size_t>(lag)) + 1, down);
       }
     }
@@ -774,6 +791,41 @@ Schedule treeAllReduce(int r, int n, size_t count, size_t piece, bool lagResults
   for (auto& e : slotted) phase.push_back(e.second);
   s.phases.push_back(std::move(phase));
   return s;
+}
+
+}  // namespace
+
+Schedule treeAllReduce(int r, int n, size_t count, size_t piece, bool lagResults) {
+  if (n <= 2) return ringAllReduce(r, n, count, piece);
+  return treeAllReduceOver(r, n, count, piece, lagResults,
+                           [n](int tree, int rank) { return inOrderLinks(tree, rank, n); });
+}
+
+Schedule hostTreeAllReduce(const Hierarchy& h, size_t count, size_t piece, bool lagResults) {
+  const int H = h.hosts, L = h.local, n = H * L;
+  // Tree t's member of each host and its chain: local ranks 0, 1, ..., L-1 in tree 0 and
+  // L-1, ..., 0 in tree 1, so that a host's two members differ where it has two ranks.
+  auto links = [&h, H, L](int tree, int rank) {
+    const int host = h.hostOf[rank];
+    const int local = h.localOf[rank];
+    const int inChain = tree == 0 ? local : L - 1 - local;
+    auto chainRank = [&](int hostIndex, int c) {
+      return h.hostRanks[hostIndex][tree == 0 ? c : L - 1 - c];
+    };
+    RankLinks l;
+    if (inChain > 0) {
+      l.parent = chainRank(host, inChain - 1);
+    } else if (H > 1) {
+      const TreeLinks ht = binaryTree(doubleTreePosition(tree, host, H), H);
+      if (ht.parent >= 0) l.parent = chainRank(doubleTreeRank(tree, ht.parent, H), 0);
+      for (int c = 0; c < ht.nchildren; ++c)
+        l.children[l.nchildren++] = chainRank(doubleTreeRank(tree, ht.children[c], H), 0);
+    }
+    if (inChain + 1 < L) l.children[l.nchildren++] = chainRank(host, inChain + 1);
+    return l;
+  };
+  return treeAllReduceOver(h.hostRanks[h.hostIndex][h.localIndex], n, count, piece, lagResults,
+                           links);
 }
 
 namespace {

@@ -354,6 +354,9 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
       if (algo == Algorithm::kDirect) return directAllReduce(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kHier && req.hier)
         return hierAllReduce(*req.hier, req.count, req.pieceElems);
+      // Host buffers on hosts of several ranks: the trees across the hosts, chains inside.
+      if (algo == Algorithm::kTree && !req.device && req.hier)
+        return hostTreeAllReduce(*req.hier, req.count, req.pieceElems, true);
       return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems, !req.device)
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kAllGather:

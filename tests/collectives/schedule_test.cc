@@ -366,14 +366,28 @@ TEST(Schedules, HierarchicalFormsEveryShape) {
                      EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
                      return hierReduceScatter(h, c, kPiece);
                    }};
+      Case tree{"HostTreeAllReduce", CollType::kAllReduce, [hostOf](int r, int, size_t c, int) {
+                  Hierarchy h;
+                  std::string why;
+                  EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
+                  return hostTreeAllReduce(h, c, kPiece);
+                }};
+      Case lagged{"HostTreeAllReduceLagged", CollType::kAllReduce,
+                  [hostOf](int r, int, size_t c, int) {
+                    Hierarchy h;
+                    std::string why;
+                    EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
+                    return hostTreeAllReduce(h, c, kPiece, /*lagResults=*/true);
+                  }};
       for (size_t count : {size_t{0}, size_t{1}, size_t{3}, kPiece * local - 1, kPiece * local,
                            kPiece * local * 3 + 7, size_t{1000}}) {
         SCOPED_TRACE(std::to_string(hosts) + " hosts x " + std::to_string(local) +
                      (interleaved ? " interleaved" : "") + ", count " + std::to_string(count));
-        for (const Case* c : {&cs, &gather, &scatter}) {
+        for (const Case* c : {&cs, &gather, &scatter, &tree}) {
           checkCase(*c, n, count, 0);
           checkCase(*c, n, count, 0, /*split=*/true);
         }
+        checkCase(lagged, n, count, 0);  // the host executor's form: not split
       }
     }
   }
