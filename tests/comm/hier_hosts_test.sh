@@ -8,7 +8,9 @@
 # Mode topo: as the tuner chooses, with the first host's topology read from a file whose
 # NIC is faster than the others' (tests/fixtures/topology/host_25gbe.xml): every rank must
 # still choose the same form for every call (each prices the slowest host's links).
-# Usage: hier_hosts_test.sh PATH/TO/loom_rank_check HOSTS LOCAL [hier|auto|tcp|topo]
+# Mode tree: LOOM_ALGO=tree, which on hosts of several ranks is the host tree (a double
+# binary tree across the hosts, a chain inside each); the logs must show tree all-reduces.
+# Usage: hier_hosts_test.sh PATH/TO/loom_rank_check HOSTS LOCAL [hier|auto|tcp|topo|tree]
 set -uo pipefail
 check=$1 hosts=$2 local=$3 mode=${4:-hier}
 n=$((hosts * local))
@@ -19,6 +21,7 @@ extra=(LOOM_ALGO=hier)
 [[ $mode == auto || $mode == topo ]] && extra=()
 fixture="$(cd "$(dirname "$0")/../fixtures/topology" && pwd)/host_25gbe.xml"
 [[ $mode == tcp ]] && extra=(LOOM_ALGO=hier LOOM_SHM_DISABLE=1)
+[[ $mode == tree ]] && extra=(LOOM_ALGO=tree)
 pids=()
 for ((r = 0; r < n; ++r)); do
   topo=()
@@ -43,7 +46,9 @@ grep -ho "ReduceScatter([a-z]*, [0-9]* x [a-z0-9]*)" /tmp/$tag.*.log | sort | un
 hier=$(grep -h "AllReduce(hier" /tmp/$tag.*.log | wc -l)
 gather=$(grep -h "AllGather(hier" /tmp/$tag.*.log | wc -l)
 scatter=$(grep -h "ReduceScatter(hier" /tmp/$tag.*.log | wc -l)
-if [[ $mode != auto && $mode != topo ]] && ((hier == 0 || gather == 0 || scatter == 0)); then
+if [[ $mode == tree ]]; then
+  if ! grep -q "AllReduce(tree" /tmp/$tag.*.log; then echo "no tree all-reduce seen"; rc=1; fi
+elif [[ $mode != auto && $mode != topo ]] && ((hier == 0 || gather == 0 || scatter == 0)); then
   echo "no hierarchical all-reduce, all-gather or reduce-scatter seen"
   rc=1
 fi
