@@ -124,8 +124,9 @@ Estimate tree(const Fabric& f, double S) {
   if (f.hostTree && f.hosts > 1 && f.ranksPerHost > 1) {
     // A chain of G ranks inside each host under its member of the trees across the hosts:
     // 2 (G - 1) steps inside and 2 ceil(log2 H) across, up and down; through a host's
-    // NICs, S/2 for each edge of the host-level trees that leaves it (S on 2 hosts, 2S
-    // from 3); a rank of a chain moves 2S through its links inside.
+    // NICs, S/2 for each edge of the host-level trees that leaves it (S on 2 hosts, 1.5S
+    // on 3, 2S from 4); a rank of a chain moves 2S through its links inside. Measured
+    // 1.2-1.3 x this at 4 MiB on 4 and 8 hosts of 2 ranks (docs/perf/cost_model.md).
     s.steps(2 * (f.ranksPerHost - 1), 2 * log2Ceil(f.hosts));
     s.bytes(2 * S, treeHostCrossings(f.hosts, 1, false) * S / 2);
     return s.done(true);

@@ -107,6 +107,9 @@ struct Scratch {
   // later phases run.
   std::vector<transport::SendConnection*> lingering;
   std::vector<transport::RecvConnection*> activeRecvs;
+  // The connections checkHealth asks about (those with something still to move).
+  std::vector<transport::SendConnection*> checkSends;
+  std::vector<transport::RecvConnection*> checkRecvs;
   std::vector<pollfd> fds;
   std::vector<int> sendPeers, recvPeers;
 };
@@ -127,6 +130,8 @@ class PhaseRunner {
         activeSends_(scratch.activeSends),
         lingering_(scratch.lingering),
         activeRecvs_(scratch.activeRecvs),
+        checkSends_(scratch.checkSends),
+        checkRecvs_(scratch.checkRecvs),
         fds_(scratch.fds) {
     esize_ = dataTypeSize(a.type);
     pieceElems_ = std::max<size_t>(1, a.pieceBytes / esize_);
@@ -154,6 +159,8 @@ class PhaseRunner {
         if (!eligible(i)) continue;
         // A few pieces at a time, so that the other steps of the phase move too.
         for (int burst = 0; burst < 4 && !s.finished(); ++burst) {
+          // A step that reads what an earlier one of this rank writes waits for its piece.
+          if (s.step->after >= 0 && states_[s.step->after].done <= s.done) break;
           LOOM_ASSIGN_OR_RETURN(bool moved, advance(s));
           if (!moved) break;
           progressed = true;
@@ -443,11 +450,26 @@ class PhaseRunner {
       return errorf(Code::kSystemError, "%s on rank %d: aborted by ncclCommAbort",
                     describe(args_).c_str(), args_.rank);
     }
+    // A peer matters while this rank still has something to move with it: a step not
+    // finished, or data still in a send connection. One that did its part and exited (its
+    // last data delivered) fails nothing here; a rank still waiting on a peer that waited
+    // on it would have heard from that one first.
+    checkSends_.clear();
+    checkRecvs_.clear();
+    for (const StepState& s : states_) {
+      if (s.finished()) continue;
+      for (int j = 0; j < s.step->nsend; ++j) addUnique(&checkSends_, s.send[j]);
+      for (int j = 0; j < s.step->nrecv; ++j) addUnique(&checkRecvs_, s.recv[j]);
+    }
     for (auto* sc : activeSends_) {
+      if (!sc->flushed()) addUnique(&checkSends_, sc);
+    }
+    for (auto* sc : lingering_) addUnique(&checkSends_, sc);
+    for (auto* sc : checkSends_) {
       Status st = sc->checkPeer();
       if (!st) return st.withContext(describe(args_) + " on rank " + std::to_string(args_.rank));
     }
-    for (auto* rc : activeRecvs_) {
+    for (auto* rc : checkRecvs_) {
       Status st = rc->checkPeer();
       if (!st) return st.withContext(describe(args_) + " on rank " + std::to_string(args_.rank));
     }
@@ -473,6 +495,8 @@ class PhaseRunner {
   std::vector<transport::SendConnection*>& activeSends_;
   std::vector<transport::SendConnection*>& lingering_;
   std::vector<transport::RecvConnection*>& activeRecvs_;
+  std::vector<transport::SendConnection*>& checkSends_;
+  std::vector<transport::RecvConnection*>& checkRecvs_;
   std::vector<pollfd>& fds_;
   bool allPollable_ = false;
   int waitingOn_ = -1;

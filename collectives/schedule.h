@@ -51,6 +51,10 @@ struct Step {
   // ever 0 bytes long, so a peer that expects data and gets this one (or the reverse)
   // reports the mismatch at once.
   bool empty = false;
+  // A step of the same phase (its index there) that this one reads the results of: piece p
+  // of this step waits until piece p of that one is done (a rank's own data dependency,
+  // which connections alone do not order). -1: none.
+  int after = -1;
 
   Step& recvFrom(int p) {
     recvPeers[nrecv++] = p;
@@ -99,19 +103,21 @@ void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
 Schedule ringAllReduce(int rank, int n, size_t count, size_t piece,
                        const std::vector<int>* ring = nullptr);
 // Double binary tree. `lagResults`: the steps that take a block's result down are
-// ordered two blocks after its reduction on the connections they share with the other
-// tree's reductions, where the shape allows (treeLag in schedules.cc), so that one tree's
-// reduction does not wait there for the other's result. For executors that run a phase's
-// steps as they become ready, taking each shared connection in phase order (the host
-// executor); the GPU network plan, which splits such steps into sub-phases, takes the
-// plain order.
+// ordered two blocks after its reduction (the roots reduce in one step and send the result
+// in another, ordered by Step::after), so that where one tree's reductions and the other's
+// results share a connection, a reduction does not wait there for a result. For executors
+// that run a phase's steps as they become ready, taking each shared connection in phase
+// order (the host executor); the GPU network plan, which splits such steps into
+// sub-phases, takes the plain order.
 Schedule treeAllReduce(int rank, int n, size_t count, size_t piece, bool lagResults = false);
 // The double binary tree of host buffers on hosts of several ranks, as NCCL places its
-// trees: a double binary tree across the hosts, and inside each host a chain through its
-// ranks from the host's member of that tree (local rank 0 in tree 0, the last in tree 1).
-// A host's NICs then carry half the buffer for each edge of the two trees across hosts
-// (2S at most, S on 2 hosts), where the tree over all ranks sends 3S through the busiest
-// host at 4 hosts of 2 ranks. `lagResults` as for treeAllReduce.
+// trees: a double binary tree across the hosts between their local ranks 0, and inside each
+// host a chain through its ranks below local rank 0, in both trees. A host's NICs then
+// carry half the buffer for each edge of the two trees across hosts (S on 2 hosts, 1.5S on
+// 3, 2S from 4), where the tree over all ranks sends 3S through the busiest host at 4
+// hosts of 2 ranks. `lagResults` as for treeAllReduce; lagged, local rank 0 also reduces
+// its chain's part and its child hosts' in two steps, so that the next block's chain part
+// does not wait behind a step that waits for another host.
 struct Hierarchy;
 Schedule hostTreeAllReduce(const Hierarchy& h, size_t count, size_t piece, bool lagResults = false);
 // Recursive doubling: in round j every rank swaps its partial result with rank ^ 2^j and

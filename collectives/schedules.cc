@@ -700,58 +700,71 @@ RankLinks inOrderLinks(int tree, int rank, int n) {
   return l;
 }
 
-// Whether ranks a and b are joined by an edge of `tree`.
-bool treeEdge(const TreeOf& links, int tree, int a, int b) {
-  const RankLinks la = links(tree, a);
-  if (la.parent == b) return true;
-  for (int c = 0; c < la.nchildren; ++c)
-    if (la.children[c] == b) return true;
-  return false;
-}
-
-// How many blocks the results going down may trail the reductions going up, in the order
-// in which steps take a connection they share. Without it, where one tree's reductions and
+// How many blocks the results going down trail the reductions going up, in the order in
+// which steps take a connection they share. Without it, where one tree's reductions and
 // the other's results share a connection (a leaf of one next to its parent, which is its
 // child in the other), the next block's reduction waits there for this block's result,
-// a round trip of the whole tree per block. Every rank orders its steps by the same slots
-// (treeAllReduceOver), except the root, whose one step takes the reduction and sends the
-// result: its sends to its children keep the reduction's slot. So the lag is used only
-// where no edge from a root to its child belongs to the other tree, and is 0 (both in a
-// block's slot) otherwise; the trees alone decide, so all ranks agree.
-int treeLag(int n, const TreeOf& links) {
-  // Two blocks: with FIFOs of two slots (the fewest LOOM_STEPS allows) the schedule
-  // simulator finds lags up to 4 safe and 5 deadlocking; at 8 network namespaces of 1 Gb/s
-  // (2026-12-05) 2 took the tree from 85 to 80 ms at 4 MiB and 1.3-1.7 to 1.1 ms at 64 KiB,
-  // 4 about 2 % more.
-  constexpr int kLag = 2;
-  for (int tree = 0; tree < 2; ++tree) {
-    int root = -1;
-    for (int r = 0; r < n && root < 0; ++r)
-      if (links(tree, r).parent < 0) root = r;
-    const RankLinks t = links(tree, root);
-    for (int c = 0; c < t.nchildren; ++c) {
-      if (treeEdge(links, 1 - tree, root, t.children[c])) return 0;
-    }
+// a round trip of the whole tree per block. Every rank orders its steps by the same slots,
+// the roots too: a root reduces in one step and sends the result down in another, at the
+// results' slot (Step::after orders the two). Two blocks: with FIFOs of two slots (the
+// fewest LOOM_STEPS allows) the schedule simulator found lags up to 4 safe and 5
+// deadlocking; at 8 network namespaces of 1 Gb/s (2026-12-05) 2 took the tree from 85 to
+// 80 ms at 4 MiB and 1.3-1.7 to 1.1 ms at 64 KiB, 4 about 2 % more.
+constexpr int kTreeLag = 2;
+
+// Steps listed by slot (stable: in the order added within one), with Step::after given as
+// the id of an earlier added step and turned into its index once sorted.
+class Slotted {
+ public:
+  // Adds `st` at `slot`; returns its id. `after`: the id of a step it reads from, or -1.
+  int add(size_t slot, Step st, int after = -1) {
+    entries_.push_back({slot, static_cast<int>(entries_.size()), after, st});
+    return entries_.back().id;
   }
-  return kLag;
-}
+  Phase phase(bool sort) {
+    if (sort) {
+      std::stable_sort(entries_.begin(), entries_.end(),
+                       [](const Entry& a, const Entry& b) { return a.slot < b.slot; });
+    }
+    std::vector<int> indexOf(entries_.size());
+    for (size_t i = 0; i < entries_.size(); ++i) indexOf[entries_[i].id] = static_cast<int>(i);
+    Phase out;
+    out.reserve(entries_.size());
+    for (Entry& e : entries_) {
+      e.step.after = e.after >= 0 ? indexOf[e.after] : -1;
+      out.push_back(e.step);
+    }
+    return out;
+  }
+
+ private:
+  struct Entry {
+    size_t slot;
+    int id, after;
+    Step step;
+  };
+  std::vector<Entry> entries_;
+};
 
 // The all-reduce over two trees given by `links`, each carrying half of every block.
-Schedule treeAllReduceOver(int r, int n, size_t count, size_t piece, bool lagResults,
+Schedule treeAllReduceOver(int r, size_t count, size_t piece, bool lagResults,
                            const TreeOf& links) {
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
   // All blocks go in one phase: steps sharing a connection take turns in phase order, so
-  // the reduction streams up while results stream down. A block's reduction steps take
-  // slot 2 x block, its result steps slot 2 x (block + lag) + 1 (treeLag); the phase lists
-  // the steps by slot, the two trees in order within one.
-  const int lag = lagResults ? treeLag(n, links) : 0;
-  std::vector<std::pair<size_t, Step>> slotted;
+  // the reduction streams up while results stream down. With a lag, a block's reduction
+  // steps take slot 2 x block, its result steps slot 2 x (block + lag) + 1 (kTreeLag), and
+  // the phase lists the steps by slot, the two trees in order within one. Without, the
+  // steps stay in block order, each tree's reduction before its result, and a root
+  // finishes the reduction and starts the broadcast in one pass.
+  const int lag = lagResults ? kTreeLag : 0;
+  Slotted slotted;
   const size_t block = 2 * piece;
   size_t bi = 0;
   for (size_t base = 0; base < count; base += block, ++bi) {
     size_t bc = std::min(block, count - base);
+    const size_t upSlot = 2 * bi, downSlot = 2 * (bi + static_cast<size_t>(lag)) + 1;
     for (int tree = 0; tree < 2; ++tree) {
       size_t off, sz;
       chunkRange(bc, 2, tree, &off, &sz);
@@ -761,35 +774,31 @@ Schedule treeAllReduceOver(int r, int n, size_t count, size_t piece, bool lagRes
       up.src = in(off);
       up.count = sz;
       for (int c = 0; c < t.nchildren; ++c) up.recvFrom(t.children[c]);
-      if (t.parent < 0) {
-        // The root finishes the reduction and starts the broadcast in one pass.
-        up.final = true;
-        up.dst = out(off);
-        for (int c = 0; c < t.nchildren; ++c) up.sendTo(t.children[c]);
-        slotted.emplace_back(2 * bi, up);
-      } else {
+      Step down;
+      down.count = sz;
+      for (int c = 0; c < t.nchildren; ++c) down.sendTo(t.children[c]);
+      if (t.parent >= 0) {
         up.sendTo(t.parent);
-        slotted.emplace_back(2 * bi, up);
-        Step down;
-        down.count = sz;
+        slotted.add(upSlot, up);
         down.dst = out(off);
         down.recvFrom(t.parent);
-        for (int c = 0; c < t.nchildren; ++c) down.sendTo(t.children[c]);
-        slotted.emplace_back(2 * (bi + static_cast<size_t>(lag)) + 1, down);
+        slotted.add(downSlot, down);
+        continue;
       }
+      up.final = true;
+      up.dst = out(off);
+      if (lag == 0) {
+        for (int c = 0; c < t.nchildren; ++c) up.sendTo(t.children[c]);
+        slotted.add(upSlot, up);
+        continue;
+      }
+      const int reduced = slotted.add(upSlot, up);
+      down.src = out(off);
+      down.srcPartial = true;
+      if (down.nsend > 0) slotted.add(downSlot, down, reduced);
     }
   }
-  // Without a lag, the steps stay in block order, each tree's reduction before its result
-  // (slots would put both trees' reductions first, which the roots' single steps cannot
-  // follow on a shared edge).
-  if (lag > 0) {
-    std::stable_sort(slotted.begin(), slotted.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-  }
-  Phase phase;
-  phase.reserve(slotted.size());
-  for (auto& e : slotted) phase.push_back(e.second);
-  s.phases.push_back(std::move(phase));
+  s.phases.push_back(slotted.phase(lag > 0));
   return s;
 }
 
@@ -797,35 +806,102 @@ Schedule treeAllReduceOver(int r, int n, size_t count, size_t piece, bool lagRes
 
 Schedule treeAllReduce(int r, int n, size_t count, size_t piece, bool lagResults) {
   if (n <= 2) return ringAllReduce(r, n, count, piece);
-  return treeAllReduceOver(r, n, count, piece, lagResults,
+  return treeAllReduceOver(r, count, piece, lagResults,
                            [n](int tree, int rank) { return inOrderLinks(tree, rank, n); });
 }
 
 Schedule hostTreeAllReduce(const Hierarchy& h, size_t count, size_t piece, bool lagResults) {
-  const int H = h.hosts, L = h.local, n = H * L;
-  // Tree t's member of each host and its chain: local ranks 0, 1, ..., L-1 in tree 0 and
-  // L-1, ..., 0 in tree 1, so that a host's two members differ where it has two ranks.
-  auto links = [&h, H, L](int tree, int rank) {
-    const int host = h.hostOf[rank];
-    const int local = h.localOf[rank];
-    const int inChain = tree == 0 ? local : L - 1 - local;
-    auto chainRank = [&](int hostIndex, int c) {
-      return h.hostRanks[hostIndex][tree == 0 ? c : L - 1 - c];
+  const int H = h.hosts, L = h.local;
+  const int host = h.hostIndex, local = h.localIndex;
+  // Each host's member of both trees is its local rank 0, with the chain local 1, ...,
+  // L-1 below it in both: reductions go up the chain and results down it in both trees,
+  // so on a connection inside a host the two trees' reductions never queue behind a result
+  // (with opposite chains every block waited there for the last one's round trip).
+  auto head = [&h](int hostIndex) { return h.hostRanks[hostIndex][0]; };
+  const int below = local + 1 < L ? h.hostRanks[host][local + 1] : -1;
+  const int above = local > 0 ? h.hostRanks[host][local - 1] : -1;
+  if (!lagResults) {
+    // One step a block and tree on every rank (the form splitByConnection takes).
+    auto links = [&](int tree, int rank) {
+      RankLinks l;
+      if (rank != head(host)) {
+        l.parent = above;
+      } else {
+        const TreeLinks ht = binaryTree(doubleTreePosition(tree, host, H), H);
+        if (ht.parent >= 0) l.parent = head(doubleTreeRank(tree, ht.parent, H));
+        for (int c = 0; c < ht.nchildren; ++c)
+          l.children[l.nchildren++] = head(doubleTreeRank(tree, ht.children[c], H));
+      }
+      if (below >= 0) l.children[l.nchildren++] = below;
+      return l;
     };
-    RankLinks l;
-    if (inChain > 0) {
-      l.parent = chainRank(host, inChain - 1);
-    } else if (H > 1) {
+    return treeAllReduceOver(h.hostRanks[host][local], count, piece, false, links);
+  }
+  // Lagged (the host executor's form), and the member of each host reduces its chain's
+  // part and its child hosts' in two steps (Step::after orders them), so that the next
+  // block's chain part never waits behind a step that also waits for another host.
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  Slotted slotted;
+  const size_t block = 2 * piece;
+  size_t bi = 0;
+  for (size_t base = 0; base < count; base += block, ++bi) {
+    const size_t bc = std::min(block, count - base);
+    const size_t upSlot = 2 * bi, downSlot = 2 * (bi + static_cast<size_t>(kTreeLag)) + 1;
+    for (int tree = 0; tree < 2; ++tree) {
+      size_t off, sz;
+      chunkRange(bc, 2, tree, &off, &sz);
+      off += base;
+      Step up;
+      up.count = sz;
+      Step down;
+      down.count = sz;
+      if (local > 0) {  // inside the chain: up towards local 0, the result back down
+        up.src = in(off);
+        if (below >= 0) up.recvFrom(below);
+        up.sendTo(above);
+        slotted.add(upSlot, up);
+        down.dst = out(off);
+        down.recvFrom(above);
+        if (below >= 0) down.sendTo(below);
+        slotted.add(downSlot, down);
+        continue;
+      }
       const TreeLinks ht = binaryTree(doubleTreePosition(tree, host, H), H);
-      if (ht.parent >= 0) l.parent = chainRank(doubleTreeRank(tree, ht.parent, H), 0);
-      for (int c = 0; c < ht.nchildren; ++c)
-        l.children[l.nchildren++] = chainRank(doubleTreeRank(tree, ht.children[c], H), 0);
+      Step chain;  // the host's part: this rank's input and its chain's
+      chain.src = in(off);
+      chain.count = sz;
+      if (below >= 0) chain.recvFrom(below);
+      chain.dst = out(off);
+      const int part = slotted.add(upSlot, chain);
+      up.src = out(off);
+      up.srcPartial = true;
+      for (int c = 0; c < ht.nchildren; ++c) {
+        const int kid = head(doubleTreeRank(tree, ht.children[c], H));
+        up.recvFrom(kid);
+        down.sendTo(kid);
+      }
+      if (below >= 0) down.sendTo(below);
+      if (ht.parent >= 0) {
+        const int parent = head(doubleTreeRank(tree, ht.parent, H));
+        up.sendTo(parent);
+        slotted.add(upSlot, up, part);
+        down.dst = out(off);
+        down.recvFrom(parent);
+        slotted.add(downSlot, down);
+        continue;
+      }
+      up.final = true;
+      up.dst = out(off);
+      const int reduced = slotted.add(upSlot, up, part);
+      down.src = out(off);
+      down.srcPartial = true;
+      if (down.nsend > 0) slotted.add(downSlot, down, reduced);
     }
-    if (inChain + 1 < L) l.children[l.nchildren++] = chainRank(host, inChain + 1);
-    return l;
-  };
-  return treeAllReduceOver(h.hostRanks[h.hostIndex][h.localIndex], n, count, piece, lagResults,
-                           links);
+  }
+  s.phases.push_back(slotted.phase(true));
+  return s;
 }
 
 namespace {

@@ -39,6 +39,9 @@ const model::Fabric& Communicator::fabric(bool hostMemory) {
     }
   }
   slot = slowest ? *slowest : fallback;
+  // The host tree needs hosts of as many ranks each (the hierarchy); otherwise the tree is
+  // the one over all ranks.
+  slot->hostTree = slot->hostTree && hier_.has_value();
   return *slot;
 }
 

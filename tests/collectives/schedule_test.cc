@@ -65,6 +65,11 @@ class Simulator {
           bool blocked = false;
           for (int j = 0; j < st.nrecv; ++j) blocked |= busy[{st.recvPeers[j], false}];
           for (int j = 0; j < st.nsend; ++j) blocked |= busy[{st.sendPeers[j], true}];
+          // Step::after: this piece waits for the same piece of an earlier step.
+          if (st.after >= 0) {
+            EXPECT_LT(static_cast<size_t>(st.after), k);
+            blocked |= s.done[st.after] <= s.done[k];
+          }
           if (s.done[k] < pieces) {
             phaseDone = false;
             if (!blocked && tryPiece(r, st, s.done[k])) {

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -480,11 +481,21 @@ size_t threadPerRank(Host& h) {
     }
   }
   size_t wrong[kLocal] = {};
+  // One thread's failure stops the other at its next size (its calls would wait for the
+  // failed rank); the other host's ranks then fail by LOOM_TIMEOUT_MS, not hang.
+  std::atomic<bool> failed{false};
   auto body = [&](int l) {
     const int rank = h.base + l;
     cudaSetDevice(0);
     std::vector<float> got(kMaxCount);
-    for (size_t count = 6; count <= kMaxCount && wrong[l] == 0; count *= 2) {
+    struct Stop {
+      std::atomic<bool>& failed;
+      size_t& wrong;
+      ~Stop() {
+        if (wrong != 0) failed = true;
+      }
+    } stop{failed, wrong[l]};
+    for (size_t count = 6; count <= kMaxCount && wrong[l] == 0 && !failed; count *= 2) {
       for (int k = 0; k < 2; ++k) {
         if (ncclAllReduce(b.in[l], b.out[l], count, ncclFloat32, ncclSum, h.comms[l],
                           h.streams[l]) != ncclSuccess) {
