@@ -456,7 +456,12 @@ ncclResult_t Communicator::asyncError() const {
     if (!st) {
       const_cast<Communicator*>(this)->setAsyncError(st.code());
       std::lock_guard<std::mutex> lock(failureMutex_);
-      if (failure_.empty()) failure_ = st.message();
+      if (failure_.empty()) {
+        // Found by ncclCommGetAsyncError: said once here, since the caller may only print
+        // the error's name.
+        failure_ = st.message();
+        LOOM_WARN(kColl, "rank %d: %s", rank_, failure_.c_str());
+      }
     }
   }
   return static_cast<ncclResult_t>(asyncError_.load());
