@@ -352,37 +352,27 @@ TEST(Schedules, HierarchicalFormsEveryShape) {
       const int n = hosts * local;
       std::vector<uint64_t> hostOf(n);
       for (int r = 0; r < n; ++r) hostOf[r] = interleaved ? r % hosts : r / local;
-      Case cs{"HierAllReduce", CollType::kAllReduce, [hostOf](int r, int, size_t c, int) {
-                Hierarchy h;
-                std::string why;
-                EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
-                return hierAllReduce(h, c, kPiece);
-              }};
-      Case gather{"HierAllGather", CollType::kAllGather, [hostOf](int r, int, size_t c, int) {
-                    Hierarchy h;
-                    std::string why;
-                    EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
-                    return hierAllGather(h, c, kPiece);
+      // Rank r's view of the hierarchy (every case builds its schedule from it).
+      auto hierOf = [hostOf](int r) {
+        Hierarchy h;
+        std::string why;
+        EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
+        return h;
+      };
+      Case cs{"HierAllReduce", CollType::kAllReduce,
+              [hierOf](int r, int, size_t c, int) { return hierAllReduce(hierOf(r), c, kPiece); }};
+      Case gather{"HierAllGather", CollType::kAllGather, [hierOf](int r, int, size_t c, int) {
+                    return hierAllGather(hierOf(r), c, kPiece);
                   }};
-      Case scatter{"HierReduceScatter", CollType::kReduceScatter,
-                   [hostOf](int r, int, size_t c, int) {
-                     Hierarchy h;
-                     std::string why;
-                     EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
-                     return hierReduceScatter(h, c, kPiece);
-                   }};
-      Case tree{"HostTreeAllReduce", CollType::kAllReduce, [hostOf](int r, int, size_t c, int) {
-                  Hierarchy h;
-                  std::string why;
-                  EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
-                  return hostTreeAllReduce(h, c, kPiece);
+      Case scatter{
+          "HierReduceScatter", CollType::kReduceScatter,
+          [hierOf](int r, int, size_t c, int) { return hierReduceScatter(hierOf(r), c, kPiece); }};
+      Case tree{"HostTreeAllReduce", CollType::kAllReduce, [hierOf](int r, int, size_t c, int) {
+                  return hostTreeAllReduce(hierOf(r), c, kPiece);
                 }};
       Case lagged{"HostTreeAllReduceLagged", CollType::kAllReduce,
-                  [hostOf](int r, int, size_t c, int) {
-                    Hierarchy h;
-                    std::string why;
-                    EXPECT_TRUE(findHierarchy(hostOf, r, &h, &why)) << why;
-                    return hostTreeAllReduce(h, c, kPiece, /*lagResults=*/true);
+                  [hierOf](int r, int, size_t c, int) {
+                    return hostTreeAllReduce(hierOf(r), c, kPiece, /*lagResults=*/true);
                   }};
       for (size_t count : {size_t{0}, size_t{1}, size_t{3}, kPiece * local - 1, kPiece * local,
                            kPiece * local * 3 + 7, size_t{1000}}) {

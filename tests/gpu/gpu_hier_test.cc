@@ -350,6 +350,34 @@ size_t graphBesideEager(Host& h, size_t count, int replays) {
   return wrong;
 }
 
+// Each local rank's input (inputValue, `count` floats) and output buffers on the GPU,
+// freed at the end of the scope.
+struct RankBuffers {
+  float* in[kLocal] = {};
+  float* out[kLocal] = {};
+  ~RankBuffers() {
+    for (int l = 0; l < kLocal; ++l) {
+      cudaFree(in[l]);
+      cudaFree(out[l]);
+    }
+  }
+  // False (with a failure added) where an allocation or the upload failed.
+  bool fill(const Host& h, size_t count) {
+    for (int l = 0; l < kLocal; ++l) {
+      std::vector<float> host(count);
+      for (size_t i = 0; i < count; ++i) host[i] = float(inputValue(h.base + l, i));
+      if (cudaMalloc(&in[l], count * 4) != cudaSuccess ||
+          cudaMalloc(&out[l], count * 4) != cudaSuccess ||
+          cudaMemcpy(in[l], host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+        ADD_FAILURE() << "buffers of rank " << h.base + l << ": "
+                      << cudaGetErrorString(cudaGetLastError());
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
 // As the perf binaries warm up: every size from 8 bytes to 64 MiB, three calls of each
 // collective issued back to back (a group per call, nothing waited for between them),
 // then the last results checked. Each size is new to the network plans, and the larger
@@ -358,29 +386,10 @@ size_t graphBesideEager(Host& h, size_t count, int replays) {
 // a warm-up on 2026-12-05). The wrong elements.
 size_t backToBack(Host& h) {
   constexpr size_t kMaxCount = size_t{16} << 20;  // floats
-  struct Buffers {
-    float* in[kLocal] = {};
-    float* out[kLocal] = {};
-    ~Buffers() {
-      for (int l = 0; l < kLocal; ++l) {
-        cudaFree(in[l]);
-        cudaFree(out[l]);
-      }
-    }
-  } b;
+  RankBuffers b;
+  if (!b.fill(h, kMaxCount)) return 1;
   float** in = b.in;
   float** out = b.out;
-  for (int l = 0; l < kLocal; ++l) {
-    std::vector<float> host(kMaxCount);
-    for (size_t i = 0; i < kMaxCount; ++i) host[i] = float(inputValue(h.base + l, i));
-    if (cudaMalloc(&in[l], kMaxCount * 4) != cudaSuccess ||
-        cudaMalloc(&out[l], kMaxCount * 4) != cudaSuccess ||
-        cudaMemcpy(in[l], host.data(), kMaxCount * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
-      ADD_FAILURE() << "buffers of rank " << h.base + l << ": "
-                    << cudaGetErrorString(cudaGetLastError());
-      return 1;
-    }
-  }
   size_t wrong = 0;
   std::vector<float> got(kMaxCount);
   // All-gather and reduce-scatter move kRanks blocks of `count`: up to kMaxCount / kRanks.
@@ -459,27 +468,8 @@ size_t backToBack(Host& h) {
 // does not cover this). The wrong elements, or 1 for a call that failed.
 size_t threadPerRank(Host& h) {
   constexpr size_t kMaxCount = size_t{3} << 22;
-  struct Buffers {
-    float* in[kLocal] = {};
-    float* out[kLocal] = {};
-    ~Buffers() {
-      for (int l = 0; l < kLocal; ++l) {
-        cudaFree(in[l]);
-        cudaFree(out[l]);
-      }
-    }
-  } b;
-  for (int l = 0; l < kLocal; ++l) {
-    std::vector<float> host(kMaxCount);
-    for (size_t i = 0; i < kMaxCount; ++i) host[i] = float(inputValue(h.base + l, i));
-    if (cudaMalloc(&b.in[l], kMaxCount * 4) != cudaSuccess ||
-        cudaMalloc(&b.out[l], kMaxCount * 4) != cudaSuccess ||
-        cudaMemcpy(b.in[l], host.data(), kMaxCount * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
-      ADD_FAILURE() << "buffers of rank " << h.base + l << ": "
-                    << cudaGetErrorString(cudaGetLastError());
-      return 1;
-    }
-  }
+  RankBuffers b;
+  if (!b.fill(h, kMaxCount)) return 1;
   size_t wrong[kLocal] = {};
   // One thread's failure stops the other at its next size (its calls would wait for the
   // failed rank); the other host's ranks then fail by LOOM_TIMEOUT_MS, not hang.
