@@ -174,7 +174,9 @@ Estimate railEstimate(CollType type, double bytes, const Fabric& f) {
   bool any = false;
   for (Algo a : kAllAlgos) {
     Estimate e;
-    if (a == Algo::kOneShot || !estimate(type, a, static_cast<size_t>(bytes), rail, &e) || !e.built)
+    // Nor the chain reduce: GPU buffers keep the tree (chooseFlatAlgorithm).
+    if (a == Algo::kOneShot || (type == CollType::kReduce && a == Algo::kChain) ||
+        !estimate(type, a, static_cast<size_t>(bytes), rail, &e) || !e.built)
       continue;
     if (!any || e.us < best.us) best = e;
     any = true;
@@ -200,8 +202,6 @@ Estimate sequence(std::initializer_list<Estimate> passes) {
     out.bandwidthUs += p.bandwidthUs;
     out.steps += p.steps;
   }
-  // Built, but run only where LOOM_ALGO=hier asks, so the tuner does not weigh it.
-  out.built = false;
   return out;
 }
 
@@ -247,6 +247,35 @@ Estimate hierarchicalGather(const Fabric& f, double S, bool scatter) {
   return s.done(true);
 }
 
+// GPU buffers, broadcast: either the whole buffer over the root's rail, then from each
+// host's rank on it to the others over the mesh; or split over every rail: the root's host
+// passes the buffer to its ranks over the mesh, each rail carries its G-th across the
+// hosts, and each other host's ranks gather the parts over the mesh. Reduce is the mirror
+// of each (mesh reduce, or mesh reduce-scatter; the rail's reduce; on the root's host a
+// mesh all-gather of the parts). The split form sends S/G through each NIC instead of S
+// through one, for one more pass. Host buffers have neither.
+Estimate hierarchicalRooted(const Fabric& f, double S, bool reduce, bool split) {
+  const int G = f.ranksPerHost;
+  if (split) {
+    return reduce ? sequence({meshEstimate(CollType::kReduceScatter, S, f),
+                              railEstimate(CollType::kReduce, S / G, f),
+                              meshEstimate(CollType::kAllGather, S, f)})
+                  : sequence({meshEstimate(CollType::kBroadcast, S, f),
+                              railEstimate(CollType::kBroadcast, S / G, f),
+                              meshEstimate(CollType::kAllGather, S, f)});
+  }
+  return reduce ? sequence({meshEstimate(CollType::kReduce, S, f),
+                            railEstimate(CollType::kReduce, S, f)})
+                : sequence({railEstimate(CollType::kBroadcast, S, f),
+                            meshEstimate(CollType::kBroadcast, S, f)});
+}
+
+Estimate hierarchicalRooted(const Fabric& f, double S, bool reduce) {
+  const Estimate whole = hierarchicalRooted(f, S, reduce, false);
+  const Estimate split = hierarchicalRooted(f, S, reduce, true);
+  return split.us < whole.us ? split : whole;
+}
+
 // Broadcast and reduce: a chain streams S through every rank once, n - 1 hops; the tree
 // reaches every rank in depth hops, inner ranks sending (or receiving) twice.
 Estimate chain(const Fabric& f, Algo a, double S, bool built) {
@@ -272,6 +301,14 @@ Estimate rootedTree(const Fabric& f, double S, bool built) {
 }
 
 }  // namespace
+
+bool hierSplitsRails(CollType type, size_t bytes, const Fabric& f) {
+  if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+  if (type != CollType::kBroadcast && type != CollType::kReduce) return false;
+  const bool reduce = type == CollType::kReduce;
+  const double S = static_cast<double>(bytes);
+  return hierarchicalRooted(f, S, reduce, true).us < hierarchicalRooted(f, S, reduce, false).us;
+}
 
 const char* algoName(Algo a) {
   switch (a) {
@@ -345,6 +382,10 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
         case Algo::kMeshOneShot: *out = direct(f, a, S / (n - 1), 1, true); return true;
         case Algo::kChain: *out = chain(f, a, S, true); return true;
         case Algo::kTree: *out = rootedTree(f, S, true); return true;
+        case Algo::kHierarchical:
+          if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+          *out = hierarchicalRooted(f, S, /*reduce=*/false);
+          return true;
         default: return false;
       }
     case CollType::kReduce:
@@ -353,6 +394,10 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
         case Algo::kTree: *out = rootedTree(f, S, true); return true;
         // Built for host buffers (chainReduce); GPU buffers keep the tree.
         case Algo::kChain: *out = chain(f, a, S, !f.gpu); return true;
+        case Algo::kHierarchical:
+          if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+          *out = hierarchicalRooted(f, S, /*reduce=*/true);
+          return true;
         default: return false;
       }
     case CollType::kAllToAll:

@@ -92,6 +92,12 @@ std::vector<Estimate> estimates(CollType type, size_t bytes, const Fabric& f);
 // collective has a built form on every fabric).
 Estimate fastest(const std::vector<Estimate>& list);
 
+// GPU buffers: whether the hierarchical broadcast or reduce of `bytes` splits the buffer
+// over every rail (the mesh passes the parts inside the hosts) rather than sending it whole
+// over the root's rail: where the model prices that lower on `f` (the communicator's GPU
+// fabric). False for other collectives and fabrics. Allocates nothing.
+bool hierSplitsRails(CollType type, size_t bytes, const Fabric& f);
+
 // nccl-tests' bus bandwidth (GB/s) of a call of `bytes` taking `us`.
 double busGBs(CollType type, size_t bytes, int nranks, double us);
 

@@ -67,7 +67,7 @@ TEST(CostModel, GpuHierarchicalAddsItsPasses) {
   const Fabric f = dgx(2);
   Estimate h;
   ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kHierarchical, size_t(S), f, &h));
-  EXPECT_FALSE(h.built);
+  EXPECT_TRUE(h.built);
   const Fabric host = dgx(1);
   const Fabric rail = netExecutorFabric(f, /*rail=*/true);
   double railUs = 1e300;
@@ -190,17 +190,50 @@ TEST(CostModel, Crossovers) {
   }
 }
 
-// The split-rail form for GPU buffers (run only where LOOM_ALGO=hier asks) takes fewer
-// steps than the flat ring across many hosts of many GPUs: it is the first thing to make
-// the default for latency at scale.
-TEST(CostModel, HierarchicalIsPricedButNotPicked) {
+// The split-rail form for GPU buffers takes fewer steps than the flat ring across many
+// hosts of many GPUs, and is the fastest form there at 1 MiB.
+TEST(CostModel, GpuHierarchicalTakesFewerStepsAtScale) {
   const Fabric f = dgx(512);
   Estimate h, r;
   ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kHierarchical, 1 << 20, f, &h));
   ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kRing, 1 << 20, f, &r));
-  EXPECT_FALSE(h.built);
+  EXPECT_TRUE(h.built);
   EXPECT_LT(h.steps, r.steps);
-  EXPECT_NE(fastest(estimates(CollType::kAllReduce, 1 << 20, f)).algo, Algo::kHierarchical);
+  EXPECT_EQ(fastest(estimates(CollType::kAllReduce, 1 << 20, f)).algo, Algo::kHierarchical);
+}
+
+// GPU broadcast and reduce: the root's rail carries the whole buffer across the hosts and
+// the mesh passes it on inside each (or the mirror), one pass after the other; or the
+// buffer is split over every rail, with a mesh pass more. The split form wins for large
+// buffers (S/G through each NIC instead of S through one) and loses for small ones (one
+// more pass). Host buffers have neither.
+TEST(CostModel, GpuHierarchicalBroadcastAndReduceAddTheirPasses) {
+  const Fabric f = dgx(4);
+  const Fabric host = dgx(1);
+  const Fabric rail = netExecutorFabric(f, /*rail=*/true);
+  // The rail's reduce keeps the tree on GPU buffers; its broadcast takes the faster.
+  auto railUs = [&](CollType t, size_t b) {
+    double u = us(t, Algo::kTree, b, rail);
+    return t == CollType::kBroadcast ? std::min(u, us(t, Algo::kChain, b, rail)) : u;
+  };
+  for (CollType t : {CollType::kBroadcast, CollType::kReduce}) {
+    const bool reduce = t == CollType::kReduce;
+    for (size_t b : {size_t(8), size_t(1) << 30}) {
+      Estimate h, none;
+      ASSERT_TRUE(estimate(t, Algo::kHierarchical, b, f, &h));
+      EXPECT_TRUE(h.built);
+      const double whole = railUs(t, b) + us(t, Algo::kMeshOneShot, b, host);
+      const double split = us(reduce ? CollType::kReduceScatter : CollType::kBroadcast,
+                              Algo::kMeshOneShot, b, host) +
+                           railUs(t, b / 8) + us(CollType::kAllGather, Algo::kMeshOneShot, b, host);
+      EXPECT_NEAR(h.us, std::min(whole, split), 1e-6 * h.us) << collTypeName(t) << " " << b;
+      EXPECT_EQ(hierSplitsRails(t, b, f), split < whole) << collTypeName(t) << " " << b;
+      EXPECT_FALSE(estimate(t, Algo::kHierarchical, b, hostMemoryFabric(4, 2, 0.125), &none));
+    }
+    EXPECT_FALSE(hierSplitsRails(t, 8, f));
+    EXPECT_TRUE(hierSplitsRails(t, size_t(1) << 30, f));
+  }
+  EXPECT_FALSE(hierSplitsRails(CollType::kAllReduce, size_t(1) << 30, f));
 }
 
 // Host buffers: the hierarchical all-reduce is built (hierAllReduce), and across hosts of
