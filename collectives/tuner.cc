@@ -300,6 +300,53 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   return c;
 }
 
+TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f,
+                             const AlgoRequest& forced, const AlgoRequest& flatForced) {
+  TunerChoice c;
+  c.algo = Algorithm::kRing;
+  if (!forced.allows(AlgoName::kHier)) {
+    c.reason = "LOOM_ALGO leaves out hier";
+    return c;
+  }
+  if (forced.names(AlgoName::kHier)) {
+    c.algo = Algorithm::kHier;
+    c.reason = "forced by LOOM_ALGO";
+    return c;
+  }
+  if (!f || f->hosts < 2 || f->ranksPerHost < 2) {
+    c.reason = "no fabric to price the hierarchical form on";
+    return c;
+  }
+  // The perf binary's hierarchical all-gather failed in its warm-up on one H100
+  // (2026-12-05, docs/perf/crosshost.md) where the test's passed: until the cause is
+  // known it runs only where asked for.
+  if (type == CollType::kAllGather) {
+    c.reason = "the hierarchical all-gather runs only where LOOM_ALGO names hier";
+    return c;
+  }
+  const model::Fabric flatFabric = model::netExecutorFabric(*f, /*rail=*/false);
+  CollRequest req;
+  req.type = type;
+  req.elemSize = 4;
+  req.nranks = f->nranks();
+  const bool perRank = type == CollType::kAllGather || type == CollType::kReduceScatter;
+  req.count = std::max<size_t>(1, bytes / req.elemSize / (perRank ? req.nranks : 1));
+  req.fabric = &flatFabric;
+  auto flat = chooseNetAlgorithm(req, flatForced);
+  model::Estimate fe, he;
+  if (!flat.isOk() || !model::estimate(type, modelAlgo(flat->algo), bytes, flatFabric, &fe) ||
+      !model::estimate(type, model::Algo::kHierarchical, bytes, *f, &he)) {
+    c.reason = "the cost model cannot price both forms";
+    return c;
+  }
+  c.algo = he.us <= fe.us ? Algorithm::kHier : flat->algo;
+  c.reason = he.us <= fe.us ? "cost model: hierarchical under the flat form"
+                            : "cost model: the flat form under the hierarchical";
+  c.flatUs = fe.us;
+  c.hierUs = he.us;
+  return c;
+}
+
 size_t hostPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes, bool network) {
   // Every hop costs a wake-up of the receiving rank; where ranks outnumber cores that is
   // tens of microseconds, so fewer, larger pieces win. Measured on the 2-core VM, 4 ranks,
@@ -414,8 +461,18 @@ bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo*
     executorFabric = model::netExecutorFabric(f, /*rail=*/false);
     req.fabric = &executorFabric;
   }
-  // Host buffers take the hierarchical forms where every host has several ranks; GPU
-  // buffers only where LOOM_ALGO names them.
+  // GPU buffers across hosts of several GPUs: the hierarchical form where the model prices
+  // it under the flat one (chooseDeviceHier, as the GPU executor asks).
+  if (f.gpu && f.hosts > 1 && f.ranksPerHost > 1 && type != CollType::kAllToAll) {
+    const AlgoRequest none;
+    const TunerChoice c = chooseDeviceHier(type, bytes, &f, none, none);
+    if (c.algo == Algorithm::kHier) {
+      *algo = model::Algo::kHierarchical;
+      if (reason) *reason = c.text();
+      return true;
+    }
+  }
+  // Host buffers take the hierarchical forms where every host has several ranks.
   Hierarchy h;
   if (!f.gpu && f.hosts > 1 && f.ranksPerHost > 1) {
     std::vector<uint64_t> hostKeys(n);
@@ -437,8 +494,9 @@ bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo*
 bool tunerEstimate(CollType type, size_t bytes, const model::Fabric& f, model::Estimate* e) {
   model::Algo algo{};
   if (!tunerPick(type, bytes, f, &algo)) return false;
-  const model::Fabric where =
-      f.gpu && f.hosts > 1 ? model::netExecutorFabric(f, /*rail=*/false) : f;
+  const model::Fabric where = f.gpu && f.hosts > 1 && algo != model::Algo::kHierarchical
+                                  ? model::netExecutorFabric(f, /*rail=*/false)
+                                  : f;
   return model::estimate(type, algo, bytes, where, e);
 }
 

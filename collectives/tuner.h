@@ -80,6 +80,16 @@ Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& f
 // kMaxStepPeers + 1 ranks, else the ring.
 Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& forced);
 
+// GPU buffers across hosts of several GPUs each (collectives/device/cuda_executor_hier.cc):
+// the hierarchical form (algo kHier) or the flat form of the network executor (its pick
+// under `flatForced`), whichever the cost model prices lower on `f`, the communicator's GPU
+// fabric: the hierarchical passes one after the other (model::estimate, kHierarchical), the
+// flat form on model::netExecutorFabric. LOOM_ALGO naming hier forces it; one that leaves
+// it out, or no fabric, keeps the flat form. `bytes` as the model counts them (an
+// all-gather's output, a reduce-scatter's input). Allocates nothing.
+TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f,
+                             const AlgoRequest& forced, const AlgoRequest& flatForced);
+
 // The piece size (bytes) of a collective on device buffers over the network: as
 // hostPieceBytes, but up to the whole slot (the network executor's slots are larger, and
 // its kernels, not a CPU thread, combine the pieces), and broadcast and reduce in pieces
@@ -92,16 +102,16 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo);
 // forced, for a call of `bytes` as the model counts them (an all-gather's output, a
 // reduce-scatter's input) on fabric `f`, each host's ranks together: host buffers as the
 // communicator asks (chooseAlgorithm; the hierarchical forms where the hosts have several
-// ranks), GPU buffers across hosts as the network executor asks (chooseNetAlgorithm).
+// ranks), GPU buffers across hosts as the GPU executor asks (chooseDeviceHier, then the
+// network executor's chooseNetAlgorithm).
 // False for GPUs of one host, whose mesh planner decides by size limits
 // (collectives/device/mesh_plan.h). What loom-model prints beside the model's estimates.
 bool tunerPick(CollType type, size_t bytes, const model::Fabric& f, model::Algo* algo,
                std::string* reason = nullptr);
-// The tuner's pick priced where it runs: on `f` for host buffers; for GPU buffers across
-// hosts on the network executor's own fabric (model::netExecutorFabric: every pair of
-// ranks through the network, each GPU on its share of the host's NICs), which is what
-// loom does by default there, not what `f`'s NVLink-inside rows price. False where
-// tunerPick is.
+// The tuner's pick priced where it runs: on `f` for host buffers and the hierarchical GPU
+// forms; for the flat GPU form across hosts on the network executor's own fabric
+// (model::netExecutorFabric: every pair of ranks through the network, each GPU on its
+// share of the host's NICs). False where tunerPick is.
 bool tunerEstimate(CollType type, size_t bytes, const model::Fabric& f, model::Estimate* e);
 
 // The piece size (bytes) of a host collective: what one FIFO slot carries per step.

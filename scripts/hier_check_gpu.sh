@@ -6,9 +6,10 @@
 # binaries' -g 2; LOOM_P2P_SHARE_GPU=1 lets a process's two ranks form a GPU mesh on the one
 # GPU), every rank on GPU 0 (NCCL_TESTS_DEVICE=0), under CUDA MPS:
 #   hier   all_reduce, broadcast, reduce, all_gather and reduce_scatter with LOOM_ALGO=hier
-#          (the hierarchical form; set up only where LOOM_ALGO names it)
+#          (the hierarchical form, forced)
 #   flat   the same with LOOM_ALGO=^hier: every rank a network peer of every other, the
 #          in-host pairs over loopback TCP too
+#   auto   the same with no LOOM_ALGO: loom's own choice between the two (the cost model)
 #   4x1    4 processes as 4 hosts of one rank, loom beside NVIDIA's NCCL (--compare nccl).
 #          NCCL cannot run 2 x 2 here (it refuses two ranks of one communicator on one GPU),
 #          so this is the nearest NCCL figure: the same 4 ranks, all over its Socket transport.
@@ -54,18 +55,22 @@ for c in ${COLLS:-all_reduce broadcast reduce all_gather reduce_scatter}; do
   loom_as_hosts "${RUN_LIMIT:-120}" 2 "$out/${c}_flat" env LOOM_ALGO=^hier "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 \
     > "$out/${c}_flat.log" 2>&1
   echo "flat rc=$?"
+  loom_as_hosts "${RUN_LIMIT:-120}" 2 "$out/${c}_auto" "$bin/${c}_perf" -g 2 $sizes -c 1 -n 20 -w 5 \
+    > "$out/${c}_auto.log" 2>&1
+  echo "auto rc=$?"
   loom_as_hosts "${RUN_LIMIT:-120}" 4 "$out/${c}_4x1" "$bin/${c}_perf" $sizes -c 1 -n 20 -w 5 --compare nccl > "$out/${c}_4x1.log" 2>&1
   echo "4x1 rc=$?"
   {
     echo "## $c"
     echo
-    echo "| size | hier us | hier busbw | flat us | flat busbw | hier / flat busbw | 4x1 loom us | 4x1 NCCL us | 4x1 NCCL busbw | wrong (hier; flat; 4x1 loom, NCCL) |"
-    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    echo "| size | hier us | hier busbw | flat us | flat busbw | hier / flat busbw | auto us | auto busbw | 4x1 loom us | 4x1 NCCL us | 4x1 NCCL busbw | wrong (hier; flat; auto; 4x1 loom, NCCL) |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     join <(rows "$out/${c}_hier.log") <(rows "$out/${c}_flat.log") |
+      join - <(rows "$out/${c}_auto.log") |
       join - <(awk '/^ +[0-9]+ +[0-9]+ / { print $1, $6, $14, $15, $9 + $13, $16 + $20 }' "$out/${c}_4x1.log") |
       awk '{ r = ($7 > 0) ? sprintf("%.2f", $3 / $7) : "-";
-             printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s; %s/%s; %s, %s |\n",
-                    $1, $2, $3, $6, $7, r, $10, $11, $12, $4, $5, $8, $9, $13, $14 }'
+             printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s; %s/%s; %s/%s; %s, %s |\n",
+                    $1, $2, $3, $6, $7, r, $10, $11, $14, $15, $16, $4, $5, $8, $9, $12, $13, $17, $18 }'
     echo
   } >> "$out/hier.md"
 done

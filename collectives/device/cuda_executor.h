@@ -336,6 +336,14 @@ class CudaExecutor final : public DeviceExecutor {
   Status initHierarchy(transport::SetupChannel& bootstrap,
                        const std::vector<transport::PeerInfo>& peers);
   Status runHier(const Operation& op, const ExecutorRedOp& red);
+  // Whether `op` takes the hierarchical form (the same answer on every rank: the count,
+  // the hierarchy, LOOM_ALGO and the fabric are); the reason either way, with the cost
+  // model's estimates where it decided (only where `text` is given: it allocates).
+  bool takesHier(const Operation& op, const char** reason, std::string* text = nullptr) const;
+  // Broadcast and reduce: whether the buffer is split over every rail (the mesh passes
+  // the parts inside the hosts) instead of going whole over the root's rail, as the cost
+  // model prices them (model::hierSplitsRails; the count a multiple of the ranks per host).
+  bool splitsRails(const Operation& op) const;
   // The call this rank makes on its rail for `op` (false: none, as for a broadcast's
   // ranks off the root's rail).
   bool railCall(const Operation& op, collectives::CollRequest* req) const;

@@ -32,15 +32,13 @@ std::string CudaExecutor::describe() const {
 
 Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
                                    const std::vector<transport::PeerInfo>& peers) {
-  // Until the form has run on a GPU it is set up only where asked for (every rank agreed
-  // on LOOM_ALGO at init, so all decide alike).
-  if (!limits_.algo.names(AlgoName::kHier)) {
-    LOOM_INFO(kInit,
-              "rank %d: no hierarchical GPU forms: they have not yet been checked on a GPU, so "
-              "they run only where LOOM_ALGO names hier",
-              rank_);
+  // Set up unless LOOM_ALGO leaves it out (every rank agreed on LOOM_ALGO at init, so all
+  // decide alike); each call then takes it where the cost model says (takesHier).
+  if (!limits_.algo.allows(AlgoName::kHier)) {
+    LOOM_INFO(kInit, "rank %d: no hierarchical GPU forms: LOOM_ALGO leaves out hier", rank_);
     return Status::ok();
   }
+  const bool asked = limits_.algo.names(AlgoName::kHier);
   std::vector<uint64_t> hosts;
   for (const auto& p : peers) hosts.push_back(p.hostHash);
   std::string why;
@@ -83,9 +81,11 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
       st = net.status().withContext("setting up the hierarchical form's rail");
     }
   }
-  if (!st) {
+  if (!st && asked) {
     LOOM_WARN(kInit, "rank %d: the hierarchical GPU forms asked for by LOOM_ALGO=hier: %s", rank_,
               st.message().c_str());
+  } else if (!st) {
+    LOOM_INFO(kInit, "rank %d: the hierarchical GPU forms: %s", rank_, st.message().c_str());
   }
   // Every rank takes the form, or none.
   std::vector<int32_t> all(nranks_);
@@ -93,10 +93,17 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(int32_t)));
   for (int r = 0; r < nranks_; ++r) {
     if (all[r]) continue;
-    LOOM_WARN(kInit,
-              "rank %d: no hierarchical GPU forms: rank %d could not set up its part (its log "
-              "says why); every call takes the flat form",
-              rank_, r);
+    if (asked) {
+      LOOM_WARN(kInit,
+                "rank %d: no hierarchical GPU forms: rank %d could not set up its part (its "
+                "log says why); every call takes the flat form",
+                rank_, r);
+    } else {
+      LOOM_INFO(kInit,
+                "rank %d: no hierarchical GPU forms: rank %d could not set up its part (its "
+                "log says why); every call takes the flat form",
+                rank_, r);
+    }
     localChannel_.reset();  // rail and local go with this scope
     return Status::ok();
   }
@@ -109,6 +116,12 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
   return Status::ok();
 }
 
+bool CudaExecutor::splitsRails(const Operation& op) const {
+  if (op.type != CollType::kBroadcast && op.type != CollType::kReduce) return false;
+  if (op.count % static_cast<size_t>(hier_.local) != 0 || !context_.fabric) return false;
+  return model::hierSplitsRails(op.type, op.count * dataTypeSize(op.dtype), *context_.fabric);
+}
+
 bool CudaExecutor::railCall(const Operation& op, collectives::CollRequest* req) const {
   *req = collectives::requestFor(op, hier_.hosts, hier_.hostIndex);
   req->root = 0;
@@ -117,8 +130,13 @@ bool CudaExecutor::railCall(const Operation& op, collectives::CollRequest* req) 
       req->count = op.count / static_cast<size_t>(hier_.local);
       return true;
     case CollType::kBroadcast:
-    case CollType::kReduce:  // the whole buffer, on the root's rail only
+    case CollType::kReduce:
+      // Split: this rank's part, on every rail; else the whole buffer, on the root's rail.
       req->root = hier_.hostOf[op.root];
+      if (splitsRails(op)) {
+        req->count = op.count / static_cast<size_t>(hier_.local);
+        return true;
+      }
       return hier_.localIndex == hier_.localOf[op.root];
     case CollType::kAllGather:
     case CollType::kReduceScatter:  // a block a host: this rank's, and its rail's
@@ -171,7 +189,8 @@ Status CudaExecutor::prepareHier(const Operation& op) {
   collectives::CollRequest req;
   if (!railCall(op, &req)) return Status::ok();
   // A rank of the root's rail other than the root reduces into scratch memory (runHier),
-  // and all-gather and reduce-scatter reorder their blocks through it.
+  // as does every rank but the root where the reduce splits over the rails, and all-gather
+  // and reduce-scatter reorder their blocks through it.
   if (op.type == CollType::kReduce && rank_ != op.root)
     LOOM_TRY(netScratch(op.count * req.elemSize).status());
   if (const HierScratch s = hierScratchBytes(op); s.railBytes > 0)
@@ -246,9 +265,30 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       break;
     }
     case CollType::kBroadcast: {
+      const int rootLocal = hier_.localOf[op.root];
+      if (splitsRails(op)) {
+        // The root's host passes the buffer to its ranks, each rail carries its part to
+        // every host, and each other host's ranks gather the parts.
+        const size_t part = op.count / static_cast<size_t>(hier_.local);
+        char* mine = out + size_t(hier_.localIndex) * part * es;
+        const bool rootHost = hier_.hostIndex == hier_.hostOf[op.root];
+        if (rootHost) {
+          Operation b = op;
+          b.root = rootLocal;
+          LOOM_TRY(local_->run(b, red));
+        }
+        LOOM_TRY(across(mine, mine, red));
+        if (!rootHost) {
+          Operation ag = op;
+          ag.type = CollType::kAllGather;
+          ag.sendbuff = mine;
+          ag.count = part;
+          LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
+        }
+        break;
+      }
       // The root's rail carries it to every host, then each host's rank on that rail
       // gives it to the others.
-      const int rootLocal = hier_.localOf[op.root];
       if (onRail) LOOM_TRY(across(op.sendbuff, out, red));
       Operation b = op;
       b.sendbuff = out;
@@ -257,6 +297,35 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       break;
     }
     case CollType::kReduce: {
+      if (splitsRails(op)) {
+        // Each host reduces each part into one of its ranks, each rail reduces its part
+        // across the hosts into the root's host, whose ranks gather the parts into the
+        // root. Every rank but the root works in scratch memory laid out as the output.
+        const size_t part = op.count / static_cast<size_t>(hier_.local);
+        char* buf = out;
+        if (rank_ != op.root) {
+          LOOM_ASSIGN_OR_RETURN(void* s, netScratch(op.count * es, cap));
+          buf = static_cast<char*>(s);
+        }
+        char* mine = buf + size_t(hier_.localIndex) * part * es;
+        Operation rs = op;
+        rs.type = CollType::kReduceScatter;
+        rs.recvbuff = mine;
+        rs.count = part;
+        rs.ncclOp = firstOp;
+        LOOM_TRY(local_->run(rs, first));
+        LOOM_TRY(across(mine, mine, second));
+        if (hier_.hostIndex == hier_.hostOf[op.root]) {
+          Operation ag = op;
+          ag.type = CollType::kAllGather;
+          ag.sendbuff = mine;
+          ag.recvbuff = buf;
+          ag.count = part;
+          ag.ncclOp = ncclSum;
+          LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
+        }
+        break;
+      }
       // Each host reduces into its rank on the root's rail, and that rail reduces the
       // hosts' results into the root. A rank of that rail other than the root reduces
       // into a scratch buffer (its own output is not the caller's to give).
@@ -304,12 +373,17 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       return errorf(Code::kInternalError, "%s reached the hierarchical form",
                     collectives::collTypeName(op.type));
   }
-  LOOM_INFO(kColl,
-            "GPU %s hierarchical: %zu x %s; in each host over the GPU mesh (%d ranks), across "
-            "%d hosts on rail %d over the network (%s)",
-            collectives::collTypeName(op.type), op.count, dataTypeName(op.dtype), hier_.local,
-            hier_.hosts, hier_.localIndex,
-            railWhy.empty() ? "not this rank's rail" : railWhy.c_str());
+  if (logging) {
+    std::string text;
+    const char* reason = nullptr;
+    takesHier(op, &reason, &text);  // the estimates, for the log only
+    LOOM_INFO(kColl,
+              "GPU %s hierarchical (%s): %zu x %s; in each host over the GPU mesh (%d ranks), "
+              "across %d hosts on rail %d over the network (%s)",
+              collectives::collTypeName(op.type), text.c_str(), op.count, dataTypeName(op.dtype),
+              hier_.local, hier_.hosts, hier_.localIndex,
+              railWhy.empty() ? "not this rank's rail" : railWhy.c_str());
+  }
   return recordDone(op.stream, cap);
 }
 

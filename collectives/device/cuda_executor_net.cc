@@ -116,8 +116,8 @@ Status CudaExecutor::prepare(const Operation& op) {
   if (mesh_ || !net_ || op.count == 0 || op.type == collectives::CollType::kSendRecv)
     return Status::ok();
   DeviceGuard guard(device_);
-  if (local_ && rail_ && !hierDecline(op.type, op.count, hier_, limits_.algo))
-    return prepareHier(op);
+  const char* why = nullptr;
+  if (takesHier(op, &why)) return prepareHier(op);
   const collectives::CollRequest req = collectives::requestFor(op, nranks_, rank_);
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff)
     LOOM_TRY(netScratch(op.count * req.elemSize * nranks_).status());
@@ -139,14 +139,33 @@ void CudaExecutor::endGroup() {
   if (rail_) rail_->endGroup();
 }
 
-Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
-  const char* flat = !limits_.algo.names(AlgoName::kHier)
-                         ? "the hierarchical form not asked for (LOOM_ALGO=hier)"
-                         : "no hierarchy (one rank per host, or a host without a GPU mesh)";
-  if (local_ && rail_) {
-    flat = hierDecline(op.type, op.count, hier_, limits_.algo);
-    if (!flat) return runHier(op, red);
+bool CudaExecutor::takesHier(const Operation& op, const char** reason, std::string* text) const {
+  if (!local_ || !rail_) {
+    *reason = limits_.algo.allows(AlgoName::kHier)
+                  ? "no hierarchy (one rank per host, or a host without a GPU mesh)"
+                  : "LOOM_ALGO leaves out hier";
+    return false;
   }
+  if (const char* decline = hierDecline(op.type, op.count, hier_, limits_.algo)) {
+    *reason = decline;
+    return false;
+  }
+  // The model counts an all-gather's output and a reduce-scatter's input.
+  const bool perRank = op.type == CollType::kAllGather || op.type == CollType::kReduceScatter;
+  const size_t bytes = op.count * dataTypeSize(op.dtype) * (perRank ? size_t(nranks_) : 1);
+  const collectives::TunerChoice c = collectives::chooseDeviceHier(
+      op.type, bytes, context_.fabric ? &*context_.fabric : nullptr, limits_.algo, flatAlgo_);
+  *reason = c.reason;
+  if (text) *text = c.text();
+  return c.algo == collectives::Algorithm::kHier;
+}
+
+Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
+  const bool logging = log::enabled(log::kInfo, log::kColl);
+  const char* flat = nullptr;
+  std::string flatText;
+  if (takesHier(op, &flat, logging ? &flatText : nullptr)) return runHier(op, red);
+  if (logging && flatText.empty()) flatText = flat;
   ++cursor_;
   if (op.count == 0) return Status::ok();
   DeviceGuard guard(device_);
@@ -173,7 +192,7 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
                                log::enabled(log::kInfo, log::kColl) ? &why : nullptr));
   LOOM_INFO(kColl, "GPU %s over the network: %zu x %s (%s; flat: %s)",
             collectives::collTypeName(op.type), op.count, dataTypeName(op.dtype), why.c_str(),
-            flat);
+            flatText.c_str());
   return recordDone(op.stream, cap);
 }
 

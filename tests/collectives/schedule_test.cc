@@ -712,8 +712,10 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   EXPECT_EQ(a, model::Algo::kDirect) << why;  // 3 ranks: no doubling, no one-shot on GPUs
   ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kTree) << why;  // the chain reduce runs on host buffers only
-  // GPU buffers across hosts: what the network executor asks, on its fabric (every pair
+  // GPU buffers across hosts of 8 GPUs: what the GPU executor asks (the hierarchical form
+  // where the model prices it lower), else the network executor, on its fabric (every pair
   // of ranks through the network), at every size and host count.
+  int hierPicks = 0;
   for (int hosts : {2, 4, 16, 256}) {
     const model::Fabric g = model::gpuFabric(hosts, 8, 450, 400, model::NetPath::kRdma);
     const model::Fabric executor = model::netExecutorFabric(g, /*rail=*/false);
@@ -724,16 +726,59 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
       net.nranks = hosts * 8;
       net.count = bytes / 4;
       net.fabric = &executor;
-      auto want = chooseNetAlgorithm(net, AlgoRequest{});
-      ASSERT_TRUE(want.isOk());
+      auto flat = chooseNetAlgorithm(net, AlgoRequest{});
+      ASSERT_TRUE(flat.isOk());
+      const TunerChoice h =
+          chooseDeviceHier(CollType::kAllReduce, bytes, &g, AlgoRequest{}, AlgoRequest{});
+      const char* want = h.algo == Algorithm::kHier ? "hierarchical" : algorithmName(flat->algo);
+      hierPicks += h.algo == Algorithm::kHier;
       ASSERT_TRUE(tunerPick(CollType::kAllReduce, bytes, g, &a, &why));
-      EXPECT_STREQ(model::algoName(a), algorithmName(want->algo))
-          << hosts << " hosts, " << bytes << " B: " << why;
+      EXPECT_STREQ(model::algoName(a), want) << hosts << " hosts, " << bytes << " B: " << why;
     }
   }
+  EXPECT_GT(hierPicks, 0);
   const model::Fabric mesh = model::gpuFabric(1, 8, 450, 50, model::NetPath::kRdma);
   EXPECT_FALSE(tunerPick(CollType::kAllReduce, 8, mesh, &a, &why));
   EXPECT_NE(why.find("mesh"), std::string::npos) << why;
+}
+
+// GPU buffers across hosts of several GPUs: LOOM_ALGO naming hier forces the hierarchical
+// form and leaving it out keeps the flat one; otherwise the cost model decides (on 2 hosts
+// of 8 H100s, hierarchical for a 16 MiB all-reduce, whose flat form sends everything
+// through every GPU's share of the NICs); the all-gather only where LOOM_ALGO asks; no
+// fabric, no hierarchical form unless asked.
+TEST(Tuner, GpuHierarchicalFormWhereForcedOrPricedLower) {
+  const model::Fabric g = model::gpuFabric(2, 8, 450, 400, model::NetPath::kRdma);
+  const AlgoRequest none;
+  auto parse = [](const char* text) {
+    auto r = AlgoRequest::parse(text);
+    EXPECT_TRUE(r.isOk()) << text;
+    return r.isOk() ? r.value() : AlgoRequest{};
+  };
+  const AlgoRequest hier = parse("hier"), notHier = parse("^hier");
+  TunerChoice c = chooseDeviceHier(CollType::kAllReduce, 16 << 20, &g, none, none);
+  EXPECT_EQ(c.algo, Algorithm::kHier) << c.text();
+  EXPECT_GT(c.flatUs, c.hierUs);
+  EXPECT_NE(c.text().find("hierarchical"), std::string::npos) << c.text();
+  c = chooseDeviceHier(CollType::kAllReduce, 16 << 20, &g, notHier, notHier);
+  EXPECT_NE(c.algo, Algorithm::kHier);
+  c = chooseDeviceHier(CollType::kAllGather, 16 << 20, &g, none, none);
+  EXPECT_NE(c.algo, Algorithm::kHier) << c.text();
+  EXPECT_NE(std::string(c.reason).find("LOOM_ALGO"), std::string::npos) << c.reason;
+  for (CollType t : {CollType::kAllGather, CollType::kBroadcast, CollType::kReduce}) {
+    EXPECT_EQ(chooseDeviceHier(t, 8, &g, hier, none).algo, Algorithm::kHier);
+    EXPECT_EQ(chooseDeviceHier(t, 8, nullptr, hier, none).algo, Algorithm::kHier);
+  }
+  EXPECT_NE(chooseDeviceHier(CollType::kAllReduce, 16 << 20, nullptr, none, none).algo,
+            Algorithm::kHier);
+  // Where the flat form wins, the choice is the network executor's own.
+  const model::Fabric oneRail = model::gpuFabric(2, 2, 450, 400, model::NetPath::kRdma);
+  for (size_t bytes = 8; bytes <= (size_t(1) << 30); bytes *= 8) {
+    c = chooseDeviceHier(CollType::kBroadcast, bytes, &oneRail, none, none);
+    if (c.algo == Algorithm::kHier) continue;
+    EXPECT_TRUE(c.algo == Algorithm::kChain || c.algo == Algorithm::kTree) << c.text();
+    EXPECT_LE(c.flatUs, c.hierUs) << bytes;
+  }
 }
 
 // Reduce: the pipelined chain or the tree, as the cost model prices them; LOOM_ALGO picks
