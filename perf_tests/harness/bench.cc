@@ -273,6 +273,11 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   Team& team = *job_.team;
   const int thread = state_.thread;
   if (o_.check > 0) prepareData(test, inPlace, kWarmSeed, /*poison=*/false);
+  // prepareData waits for the whole device (cudaDeviceSynchronize): with -t, a thread still
+  // there while another's rank has launched a call would wait for that call's kernel, which
+  // waits for this thread's rank, which never launches (every hierarchical form, and the
+  // flat one where one process holds ranks that exchange data, hung so on one H100).
+  team.barrier(thread);
 
   startColl(test, lib, inPlace, 0);  // sync
   completeColl(lib);
@@ -340,6 +345,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
     for (int c = 0; c < o_.check; ++c) {
       const uint64_t seed = static_cast<uint64_t>(rep_) * 1000 + static_cast<uint64_t>(c);
       prepareData(test, inPlace, seed, /*poison=*/true);
+      team.barrier(thread);  // as above
       startColl(test, lib, inPlace, 0);
       completeColl(lib);
       const int64_t local = checkData(test, inPlace, seed);
