@@ -379,10 +379,11 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
     takesHier(op, &reason, &text);  // the estimates, for the log only
     LOOM_INFO(kColl,
               "GPU %s hierarchical (%s): %zu x %s; in each host over the GPU mesh (%d ranks), "
-              "across %d hosts on rail %d over the network (%s)",
+              "across %d hosts on rail %d over the network (%s)%s",
               collectives::collTypeName(op.type), text.c_str(), op.count, dataTypeName(op.dtype),
               hier_.local, hier_.hosts, hier_.localIndex,
-              railWhy.empty() ? "not this rank's rail" : railWhy.c_str());
+              railWhy.empty() ? "not this rank's rail" : railWhy.c_str(),
+              splitsRails(op) ? "; the buffer split over every rail" : "");
   }
   return recordDone(op.stream, cap);
 }

@@ -555,8 +555,11 @@ TEST(GpuHier, OneHost) {
   EXPECT_EQ(runAndCheck(h, Coll::kAllReduce, DataType::kInt32, ncclProd, 5000, true, 0), 0u);
   // ncclAvg on floats: 1/4 of each input in the host, summed across.
   EXPECT_EQ(runAndCheck(h, Coll::kAllReduce, DataType::kFloat32, ncclAvg, 100002, true, 0), 0u);
+  // Odd counts keep the buffer whole on the root's rail; even ones that the model prices so
+  // split it over both rails (model::hierSplitsRails: from a few KiB here).
   for (int root = 0; root < kRanks; ++root) {
-    for (size_t count : {size_t{3}, size_t{100001}, (size_t{2} << 20) + 1}) {
+    for (size_t count : {size_t{3}, size_t{100001}, (size_t{2} << 20) + 1, size_t{100002},
+                         size_t{2} << 20}) {
       for (bool inPlace : {false, true}) {
         EXPECT_EQ(
             runAndCheck(h, Coll::kBroadcast, DataType::kFloat32, ncclSum, count, inPlace, root),
@@ -565,8 +568,11 @@ TEST(GpuHier, OneHost) {
                   0u);
       }
     }
-    EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kInt32, ncclAvg, 7777, false, root), 0u);
-    EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kFloat32, ncclMax, 7777, false, root), 0u);
+    for (size_t count : {size_t{7777}, size_t{77778}}) {
+      EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kInt32, ncclAvg, count, false, root), 0u);
+      EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kFloat32, ncclMax, count, false, root),
+                0u);
+    }
   }
   for (Coll c : {Coll::kAllGather, Coll::kReduceScatter}) {
     for (size_t count : {size_t{1}, size_t{100001}, (size_t{1} << 20) + 3}) {
