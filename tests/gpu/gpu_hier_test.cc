@@ -558,8 +558,8 @@ TEST(GpuHier, OneHost) {
   // Odd counts keep the buffer whole on the root's rail; even ones that the model prices so
   // split it over both rails (model::hierSplitsRails: from a few KiB here).
   for (int root = 0; root < kRanks; ++root) {
-    for (size_t count : {size_t{3}, size_t{100001}, (size_t{2} << 20) + 1, size_t{100002},
-                         size_t{2} << 20}) {
+    for (size_t count :
+         {size_t{3}, size_t{100001}, (size_t{2} << 20) + 1, size_t{100002}, size_t{2} << 20}) {
       for (bool inPlace : {false, true}) {
         EXPECT_EQ(
             runAndCheck(h, Coll::kBroadcast, DataType::kFloat32, ncclSum, count, inPlace, root),
@@ -570,8 +570,7 @@ TEST(GpuHier, OneHost) {
     }
     for (size_t count : {size_t{7777}, size_t{77778}}) {
       EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kInt32, ncclAvg, count, false, root), 0u);
-      EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kFloat32, ncclMax, count, false, root),
-                0u);
+      EXPECT_EQ(runAndCheck(h, Coll::kReduce, DataType::kFloat32, ncclMax, count, false, root), 0u);
     }
   }
   for (Coll c : {Coll::kAllGather, Coll::kReduceScatter}) {
