@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "collectives/fabric.h"
+#include "collectives/tuner.h"
 #include "comm/communicator.h"
 
 namespace loom::comm {
@@ -64,6 +65,11 @@ double Communicator::estimateUs(const Operation& op) {
     }
     default: break;
   }
+  // What loom would run (the tuner's pick, priced where it runs: tunerEstimate); the
+  // model's fastest built form where the tuner does not decide (GPUs of one host, whose
+  // mesh planner decides by size limits).
+  model::Estimate e;
+  if (collectives::tunerEstimate(op.type, bytes, f, &e)) return e.us;
   return model::fastest(model::estimates(op.type, bytes, f)).us;
 }
 
