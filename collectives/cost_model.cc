@@ -310,6 +310,13 @@ bool hierSplitsRails(CollType type, size_t bytes, const Fabric& f) {
   return hierarchicalRooted(f, S, reduce, true).us < hierarchicalRooted(f, S, reduce, false).us;
 }
 
+bool hierRootedEstimate(CollType type, size_t bytes, const Fabric& f, bool split, Estimate* out) {
+  if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+  if (type != CollType::kBroadcast && type != CollType::kReduce) return false;
+  *out = hierarchicalRooted(f, static_cast<double>(bytes), type == CollType::kReduce, split);
+  return true;
+}
+
 const char* algoName(Algo a) {
   switch (a) {
     case Algo::kRing: return "ring";

@@ -97,6 +97,11 @@ Estimate fastest(const std::vector<Estimate>& list);
 // over the root's rail: where the model prices that lower on `f` (the communicator's GPU
 // fabric). False for other collectives and fabrics. Allocates nothing.
 bool hierSplitsRails(CollType type, size_t bytes, const Fabric& f);
+// GPU buffers: the hierarchical broadcast or reduce in one of its two forms (`split` over
+// every rail, or whole on the root's rail); estimate(kHierarchical) gives the cheaper,
+// which only a count that divides by the ranks per host can take. False where
+// estimate(kHierarchical) is.
+bool hierRootedEstimate(CollType type, size_t bytes, const Fabric& f, bool split, Estimate* out);
 
 // nccl-tests' bus bandwidth (GB/s) of a call of `bytes` taking `us`.
 double busGBs(CollType type, size_t bytes, int nranks, double us);

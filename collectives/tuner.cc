@@ -301,7 +301,8 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
 }
 
 TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f,
-                             const AlgoRequest& forced, const AlgoRequest& flatForced) {
+                             const AlgoRequest& forced, const AlgoRequest& flatForced,
+                             bool partsEven) {
   TunerChoice c;
   c.algo = Algorithm::kRing;
   if (!forced.allows(AlgoName::kHier)) {
@@ -334,8 +335,11 @@ TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f
   req.fabric = &flatFabric;
   auto flat = chooseNetAlgorithm(req, flatForced);
   model::Estimate fe, he;
+  // Broadcast and reduce split over the rails only where the count divides (splitsRails).
+  const bool whole = !partsEven && (type == CollType::kBroadcast || type == CollType::kReduce);
   if (!flat.isOk() || !model::estimate(type, modelAlgo(flat->algo), bytes, flatFabric, &fe) ||
-      !model::estimate(type, model::Algo::kHierarchical, bytes, *f, &he)) {
+      !(whole ? model::hierRootedEstimate(type, bytes, *f, /*split=*/false, &he)
+              : model::estimate(type, model::Algo::kHierarchical, bytes, *f, &he))) {
     c.reason = "the cost model cannot price both forms";
     return c;
   }

@@ -86,9 +86,12 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
 // fabric: the hierarchical passes one after the other (model::estimate, kHierarchical), the
 // flat form on model::netExecutorFabric. LOOM_ALGO naming hier forces it; one that leaves
 // it out, or no fabric, keeps the flat form. `bytes` as the model counts them (an
-// all-gather's output, a reduce-scatter's input). Allocates nothing.
+// all-gather's output, a reduce-scatter's input). `partsEven`: the count divides by the
+// ranks per host, without which broadcast and reduce keep the buffer whole on the root's
+// rail and are priced so. Allocates nothing.
 TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f,
-                             const AlgoRequest& forced, const AlgoRequest& flatForced);
+                             const AlgoRequest& forced, const AlgoRequest& flatForced,
+                             bool partsEven = true);
 
 // The piece size (bytes) of a collective on device buffers over the network: as
 // hostPieceBytes, but up to the whole slot (the network executor's slots are larger, and

@@ -154,7 +154,8 @@ bool CudaExecutor::takesHier(const Operation& op, const char** reason, std::stri
   const bool perRank = op.type == CollType::kAllGather || op.type == CollType::kReduceScatter;
   const size_t bytes = op.count * dataTypeSize(op.dtype) * (perRank ? size_t(nranks_) : 1);
   const collectives::TunerChoice c = collectives::chooseDeviceHier(
-      op.type, bytes, context_.fabric ? &*context_.fabric : nullptr, limits_.algo, flatAlgo_);
+      op.type, bytes, context_.fabric ? &*context_.fabric : nullptr, limits_.algo, flatAlgo_,
+      op.count % static_cast<size_t>(hier_.local) == 0);
   *reason = c.reason;
   if (text) *text = c.text();
   return c.algo == collectives::Algorithm::kHier;

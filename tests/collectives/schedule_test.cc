@@ -771,6 +771,20 @@ TEST(Tuner, GpuHierarchicalFormWhereForcedOrPricedLower) {
   }
   EXPECT_NE(chooseDeviceHier(CollType::kAllReduce, 16 << 20, nullptr, none, none).algo,
             Algorithm::kHier);
+  // A count that does not divide by the ranks per host keeps the buffer whole on the root's
+  // rail, and is priced so: on 2 hosts of 8 GPUs a 256 MiB broadcast is then no faster
+  // than the flat form (the pipelined chain), where split over the rails it is 3 x faster.
+  for (CollType t : {CollType::kBroadcast, CollType::kReduce}) {
+    model::Estimate whole, split;
+    ASSERT_TRUE(model::hierRootedEstimate(t, 256 << 20, g, false, &whole));
+    ASSERT_TRUE(model::hierRootedEstimate(t, 256 << 20, g, true, &split));
+    const TunerChoice even = chooseDeviceHier(t, 256 << 20, &g, none, none, true);
+    const TunerChoice odd = chooseDeviceHier(t, 256 << 20, &g, none, none, false);
+    EXPECT_DOUBLE_EQ(even.hierUs, split.us) << collTypeName(t);
+    EXPECT_DOUBLE_EQ(odd.hierUs, whole.us) << collTypeName(t);
+    EXPECT_EQ(even.algo, Algorithm::kHier) << even.text();
+    if (t == CollType::kBroadcast) EXPECT_NE(odd.algo, Algorithm::kHier) << odd.text();
+  }
   // Where the flat form wins, the choice is the network executor's own.
   const model::Fabric oneRail = model::gpuFabric(2, 2, 450, 400, model::NetPath::kRdma);
   for (size_t bytes = 8; bytes <= (size_t(1) << 30); bytes *= 8) {
