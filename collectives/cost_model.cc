@@ -170,6 +170,14 @@ Estimate doubling(const Fabric& f, double S) {
 // aside (it has no GPU form over the network).
 Estimate railEstimate(CollType type, double bytes, const Fabric& f) {
   const Fabric rail = netExecutorFabric(f, /*rail=*/true);
+  if (type == CollType::kBroadcast) {
+    // The rail's broadcast follows the tuner's rule, not the model.
+    const size_t b = static_cast<size_t>(bytes);
+    Estimate e;
+    estimate(type, broadcastRuleTakesTree(b, rail.nranks()) ? Algo::kTree : Algo::kChain, b, rail,
+             &e);
+    return e;
+  }
   Estimate best;
   bool any = false;
   for (Algo a : kAllAlgos) {
@@ -301,6 +309,11 @@ Estimate rootedTree(const Fabric& f, double S, bool built) {
 }
 
 }  // namespace
+
+bool broadcastRuleTakesTree(size_t bytes, int nranks) {
+  // Measured with GPU buffers against NCCL (docs/perf/crosshost.md).
+  return bytes < 256 * 1024 && nranks > 4;
+}
 
 bool hierSplitsRails(CollType type, size_t bytes, const Fabric& f) {
   if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;

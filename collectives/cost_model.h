@@ -92,6 +92,12 @@ std::vector<Estimate> estimates(CollType type, size_t bytes, const Fabric& f);
 // collective has a built form on every fabric).
 Estimate fastest(const std::vector<Estimate>& list);
 
+// Broadcast where the tuner follows its rule instead of the model (GPU buffers, and host
+// buffers inside one host): the binary tree for messages under 256 KiB over more than 4
+// ranks, else the pipelined chain. The tuner and the pricing of a hierarchical form's rail
+// both read it here.
+bool broadcastRuleTakesTree(size_t bytes, int nranks);
+
 // GPU buffers: whether the hierarchical broadcast or reduce of `bytes` splits the buffer
 // over every rail (the mesh passes the parts inside the hosts) rather than sending it whole
 // over the root's rail: where the model prices that lower on `f` (the communicator's GPU

@@ -241,7 +241,7 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
         chooseChainOrTree(CollType::kBroadcast, req, forced, bytes, &c);
         break;
       }
-      if (tree && (!chain || (bytes < 256 * 1024 && n > 4))) {
+      if (tree && (!chain || model::broadcastRuleTakesTree(bytes, n))) {
         c.algo = Algorithm::kTree;
         c.reason = chain ? "small message over many ranks" : "forced by LOOM_ALGO";
       } else {
