@@ -345,8 +345,8 @@ class CudaExecutor final : public DeviceExecutor {
   // model prices them (model::hierSplitsRails; the count a multiple of the ranks per host).
   bool splitsRails(const Operation& op) const;
   // The call this rank makes on its rail for `op` (false: none, as for a broadcast's
-  // ranks off the root's rail).
-  bool railCall(const Operation& op, collectives::CollRequest* req) const;
+  // ranks off the root's rail); `split` is splitsRails(op), which the caller has at hand.
+  bool railCall(const Operation& op, bool split, collectives::CollRequest* req) const;
   Status prepareHier(const Operation& op);
   // All-gather and reduce-scatter: scratch for the rail's blocks (railBytes, rounded up),
   // then for the host's (hostBytes); zero for the other collectives.

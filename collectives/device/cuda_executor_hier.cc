@@ -38,7 +38,8 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
     LOOM_INFO(kInit, "rank %d: no hierarchical GPU forms: LOOM_ALGO leaves out hier", rank_);
     return Status::ok();
   }
-  const bool asked = limits_.algo.names(AlgoName::kHier);
+  // A failed set-up is a warning only where LOOM_ALGO asked for the form.
+  const log::Level failLevel = limits_.algo.names(AlgoName::kHier) ? log::kWarn : log::kInfo;
   std::vector<uint64_t> hosts;
   for (const auto& p : peers) hosts.push_back(p.hostHash);
   std::string why;
@@ -81,11 +82,9 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
       st = net.status().withContext("setting up the hierarchical form's rail");
     }
   }
-  if (!st && asked) {
-    LOOM_WARN(kInit, "rank %d: the hierarchical GPU forms asked for by LOOM_ALGO=hier: %s", rank_,
-              st.message().c_str());
-  } else if (!st) {
-    LOOM_INFO(kInit, "rank %d: the hierarchical GPU forms: %s", rank_, st.message().c_str());
+  if (!st) {
+    LOOM_LOG(failLevel, kInit, "rank %d: the hierarchical GPU forms: %s", rank_,
+             st.message().c_str());
   }
   // Every rank takes the form, or none.
   std::vector<int32_t> all(nranks_);
@@ -93,17 +92,10 @@ Status CudaExecutor::initHierarchy(transport::SetupChannel& bootstrap,
   LOOM_TRY(bootstrap.allGather(all.data(), sizeof(int32_t)));
   for (int r = 0; r < nranks_; ++r) {
     if (all[r]) continue;
-    if (asked) {
-      LOOM_WARN(kInit,
-                "rank %d: no hierarchical GPU forms: rank %d could not set up its part (its "
-                "log says why); every call takes the flat form",
-                rank_, r);
-    } else {
-      LOOM_INFO(kInit,
-                "rank %d: no hierarchical GPU forms: rank %d could not set up its part (its "
-                "log says why); every call takes the flat form",
-                rank_, r);
-    }
+    LOOM_LOG(failLevel, kInit,
+             "rank %d: no hierarchical GPU forms: rank %d could not set up its part (its log "
+             "says why); every call takes the flat form",
+             rank_, r);
     localChannel_.reset();  // rail and local go with this scope
     return Status::ok();
   }
@@ -122,7 +114,7 @@ bool CudaExecutor::splitsRails(const Operation& op) const {
   return model::hierSplitsRails(op.type, op.count * dataTypeSize(op.dtype), *context_.fabric);
 }
 
-bool CudaExecutor::railCall(const Operation& op, collectives::CollRequest* req) const {
+bool CudaExecutor::railCall(const Operation& op, bool split, collectives::CollRequest* req) const {
   *req = collectives::requestFor(op, hier_.hosts, hier_.hostIndex);
   req->root = 0;
   switch (op.type) {
@@ -133,7 +125,7 @@ bool CudaExecutor::railCall(const Operation& op, collectives::CollRequest* req) 
     case CollType::kReduce:
       // Split: this rank's part, on every rail; else the whole buffer, on the root's rail.
       req->root = hier_.hostOf[op.root];
-      if (splitsRails(op)) {
+      if (split) {
         req->count = op.count / static_cast<size_t>(hier_.local);
         return true;
       }
@@ -187,7 +179,7 @@ Status CudaExecutor::transposeBlocks(const char* src, char* dst, size_t block, b
 
 Status CudaExecutor::prepareHier(const Operation& op) {
   collectives::CollRequest req;
-  if (!railCall(op, &req)) return Status::ok();
+  if (!railCall(op, splitsRails(op), &req)) return Status::ok();
   // A rank of the root's rail other than the root reduces into scratch memory (runHier),
   // as does every rank but the root where the reduce splits over the rails, and all-gather
   // and reduce-scatter reorder their blocks through it.
@@ -224,7 +216,8 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   const bool logging = log::enabled(log::kInfo, log::kColl);
   std::string railWhy;
   collectives::CollRequest railReq;
-  const bool onRail = railCall(op, &railReq);
+  const bool splitRails = splitsRails(op);
+  const bool onRail = railCall(op, splitRails, &railReq);
   auto across = [&](const void* in, void* out, const ExecutorRedOp& r) {
     dev::NetReduction nr;
     nr.red = r.op.kind;
@@ -235,6 +228,27 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
                                 logging ? &railWhy : nullptr);
   };
   char* out = static_cast<char*>(op.recvbuff);
+  // The mesh passes over parts of `buf`, one of `part` elements per local rank in local
+  // order: reduce each part into its rank (in place where `buf` is the input), and gather
+  // every rank's part into every rank's `buf` (in place).
+  auto partOf = [&](char* buf, size_t part) { return buf + size_t(hier_.localIndex) * part * es; };
+  auto reduceParts = [&](char* buf, size_t part) {
+    Operation rs = op;
+    rs.type = CollType::kReduceScatter;
+    rs.recvbuff = partOf(buf, part);
+    rs.count = part;
+    rs.ncclOp = firstOp;
+    return local_->run(rs, first);
+  };
+  auto gatherParts = [&](char* buf, size_t part) {
+    Operation ag = op;
+    ag.type = CollType::kAllGather;
+    ag.sendbuff = partOf(buf, part);
+    ag.recvbuff = buf;
+    ag.count = part;
+    ag.ncclOp = ncclSum;
+    return local_->run(ag, ExecutorRedOp{});
+  };
   // All-gather and reduce-scatter: the rail's blocks, then the host's (hierScratchBytes).
   char* railBlocks = nullptr;
   char* hostBlocks = nullptr;
@@ -248,43 +262,25 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // Each local rank reduces its part of the buffer over the mesh, all-reduces it with
       // its rail, and the host's ranks gather the parts.
       const size_t part = op.count / static_cast<size_t>(hier_.local);
-      char* mine = out + size_t(hier_.localIndex) * part * es;
-      Operation rs = op;
-      rs.type = CollType::kReduceScatter;
-      rs.recvbuff = mine;
-      rs.count = part;
-      rs.ncclOp = firstOp;
-      LOOM_TRY(local_->run(rs, first));
-      LOOM_TRY(across(mine, mine, second));
-      Operation ag = op;
-      ag.type = CollType::kAllGather;
-      ag.sendbuff = mine;
-      ag.count = part;
-      ag.ncclOp = ncclSum;
-      LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
+      LOOM_TRY(reduceParts(out, part));
+      LOOM_TRY(across(partOf(out, part), partOf(out, part), second));
+      LOOM_TRY(gatherParts(out, part));
       break;
     }
     case CollType::kBroadcast: {
       const int rootLocal = hier_.localOf[op.root];
-      if (splitsRails(op)) {
+      if (splitRails) {
         // The root's host passes the buffer to its ranks, each rail carries its part to
         // every host, and each other host's ranks gather the parts.
         const size_t part = op.count / static_cast<size_t>(hier_.local);
-        char* mine = out + size_t(hier_.localIndex) * part * es;
         const bool rootHost = hier_.hostIndex == hier_.hostOf[op.root];
         if (rootHost) {
           Operation b = op;
           b.root = rootLocal;
           LOOM_TRY(local_->run(b, red));
         }
-        LOOM_TRY(across(mine, mine, red));
-        if (!rootHost) {
-          Operation ag = op;
-          ag.type = CollType::kAllGather;
-          ag.sendbuff = mine;
-          ag.count = part;
-          LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
-        }
+        LOOM_TRY(across(partOf(out, part), partOf(out, part), red));
+        if (!rootHost) LOOM_TRY(gatherParts(out, part));
         break;
       }
       // The root's rail carries it to every host, then each host's rank on that rail
@@ -297,7 +293,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       break;
     }
     case CollType::kReduce: {
-      if (splitsRails(op)) {
+      if (splitRails) {
         // Each host reduces each part into one of its ranks, each rail reduces its part
         // across the hosts into the root's host, whose ranks gather the parts into the
         // root. Every rank but the root works in scratch memory laid out as the output.
@@ -307,23 +303,9 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
           LOOM_ASSIGN_OR_RETURN(void* s, netScratch(op.count * es, cap));
           buf = static_cast<char*>(s);
         }
-        char* mine = buf + size_t(hier_.localIndex) * part * es;
-        Operation rs = op;
-        rs.type = CollType::kReduceScatter;
-        rs.recvbuff = mine;
-        rs.count = part;
-        rs.ncclOp = firstOp;
-        LOOM_TRY(local_->run(rs, first));
-        LOOM_TRY(across(mine, mine, second));
-        if (hier_.hostIndex == hier_.hostOf[op.root]) {
-          Operation ag = op;
-          ag.type = CollType::kAllGather;
-          ag.sendbuff = mine;
-          ag.recvbuff = buf;
-          ag.count = part;
-          ag.ncclOp = ncclSum;
-          LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
-        }
+        LOOM_TRY(reduceParts(buf, part));
+        LOOM_TRY(across(partOf(buf, part), partOf(buf, part), second));
+        if (hier_.hostIndex == hier_.hostOf[op.root]) LOOM_TRY(gatherParts(buf, part));
         break;
       }
       // Each host reduces into its rank on the root's rail, and that rail reduces the
@@ -383,7 +365,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
               collectives::collTypeName(op.type), text.c_str(), op.count, dataTypeName(op.dtype),
               hier_.local, hier_.hosts, hier_.localIndex,
               railWhy.empty() ? "not this rank's rail" : railWhy.c_str(),
-              splitsRails(op) ? "; the buffer split over every rail" : "");
+              splitRails ? "; the buffer split over every rail" : "");
   }
   return recordDone(op.stream, cap);
 }
