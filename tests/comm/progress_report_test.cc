@@ -20,15 +20,14 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "tests/support/free_port.h"
 
 namespace {
 
 using loom::SocketAddress;
 
 std::string freeCommId() {
-  auto lo = SocketAddress::parse("127.0.0.1:0");
-  auto s = loom::Socket::listen(*lo);
-  return s.isOk() ? s->localAddress()->toString() : "127.0.0.1:29521";
+  return loom::test::freeLoopbackAddress();
 }
 
 enum class Misbehave { kSkip, kStop, kDie, kCountZero };

@@ -31,6 +31,7 @@
 #include "common/datatype.h"
 #include "common/socket.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/support/free_port.h"
 
 namespace {
 
@@ -595,11 +596,7 @@ TEST(GpuHier, OneHost) {
 
 TEST(GpuHier, TwoHostsOfTwoRanks) {
   REQUIRE_GPUS(1);
-  auto lo = loom::SocketAddress::parse("127.0.0.1:0");
-  auto probe = loom::Socket::listen(*lo);
-  ASSERT_TRUE(probe.isOk());
-  const std::string address = probe->localAddress()->toString();
-  probe->close();
+  const std::string address = loom::test::freeLoopbackAddress();
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int k = 0; k < kHosts; ++k) {

@@ -25,6 +25,7 @@
 
 #include "common/socket.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/support/free_port.h"
 
 namespace {
 
@@ -108,11 +109,7 @@ TEST(GpuNetFault, OneRank) {
 
 // Starts the two ranks (OneRank) with `mode`; their pids, and the logs they write.
 void spawnRanks(const std::string& mode, std::vector<pid_t>* pids, std::vector<std::string>* logs) {
-  auto lo = loom::SocketAddress::parse("127.0.0.1:0");
-  auto probe = loom::Socket::listen(*lo);
-  ASSERT_TRUE(probe.isOk());
-  const std::string address = probe->localAddress()->toString();
-  probe->close();
+  const std::string address = loom::test::freeLoopbackAddress();
   for (int r = 0; r < 2; ++r) {
     logs->push_back("/tmp/loom_net_fault_" + std::to_string(getpid()) + "_" + std::to_string(r) +
                     ".log");
