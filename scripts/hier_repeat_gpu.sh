@@ -8,7 +8,15 @@
 #   ag_t2, ar_t2      all_gather / all_reduce, LOOM_ALGO=hier, a thread per rank (-t 2 -g 1)
 #   ag_g2_q8_i        all_gather, LOOM_ALGO=hier, one thread for both ranks (-g 2), CUDA's
 #                     default 8 hardware queues per process
-#   ag_g2_q32_i       the same with CUDA_DEVICE_MAX_CONNECTIONS=32
+#   ag_g2_q1_i        the same with CUDA_DEVICE_MAX_CONNECTIONS=1: one in-order queue for
+#                     both ranks' streams, where the all-gather's last copy (queued behind
+#                     its rank's spinning mesh kernel) could hold back the peer's rail and
+#                     mesh kernels; LOOM_P2P_SHARE_GPU_GATE (on by default) orders the
+#                     ranks' enqueues so that it cannot (collectives/device/phase_gate.h)
+#   ag_g2_q1_nogate_i the same with the gate off: should the hang come from the queues the
+#                     ranks share, this run hangs most often
+#   ar_g2_q1_i, ar_g2_q1_nogate_i   all_reduce likewise (its rail kernel follows a
+#                     spinning mesh kernel)
 #   bc_split_i        broadcast of 16 MiB with no LOOM_ALGO (an even count: split over the rails)
 #   bc_whole_i        the same less 4 bytes (an odd count: whole on the root's rail)
 # REPEATS (default 3) of each numbered run. LOOM_TIMEOUT_MS=6000: a hung call fails with what
@@ -47,7 +55,13 @@ one ag_t2 env LOOM_ALGO=hier "$bin/all_gather_perf" -t 2 -g 1 "${sizes[@]}"
 one ar_t2 env LOOM_ALGO=hier "$bin/all_reduce_perf" -t 2 -g 1 "${sizes[@]}"
 for i in $(seq 1 "$repeats"); do
   one "ag_g2_q8_$i" env LOOM_ALGO=hier "$bin/all_gather_perf" -g 2 "${sizes[@]}"
-  one "ag_g2_q32_$i" env LOOM_ALGO=hier CUDA_DEVICE_MAX_CONNECTIONS=32 "$bin/all_gather_perf" -g 2 "${sizes[@]}"
+  for coll in ag ar; do
+    b=$bin/all_gather_perf
+    [[ $coll == ar ]] && b=$bin/all_reduce_perf
+    one "${coll}_g2_q1_$i" env LOOM_ALGO=hier CUDA_DEVICE_MAX_CONNECTIONS=1 "$b" -g 2 "${sizes[@]}"
+    one "${coll}_g2_q1_nogate_$i" env LOOM_ALGO=hier CUDA_DEVICE_MAX_CONNECTIONS=1 \
+      LOOM_P2P_SHARE_GPU_GATE=0 "$b" -g 2 "${sizes[@]}"
+  done
 done
 for i in $(seq 1 "$repeats"); do
   one "bc_split_$i" "$bin/broadcast_perf" -g 2 -b 16777216 -e 16777216 -c 1 -n 10 -w 3

@@ -290,6 +290,9 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
     std::lock_guard<std::mutex> lock(clique_->mutex);
     clique_->abortFlags[rank_] = reinterpret_cast<volatile int*>(hostFlags_);
     clique_->devices[rank_] = device_;
+    if (sharing > 1 && settings::get(settings::kP2pShareGpuGate) && !clique_->gate) {
+      clique_->gate = std::make_unique<PhaseGate>(nranks_);
+    }
   }
   // Registration between processes (cuda_executor_registration.cc), when each rank is a
   // process of its own: a registered call waits on the host for its peers' posts, and a

@@ -26,6 +26,7 @@
 #include "collectives/device/mesh.h"
 #include "collectives/device/mesh_plan.h"
 #include "collectives/device/net_executor.h"
+#include "collectives/device/phase_gate.h"
 #include "collectives/hierarchy.h"
 #include "transports/p2p/p2p_window.h"
 #include "transports/p2p/post_board.h"
@@ -107,6 +108,9 @@ struct Clique {
   // Per rank: the slots its peers push chunks into (the chunked all-reduce and reduce),
   // allocated for every rank by the first call that needs them.
   std::vector<void*> scratch;
+  // Where these ranks share a GPU (LOOM_P2P_SHARE_GPU): the hierarchical forms' gate
+  // between a mesh pass and what follows it (phase_gate.h); null otherwise.
+  std::unique_ptr<PhaseGate> gate;
   bool scratchFailed = false;  // that allocation failed once: the kernels from then on
   // Host-mapped copies of the chunk slots' free counters, [pusher * kMaxRanks + owner]:
   // each owner's reduction writes them after the counter in the pusher's window, so a
@@ -359,6 +363,13 @@ class CudaExecutor final : public DeviceExecutor {
   // local index, each with its H hosts' blocks), G 2D copies on `stream`.
   Status transposeBlocks(const char* src, char* dst, size_t block, bool toRankOrder,
                          cudaStream_t stream);
+  // Where this host's ranks share a GPU in this process (the gate of phase_gate.h): this
+  // rank has enqueued pass `pass` (1, 2, ...) of its hierarchical call (a mesh pass, its
+  // rail's kernel or a copy), and waits until the others have too before it enqueues the
+  // next, so that no rank's pass queues behind another's next one. Gives up after
+  // min(LOOM_TIMEOUT_MS, 30 s) with a WARN, and from then on only says where it is: the
+  // gate orders the host's enqueues, it never fails a call.
+  void passEnqueued(int pass);
 
   ExecutorContext context_;
   int rank_ = 0;
@@ -407,6 +418,8 @@ class CudaExecutor final : public DeviceExecutor {
   // on a channel of the host's ranks), the rail's over the network. Null: not set up.
   bool meshOnly_ = false;  // this executor is a host's mesh: no network form if no mesh
   Hierarchy hier_;
+  uint64_t hierCalls_ = 0;   // hierarchical calls run so far (the same count on every rank)
+  bool warnedGate_ = false;  // afterMeshPass gave up waiting once (warned)
   std::unique_ptr<transport::SubChannel> localChannel_;
   std::unique_ptr<CudaExecutor> local_;
   std::unique_ptr<dev::NetExecutor> rail_;

@@ -4,6 +4,7 @@
 // network (a NetExecutor of the rail's ranks). Every step is a kernel on the caller's
 // stream, so a call stays asynchronous and capturable in CUDA graphs.
 #include <algorithm>
+#include <chrono>
 
 #include "collectives/device/cuda_executor.h"
 #include "common/log.h"
@@ -190,9 +191,36 @@ Status CudaExecutor::prepareHier(const Operation& op) {
   return rail_->prepareCollective(req, railRequest(limits_.algo));
 }
 
+void CudaExecutor::passEnqueued(int pass) {
+  PhaseGate* gate = local_ && local_->clique_ ? local_->clique_->gate.get() : nullptr;
+  if (!gate) return;
+  // After one wait that gave up (the ranks are evidently not enqueued side by side), this
+  // rank still says where it is but no longer waits: a call each time would stall.
+  const int64_t waitMs = warnedGate_      ? 0
+                         : timeoutMs_ > 0 ? std::min<int64_t>(timeoutMs_, 30000)
+                                          : 30000;
+  const auto start = std::chrono::steady_clock::now();
+  if (gate->arriveAndWait(hier_.localIndex, hierCalls_ * 8 + static_cast<uint64_t>(pass), waitMs,
+                          context_.abortFlag) ||
+      warnedGate_ || (context_.abortFlag && context_.abortFlag->load())) {
+    return;
+  }
+  warnedGate_ = true;
+  LOOM_WARN(kColl,
+            "rank %d: the ranks of its host that share its GPU in this process did not enqueue "
+            "their part of a hierarchical call within %lld ms; going on without waiting for "
+            "them (kernels on one GPU may then wait for each other until LOOM_TIMEOUT_MS). "
+            "Ranks driven by one thread must call inside ncclGroupStart/ncclGroupEnd",
+            rank_,
+            (long long)std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - start)
+                .count());
+}
+
 Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   ++cursor_;
   if (op.count == 0) return Status::ok();
+  ++hierCalls_;
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
   LOOM_TRY(order(op.stream, cap));
@@ -263,7 +291,9 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // its rail, and the host's ranks gather the parts.
       const size_t part = op.count / static_cast<size_t>(hier_.local);
       LOOM_TRY(reduceParts(out, part));
+      passEnqueued(1);
       LOOM_TRY(across(partOf(out, part), partOf(out, part), second));
+      passEnqueued(2);
       LOOM_TRY(gatherParts(out, part));
       break;
     }
@@ -279,13 +309,16 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
           b.root = rootLocal;
           LOOM_TRY(local_->run(b, red));
         }
+        passEnqueued(1);
         LOOM_TRY(across(partOf(out, part), partOf(out, part), red));
+        passEnqueued(2);
         if (!rootHost) LOOM_TRY(gatherParts(out, part));
         break;
       }
       // The root's rail carries it to every host, then each host's rank on that rail
       // gives it to the others.
       if (onRail) LOOM_TRY(across(op.sendbuff, out, red));
+      passEnqueued(1);
       Operation b = op;
       b.sendbuff = out;
       b.root = rootLocal;
@@ -304,7 +337,9 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
           buf = static_cast<char*>(s);
         }
         LOOM_TRY(reduceParts(buf, part));
+        passEnqueued(1);
         LOOM_TRY(across(partOf(buf, part), partOf(buf, part), second));
+        passEnqueued(2);
         if (hier_.hostIndex == hier_.hostOf[op.root]) LOOM_TRY(gatherParts(buf, part));
         break;
       }
@@ -321,6 +356,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       rd.recvbuff = target;
       rd.ncclOp = firstOp;
       LOOM_TRY(local_->run(rd, first));
+      passEnqueued(1);
       if (onRail) LOOM_TRY(across(target, target, second));
       break;
     }
@@ -328,11 +364,13 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // Each rank's rail gathers the hosts' blocks of its local index, the host's ranks
       // gather those over the mesh (in local order), and each puts them in rank order.
       LOOM_TRY(across(op.sendbuff, railBlocks, red));
+      passEnqueued(1);
       Operation ag = op;
       ag.sendbuff = railBlocks;
       ag.recvbuff = hostBlocks;
       ag.count = op.count * size_t(hier_.hosts);
       LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
+      passEnqueued(2);
       LOOM_TRY(transposeBlocks(hostBlocks, out, op.count * es, /*toRankOrder=*/true, op.stream));
       break;
     }
@@ -342,12 +380,14 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // its rail, each host keeping its own block. The copy also frees an in-place output.
       LOOM_TRY(transposeBlocks(static_cast<const char*>(op.sendbuff), hostBlocks, op.count * es,
                                /*toRankOrder=*/false, op.stream));
+      passEnqueued(1);
       Operation rs = op;
       rs.sendbuff = hostBlocks;
       rs.recvbuff = railBlocks;
       rs.count = op.count * size_t(hier_.hosts);
       rs.ncclOp = firstOp;
       LOOM_TRY(local_->run(rs, first));
+      passEnqueued(2);
       LOOM_TRY(across(railBlocks, out, second));
       break;
     }
