@@ -50,9 +50,10 @@
     "more ranks than there are GPUs; slow): blocks are capped so that every rank's kernel fits " \
     "on the GPU at once, and programmatic dependent launch is off") \
   X(kTuning, kP2pShareGpuGate, "LOOM_P2P_SHARE_GPU_GATE", nullptr, kBool, "1", "", \
-    "with LOOM_P2P_SHARE_GPU, a hierarchical call's rank enqueues each pass (mesh, rail, " \
-    "copy) only once every rank of its host in this process has enqueued the one before " \
-    "(streams on one GPU may share an in-order hardware queue; 0: off, to compare)") \
+    "with LOOM_P2P_SHARE_GPU, where all of a host's ranks are in one process: a " \
+    "hierarchical call's rank enqueues each pass (mesh, rail, copy) only once every rank of " \
+    "its host has enqueued the one before (streams on one GPU may share an in-order " \
+    "hardware queue; 0: off, to compare)") \
   X(kTuning, kP2pThreads, "LOOM_P2P_THREADS", "NCCL_NTHREADS", kInt, "512", "", \
     "threads per block of the GPU mesh kernels") \
   X(kTuning, kPdl, "LOOM_PDL", nullptr, kBool, "1", "", \

@@ -109,7 +109,7 @@ struct Clique {
   // allocated for every rank by the first call that needs them.
   std::vector<void*> scratch;
   // Where these ranks share a GPU (LOOM_P2P_SHARE_GPU): the hierarchical forms' gate
-  // between a mesh pass and what follows it (phase_gate.h); null otherwise.
+  // between their passes (phase_gate.h), used by a host's mesh; null otherwise.
   std::unique_ptr<PhaseGate> gate;
   bool scratchFailed = false;  // that allocation failed once: the kernels from then on
   // Host-mapped copies of the chunk slots' free counters, [pusher * kMaxRanks + owner]:
@@ -364,12 +364,13 @@ class CudaExecutor final : public DeviceExecutor {
   Status transposeBlocks(const char* src, char* dst, size_t block, bool toRankOrder,
                          cudaStream_t stream);
   // Where this host's ranks share a GPU in this process (the gate of phase_gate.h): this
-  // rank has enqueued pass `pass` (1, 2, ...) of its hierarchical call (a mesh pass, its
-  // rail's kernel or a copy), and waits until the others have too before it enqueues the
-  // next, so that no rank's pass queues behind another's next one. Gives up after
-  // min(LOOM_TIMEOUT_MS, 30 s) with a WARN, and from then on only says where it is: the
-  // gate orders the host's enqueues, it never fails a call.
-  void passEnqueued(int pass);
+  // rank has enqueued pass `pass` of its hierarchical call (0 before its first enqueue,
+  // 1, 2, ... after a mesh pass, its rail's kernel or a copy, 7 after its last), and waits
+  // until the others have too before it enqueues the next, so that no rank's pass queues
+  // behind another's next one. No wait where `wait` is false or the call is captured
+  // (gateWaits_). Gives up after min(LOOM_TIMEOUT_MS, 30 s) with a WARN, and from then on
+  // only says where it is: the gate orders the host's enqueues, it never fails a call.
+  void passEnqueued(int pass, bool wait = true);
 
   ExecutorContext context_;
   int rank_ = 0;
@@ -419,7 +420,8 @@ class CudaExecutor final : public DeviceExecutor {
   bool meshOnly_ = false;  // this executor is a host's mesh: no network form if no mesh
   Hierarchy hier_;
   uint64_t hierCalls_ = 0;   // hierarchical calls run so far (the same count on every rank)
-  bool warnedGate_ = false;  // afterMeshPass gave up waiting once (warned)
+  bool warnedGate_ = false;  // passEnqueued gave up waiting once (warned)
+  bool gateWaits_ = true;    // the hierarchical call being enqueued is not captured
   std::unique_ptr<transport::SubChannel> localChannel_;
   std::unique_ptr<CudaExecutor> local_;
   std::unique_ptr<dev::NetExecutor> rail_;

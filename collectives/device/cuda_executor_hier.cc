@@ -191,26 +191,29 @@ Status CudaExecutor::prepareHier(const Operation& op) {
   return rail_->prepareCollective(req, railRequest(limits_.algo));
 }
 
-void CudaExecutor::passEnqueued(int pass) {
+void CudaExecutor::passEnqueued(int pass, bool wait) {
   PhaseGate* gate = local_ && local_->clique_ ? local_->clique_->gate.get() : nullptr;
   if (!gate) return;
-  // After one wait that gave up (the ranks are evidently not enqueued side by side), this
-  // rank still says where it is but no longer waits: a call each time would stall.
-  const int64_t waitMs = warnedGate_      ? 0
-                         : timeoutMs_ > 0 ? std::min<int64_t>(timeoutMs_, 30000)
-                                          : 30000;
+  const uint64_t mark = hierCalls_ * 8 + static_cast<uint64_t>(pass);
+  // After one wait that gave up, this rank still says where it is but no longer waits: with
+  // ranks that are evidently not enqueued side by side, each call would stall.
+  if (!wait || !gateWaits_ || warnedGate_) {
+    gate->arrive(hier_.localIndex, mark);
+    return;
+  }
+  const int64_t waitMs = timeoutMs_ > 0 ? std::min<int64_t>(timeoutMs_, 30000) : 30000;
   const auto start = std::chrono::steady_clock::now();
-  if (gate->arriveAndWait(hier_.localIndex, hierCalls_ * 8 + static_cast<uint64_t>(pass), waitMs,
-                          context_.abortFlag) ||
-      warnedGate_ || (context_.abortFlag && context_.abortFlag->load())) {
+  if (gate->arriveAndWait(hier_.localIndex, mark, waitMs, context_.abortFlag) ||
+      (context_.abortFlag && context_.abortFlag->load())) {
     return;
   }
   warnedGate_ = true;
   LOOM_WARN(kColl,
             "rank %d: the ranks of its host that share its GPU in this process did not enqueue "
             "their part of a hierarchical call within %lld ms; going on without waiting for "
-            "them (kernels on one GPU may then wait for each other until LOOM_TIMEOUT_MS). "
-            "Ranks driven by one thread must call inside ncclGroupStart/ncclGroupEnd",
+            "them from now on (kernels on one GPU may then wait for each other until "
+            "LOOM_TIMEOUT_MS). A peer may have failed or been aborted; ranks driven by one "
+            "thread must call inside ncclGroupStart/ncclGroupEnd",
             rank_,
             (long long)std::chrono::duration_cast<std::chrono::milliseconds>(
                 std::chrono::steady_clock::now() - start)
@@ -221,8 +224,21 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   ++cursor_;
   if (op.count == 0) return Status::ok();
   ++hierCalls_;
+  // The gate between the passes (passEnqueued), where the host's ranks share a GPU: pass 0
+  // before the first enqueue, 7 after the last; a call that fails half-way still says it
+  // is done (without waiting), so that its peers do not wait for it. A call captured in a
+  // graph never waits: the order of its enqueues is not the order of the replays.
+  struct GateExit {
+    CudaExecutor* self;
+    bool done = false;
+    ~GateExit() {
+      if (!done) self->passEnqueued(7, /*wait=*/false);
+    }
+  } gateExit{this};
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
+  gateWaits_ = !cap;
+  passEnqueued(0);
   LOOM_TRY(order(op.stream, cap));
   const size_t es = dataTypeSize(op.dtype);
   // The reduction of each level (hierarchy.h): a level whose part is a plain sum runs as
@@ -407,7 +423,10 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
               railWhy.empty() ? "not this rank's rail" : railWhy.c_str(),
               splitRails ? "; the buffer split over every rail" : "");
   }
-  return recordDone(op.stream, cap);
+  const Status done = recordDone(op.stream, cap);
+  gateExit.done = true;
+  passEnqueued(7, done.isOk());
+  return done;
 }
 
 }  // namespace loom::collectives::device

@@ -7,7 +7,13 @@
 // queue holds the peer's pass back behind it, and the ranks wait for each other until
 // LOOM_TIMEOUT_MS, across hosts too. The gate keeps the host order safe: each rank says it
 // has enqueued a pass, and enqueues the next only once every rank of the gate has said the
-// same, so that every rank's pass k is queued before any rank's pass k + 1.
+// same, so that every rank's pass k is queued before any rank's pass k + 1 (and a call's
+// first and last passes are gated too, against the calls and kernels around it).
+//
+// What it assumes: that within one pass nothing a rank enqueues waits for its own earlier
+// work in a way that holds a shared queue (an event recorded after a kernel is taken not
+// to). What it does not cover: replays of CUDA graphs (their launch order is the
+// caller's), and ranks of separate processes sharing a GPU (no gate spans processes).
 //
 // Plain host code (collectives/device is its home; it needs no CUDA), tested on the CPU.
 #pragma once
@@ -28,8 +34,12 @@ class PhaseGate {
   // a call's index and the pass within it). Waits until every member has reached `mark`;
   // false when `timeoutMs` passed first or `abortFlag` was raised (the caller goes on
   // without the gate's protection).
+  // `timeoutMs` is clamped to a day.
   bool arriveAndWait(int m, uint64_t mark, int64_t timeoutMs,
                      const std::atomic<bool>* abortFlag = nullptr);
+  // Member `m` has reached `mark` and does not wait (a call that failed half-way, or one
+  // captured in a CUDA graph, whose enqueue order is not the replays').
+  void arrive(int m, uint64_t mark);
 
   int members() const { return static_cast<int>(marks_.size()); }
 

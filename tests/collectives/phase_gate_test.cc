@@ -78,6 +78,18 @@ TEST(PhaseGate, AbortEndsTheWait) {
   raiser.join();
 }
 
+// A member that arrives without waiting (a failed or captured call) lets the others pass.
+TEST(PhaseGate, ArrivingWithoutWaitingReleasesTheOthers) {
+  PhaseGate gate(2);
+  std::thread waiter([&] { EXPECT_TRUE(gate.arriveAndWait(0, 15, 10000)); });
+  std::this_thread::sleep_for(Ms(20));
+  gate.arrive(1, 15);
+  waiter.join();
+  // Its mark stays: a later, lower mark passes at once.
+  EXPECT_TRUE(gate.arriveAndWait(0, 9, 0));
+  EXPECT_FALSE(gate.arriveAndWait(0, 16, 0));
+}
+
 TEST(PhaseGate, OneMemberAndBadIndices) {
   PhaseGate one(1);
   EXPECT_TRUE(one.arriveAndWait(0, 7, 0));
