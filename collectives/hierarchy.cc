@@ -64,18 +64,36 @@ const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const A
     case CollType::kReduceScatter:
       // Their blocks are in rank order, which the copies between rank and local order
       // (hierBlockOrderCopies) take to be host by host.
-      for (int host = 0; host < h.hosts; ++host) {
-        for (int l = 0; l < h.local; ++l) {
-          if (h.hostRanks[host][l] != host * h.local + l)
-            return "the ranks are not numbered host by host (each host's ranks one after "
-                   "another), which the all-gather's and reduce-scatter's block order needs";
-        }
-      }
+      if (!ranksHostByHost(h))
+        return "the ranks are not numbered host by host (each host's ranks one after "
+               "another), which the all-gather's and reduce-scatter's block order needs";
       return nullptr;
     case CollType::kAllToAll:
     case CollType::kSendRecv: return "point-to-point exchanges go directly";
   }
   return "unknown collective";
+}
+
+bool ranksHostByHost(const Hierarchy& h) {
+  for (int host = 0; host < h.hosts; ++host) {
+    for (int l = 0; l < h.local; ++l) {
+      if (h.hostRanks[host][l] != host * h.local + l) return false;
+    }
+  }
+  return true;
+}
+
+const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest& algo) {
+  if (type != CollType::kSendRecv && type != CollType::kAllToAll)
+    return "not a point-to-point exchange";
+  if (!algo.names(AlgoName::kHier))
+    return "every peer over the network unless LOOM_ALGO names hier (the split of point-to-point "
+           "exchanges over the GPU mesh and the network has not yet run on a GPU)";
+  // The all-to-all gives the host's ranks their blocks in one mesh all-to-all over the
+  // host's part of the buffers, which is one range where the ranks go host by host.
+  if (type == CollType::kAllToAll && !ranksHostByHost(h))
+    return "the ranks are not numbered host by host, which the all-to-all's split needs";
+  return nullptr;
 }
 
 std::vector<BlockCopy2D> hierBlockOrderCopies(int hosts, int local, size_t blockBytes,

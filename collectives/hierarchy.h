@@ -57,6 +57,17 @@ const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const A
 // (The GPU forms: all-reduce, broadcast, reduce, all-gather, reduce-scatter. Host buffers
 // have all-reduce, all-gather and reduce-scatter, collectives/schedule.h.)
 
+// Whether every host's ranks are numbered one after another (host h's local rank l is
+// rank h x local + l), as the block orders of the all-gather, reduce-scatter and
+// all-to-all across hosts take them to be.
+bool ranksHostByHost(const Hierarchy& h);
+
+// GPU buffers, point to point (send/receive, all-to-all): why the exchanges do not split
+// by where the peer is (null: they do), the ranks of this rank's host over the GPU mesh
+// and the others over the network. Only where LOOM_ALGO names hier for now: the split has
+// not run on a GPU yet.
+const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest& algo);
+
 // The GPU all-gather and reduce-scatter reorder every rank's block between rank order
 // (host by host: block (h, l) at h * local + l) and local order (local index by local
 // index, each with its hosts' blocks: (h, l) at l * hosts + h), in one 2D copy per local

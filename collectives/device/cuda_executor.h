@@ -371,6 +371,27 @@ class CudaExecutor final : public DeviceExecutor {
   // (gateWaits_). Gives up after min(LOOM_TIMEOUT_MS, 30 s) with a WARN, and from then on
   // only says where it is: the gate orders the host's enqueues, it never fails a call.
   void passEnqueued(int pass, bool wait = true);
+  // Says a hierarchical call is done (pass 7, without waiting) unless `done` was set: a
+  // call that fails half-way, so that its peers do not wait for it at the gate.
+  struct GateExit {
+    CudaExecutor* self;
+    bool done = false;
+    ~GateExit() {
+      if (!done) self->passEnqueued(7, /*wait=*/false);
+    }
+  };
+  // Point-to-point exchanges (send/receive, all-to-all) split by where the peer is: the
+  // ranks of this host over its GPU mesh (local_), the others over the network
+  // (collectives/hierarchy.h hierP2pDecline says where); the reason either way.
+  bool splitsP2p(collectives::CollType type, const char** reason) const;
+  // Moves the messages to ranks of this host from `net` to `mesh` (as the mesh's calls:
+  // the peer as a local index, on `stream`).
+  void takeHostMessages(std::vector<dev::NetExecutor::P2p>* net, std::vector<Operation>* mesh,
+                        cudaStream_t stream) const;
+  // The all-to-all split so: the host's blocks in one all-to-all over the mesh, every other
+  // rank's over the network.
+  std::vector<dev::NetExecutor::P2p> remoteBlocks(const char* in, char* out, size_t block) const;
+  Status runSplitAllToAll(const Operation& op);
 
   ExecutorContext context_;
   int rank_ = 0;

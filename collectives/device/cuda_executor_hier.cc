@@ -228,13 +228,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   // before the first enqueue, 7 after the last; a call that fails half-way still says it
   // is done (without waiting), so that its peers do not wait for it. A call captured in a
   // graph never waits: the order of its enqueues is not the order of the replays.
-  struct GateExit {
-    CudaExecutor* self;
-    bool done = false;
-    ~GateExit() {
-      if (!done) self->passEnqueued(7, /*wait=*/false);
-    }
-  } gateExit{this};
+  GateExit gateExit{this};
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
   gateWaits_ = !cap;
@@ -423,6 +417,94 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
               railWhy.empty() ? "not this rank's rail" : railWhy.c_str(),
               splitRails ? "; the buffer split over every rail" : "");
   }
+  const Status done = recordDone(op.stream, cap);
+  gateExit.done = true;
+  passEnqueued(7, done.isOk());
+  return done;
+}
+
+bool CudaExecutor::splitsP2p(CollType type, const char** reason) const {
+  if (!local_) {
+    *reason = "no hierarchy (one rank per host, or a host without a GPU mesh)";
+    return false;
+  }
+  *reason = hierP2pDecline(type, hier_, limits_.algo);
+  if (*reason) return false;
+  *reason = "the ranks of this host over the GPU mesh, the others over the network";
+  return true;
+}
+
+void CudaExecutor::takeHostMessages(std::vector<dev::NetExecutor::P2p>* net,
+                                    std::vector<Operation>* mesh, cudaStream_t stream) const {
+  size_t kept = 0;
+  for (const dev::NetExecutor::P2p& m : *net) {
+    if (hier_.hostOf[m.peer] != hier_.hostIndex) {
+      (*net)[kept++] = m;
+      continue;
+    }
+    Operation o;
+    o.type = CollType::kSendRecv;
+    o.dtype = DataType::kUint8;
+    o.count = m.bytes;
+    o.isSend = m.isSend;
+    o.root = hier_.localOf[m.peer];
+    o.onDevice = true;
+    o.stream = stream;
+    if (m.isSend) {
+      o.sendbuff = m.buffer;
+    } else {
+      o.recvbuff = m.buffer;
+    }
+    mesh->push_back(o);
+  }
+  net->resize(kept);
+}
+
+std::vector<dev::NetExecutor::P2p> CudaExecutor::remoteBlocks(const char* in, char* out,
+                                                              size_t block) const {
+  std::vector<dev::NetExecutor::P2p> list;
+  for (int q = 0; q < nranks_; ++q) {
+    if (hier_.hostOf[q] == hier_.hostIndex) continue;
+    list.push_back({const_cast<char*>(in) + size_t(q) * block, block, q, true});
+    list.push_back({out + size_t(q) * block, block, q, false});
+  }
+  return list;
+}
+
+Status CudaExecutor::runSplitAllToAll(const Operation& op) {
+  ++cursor_;
+  if (op.count == 0) return Status::ok();
+  ++hierCalls_;
+  GateExit gateExit{this};
+  DeviceGuard guard(device_);
+  LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
+  gateWaits_ = !cap;
+  passEnqueued(0);
+  LOOM_TRY(order(op.stream, cap));
+  const size_t block = op.count * dataTypeSize(op.dtype);
+  const char* in = static_cast<const char*>(op.sendbuff);
+  char* out = static_cast<char*>(op.recvbuff);
+  if (op.sendbuff == op.recvbuff) {
+    // In place: every block is read by one peer while another's lands in it; from a copy.
+    LOOM_ASSIGN_OR_RETURN(void* copy, netScratch(block * size_t(nranks_), cap));
+    LOOM_TRY(cudaStatus(
+        cudaMemcpyAsync(copy, in, block * size_t(nranks_), cudaMemcpyDeviceToDevice, op.stream),
+        "cudaMemcpyAsync (in-place all-to-all)"));
+    in = static_cast<const char*>(copy);
+  }
+  passEnqueued(1);
+  // The host's ranks are one range of blocks (ranks host by host: hierP2pDecline).
+  const size_t hostBase = size_t(hier_.hostIndex) * size_t(hier_.local) * block;
+  Operation a = op;
+  a.sendbuff = in + hostBase;
+  a.recvbuff = out + hostBase;
+  LOOM_TRY(local_->run(a, ExecutorRedOp{}));
+  passEnqueued(2);
+  LOOM_TRY(net_->runP2p(remoteBlocks(in, out, block), op.stream));
+  LOOM_INFO(kColl,
+            "GPU all-to-all: %zu x %s a peer; the %d ranks of this host over the GPU mesh, the "
+            "other %d over the network",
+            op.count, dataTypeName(op.dtype), hier_.local, nranks_ - hier_.local);
   const Status done = recordDone(op.stream, cap);
   gateExit.done = true;
   passEnqueued(7, done.isOk());

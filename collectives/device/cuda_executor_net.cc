@@ -1,6 +1,8 @@
 // The GPU side of a communicator whose ranks the mesh cannot join (other hosts, or P2P
 // off): every device-buffer call goes to the network executor
 // (collectives/device/net_executor.h), ordered with the communicator's other calls.
+#include <optional>
+
 #include "collectives/device/cuda_executor.h"
 #include "common/log.h"
 #include "common/settings.h"
@@ -119,6 +121,14 @@ Status CudaExecutor::prepare(const Operation& op) {
   const char* why = nullptr;
   if (takesHier(op, &why)) return prepareHier(op);
   const collectives::CollRequest req = collectives::requestFor(op, nranks_, rank_);
+  if (op.type == collectives::CollType::kAllToAll && splitsP2p(op.type, &why)) {
+    // The network's connections to the other hosts' ranks (the buffers are not read here).
+    const size_t block = op.count * req.elemSize;
+    if (op.sendbuff == op.recvbuff) LOOM_TRY(netScratch(block * nranks_).status());
+    return net_->prepareP2p(
+        remoteBlocks(static_cast<const char*>(op.sendbuff), static_cast<char*>(op.recvbuff), block),
+        op.stream);
+  }
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff)
     LOOM_TRY(netScratch(op.count * req.elemSize * nranks_).status());
   return net_->prepareCollective(req, flatAlgo_);
@@ -130,6 +140,12 @@ Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin,
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
   LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
+  const char* why = nullptr;
+  if (splitsP2p(collectives::CollType::kSendRecv, &why)) {
+    std::vector<Operation> mesh;  // the mesh needs nothing made beforehand
+    takeHostMessages(&list, &mesh, ops[begin].stream);
+  }
+  if (list.empty()) return Status::ok();
   return net_->prepareP2p(list, ops[begin].stream);
 }
 
@@ -166,6 +182,10 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   const char* flat = nullptr;
   std::string flatText;
   if (takesHier(op, &flat, logging ? &flatText : nullptr)) return runHier(op, red);
+  if (const char* why = nullptr;
+      op.type == collectives::CollType::kAllToAll && splitsP2p(op.type, &why)) {
+    return runSplitAllToAll(op);
+  }
   if (logging && flatText.empty()) flatText = flat;
   ++cursor_;
   if (op.count == 0) return Status::ok();
@@ -222,18 +242,46 @@ Status CudaExecutor::netP2pList(const std::vector<Operation>& ops, size_t begin,
 Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
   DeviceGuard guard(device_);
   cudaStream_t stream = ops[begin].stream;
+  // Split by where the peer is: this host's ranks over the GPU mesh first (its kernel
+  // only waits for them), then the other hosts' over the network. Where the host's ranks
+  // share a GPU (a testing mode), the gate between the two (passEnqueued) takes every rank
+  // of the host in this process to call in the same group, as the perf binaries' -g does.
+  const char* why = nullptr;
+  const bool split = splitsP2p(collectives::CollType::kSendRecv, &why);
+  std::optional<GateExit> gateExit;
+  if (split) {
+    ++hierCalls_;
+    gateExit.emplace(this);  // in place: a temporary's destructor would say "done"
+  }
   // Calls of the group on other streams: those streams' earlier work comes first.
   for (size_t i = begin; i < end; ++i) {
     if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
   }
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
+  gateWaits_ = !cap;
+  if (split) passEnqueued(0);
   LOOM_TRY(order(stream, cap));
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
   LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
+  std::vector<Operation> mesh;
+  if (split) takeHostMessages(&list, &mesh, stream);
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
-  LOOM_TRY(net_->runP2p(list, stream));
-  return recordDone(stream, cap);
+  if (!mesh.empty()) LOOM_TRY(local_->runP2p(mesh, 0, mesh.size()));
+  if (split) {
+    passEnqueued(1);
+    LOOM_INFO(kColl,
+              "rank %d: %zu send/receive message(s) with this host's ranks over the GPU mesh, "
+              "%zu with the other hosts' over the network",
+              rank_, mesh.size(), list.size());
+  }
+  if (!list.empty()) LOOM_TRY(net_->runP2p(list, stream));
+  const Status done = recordDone(stream, cap);
+  if (split) {
+    gateExit->done = true;
+    passEnqueued(7, done.isOk());
+  }
+  return done;
 }
 
 }  // namespace loom::collectives::device

@@ -91,6 +91,34 @@ TEST(Hierarchy, WhichCallsTakeIt) {
   }
 }
 
+// Point-to-point exchanges split by where the peer is only where LOOM_ALGO names hier,
+// and the all-to-all only where the ranks go host by host.
+TEST(Hierarchy, PointToPointSplitsWhereHierIsNamed) {
+  Hierarchy h, mixed;
+  std::string why;
+  ASSERT_TRUE(findHierarchy({1, 1, 2, 2}, 0, &h, &why));
+  ASSERT_TRUE(findHierarchy({1, 2, 1, 2}, 0, &mixed, &why));
+  EXPECT_TRUE(ranksHostByHost(h));
+  EXPECT_FALSE(ranksHostByHost(mixed));
+  const AlgoRequest any;
+  EXPECT_NE(hierP2pDecline(CollType::kSendRecv, h, any), nullptr);
+  EXPECT_NE(hierP2pDecline(CollType::kAllToAll, h, any), nullptr);
+  for (const char* text : {"hier", "ring,hier"}) {
+    auto a = AlgoRequest::parse(text);
+    ASSERT_TRUE(a.isOk());
+    EXPECT_EQ(hierP2pDecline(CollType::kSendRecv, h, a.value()), nullptr) << text;
+    EXPECT_EQ(hierP2pDecline(CollType::kAllToAll, h, a.value()), nullptr) << text;
+    EXPECT_EQ(hierP2pDecline(CollType::kSendRecv, mixed, a.value()), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, mixed, a.value()), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kAllReduce, h, a.value()), nullptr) << text;
+  }
+  for (const char* text : {"^tree", "^hier", "ring"}) {
+    auto a = AlgoRequest::parse(text);
+    ASSERT_TRUE(a.isOk());
+    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, h, a.value()), nullptr) << text;
+  }
+}
+
 TEST(Hierarchy, ReductionsSplitBetweenTheLevels) {
   EXPECT_EQ(splitReduction(RedKind::kSum).first, RedKind::kSum);
   EXPECT_EQ(splitReduction(RedKind::kMax).second, RedKind::kMax);

@@ -2,7 +2,8 @@
 // this binary, each a host of its own (LOOM_HOST_ID) holding two ranks on GPU 0
 // (LOOM_P2P_SHARE_GPU=1 lets them form a GPU mesh there), four ranks in all. All-reduce,
 // broadcast, reduce, all-gather and reduce-scatter take the hierarchical form (mesh in the
-// host, the network between the rails). Every result is
+// host, the network between the rails), and all-to-all and send/receive go to the host's
+// ranks over the mesh and to the other host's over the network. Every result is
 // checked against the host's answer on small integers (exact in every type used), in place
 // and out of place, for every root; a CUDA graph of a hierarchical all-reduce is replayed
 // with its output poisoned between replays, and each rank driven from a thread of its own
@@ -522,6 +523,65 @@ size_t threadPerRank(Host& h) {
   return wrong[0] + wrong[1];
 }
 
+// Point to point across the hosts, split by where the peer is (LOOM_ALGO=hier: the host's
+// ranks over the mesh, the other host's over the network): an all-to-all, in place and
+// not, and every rank sending a block to every rank (itself too) in one group of both
+// local ranks' sends and receives. Rank r's block for rank q holds inputValue(r, q x count
+// + i). The wrong elements, or 1 for a call that failed.
+size_t pointToPoint(Host& h) {
+  size_t wrong = 0;
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{100003}, size_t{1} << 20}) {
+    for (int mode = 0; mode < 3; ++mode) {  // all-to-all, in place, send/receive
+      const bool inPlace = mode == 1;
+      RankBuffers b;
+      if (!b.fill(h, count * kRanks)) return 1;
+      if (ncclGroupStart() != ncclSuccess) return 1;
+      for (int l = 0; l < kLocal; ++l) {
+        float* out = inPlace ? b.in[l] : b.out[l];
+        if (mode < 2) {
+          ncclAlltoAll(b.in[l], out, count, ncclFloat32, h.comms[l], h.streams[l]);
+          continue;
+        }
+        for (int q = 0; q < kRanks; ++q) {
+          ncclSend(b.in[l] + size_t(q) * count, count, ncclFloat32, q, h.comms[l], h.streams[l]);
+          ncclRecv(b.out[l] + size_t(q) * count, count, ncclFloat32, q, h.comms[l], h.streams[l]);
+        }
+      }
+      if (ncclGroupEnd() != ncclSuccess) {
+        ADD_FAILURE() << (mode < 2 ? "all_to_all" : "send/recv") << " of " << count
+                      << " floats: " << ncclGetLastError(nullptr);
+        return 1;
+      }
+      std::vector<float> got(count * kRanks);
+      for (int l = 0; l < kLocal; ++l) {
+        const int rank = h.base + l;
+        if (cudaStreamSynchronize(h.streams[l]) != cudaSuccess ||
+            cudaMemcpy(got.data(), inPlace ? b.in[l] : b.out[l], got.size() * 4,
+                       cudaMemcpyDeviceToHost) != cudaSuccess) {
+          ADD_FAILURE() << "rank " << rank << ": stream failed after point to point of " << count
+                        << " floats: " << cudaGetErrorString(cudaGetLastError());
+          return 1;
+        }
+        for (size_t e = 0; e < got.size(); ++e) {
+          const int q = int(e / count);
+          const float want = float(inputValue(q, size_t(rank) * count + e % count));
+          if (got[e] != want) {
+            if (wrong < 3) {
+              ADD_FAILURE() << (mode == 0   ? "all_to_all"
+                                : mode == 1 ? "all_to_all in place"
+                                            : "send/recv")
+                            << ", " << count << " floats: rank " << rank << " element " << e
+                            << " (from rank " << q << ") is " << got[e] << ", not " << want;
+            }
+            ++wrong;
+          }
+        }
+      }
+    }
+  }
+  return wrong;
+}
+
 // One host (run by GpuHier.TwoHostsOfTwoRanks through the environment).
 TEST(GpuHier, OneHost) {
   const char* hostText = std::getenv("LOOM_TEST_HIER_HOST");
@@ -587,6 +647,7 @@ TEST(GpuHier, OneHost) {
   EXPECT_EQ(graphReplays(h, (size_t{1} << 20) + 2, 200), 0u);
   EXPECT_EQ(graphBesideEager(h, (size_t{1} << 18) + 3, 50), 0u);
   EXPECT_EQ(threadPerRank(h), 0u);
+  EXPECT_EQ(pointToPoint(h), 0u);
   for (int l = 0; l < kLocal; ++l) {
     cudaStreamDestroy(h.streams[l]);
     EXPECT_EQ(ncclCommDestroy(h.comms[l]), ncclSuccess);
@@ -636,6 +697,9 @@ TEST(GpuHier, TwoHostsOfTwoRanks) {
          {"GPU AllReduce hierarchical", "GPU Broadcast hierarchical", "GPU Reduce hierarchical",
           "GPU AllGather hierarchical", "GPU ReduceScatter hierarchical"}) {
       EXPECT_NE(log.find(form), std::string::npos) << "host " << k << ": no \"" << form << "\"";
+    }
+    for (const char* split : {"GPU all-to-all", "with this host's ranks over the GPU mesh"}) {
+      EXPECT_NE(log.find(split), std::string::npos) << "host " << k << ": no \"" << split << "\"";
     }
     unlink(logs[k].c_str());
   }
