@@ -374,6 +374,7 @@ class CudaExecutor final : public DeviceExecutor {
   // Says a hierarchical call is done (pass 7, without waiting) unless `done` was set: a
   // call that fails half-way, so that its peers do not wait for it at the gate.
   struct GateExit {
+    explicit GateExit(CudaExecutor* s) : self(s) {}  // (emplace: no aggregate before clang 16)
     CudaExecutor* self;
     bool done = false;
     ~GateExit() {

@@ -430,6 +430,13 @@ bool CudaExecutor::splitsP2p(CollType type, const char** reason) const {
   }
   *reason = hierP2pDecline(type, hier_, limits_.algo);
   if (*reason) return false;
+  // The other hosts' blocks go as one step of network sends and receives, a kernel block
+  // each (the flat form takes rounds where they would not fit).
+  if (type == CollType::kAllToAll &&
+      2 * size_t(nranks_ - hier_.local) > size_t(dev::kNetMaxBlocks)) {
+    *reason = "more peers on other hosts than one step of the network kernel takes";
+    return false;
+  }
   *reason = "the ranks of this host over the GPU mesh, the others over the network";
   return true;
 }

@@ -122,12 +122,16 @@ Status CudaExecutor::prepare(const Operation& op) {
   if (takesHier(op, &why)) return prepareHier(op);
   const collectives::CollRequest req = collectives::requestFor(op, nranks_, rank_);
   if (op.type == collectives::CollType::kAllToAll && splitsP2p(op.type, &why)) {
-    // The network's connections to the other hosts' ranks (the buffers are not read here).
+    // The network's connections to the other hosts' ranks and its plan. In place, the
+    // blocks leave from the scratch copy (runSplitAllToAll): the same addresses here, since
+    // the network executor matches prepared plans by them.
     const size_t block = op.count * req.elemSize;
-    if (op.sendbuff == op.recvbuff) LOOM_TRY(netScratch(block * nranks_).status());
-    return net_->prepareP2p(
-        remoteBlocks(static_cast<const char*>(op.sendbuff), static_cast<char*>(op.recvbuff), block),
-        op.stream);
+    const char* in = static_cast<const char*>(op.sendbuff);
+    if (op.sendbuff == op.recvbuff) {
+      LOOM_ASSIGN_OR_RETURN(void* copy, netScratch(block * nranks_));
+      in = static_cast<const char*>(copy);
+    }
+    return net_->prepareP2p(remoteBlocks(in, static_cast<char*>(op.recvbuff), block), op.stream);
   }
   if (op.type == collectives::CollType::kAllToAll && op.sendbuff == op.recvbuff)
     LOOM_TRY(netScratch(op.count * req.elemSize * nranks_).status());
