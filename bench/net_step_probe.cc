@@ -1,0 +1,129 @@
+// The host side of one small network step on the GPU path: a proxy (transports/net/proxy.h)
+// with a connection to itself over the socket backend, and this thread standing in for
+// both kernels. It posts 8 bytes into the send FIFO and spins until the receive FIFO says
+// they arrived: the proxy notices the post, sends, receives, and publishes the slot. No
+// GPU: what a kernel's own flag writes and reads over PCIe cost is not in it.
+//
+//   net_step_probe [STEPS [IDLE]]   STEPS steps (default 20000); IDLE further connections
+//                                   that the proxy polls but that carry nothing (default 0)
+//
+// Threads per connection as loom takes them (LOOM_SOCKET_NTHREADS, default 4). Prints the
+// mean, median, 90th and 99th percentiles of the step in microseconds.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "transports/net/connect.h"
+#include "transports/net/net_fifo.h"
+#include "transports/net/proxy.h"
+
+namespace {
+
+using namespace loom;
+using namespace loom::transport::net;
+
+struct FifoMemory {
+  explicit FifoMemory(uint32_t slots = 8, uint64_t slotBytes = 64 * 1024) {
+    const size_t bytes = fifoBytes(slots, slotBytes);
+    p = std::aligned_alloc(4096, bytes);
+    std::memset(p, 0, bytes);
+    fifo = fifoAt(p, slots, slotBytes, 0);
+  }
+  ~FifoMemory() { std::free(p); }
+  void* p = nullptr;
+  Fifo fifo;
+};
+
+// A connection from this rank to itself: nothing to exchange.
+Result<Connections> selfConnection(Backend& b) {
+  HandleExchange ex;
+  ex.send = [](int, const Handle&) { return Status::ok(); };
+  ex.tryRecv = [](int, Handle*) -> Result<bool> { return false; };
+  Connections c;
+  LOOM_TRY(connectPeers(b, 0, 0, {0}, {0}, ex, Deadline::afterMs(10000), &c));
+  return c;
+}
+
+uint64_t loadAcquire(uint64_t* p) {
+  return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire);
+}
+void storeRelease(uint64_t* p, uint64_t v) {
+  std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20000;
+  const int idle = argc > 2 ? std::max(0, std::atoi(argv[2])) : 0;
+  Context ctx;
+  ctx.commHash = 1;
+  auto backend = makeSocketBackend(ctx);
+  if (!backend.isOk()) {
+    std::fprintf(stderr, "net_step_probe: %s\n", backend.status().message().c_str());
+    return 1;
+  }
+  std::vector<Connections> conns;
+  for (int k = 0; k <= idle; ++k) {
+    auto c = selfConnection(**backend);
+    if (!c.isOk()) {
+      std::fprintf(stderr, "net_step_probe: connecting: %s\n", c.status().message().c_str());
+      return 1;
+    }
+    conns.push_back(std::move(c).value());
+  }
+  std::vector<std::unique_ptr<FifoMemory>> fifos;
+  for (int k = 0; k < 2 * (idle + 1); ++k) fifos.push_back(std::make_unique<FifoMemory>());
+  std::vector<double> us;
+  us.reserve(steps);
+  {
+    Proxy proxy(0, 5000);
+    for (int k = 0; k <= idle; ++k) {
+      proxy.addSend(std::move(conns[k].sends[0]), fifos[2 * k]->fifo);
+      proxy.addRecv(std::move(conns[k].recvs[0]), fifos[2 * k + 1]->fifo);
+    }
+    const Fifo& send = fifos[0]->fifo;
+    const Fifo& recv = fifos[1]->fifo;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int i = 0; i < steps; ++i) {
+      const uint64_t value = 0x1000 + uint64_t(i);
+      std::memcpy(send.slot(i), &value, sizeof(value));
+      send.header->sizes[i % send.nslots] = sizeof(value);
+      const auto start = Clock::now();
+      storeRelease(&send.header->posted, uint64_t(i) + 1);
+      while (loadAcquire(&recv.header->posted) <= uint64_t(i)) {
+        if (Status st = proxy.firstError(); !st) {
+          std::fprintf(stderr, "net_step_probe: %s\n", st.message().c_str());
+          return 1;
+        }
+        cpuRelax();
+      }
+      us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+      uint64_t got = 0;
+      std::memcpy(&got, recv.slot(i), sizeof(got));
+      if (got != value) {
+        std::fprintf(stderr, "net_step_probe: step %d carried %llu, not %llu\n", i,
+                     (unsigned long long)got, (unsigned long long)value);
+        return 1;
+      }
+      storeRelease(&recv.header->done, uint64_t(i) + 1);
+    }
+  }
+  double sum = 0;
+  for (double v : us) sum += v;
+  std::sort(us.begin(), us.end());
+  auto at = [&](double q) { return us[std::min(us.size() - 1, size_t(q * double(us.size())))]; };
+  const char* threads = std::getenv("LOOM_SOCKET_NTHREADS");
+  std::printf("net_step_probe: %d steps of 8 B, %d idle connection(s), LOOM_SOCKET_NTHREADS=%s: "
+              "mean %.2f us, median %.2f, p90 %.2f, p99 %.2f\n",
+              steps, idle, threads ? threads : "(default)", sum / double(us.size()), at(0.5),
+              at(0.9), at(0.99));
+  return 0;
+}
