@@ -121,9 +121,10 @@ int main(int argc, char** argv) {
   std::sort(us.begin(), us.end());
   auto at = [&](double q) { return us[std::min(us.size() - 1, size_t(q * double(us.size())))]; };
   const char* threads = std::getenv("LOOM_SOCKET_NTHREADS");
-  std::printf("net_step_probe: %d steps of 8 B, %d idle connection(s), LOOM_SOCKET_NTHREADS=%s: "
-              "mean %.2f us, median %.2f, p90 %.2f, p99 %.2f\n",
-              steps, idle, threads ? threads : "(default)", sum / double(us.size()), at(0.5),
-              at(0.9), at(0.99));
+  std::printf(
+      "net_step_probe: %d steps of 8 B, %d idle connection(s), LOOM_SOCKET_NTHREADS=%s: "
+      "mean %.2f us, median %.2f, p90 %.2f, p99 %.2f\n",
+      steps, idle, threads ? threads : "(default)", sum / double(us.size()), at(0.5), at(0.9),
+      at(0.99));
   return 0;
 }

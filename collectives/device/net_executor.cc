@@ -76,6 +76,8 @@ Status NetExecutor::init(NetHandleExchange exchange) {
                                     cudaHostAllocMapped | cudaHostAllocPortable),
                       "cudaHostAlloc of the network flags"));
   std::memset(hostFlags_, 0, 4 * sizeof(int));
+  LOOM_TRY(cudaStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devFlags_), hostFlags_, 0),
+                      "cudaHostGetDevicePointer"));
   LOOM_TRY(cudaStatus(cudaStreamCreateWithFlags(&uploadStream_, cudaStreamNonBlocking),
                       "cudaStreamCreate"));
   // Loaded now, not at a first launch that could wait behind a kernel waiting for a peer.
@@ -348,9 +350,7 @@ Status NetExecutor::launch(const Plan& plan, const NetCall& call, cudaStream_t s
   ctx.counters = counters_;
   ctx.barrier = barrier_;
   ctx.nranks = options_.nranks;
-  int* devFlags = nullptr;
-  LOOM_TRY(cudaStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&devFlags), hostFlags_, 0),
-                      "cudaHostGetDevicePointer"));
+  int* devFlags = devFlags_;
   ctx.abortFlag = devFlags;
   ctx.errorFlag = devFlags + 1;
   ctx.errorPeer = devFlags + 2;

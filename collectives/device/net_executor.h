@@ -189,6 +189,7 @@ class NetExecutor {
   unsigned* barrier_ = nullptr;
   // Page-locked, mapped: [0] abort (host writes), [1] error code, [2] its peer (kernels).
   int* hostFlags_ = nullptr;
+  int* devFlags_ = nullptr;        // the same as the kernels see them (looked up once)
   std::vector<void*> fifoMemory_;  // page-locked FIFOs (or their headers)
   // The FIFOs' slots in GPU memory (transports/net/gdr.h placeSlots), which the NIC reads and
   // writes (GPUDirect RDMA) or the backend moves itself, registered through dma-buf or not;
