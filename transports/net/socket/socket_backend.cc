@@ -180,15 +180,21 @@ class SocketComm {
       return errorf(Code::kInternalError, "socket backend: requests to %s tested out of order",
                     what_.c_str());
     }
-    for (size_t k = 0; k < (threaded_ ? 1 : nsocks_); ++k) {
-      if (!socketError(k).isOk()) continue;
-      Status st = progress(k);
-      if (!st) {
-        std::lock_guard<std::mutex> lock(errorMutex_);
-        socks_[k].error = st;
+    // First up to this request only; where it is not done yet, on past it too (a
+    // receive's later sizes let the helpers start on their parts meanwhile). Done at
+    // once, it costs no system call that would find nothing.
+    for (const uint64_t last : {r->seq, UINT64_MAX}) {
+      for (size_t k = 0; k < (threaded_ ? 1 : nsocks_); ++k) {
+        if (!socketError(k).isOk()) continue;
+        Status st = progress(k, last);
+        if (!st) {
+          std::lock_guard<std::mutex> lock(errorMutex_);
+          socks_[k].error = st;
+        }
       }
+      stepOverSmall();
+      if (finished(*r)) break;
     }
-    stepOverSmall();
     // A socket that failed (the peer closed it, say) fails only the requests it had not
     // finished: what arrived before stays good. A helper's socket with no part of this
     // message is done with it already (the helper steps over it when it next runs): a
@@ -222,8 +228,9 @@ class SocketComm {
     Status error;  // why it stopped (written by its mover; helpers: under errorMutex_)
   };
 
-  // Moves what socket k can move now without blocking.
-  Status progress(size_t k) {
+  // Moves what socket k can move now without blocking, up to request `last` (the one the
+  // caller tests: a receive posted after it would cost a system call that finds nothing).
+  Status progress(size_t k, uint64_t last = UINT64_MAX) {
     Sock& s = socks_[k];
     const int n = static_cast<int>(nsocks_);
     // A helper's socket, which the caller's thread may step over small messages meanwhile.
@@ -231,7 +238,7 @@ class SocketComm {
     while (true) {
       const uint64_t v = s.seq.load(std::memory_order_acquire);
       const uint64_t seq = seqOf(v);
-      if (seq >= posted_.load(std::memory_order_acquire)) return Status::ok();
+      if (seq >= posted_.load(std::memory_order_acquire) || seq > last) return Status::ok();
       Request& r = requests_[seq % kMaxRequests];
       if (shared && !(v & kClaimed)) {
         // Not started: a message this socket has no part of is stepped over, one it has a
@@ -342,6 +349,15 @@ class SocketComm {
       ::poll(fds.data(), fds.size(), 100);
     }
     cpuNs_->fetch_add(threadCpuNs(), std::memory_order_relaxed);
+  }
+  // Whether every socket is past r, or carries none of it.
+  bool finished(const Request& r) const {
+    for (size_t k = 0; k < nsocks_; ++k) {
+      if (seqOf(socks_[k].seq.load(std::memory_order_acquire)) > r.seq) continue;
+      if (threaded_ && k != 0 && noPart(r, k)) continue;
+      return false;
+    }
+    return true;
   }
   // Whether socket k carries none of r (a receive's size must be known).
   bool noPart(const Request& r, size_t k) const {
