@@ -7,8 +7,11 @@
 //   net_step_probe [STEPS [IDLE]]   STEPS steps (default 20000); IDLE further connections
 //                                   that the proxy polls but that carry nothing (default 0)
 //
-// Threads per connection as loom takes them (LOOM_SOCKET_NTHREADS, default 4). Prints the
-// mean, median, 90th and 99th percentiles of the step in microseconds.
+// Threads per connection as loom takes them (LOOM_SOCKET_NTHREADS, default 4); with
+// LOOM_NET=ucx, UCX's UCP instead (LOOM_UCX_LANES lanes, 4 where unset, as GPU buffers take).
+// Prints the mean, median, 90th and 99th percentiles of the step in microseconds.
+#include <strings.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,6 +26,7 @@
 #include "transports/net/connect.h"
 #include "transports/net/net_fifo.h"
 #include "transports/net/proxy.h"
+#include "transports/net/ucx/ucx.h"
 
 namespace {
 
@@ -65,7 +69,9 @@ int main(int argc, char** argv) {
   const int idle = argc > 2 ? std::max(0, std::atoi(argv[2])) : 0;
   Context ctx;
   ctx.commHash = 1;
-  auto backend = makeSocketBackend(ctx);
+  const char* net = std::getenv("LOOM_NET");
+  const bool ucx = net && strcasecmp(net, "ucx") == 0;
+  auto backend = ucx ? ucx::makeUcxBackend(ctx) : makeSocketBackend(ctx);
   if (!backend.isOk()) {
     std::fprintf(stderr, "net_step_probe: %s\n", backend.status().message().c_str());
     return 1;
@@ -120,11 +126,11 @@ int main(int argc, char** argv) {
   for (double v : us) sum += v;
   std::sort(us.begin(), us.end());
   auto at = [&](double q) { return us[std::min(us.size() - 1, size_t(q * double(us.size())))]; };
-  const char* threads = std::getenv("LOOM_SOCKET_NTHREADS");
+  const char* threads = std::getenv(ucx ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS");
   std::printf(
-      "net_step_probe: %d steps of 8 B, %d idle connection(s), LOOM_SOCKET_NTHREADS=%s: "
+      "net_step_probe: %s, %d steps of 8 B, %d idle connection(s), %s=%s: "
       "mean %.2f us, median %.2f, p90 %.2f, p99 %.2f\n",
-      steps, idle, threads ? threads : "(default)", sum / double(us.size()), at(0.5), at(0.9),
-      at(0.99));
+      ucx ? "ucx" : "socket", steps, idle, ucx ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS",
+      threads ? threads : "(default)", sum / double(us.size()), at(0.5), at(0.9), at(0.99));
   return 0;
 }

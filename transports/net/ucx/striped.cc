@@ -70,10 +70,22 @@ void Striped::partRange(size_t total, int k, size_t* begin, size_t* end) const {
 }
 
 uint64_t Striped::oldestInUse() const {
+  // A helper holds the slot of the oldest large message it has not finished.
   uint64_t oldest = freed_;
-  for (int k = 1; k < nlanes_; ++k)
-    oldest = std::min(oldest, helpers_[k].done.load(std::memory_order_acquire));
+  const uint64_t large = largePosted_.load(std::memory_order_relaxed);
+  for (int k = 1; k < nlanes_; ++k) {
+    const uint64_t done = helpers_[k].done.load(std::memory_order_acquire);
+    if (done < large) oldest = std::min(oldest, large_[done % kMaxRequests]);
+  }
   return oldest;
+}
+
+void Striped::publishLarge(Message& m) {
+  const uint64_t i = largePosted_.load(std::memory_order_relaxed);
+  m.large = i;
+  large_[i % kMaxRequests] = m.seq;
+  largePosted_.store(i + 1, std::memory_order_release);
+  wakeHelpers();
 }
 
 void Striped::wakeHelpers() {
@@ -89,7 +101,7 @@ Status Striped::post(void* data, size_t size, Request** request) {
   *request = nullptr;
   const uint64_t seq = posted_.load(std::memory_order_relaxed);
   if (seq - oldestInUse() >= static_cast<uint64_t>(kMaxRequests)) {
-    wakeHelpers();  // one that sleeps behind a run of small messages holds the slot
+    wakeHelpers();  // a helper still on a large message holds the slot
     return Status::ok();
   }
   Message& m = msgs_[seq % kMaxRequests];
@@ -108,11 +120,8 @@ Status Striped::post(void* data, size_t size, Request** request) {
   LOOM_TRY(lanes_[0]->post(m.data + b, e - b, &m.header, &m.head));
   if (!m.head) return Status::ok();
   posted_.store(seq + 1, std::memory_order_release);
-  // The helpers take a send's parts at once, a receive's once its size is known; behind
-  // by half the window, they step over small messages.
-  if ((sending_ && size >= kMinPart) || seq + 1 - oldestInUse() >= kMaxRequests / 2) {
-    wakeHelpers();
-  }
+  // The helpers take a send's parts at once, a receive's once its size is known (test).
+  if (sending_ && nlanes_ > 1 && size >= kMinPart) publishLarge(m);
   *request = reinterpret_cast<Request*>(&m);
   return Status::ok();
 }
@@ -145,13 +154,12 @@ Status Striped::test(Request* request, bool* done, size_t* size) {
                       "net/ucx: %s sent %zu bytes on lane 0 of a %zu-byte message",
                       lanes_[0]->peer().c_str(), got, m->size);
       }
-      sized_.store(m->seq + 1, std::memory_order_release);
-      if (m->size >= kMinPart) wakeHelpers();
+      if (nlanes_ > 1 && m->size >= kMinPart) publishLarge(*m);
     }
   }
   if (nlanes_ > 1 && m->size >= kMinPart) {
     for (int k = 1; k < nlanes_; ++k) {
-      if (helpers_[k].done.load(std::memory_order_acquire) > m->seq) continue;
+      if (helpers_[k].done.load(std::memory_order_acquire) > m->large) continue;
       LOOM_TRY(helperError(k));
       return lanes_[0]->heartbeat();  // still waiting on lane k: has the peer gone?
     }
@@ -188,16 +196,21 @@ void Striped::helperMain(int k) {
     stopped(k, efd.status());
     return;
   }
-  std::deque<std::pair<uint64_t, LaneRequest*>> inFlight;  // null: no part of that message
-  uint64_t next = 0;
-  std::atomic<uint64_t>& available = sending_ ? posted_ : sized_;
+  // (large index, the message's sequence number, its part's request: null where it has none)
+  struct Part {
+    uint64_t large, seq;
+    LaneRequest* r;
+  };
+  std::deque<Part> inFlight;
+  uint64_t next = 0;  // the next large message to take
   while (!stop_.load(std::memory_order_acquire)) {
     uint64_t drained = 0;
     while (::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
     }
     bool moved = false;
-    while (next < available.load(std::memory_order_acquire)) {
-      Message& m = msgs_[next % kMaxRequests];
+    while (next < largePosted_.load(std::memory_order_acquire)) {
+      const uint64_t seq = large_[next % kMaxRequests];
+      Message& m = msgs_[seq % kMaxRequests];
       size_t b, e;
       partRange(m.size, k, &b, &e);
       LaneRequest* r = nullptr;
@@ -209,11 +222,11 @@ void Striped::helperMain(int k) {
         }
         if (!r) break;  // the lane is full: test first
       }
-      inFlight.emplace_back(next++, r);
+      inFlight.push_back({next++, seq, r});
       moved = true;
     }
     while (!inFlight.empty()) {
-      auto [seq, r] = inFlight.front();
+      const auto [large, seq, r] = inFlight.front();
       if (r) {
         bool done = false;
         size_t got = 0;
@@ -232,7 +245,7 @@ void Striped::helperMain(int k) {
         }
       }
       inFlight.pop_front();
-      me.done.store(seq + 1, std::memory_order_release);
+      me.done.store(large + 1, std::memory_order_release);
       moved = true;
     }
     if (moved) continue;

@@ -46,9 +46,10 @@ class Striped {
     uint64_t seq = 0;
     LaneRequest* head = nullptr;  // on lane 0
     bool headDone = false;
+    uint64_t large = 0;  // a message with parts on the other lanes: its index in large_
   };
   struct Helper {
-    std::atomic<uint64_t> done{0};  // messages this lane has finished with, in order
+    std::atomic<uint64_t> done{0};  // large messages this lane has finished its part of
     Status error;                   // why it stopped (under errorMutex_)
     int wakeFd = -1;                // an eventfd: work for it, or the end
     std::thread thread;
@@ -58,6 +59,8 @@ class Striped {
   void partRange(size_t total, int k, size_t* begin, size_t* end) const;
   uint64_t oldestInUse() const;
   void wakeHelpers();
+  // The caller's thread: message `m` has parts on the other lanes; the helpers may take it.
+  void publishLarge(Message& m);
   Status helperError(int k);
   void stopped(int k, Status st);
 
@@ -66,8 +69,13 @@ class Striped {
   const bool sending_;
   const int nlanes_;
   Message msgs_[kMaxRequests];
-  std::atomic<uint64_t> posted_{0};    // a send: messages the helpers may take
-  std::atomic<uint64_t> sized_{0};     // a receive: messages whose size lane 0 has read
+  std::atomic<uint64_t> posted_{0};  // messages posted (the caller's; atomic for its own reads)
+  // The messages with parts on the lanes past 0 (a send's once posted, a receive's once
+  // lane 0 has read its size), in order: the helpers take only these, so that small
+  // messages never wait for, or wake, a helper. large_[i % kMaxRequests] is the i-th's
+  // sequence number; largePosted_ counts them.
+  uint64_t large_[kMaxRequests] = {};
+  std::atomic<uint64_t> largePosted_{0};
   uint64_t freed_ = 0;                 // messages test() has handed back (the caller's)
   std::unique_ptr<Helper[]> helpers_;  // index k for lane k (0 unused)
   std::atomic<bool> stop_{false};
