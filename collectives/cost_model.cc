@@ -286,6 +286,23 @@ Estimate hierarchicalRooted(const Fabric& f, double S, bool reduce) {
 
 // Broadcast and reduce: a chain streams S through every rank once, n - 1 hops; the tree
 // reaches every rank in depth hops, inner ranks sending (or receiving) twice.
+// GPU all-to-all split by host (cuda_executor_hier.cc runSplitAllToAll, where LOOM_ALGO
+// names hier): one mesh all-to-all of the host's G blocks, then every other host's block
+// as one step of network sends (each rank to its n - G remote peers at once; a host's
+// NICs carry G (n - G) blocks), one after the other.
+Estimate hierarchicalAllToAll(const Fabric& f, double S) {
+  const int n = f.nranks(), G = f.ranksPerHost;
+  const double block = S / n;
+  Sum remote(f, Algo::kHierarchical);
+  remote.e.latencyUs = 0;  // the call's base is the mesh pass's
+  remote.steps(0, 1);
+  remote.e.latencyUs += (n - G - 1) * f.messageUs;
+  remote.bytes(0, double(G) * (n - G) * block);
+  Estimate out = sequence({meshEstimate(CollType::kAllToAll, G * block, f), remote.done(true)});
+  out.built = true;
+  return out;
+}
+
 Estimate chain(const Fabric& f, Algo a, double S, bool built) {
   const int n = f.nranks(), H = f.hosts;
   Sum s(f, a);
@@ -421,6 +438,14 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
         default: return false;
       }
     case CollType::kAllToAll:
+      if (a == Algo::kHierarchical) {
+        if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
+        *out = hierarchicalAllToAll(f, S);
+        return true;
+      }
+      if (a != (mesh ? Algo::kMeshOneShot : Algo::kDirect)) return false;
+      *out = direct(f, a, S / n, 1, true);
+      return true;
     case CollType::kSendRecv:
       if (a != (mesh ? Algo::kMeshOneShot : Algo::kDirect)) return false;
       *out = direct(f, a, S / n, 1, true);

@@ -325,6 +325,11 @@ TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f
     c.reason = "the hierarchical all-gather runs only where LOOM_ALGO names hier";
     return c;
   }
+  // Point to point splits by host only where LOOM_ALGO names hier (hierP2pDecline).
+  if (type == CollType::kAllToAll || type == CollType::kSendRecv) {
+    c.reason = "point-to-point exchanges split by host only where LOOM_ALGO names hier";
+    return c;
+  }
   const model::Fabric flatFabric = model::netExecutorFabric(*f, /*rail=*/false);
   CollRequest req;
   req.type = type;

@@ -236,6 +236,30 @@ TEST(CostModel, GpuHierarchicalBroadcastAndReduceAddTheirPasses) {
   EXPECT_FALSE(hierSplitsRails(CollType::kAllReduce, size_t(1) << 30, f));
 }
 
+// The all-to-all split by host (LOOM_ALGO=hier): the host's blocks over the mesh, then the
+// other hosts' over the NICs, one after the other. On 2 x 8 H100 with 8 NICs the NICs'
+// share (8 of every 15 blocks) dominates and the flat form overlaps the two, so the model
+// prices the split above it; the tuner never picks it (it runs only where named).
+TEST(CostModel, GpuAllToAllSplitByHostAddsItsPasses) {
+  const Fabric f = dgx(2);
+  const Fabric host = dgx(1);
+  const size_t b = size_t(128) << 20;
+  const double block = double(b) / 16;
+  Estimate h, none;
+  ASSERT_TRUE(estimate(CollType::kAllToAll, Algo::kHierarchical, b, f, &h));
+  EXPECT_TRUE(h.built);
+  const double mesh = us(CollType::kAllToAll, Algo::kMeshOneShot, size_t(8 * block), host);
+  const double remote = f.inter.latencyUs + 7 * f.messageUs + 8 * 8 * block / f.inter.bytesPerUs();
+  EXPECT_NEAR(h.us, mesh + remote, 1e-6 * h.us);
+  Estimate flat;
+  ASSERT_TRUE(tunerEstimate(CollType::kAllToAll, b, f, &flat));
+  EXPECT_EQ(flat.algo, Algo::kDirect);
+  EXPECT_GT(h.us, flat.us);
+  EXPECT_FALSE(estimate(CollType::kAllToAll, Algo::kHierarchical, b, dgx(1), &none));
+  EXPECT_FALSE(
+      estimate(CollType::kAllToAll, Algo::kHierarchical, b, hostMemoryFabric(2, 2, 1), &none));
+}
+
 // Host buffers: the hierarchical all-reduce is built (hierAllReduce), and across hosts of
 // several ranks behind one slow NIC it wins for large messages, where each host sends
 // 2 (H-1)/H of the buffer through its NIC instead of the ring's 2 (n-1)/n.
