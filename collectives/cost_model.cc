@@ -298,9 +298,7 @@ Estimate hierarchicalAllToAll(const Fabric& f, double S) {
   remote.steps(0, 1);
   remote.e.latencyUs += (n - G - 1) * f.messageUs;
   remote.bytes(0, double(G) * (n - G) * block);
-  Estimate out = sequence({meshEstimate(CollType::kAllToAll, G * block, f), remote.done(true)});
-  out.built = true;
-  return out;
+  return sequence({meshEstimate(CollType::kAllToAll, G * block, f), remote.done(true)});
 }
 
 Estimate chain(const Fabric& f, Algo a, double S, bool built) {

@@ -365,28 +365,55 @@ class CudaExecutor final : public DeviceExecutor {
                          cudaStream_t stream);
   // Where this host's ranks share a GPU in this process (the gate of phase_gate.h): this
   // rank has enqueued pass `pass` of its hierarchical call (0 before its first enqueue,
-  // 1, 2, ... after a mesh pass, its rail's kernel or a copy, 7 after its last), and waits
-  // until the others have too before it enqueues the next, so that no rank's pass queues
-  // behind another's next one. No wait where `wait` is false or the call is captured
-  // (gateWaits_). Gives up after min(LOOM_TIMEOUT_MS, 30 s) with a WARN, and from then on
-  // only says where it is: the gate orders the host's enqueues, it never fails a call.
-  void passEnqueued(int pass, bool wait = true);
-  // Says a hierarchical call is done (pass 7, without waiting) unless `done` was set: a
-  // call that fails half-way, so that its peers do not wait for it at the gate.
-  struct GateExit {
-    explicit GateExit(CudaExecutor* s) : self(s) {}  // (emplace: no aggregate before clang 16)
-    CudaExecutor* self;
-    bool done = false;
-    ~GateExit() {
-      if (!done) self->passEnqueued(7, /*wait=*/false);
+  // 1, 2, ... after a mesh pass, its rail's kernel or a copy, 7 after its last), and, with
+  // `wait`, waits until the others have too before it enqueues the next, so that no rank's
+  // pass queues behind another's next one. Gives up after min(LOOM_TIMEOUT_MS, 30 s) with
+  // a WARN, and from then on only says where it is: the gate orders the host's enqueues,
+  // it never fails a call.
+  void passEnqueued(int pass, bool wait);
+  // One call that passes the gate (runHier, runSplitAllToAll, a split send/receive; where
+  // `gated` is false it only orders the stream and records the end): begin() before the
+  // first enqueue (pass 0, then the stream ordered after this executor's earlier work),
+  // pass(k) between passes, end() after the last (the call's end event, then pass 7). A
+  // call that returns early still says it is done, without waiting, so that its peers do
+  // not wait for it; a captured call never waits (its replays' order is the caller's).
+  class GatedCall {
+   public:
+    GatedCall(CudaExecutor* self, bool gated = true) : self_(self), gated_(gated) {
+      if (gated_) ++self_->hierCalls_;
     }
+    ~GatedCall() {
+      if (gated_ && !ended_) self_->passEnqueued(7, /*wait=*/false);
+    }
+    GatedCall(const GatedCall&) = delete;
+    GatedCall& operator=(const GatedCall&) = delete;
+    Status begin(cudaStream_t stream, bool captured) {
+      captured_ = captured;
+      pass(0);
+      return self_->order(stream, captured);
+    }
+    void pass(int k) {
+      if (gated_) self_->passEnqueued(k, !captured_);
+    }
+    Status end(cudaStream_t stream) {
+      const Status done = self_->recordDone(stream, captured_);
+      ended_ = true;
+      if (gated_) self_->passEnqueued(7, !captured_ && done.isOk());
+      return done;
+    }
+
+   private:
+    CudaExecutor* self_;
+    bool gated_;
+    bool captured_ = false;
+    bool ended_ = false;
   };
   // Point-to-point exchanges (send/receive, all-to-all) split by where the peer is: the
   // ranks of this host over its GPU mesh (local_), the others over the network
   // (collectives/hierarchy.h hierP2pDecline says where); the reason either way.
   bool splitsP2p(collectives::CollType type, const char** reason) const;
   // Moves the messages to ranks of this host from `net` to `mesh` (as the mesh's calls:
-  // the peer as a local index, on `stream`).
+  // the peer as a local index, on `stream`); with `mesh` null, only drops them.
   void takeHostMessages(std::vector<dev::NetExecutor::P2p>* net, std::vector<Operation>* mesh,
                         cudaStream_t stream) const;
   // The all-to-all split so: the host's blocks in one all-to-all over the mesh, every other
@@ -443,7 +470,6 @@ class CudaExecutor final : public DeviceExecutor {
   Hierarchy hier_;
   uint64_t hierCalls_ = 0;   // hierarchical calls run so far (the same count on every rank)
   bool warnedGate_ = false;  // passEnqueued gave up waiting once (warned)
-  bool gateWaits_ = true;    // the hierarchical call being enqueued is not captured
   std::unique_ptr<transport::SubChannel> localChannel_;
   std::unique_ptr<CudaExecutor> local_;
   std::unique_ptr<dev::NetExecutor> rail_;

@@ -197,7 +197,7 @@ void CudaExecutor::passEnqueued(int pass, bool wait) {
   const uint64_t mark = hierCalls_ * 8 + static_cast<uint64_t>(pass);
   // After one wait that gave up, this rank still says where it is but no longer waits: with
   // ranks that are evidently not enqueued side by side, each call would stall.
-  if (!wait || !gateWaits_ || warnedGate_) {
+  if (!wait || warnedGate_) {
     gate->arrive(hier_.localIndex, mark);
     return;
   }
@@ -223,17 +223,10 @@ void CudaExecutor::passEnqueued(int pass, bool wait) {
 Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   ++cursor_;
   if (op.count == 0) return Status::ok();
-  ++hierCalls_;
-  // The gate between the passes (passEnqueued), where the host's ranks share a GPU: pass 0
-  // before the first enqueue, 7 after the last; a call that fails half-way still says it
-  // is done (without waiting), so that its peers do not wait for it. A call captured in a
-  // graph never waits: the order of its enqueues is not the order of the replays.
-  GateExit gateExit{this};
+  GatedCall call(this);
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
-  gateWaits_ = !cap;
-  passEnqueued(0);
-  LOOM_TRY(order(op.stream, cap));
+  LOOM_TRY(call.begin(op.stream, cap));
   const size_t es = dataTypeSize(op.dtype);
   // The reduction of each level (hierarchy.h): a level whose part is a plain sum runs as
   // one, whatever the call's operation.
@@ -301,9 +294,9 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // its rail, and the host's ranks gather the parts.
       const size_t part = op.count / static_cast<size_t>(hier_.local);
       LOOM_TRY(reduceParts(out, part));
-      passEnqueued(1);
+      call.pass(1);
       LOOM_TRY(across(partOf(out, part), partOf(out, part), second));
-      passEnqueued(2);
+      call.pass(2);
       LOOM_TRY(gatherParts(out, part));
       break;
     }
@@ -319,16 +312,16 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
           b.root = rootLocal;
           LOOM_TRY(local_->run(b, red));
         }
-        passEnqueued(1);
+        call.pass(1);
         LOOM_TRY(across(partOf(out, part), partOf(out, part), red));
-        passEnqueued(2);
+        call.pass(2);
         if (!rootHost) LOOM_TRY(gatherParts(out, part));
         break;
       }
       // The root's rail carries it to every host, then each host's rank on that rail
       // gives it to the others.
       if (onRail) LOOM_TRY(across(op.sendbuff, out, red));
-      passEnqueued(1);
+      call.pass(1);
       Operation b = op;
       b.sendbuff = out;
       b.root = rootLocal;
@@ -347,9 +340,9 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
           buf = static_cast<char*>(s);
         }
         LOOM_TRY(reduceParts(buf, part));
-        passEnqueued(1);
+        call.pass(1);
         LOOM_TRY(across(partOf(buf, part), partOf(buf, part), second));
-        passEnqueued(2);
+        call.pass(2);
         if (hier_.hostIndex == hier_.hostOf[op.root]) LOOM_TRY(gatherParts(buf, part));
         break;
       }
@@ -366,7 +359,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       rd.recvbuff = target;
       rd.ncclOp = firstOp;
       LOOM_TRY(local_->run(rd, first));
-      passEnqueued(1);
+      call.pass(1);
       if (onRail) LOOM_TRY(across(target, target, second));
       break;
     }
@@ -374,13 +367,13 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // Each rank's rail gathers the hosts' blocks of its local index, the host's ranks
       // gather those over the mesh (in local order), and each puts them in rank order.
       LOOM_TRY(across(op.sendbuff, railBlocks, red));
-      passEnqueued(1);
+      call.pass(1);
       Operation ag = op;
       ag.sendbuff = railBlocks;
       ag.recvbuff = hostBlocks;
       ag.count = op.count * size_t(hier_.hosts);
       LOOM_TRY(local_->run(ag, ExecutorRedOp{}));
-      passEnqueued(2);
+      call.pass(2);
       LOOM_TRY(transposeBlocks(hostBlocks, out, op.count * es, /*toRankOrder=*/true, op.stream));
       break;
     }
@@ -390,14 +383,14 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
       // its rail, each host keeping its own block. The copy also frees an in-place output.
       LOOM_TRY(transposeBlocks(static_cast<const char*>(op.sendbuff), hostBlocks, op.count * es,
                                /*toRankOrder=*/false, op.stream));
-      passEnqueued(1);
+      call.pass(1);
       Operation rs = op;
       rs.sendbuff = hostBlocks;
       rs.recvbuff = railBlocks;
       rs.count = op.count * size_t(hier_.hosts);
       rs.ncclOp = firstOp;
       LOOM_TRY(local_->run(rs, first));
-      passEnqueued(2);
+      call.pass(2);
       LOOM_TRY(across(railBlocks, out, second));
       break;
     }
@@ -417,10 +410,7 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
               railWhy.empty() ? "not this rank's rail" : railWhy.c_str(),
               splitRails ? "; the buffer split over every rail" : "");
   }
-  const Status done = recordDone(op.stream, cap);
-  gateExit.done = true;
-  passEnqueued(7, done.isOk());
-  return done;
+  return call.end(op.stream);
 }
 
 bool CudaExecutor::splitsP2p(CollType type, const char** reason) const {
@@ -449,6 +439,7 @@ void CudaExecutor::takeHostMessages(std::vector<dev::NetExecutor::P2p>* net,
       (*net)[kept++] = m;
       continue;
     }
+    if (!mesh) continue;
     Operation o;
     o.type = CollType::kSendRecv;
     o.dtype = DataType::kUint8;
@@ -481,13 +472,10 @@ std::vector<dev::NetExecutor::P2p> CudaExecutor::remoteBlocks(const char* in, ch
 Status CudaExecutor::runSplitAllToAll(const Operation& op) {
   ++cursor_;
   if (op.count == 0) return Status::ok();
-  ++hierCalls_;
-  GateExit gateExit{this};
+  GatedCall call(this);
   DeviceGuard guard(device_);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(op.stream));
-  gateWaits_ = !cap;
-  passEnqueued(0);
-  LOOM_TRY(order(op.stream, cap));
+  LOOM_TRY(call.begin(op.stream, cap));
   const size_t block = op.count * dataTypeSize(op.dtype);
   const char* in = static_cast<const char*>(op.sendbuff);
   char* out = static_cast<char*>(op.recvbuff);
@@ -499,23 +487,20 @@ Status CudaExecutor::runSplitAllToAll(const Operation& op) {
         "cudaMemcpyAsync (in-place all-to-all)"));
     in = static_cast<const char*>(copy);
   }
-  passEnqueued(1);
+  call.pass(1);
   // The host's ranks are one range of blocks (ranks host by host: hierP2pDecline).
   const size_t hostBase = size_t(hier_.hostIndex) * size_t(hier_.local) * block;
   Operation a = op;
   a.sendbuff = in + hostBase;
   a.recvbuff = out + hostBase;
   LOOM_TRY(local_->run(a, ExecutorRedOp{}));
-  passEnqueued(2);
+  call.pass(2);
   LOOM_TRY(net_->runP2p(remoteBlocks(in, out, block), op.stream));
   LOOM_INFO(kColl,
             "GPU all-to-all: %zu x %s a peer; the %d ranks of this host over the GPU mesh, the "
             "other %d over the network",
             op.count, dataTypeName(op.dtype), hier_.local, nranks_ - hier_.local);
-  const Status done = recordDone(op.stream, cap);
-  gateExit.done = true;
-  passEnqueued(7, done.isOk());
-  return done;
+  return call.end(op.stream);
 }
 
 }  // namespace loom::collectives::device

@@ -1,8 +1,6 @@
 // The GPU side of a communicator whose ranks the mesh cannot join (other hosts, or P2P
 // off): every device-buffer call goes to the network executor
 // (collectives/device/net_executor.h), ordered with the communicator's other calls.
-#include <optional>
-
 #include "collectives/device/cuda_executor.h"
 #include "common/log.h"
 #include "common/settings.h"
@@ -145,10 +143,8 @@ Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin,
   std::vector<const Operation*> selfSends, selfRecvs;
   LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
   const char* why = nullptr;
-  if (splitsP2p(collectives::CollType::kSendRecv, &why)) {
-    std::vector<Operation> mesh;  // the mesh needs nothing made beforehand
-    takeHostMessages(&list, &mesh, ops[begin].stream);
-  }
+  // The mesh needs nothing made beforehand.
+  if (splitsP2p(collectives::CollType::kSendRecv, &why)) takeHostMessages(&list, nullptr, nullptr);
   if (list.empty()) return Status::ok();
   return net_->prepareP2p(list, ops[begin].stream);
 }
@@ -248,23 +244,17 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   cudaStream_t stream = ops[begin].stream;
   // Split by where the peer is: this host's ranks over the GPU mesh first (its kernel
   // only waits for them), then the other hosts' over the network. Where the host's ranks
-  // share a GPU (a testing mode), the gate between the two (passEnqueued) takes every rank
+  // share a GPU (a testing mode), the gate between the two (GatedCall) takes every rank
   // of the host in this process to call in the same group, as the perf binaries' -g does.
   const char* why = nullptr;
   const bool split = splitsP2p(collectives::CollType::kSendRecv, &why);
-  std::optional<GateExit> gateExit;
-  if (split) {
-    ++hierCalls_;
-    gateExit.emplace(this);  // in place: a temporary's destructor would say "done"
-  }
+  GatedCall call(this, split);
   // Calls of the group on other streams: those streams' earlier work comes first.
   for (size_t i = begin; i < end; ++i) {
     if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
   }
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
-  gateWaits_ = !cap;
-  if (split) passEnqueued(0);
-  LOOM_TRY(order(stream, cap));
+  LOOM_TRY(call.begin(stream, cap));
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
   LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
@@ -272,20 +262,15 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   if (split) takeHostMessages(&list, &mesh, stream);
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
   if (!mesh.empty()) LOOM_TRY(local_->runP2p(mesh, 0, mesh.size()));
+  call.pass(1);
   if (split) {
-    passEnqueued(1);
     LOOM_INFO(kColl,
               "rank %d: %zu send/receive message(s) with this host's ranks over the GPU mesh, "
               "%zu with the other hosts' over the network",
               rank_, mesh.size(), list.size());
   }
   if (!list.empty()) LOOM_TRY(net_->runP2p(list, stream));
-  const Status done = recordDone(stream, cap);
-  if (split) {
-    gateExit->done = true;
-    passEnqueued(7, done.isOk());
-  }
-  return done;
+  return call.end(stream);
 }
 
 }  // namespace loom::collectives::device

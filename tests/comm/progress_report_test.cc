@@ -26,10 +26,6 @@ namespace {
 
 using loom::SocketAddress;
 
-std::string freeCommId() {
-  return loom::test::freeLoopbackAddress();
-}
-
 enum class Misbehave { kSkip, kStop, kDie, kCountZero };
 
 // Child `rank` of `n`: two all-reduces, except the misbehaving rank n-1, which does only
@@ -89,7 +85,7 @@ int child(int rank, int n, const std::string& address, Misbehave how,
 // Runs n ranks; the misbehaving one is killed once the others have ended. The exit
 // codes of ranks 0..n-2.
 std::vector<int> runRanks(int n, Misbehave how, const std::vector<std::string>& want) {
-  const std::string address = freeCommId();
+  const std::string address = loom::test::freeLoopbackAddress();
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();

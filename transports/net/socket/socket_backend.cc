@@ -193,18 +193,11 @@ class SocketComm {
         }
       }
       stepOverSmall();
-      if (finished(*r)) break;
+      if (firstUnfinished(*r) == nsocks_) break;
     }
     // A socket that failed (the peer closed it, say) fails only the requests it had not
-    // finished: what arrived before stays good. A helper's socket with no part of this
-    // message is done with it already (the helper steps over it when it next runs): a
-    // small message never waits for one to wake.
-    for (size_t k = 0; k < nsocks_; ++k) {
-      if (seqOf(socks_[k].seq.load(std::memory_order_acquire)) > r->seq) continue;
-      if (threaded_ && k != 0 && noPart(*r, k)) continue;
-      Status st = socketError(k);
-      return st;
-    }
+    // finished: what arrived before stays good.
+    if (const size_t k = firstUnfinished(*r); k < nsocks_) return socketError(k);
     *done = true;
     *size = r->size;
     ++freed_;
@@ -350,14 +343,16 @@ class SocketComm {
     }
     cpuNs_->fetch_add(threadCpuNs(), std::memory_order_relaxed);
   }
-  // Whether every socket is past r, or carries none of it.
-  bool finished(const Request& r) const {
+  // The first socket that still has work on r (nsocks_: none). A helper's socket with no
+  // part of r is done with it already (stepped over it, or will be): a small message
+  // never waits for a helper.
+  size_t firstUnfinished(const Request& r) const {
     for (size_t k = 0; k < nsocks_; ++k) {
       if (seqOf(socks_[k].seq.load(std::memory_order_acquire)) > r.seq) continue;
       if (threaded_ && k != 0 && noPart(r, k)) continue;
-      return false;
+      return k;
     }
-    return true;
+    return nsocks_;
   }
   // Whether socket k carries none of r (a receive's size must be known).
   bool noPart(const Request& r, size_t k) const {

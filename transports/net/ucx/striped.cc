@@ -99,7 +99,7 @@ void Striped::wakeHelpers() {
 
 Status Striped::post(void* data, size_t size, Request** request) {
   *request = nullptr;
-  const uint64_t seq = posted_.load(std::memory_order_relaxed);
+  const uint64_t seq = posted_;
   if (seq - oldestInUse() >= static_cast<uint64_t>(kMaxRequests)) {
     wakeHelpers();  // a helper still on a large message holds the slot
     return Status::ok();
@@ -119,7 +119,7 @@ Status Striped::post(void* data, size_t size, Request** request) {
   }
   LOOM_TRY(lanes_[0]->post(m.data + b, e - b, &m.header, &m.head));
   if (!m.head) return Status::ok();
-  posted_.store(seq + 1, std::memory_order_release);
+  posted_ = seq + 1;
   // The helpers take a send's parts at once, a receive's once its size is known (test).
   if (sending_ && nlanes_ > 1 && size >= kMinPart) publishLarge(m);
   *request = reinterpret_cast<Request*>(&m);

@@ -69,7 +69,7 @@ class Striped {
   const bool sending_;
   const int nlanes_;
   Message msgs_[kMaxRequests];
-  std::atomic<uint64_t> posted_{0};  // messages posted (the caller's; atomic for its own reads)
+  uint64_t posted_ = 0;  // messages posted (the caller's)
   // The messages with parts on the lanes past 0 (a send's once posted, a receive's once
   // lane 0 has read its size), in order: the helpers take only these, so that small
   // messages never wait for, or wake, a helper. large_[i % kMaxRequests] is the i-th's
