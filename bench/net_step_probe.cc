@@ -4,8 +4,12 @@
 // they arrived: the proxy notices the post, sends, receives, and publishes the slot. No
 // GPU: what a kernel's own flag writes and reads over PCIe cost is not in it.
 //
-//   net_step_probe [STEPS [IDLE]]   STEPS steps (default 20000); IDLE further connections
-//                                   that the proxy polls but that carry nothing (default 0)
+//   net_step_probe [STEPS [IDLE [BYTES]]]
+//       STEPS steps (default 20000); IDLE further connections that the proxy polls but
+//       that carry nothing (default 0). BYTES above 8: the stream instead, as a large
+//       transfer takes the FIFO: every step a full slot of BYTES, as many in flight as
+//       the FIFO's 8 slots allow, and the bytes per second of the whole run (the slots'
+//       bytes are written once, so the figure is the proxy's and the backend's alone).
 //
 // Threads per connection as loom takes them (LOOM_SOCKET_NTHREADS, default 4); with
 // LOOM_NET=ucx, UCX's UCP instead (LOOM_UCX_LANES lanes, 4 where unset, as GPU buffers take).
@@ -62,11 +66,61 @@ void storeRelease(uint64_t* p, uint64_t v) {
   std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
 }
 
+// The stream: the send FIFO kept full of BYTES-sized steps, the receive FIFO drained; each
+// step's first and last 8 bytes carry its number (the rest is a pattern written once).
+int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t bytes) {
+  for (uint32_t k = 0; k < send.nslots; ++k) {
+    for (uint64_t b = 0; b < bytes; ++b) send.slot(k)[b] = static_cast<char>(0x5a ^ (b * 7));
+  }
+  uint64_t posted = 0, received = 0;
+  const auto start = Clock::now();
+  while (received < uint64_t(steps)) {
+    bool idle = true;
+    while (posted < uint64_t(steps) && posted - loadAcquire(&send.header->done) < send.nslots) {
+      const uint64_t stamp = 0x1000 + posted;
+      std::memcpy(send.slot(posted), &stamp, sizeof(stamp));
+      std::memcpy(send.slot(posted) + bytes - sizeof(stamp), &stamp, sizeof(stamp));
+      send.header->sizes[posted % send.nslots] = bytes;
+      storeRelease(&send.header->posted, ++posted);
+      idle = false;
+    }
+    while (received < loadAcquire(&recv.header->posted)) {
+      uint64_t head = 0, tail = 0;
+      std::memcpy(&head, recv.slot(received), sizeof(head));
+      std::memcpy(&tail, recv.slot(received) + bytes - sizeof(tail), sizeof(tail));
+      if (head != 0x1000 + received || tail != head ||
+          recv.header->sizes[received % recv.nslots] != bytes) {
+        std::fprintf(stderr, "net_step_probe: step %llu arrived wrong\n",
+                     (unsigned long long)received);
+        return 1;
+      }
+      storeRelease(&recv.header->done, ++received);
+      idle = false;
+    }
+    if (idle) {
+      if (Status st = proxy.firstError(); !st) {
+        std::fprintf(stderr, "net_step_probe: %s\n", st.message().c_str());
+        return 1;
+      }
+      std::this_thread::yield();  // the proxy and the backend's threads need the cores
+    }
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  const char* net = std::getenv("LOOM_NET");
+  const char* threads =
+      std::getenv(net && strcasecmp(net, "ucx") == 0 ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS");
+  std::printf("net_step_probe: %s, %d steps of %llu B in %.3f s: %.2f GB/s (threads/lanes %s)\n",
+              net ? net : "socket", steps, (unsigned long long)bytes, s,
+              double(bytes) * steps / s / 1e9, threads ? threads : "(default)");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20000;
   const int idle = argc > 2 ? std::max(0, std::atoi(argv[2])) : 0;
+  const uint64_t bytes = argc > 3 ? std::max<long long>(8, std::atoll(argv[3])) : 8;
   Context ctx;
   ctx.commHash = 1;
   const char* net = std::getenv("LOOM_NET");
@@ -86,7 +140,9 @@ int main(int argc, char** argv) {
     conns.push_back(std::move(c).value());
   }
   std::vector<std::unique_ptr<FifoMemory>> fifos;
-  for (int k = 0; k < 2 * (idle + 1); ++k) fifos.push_back(std::make_unique<FifoMemory>());
+  for (int k = 0; k < 2 * (idle + 1); ++k) {
+    fifos.push_back(std::make_unique<FifoMemory>(8, std::max<uint64_t>(bytes, 64 * 1024)));
+  }
   std::vector<double> us;
   us.reserve(steps);
   {
@@ -98,6 +154,7 @@ int main(int argc, char** argv) {
     const Fifo& send = fifos[0]->fifo;
     const Fifo& recv = fifos[1]->fifo;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (bytes > 8) return stream(proxy, send, recv, steps, bytes);
     for (int i = 0; i < steps; ++i) {
       const uint64_t value = 0x1000 + uint64_t(i);
       std::memcpy(send.slot(i), &value, sizeof(value));
