@@ -610,5 +610,89 @@ TEST_P(Net, EveryPairOfThreeRanks) {
     EXPECT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
 }
 
+// Two ranks that close their send connection before their receive connection, as a
+// communicator's destroy may: neither may wait for the other's receive side to move while
+// it is itself closing (ucx's flush did, 1 s a lane). Large messages first, so that every
+// lane (ucx) or socket has carried data.
+TEST_P(Net, ClosingSendsFirstOnBothRanksDoesNotWait) {
+  ScopedSetting lanes(settings::kUcxLanes, "4");
+  const int n = 2;
+  std::mutex mutex;
+  std::map<std::pair<int, int>, Handle> mail;  // (from, to)
+  std::vector<Status> results(n);
+  std::vector<double> closeSeconds(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Context ctx;
+      ctx.commHash = 78;
+      ctx.rank = r;
+      auto b = makeTested(ctx);
+      if (!b) {
+        results[r] = b.status();
+        return;
+      }
+      std::unique_ptr<Backend> backend = std::move(b).value();
+      HandleExchange ex;
+      ex.send = [&, r](int peer, const Handle& h) {
+        std::lock_guard<std::mutex> lock(mutex);
+        mail[{r, peer}] = h;
+        return Status::ok();
+      };
+      ex.tryRecv = [&, r](int peer, Handle* h) -> Result<bool> {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = mail.find({peer, r});
+        if (it == mail.end()) return false;
+        *h = it->second;
+        return true;
+      };
+      const int peer = 1 - r;
+      Connections c;
+      results[r] = connectPeers(*backend, 0, r, {peer}, {peer}, ex, Deadline::afterMs(10000), &c);
+      const size_t bytes = 1 << 20;
+      std::vector<unsigned char> out(bytes), in(bytes, 0);
+      for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(r * 101 + i * 13 + 1);
+      Request* rreq = nullptr;
+      Request* sreq = nullptr;
+      while (results[r] && !rreq) {
+        void* data = in.data();
+        size_t cap = bytes;
+        int tag = 0;
+        MemHandle mh = nullptr;
+        results[r] = c.recvs[0]->irecv(1, &data, &cap, &tag, &mh, &rreq);
+      }
+      while (results[r] && !sreq)
+        results[r] = c.sends[0]->isend(out.data(), bytes, 0, nullptr, &sreq);
+      bool sent = false, got = false;
+      size_t size = 0;
+      const auto deadline = Clock::now() + std::chrono::seconds(30);
+      while (results[r] && !(sent && got)) {
+        if (Clock::now() > deadline) results[r] = errorf(Code::kInternalError, "stuck");
+        if (results[r] && !sent) results[r] = c.sends[0]->test(sreq, &sent, &size);
+        if (results[r] && !got) results[r] = c.recvs[0]->test(rreq, &got, &size);
+      }
+      if (results[r]) {
+        for (size_t i = 0; i < bytes; ++i) {
+          if (in[i] != static_cast<unsigned char>(peer * 101 + i * 13 + 1)) {
+            results[r] = errorf(Code::kInternalError, "byte %zu arrived wrong", i);
+            break;
+          }
+        }
+      }
+      const auto start = Clock::now();
+      c.sends.clear();
+      c.recvs.clear();
+      backend.reset();
+      closeSeconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
+    // Before the fix ucx took 4 s here (four lanes); the bound leaves room for sanitizers.
+    EXPECT_LT(closeSeconds[r], 2.0) << "rank " << r << " took that long to close";
+  }
+}
+
 }  // namespace
 }  // namespace loom::transport::net

@@ -38,6 +38,7 @@
 #include "common/log.h"
 #include "common/settings.h"
 #include "common/socket.h"
+#include "transports/net/ucx/closer.h"
 #include "transports/net/ucx/lane.h"
 #include "transports/net/ucx/striped.h"
 #include "transports/net/ucx/ucp_calls.h"
@@ -92,9 +93,11 @@ Status registration(const UcpContext& ctx, MemType type) {
 
 class UcxSend final : public SendComm {
  public:
-  UcxSend(std::unique_ptr<Striped> comm, std::shared_ptr<UcpContext> ctx)
-      : comm_(std::move(comm)), ctx_(std::move(ctx)) {}
-  ~UcxSend() override { comm_.reset(); }  // before the context
+  UcxSend(std::unique_ptr<Striped> comm, std::shared_ptr<UcpContext> ctx,
+          std::shared_ptr<Closer> closer)
+      : comm_(std::move(comm)), ctx_(std::move(ctx)), closer_(std::move(closer)) {}
+  // Flushed and closed on the closer's thread (closer.h), while this rank closes the rest.
+  ~UcxSend() override { closer_->close(std::move(comm_)); }
   Result<MemHandle> regMr(void*, size_t, MemType type) override {
     LOOM_TRY(registration(*ctx_, type));
     return MemHandle(nullptr);  // UCX registers (and caches) what it sends itself
@@ -109,6 +112,7 @@ class UcxSend final : public SendComm {
  private:
   std::unique_ptr<Striped> comm_;
   std::shared_ptr<UcpContext> ctx_;
+  std::shared_ptr<Closer> closer_;
 };
 
 class UcxRecv final : public RecvComm {
@@ -513,7 +517,7 @@ class UcxBackend final : public Backend {
     LOOM_ASSIGN_OR_RETURN(size_t n, s.lanes[0]->socket().sendSome(&kReadyByte, 1, what.c_str()));
     if (n == 0) return Status::ok();
     *comm = std::make_unique<UcxSend>(
-        std::make_unique<Striped>(std::move(s.lanes), /*sending=*/true, ucp_), ucp_);
+        std::make_unique<Striped>(std::move(s.lanes), /*sending=*/true, ucp_), ucp_, closer_);
     return Status::ok();
   }
 
@@ -531,6 +535,7 @@ class UcxBackend final : public Backend {
 
   Context ctx_;
   std::shared_ptr<UcpContext> ucp_;
+  std::shared_ptr<Closer> closer_ = std::make_shared<Closer>();  // and the sends it made
   std::vector<NetInterface> ifs_;
   std::mutex mutex_;  // rng_, stages_, lastStage_
   std::mt19937_64 rng_;
