@@ -4,12 +4,13 @@
 // they arrived: the proxy notices the post, sends, receives, and publishes the slot. No
 // GPU: what a kernel's own flag writes and reads over PCIe cost is not in it.
 //
-//   net_step_probe [STEPS [IDLE [BYTES]]]
+//   net_step_probe [STEPS [IDLE [BYTES [DEPTH]]]]
 //       STEPS steps (default 20000); IDLE further connections that the proxy polls but
 //       that carry nothing (default 0). BYTES above 8: the stream instead, as a large
 //       transfer takes the FIFO: every step a full slot of BYTES, as many in flight as
-//       the FIFO's 8 slots allow, and the bytes per second of the whole run (the slots'
-//       bytes are written once, so the figure is the proxy's and the backend's alone).
+//       the FIFO's 8 slots allow (DEPTH: at most that many), and the bytes per second of
+//       the whole run (the slots' bytes are written once, so the figure is the proxy's and
+//       the backend's alone); with DEPTH 1, the mean time of one step is its latency.
 //
 // Threads per connection as loom takes them (LOOM_SOCKET_NTHREADS, default 4); with
 // LOOM_NET=ucx, UCX's UCP instead (LOOM_UCX_LANES lanes, 4 where unset, as GPU buffers take).
@@ -68,7 +69,8 @@ void storeRelease(uint64_t* p, uint64_t v) {
 
 // The stream: the send FIFO kept full of BYTES-sized steps, the receive FIFO drained; each
 // step's first and last 8 bytes carry its number (the rest is a pattern written once).
-int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t bytes) {
+int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t bytes,
+           uint32_t depth) {
   for (uint32_t k = 0; k < send.nslots; ++k) {
     for (uint64_t b = 0; b < bytes; ++b) send.slot(k)[b] = static_cast<char>(0x5a ^ (b * 7));
   }
@@ -76,7 +78,8 @@ int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t
   const auto start = Clock::now();
   while (received < uint64_t(steps)) {
     bool idle = true;
-    while (posted < uint64_t(steps) && posted - loadAcquire(&send.header->done) < send.nslots) {
+    while (posted < uint64_t(steps) && posted - received < depth &&
+           posted - loadAcquire(&send.header->done) < send.nslots) {
       const uint64_t stamp = 0x1000 + posted;
       std::memcpy(send.slot(posted), &stamp, sizeof(stamp));
       std::memcpy(send.slot(posted) + bytes - sizeof(stamp), &stamp, sizeof(stamp));
@@ -109,9 +112,11 @@ int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t
   const char* net = std::getenv("LOOM_NET");
   const char* threads =
       std::getenv(net && strcasecmp(net, "ucx") == 0 ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS");
-  std::printf("net_step_probe: %s, %d steps of %llu B in %.3f s: %.2f GB/s (threads/lanes %s)\n",
-              net ? net : "socket", steps, (unsigned long long)bytes, s,
-              double(bytes) * steps / s / 1e9, threads ? threads : "(default)");
+  std::printf(
+      "net_step_probe: %s, %d steps of %llu B, at most %u in flight, in %.3f s: %.2f GB/s, "
+      "%.1f us a step (threads/lanes %s)\n",
+      net ? net : "socket", steps, (unsigned long long)bytes, depth, s,
+      double(bytes) * steps / s / 1e9, s * 1e6 / steps, threads ? threads : "(default)");
   return 0;
 }
 
@@ -121,6 +126,7 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20000;
   const int idle = argc > 2 ? std::max(0, std::atoi(argv[2])) : 0;
   const uint64_t bytes = argc > 3 ? std::max<long long>(8, std::atoll(argv[3])) : 8;
+  const uint32_t depth = argc > 4 ? uint32_t(std::clamp(std::atoi(argv[4]), 1, 8)) : 8;
   Context ctx;
   ctx.commHash = 1;
   const char* net = std::getenv("LOOM_NET");
@@ -154,7 +160,7 @@ int main(int argc, char** argv) {
     const Fifo& send = fifos[0]->fifo;
     const Fifo& recv = fifos[1]->fifo;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (bytes > 8) return stream(proxy, send, recv, steps, bytes);
+    if (bytes > 8) return stream(proxy, send, recv, steps, bytes, depth);
     for (int i = 0; i < steps; ++i) {
       const uint64_t value = 0x1000 + uint64_t(i);
       std::memcpy(send.slot(i), &value, sizeof(value));
