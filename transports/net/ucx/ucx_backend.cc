@@ -86,7 +86,8 @@ std::string peerName(int rank) {
 Status registration(const UcpContext& ctx, MemType type) {
   if (type == MemType::kCuda && !ctx.cuda()) {
     return errorf(Code::kInternalError,
-                  "net/ucx: this UCX was built without CUDA: device memory must be staged");
+                  "net/ucx: this UCX reports no CUDA memory support (built without CUDA, or "
+                  "its CUDA module did not load): device memory must be staged");
   }
   return Status::ok();
 }
@@ -600,10 +601,11 @@ Result<Opened> open() {
   const bool cuda = queried && (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
   Opened out;
   out.context = std::make_shared<UcpContext>(u, h, cuda);
-  char text[160];
+  char text[256];
   std::snprintf(text, sizeof(text), "UCX %u.%u.%u, %s", major, minor, release,
                 cuda ? "host and CUDA memory (built with CUDA)"
-                     : "host memory only (built without CUDA: device buffers are staged)");
+                     : "host memory only (no CUDA memory support: UCX built without CUDA, or "
+                       "its CUDA module did not load; device buffers are staged)");
   out.description = text;
   return out;
 }
