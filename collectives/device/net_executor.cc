@@ -149,7 +149,8 @@ NetExecutor::~NetExecutor() {
   const bool hadProxy = proxy_ != nullptr;
   proxy_.reset();  // drains what kernels posted, then closes the connections
   if (hadProxy) {
-    // The backend's threads (socket helpers) have ended with the connections.
+    // The backend's threads (socket helpers) have ended with the connections; ucx's
+    // send connections may still be closing (their flush), and it waits for them.
     const double helpers = backend_ ? backend_->threadCpuSeconds() : 0.0;
     LOOM_INFO(kNet,
               "rank %d: the network proxy thread used %.3f s of CPU and the backend's threads "

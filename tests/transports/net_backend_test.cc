@@ -689,8 +689,9 @@ TEST_P(Net, ClosingSendsFirstOnBothRanksDoesNotWait) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) {
     EXPECT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].message();
-    // Before the fix ucx took 4 s here (four lanes); the bound leaves room for sanitizers.
-    EXPECT_LT(closeSeconds[r], 2.0) << "rank " << r << " took that long to close";
+    // ucx took 4 s here when each lane's flush waited for its 1 s limit; 0.05-0.3 s now,
+    // under TSan too. The bound leaves room for a loaded machine.
+    EXPECT_LT(closeSeconds[r], 1.5) << "rank " << r << " took that long to close";
   }
 }
 

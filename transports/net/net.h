@@ -156,7 +156,8 @@ class Backend {
   // Gives up a connect() that has not completed (frees what it kept in `handle`).
   virtual void cancelConnect(Handle* handle) {}
   // CPU seconds used so far by threads the backend runs itself (the socket backend's
-  // helpers; those that ended count too), for the proxy's CPU report.
+  // helpers; those that ended count too), for the proxy's CPU report. ucx's waits for the
+  // send connections it is still closing (their threads count once they end).
   virtual double threadCpuSeconds() const { return 0; }
 };
 

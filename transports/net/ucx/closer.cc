@@ -1,6 +1,5 @@
 #include "transports/net/ucx/closer.h"
 
-#include <system_error>
 #include <utility>
 
 namespace loom::transport::net::ucx {
@@ -11,25 +10,25 @@ Closer::~Closer() {
     stop_ = true;
   }
   wake_.notify_all();
-  if (thread_.joinable()) thread_.join();
-  queue_.clear();  // the thread never started: close them here
+  if (thread_.joinable()) thread_.join();  // run() returns only once the queue is empty
 }
 
-void Closer::close(std::unique_ptr<Striped> comm) {
+void Closer::close(std::unique_ptr<Striped> comm) noexcept {
   if (!comm) return;
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!thread_.joinable() && !stop_) {
-    try {
-      thread_ = std::thread([this] { run(); });
-    } catch (const std::system_error&) {
-      lock.unlock();
-      comm.reset();  // no thread: close it on the caller's, as before
-      return;
-    }
+  try {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    queue_.push_back(std::move(comm));  // leaves `comm` as it was if it throws
+  } catch (...) {
+    comm.reset();  // no thread or no room: closed here, on the caller's thread, as before
+    return;
   }
-  queue_.push_back(std::move(comm));
-  lock.unlock();
   wake_.notify_all();
+}
+
+void Closer::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return queue_.empty() && !closing_; });
 }
 
 void Closer::run() {
@@ -39,9 +38,12 @@ void Closer::run() {
     if (queue_.empty()) return;  // stopped, and nothing left
     std::unique_ptr<Striped> comm = std::move(queue_.front());
     queue_.pop_front();
+    closing_ = true;
     lock.unlock();
     comm.reset();  // its lanes' close: flush, then the endpoints and workers
     lock.lock();
+    closing_ = false;
+    done_.notify_all();
   }
 }
 

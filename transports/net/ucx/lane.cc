@@ -1,5 +1,6 @@
 #include "transports/net/ucx/lane.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -306,7 +307,12 @@ void Lane::wait(ucs_status_ptr_t sp, Clock::time_point until, bool untilPeerGone
       look = now + kHeartbeatEvery;
       if (peerClosed(watchFd_)) break;
     }
-    u_.workerProgress(worker_);
+    if (u_.workerProgress(worker_) == 0 && untilPeerGone && watchFd_ >= 0) {
+      // Nothing moved: instead of spinning (on the closer's thread, beside the threads
+      // whose closes end this wait), sleep until the peer closes, or for 1 ms.
+      pollfd p{watchFd_, POLLIN | POLLRDHUP, 0};
+      if (::poll(&p, 1, 1) > 0) look = now;
+    }
   }
   u_.requestFree(sp);  // released by UCX when it is done with it
 }

@@ -36,6 +36,9 @@ class Striped {
   Status post(void* data, size_t size, Request** request);
   Status test(Request* request, bool* done, size_t* size);
   void shutdown();
+  // Nothing in flight: every message posted has been tested done (with its parts on the
+  // other lanes), so no lane reads or writes a caller's buffer any more.
+  bool idle() const { return posted_ == freed_; }
 
  private:
   struct Message {

@@ -97,8 +97,15 @@ class UcxSend final : public SendComm {
   UcxSend(std::unique_ptr<Striped> comm, std::shared_ptr<UcpContext> ctx,
           std::shared_ptr<Closer> closer)
       : comm_(std::move(comm)), ctx_(std::move(ctx)), closer_(std::move(closer)) {}
-  // Flushed and closed on the closer's thread (closer.h), while this rank closes the rest.
-  ~UcxSend() override { closer_->close(std::move(comm_)); }
+  // With nothing in flight, flushed and closed on the closer's thread (closer.h) while
+  // this rank closes the rest; else here, before the caller frees what it was sending.
+  ~UcxSend() override {
+    if (comm_->idle()) {
+      closer_->close(std::move(comm_));
+    } else {
+      comm_.reset();
+    }
+  }
   Result<MemHandle> regMr(void*, size_t, MemType type) override {
     LOOM_TRY(registration(*ctx_, type));
     return MemHandle(nullptr);  // UCX registers (and caches) what it sends itself
@@ -346,8 +353,12 @@ class UcxBackend final : public Backend {
       : ctx_(ctx), ucp_(std::move(ucp)), ifs_(std::move(ifs)), rng_(seed()) {}
 
   const char* name() const override { return "ucx"; }
-  // The lane threads of the connections closed so far.
-  double threadCpuSeconds() const override { return ucp_->threadCpuNs() * 1e-9; }
+  // The lane threads of the connections closed so far. Waits for the send connections the
+  // closer still holds (closer.h: up to 1 s a lane), whose threads count once they end.
+  double threadCpuSeconds() const override {
+    closer_->drain();
+    return ucp_->threadCpuNs() * 1e-9;
+  }
   int devices() const override { return static_cast<int>(ifs_.size()); }
 
   Status properties(int dev, Properties* p) const override {
@@ -536,7 +547,8 @@ class UcxBackend final : public Backend {
 
   Context ctx_;
   std::shared_ptr<UcpContext> ucp_;
-  std::shared_ptr<Closer> closer_ = std::make_shared<Closer>();  // and the sends it made
+  // Shared with the send comms, which may outlive the backend.
+  std::shared_ptr<Closer> closer_ = std::make_shared<Closer>();
   std::vector<NetInterface> ifs_;
   std::mutex mutex_;  // rng_, stages_, lastStage_
   std::mt19937_64 rng_;
