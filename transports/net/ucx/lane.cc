@@ -75,7 +75,12 @@ Status Lane::startSetup(uint64_t nonce) {
   ucs_status_ptr_t sp;
   if (sending_) {
     setupBuf_ = nonce;
-    sp = u_.tagSendNbx(ep_, &setupBuf_, sizeof(setupBuf_), kSetupTag, &p);
+    // Synchronous: it completes when the receiver's acknowledgement comes back, so the
+    // receiving worker wires its way back to this one now, while both are there. Wired
+    // lazily instead, on the first rendezvous reply, a sender that went away in between
+    // made UCX 1.13 abort the receiving process on an internal assertion (7 of 60 runs of
+    // the backend suite's SenderGoneMidMessage case; 0 of 60 this way).
+    sp = u_.tagSendSyncNbx(ep_, &setupBuf_, sizeof(setupBuf_), kSetupTag, &p);
   } else {
     p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // as post(): the size must be known
     sp = u_.tagRecvNbx(worker_, &setupBuf_, sizeof(setupBuf_), kSetupTag, ~ucp_tag_t{0}, &p);

@@ -68,8 +68,10 @@ class Lane {
 
   // The endpoint to the receiver's lane (a sender's).
   Status connectTo(const std::vector<char>& address);
-  // The set-up message through UCX: the sender sends the nonce (and then flushes), the
-  // receiver posts its receive; setupDone() says when that is over on this end.
+  // The set-up message through UCX: the sender sends the nonce synchronously (done once
+  // the receiver has matched it, which wires the receiver's way back to the sender too)
+  // and then flushes; the receiver posts its receive. setupDone() says when that is over
+  // on this end.
   Status startSetup(uint64_t nonce);
   Result<bool> setupDone();
 

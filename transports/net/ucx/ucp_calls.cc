@@ -51,6 +51,7 @@ Loaded load() {
   c.epCloseNbx = reinterpret_cast<decltype(c.epCloseNbx)>(sym("ucp_ep_close_nbx"));
   c.epFlushNbx = reinterpret_cast<decltype(c.epFlushNbx)>(sym("ucp_ep_flush_nbx"));
   c.tagSendNbx = reinterpret_cast<decltype(c.tagSendNbx)>(sym("ucp_tag_send_nbx"));
+  c.tagSendSyncNbx = reinterpret_cast<decltype(c.tagSendSyncNbx)>(sym("ucp_tag_send_sync_nbx"));
   c.tagRecvNbx = reinterpret_cast<decltype(c.tagRecvNbx)>(sym("ucp_tag_recv_nbx"));
   c.requestCheckStatus =
       reinterpret_cast<decltype(c.requestCheckStatus)>(sym("ucp_request_check_status"));

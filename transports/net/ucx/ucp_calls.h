@@ -39,6 +39,8 @@ struct UcpCalls {
 
   ucs_status_ptr_t (*tagSendNbx)(ucp_ep_h ep, const void* buffer, size_t count, ucp_tag_t tag,
                                  const ucp_request_param_t* param) = nullptr;
+  ucs_status_ptr_t (*tagSendSyncNbx)(ucp_ep_h ep, const void* buffer, size_t count, ucp_tag_t tag,
+                                     const ucp_request_param_t* param) = nullptr;
   ucs_status_ptr_t (*tagRecvNbx)(ucp_worker_h worker, void* buffer, size_t count, ucp_tag_t tag,
                                  ucp_tag_t mask, const ucp_request_param_t* param) = nullptr;
   ucs_status_t (*requestCheckStatus)(void* request) = nullptr;

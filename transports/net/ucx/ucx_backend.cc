@@ -12,7 +12,8 @@
 // rank); the listener drops (and logs) anyone who says anything else, creates the lanes'
 // workers and answers with their UCP addresses (larger than a handle). The sender creates
 // its workers and an endpoint per lane, sends the nonce through UCX on each (tag
-// kSetupTag) and flushes them, while the listener progresses its workers until every
+// kSetupTag; a synchronous send, so that each lane is wired both ways) and flushes them,
+// while the listener progresses its workers until every
 // nonce has arrived and the sender has written one byte on the socket to say it is
 // flushed. Only then does either end hand out its comm: UCX wires an endpoint up lazily,
 // with both workers progressing, and a comm handed out half-wired would wait for a peer
