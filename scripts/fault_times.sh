@@ -10,6 +10,8 @@
 # Markdown table (to OUT.md as well when given). LOOM_TIMEOUT_MS is 3000 here: a stopped
 # rank is reported at that timeout, plus the up to 80 ms the survivors take to ask every
 # rank where it is. A benchmark, not a test: it fails only when a survivor does not end.
+# TRANSPORTS (environment, default "shm tcp") chooses the transports; "ucx" runs each rank
+# as a host of its own (LOOM_HOST_ID) over the ucx backend (LOOM_NET=ucx, UCX_TLS=tcp).
 set -u
 check=$(realpath "$1")
 out=${2:-}
@@ -24,9 +26,12 @@ run_case() {  # transport fault nranks
   local transport=$1 fault=$2 n=$3 port=$((20000 + RANDOM % 12000))  # below the ephemeral range
   local envs=(LOOM_COMM_ID=127.0.0.1:$port LOOM_NRANKS=$n LOOM_TIMEOUT_MS=$timeout_ms)
   [ "$transport" = tcp ] && envs+=(LOOM_SHM_DISABLE=1)
+  [ "$transport" = ucx ] && envs+=(LOOM_NET=ucx UCX_TLS=tcp)
   local pids=()
   for ((r = 0; r < n; r++)); do
-    env "${envs[@]}" LOOM_RANK=$r "$check" --loop 60 > "$tmp/$r.log" 2>&1 &
+    local host=()
+    [ "$transport" = ucx ] && host=(LOOM_HOST_ID="host$r")
+    env "${envs[@]}" "${host[@]}" LOOM_RANK=$r "$check" --loop 60 > "$tmp/$r.log" 2>&1 &
     pids+=($!)
   done
   sleep 2
@@ -73,7 +78,7 @@ run_case() {  # transport fault nranks
     rows+=("| $transport | SIG$fault | $n | $r | $ms | $cores | ${why:-no error printed} |")
   done
 }
-for transport in shm tcp; do
+for transport in ${TRANSPORTS:-shm tcp}; do
   for fault in KILL STOP; do
     for n in 2 4; do run_case "$transport" "$fault" "$n"; done
   done
