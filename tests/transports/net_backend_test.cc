@@ -539,10 +539,35 @@ TEST_F(NetIbEmulated, StatePointerFromTheWireIsNotFollowed) {
 
 // connectPeers between 3 ranks as threads, every rank sending to and receiving from
 // every rank (itself included), handles passed through in-memory mailboxes.
+// Handles between ranks that are threads of this process: rank r's exchange posts to and
+// takes from one map, (from, to) -> handle.
+class Mailbox {
+ public:
+  HandleExchange exchangeFor(int r) {
+    HandleExchange ex;
+    ex.send = [this, r](int peer, const Handle& h) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mail_[{r, peer}] = h;
+      return Status::ok();
+    };
+    ex.tryRecv = [this, r](int peer, Handle* h) -> Result<bool> {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = mail_.find({peer, r});
+      if (it == mail_.end()) return false;
+      *h = it->second;
+      return true;
+    };
+    return ex;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<int, int>, Handle> mail_;
+};
+
 TEST_P(Net, EveryPairOfThreeRanks) {
   const int n = 3;
-  std::mutex mutex;
-  std::map<std::pair<int, int>, Handle> mail;  // (from, to)
+  Mailbox mail;
   std::vector<Connections> conns(n);
   std::vector<Status> results(n);
   std::vector<std::thread> threads;
@@ -556,19 +581,7 @@ TEST_P(Net, EveryPairOfThreeRanks) {
         results[r] = b.status();
         return;
       }
-      HandleExchange ex;
-      ex.send = [&, r](int peer, const Handle& h) {
-        std::lock_guard<std::mutex> lock(mutex);
-        mail[{r, peer}] = h;
-        return Status::ok();
-      };
-      ex.tryRecv = [&, r](int peer, Handle* h) -> Result<bool> {
-        std::lock_guard<std::mutex> lock(mutex);
-        auto it = mail.find({peer, r});
-        if (it == mail.end()) return false;
-        *h = it->second;
-        return true;
-      };
+      HandleExchange ex = mail.exchangeFor(r);
       std::vector<int> all = {0, 1, 2};
       results[r] = connectPeers(**b, 0, r, all, all, ex, Deadline::afterMs(10000), &conns[r]);
       // Every send connection carries one message naming its two ends. Receives first:
@@ -617,8 +630,7 @@ TEST_P(Net, EveryPairOfThreeRanks) {
 TEST_P(Net, ClosingSendsFirstOnBothRanksDoesNotWait) {
   ScopedSetting lanes(settings::kUcxLanes, "4");
   const int n = 2;
-  std::mutex mutex;
-  std::map<std::pair<int, int>, Handle> mail;  // (from, to)
+  Mailbox mail;
   std::vector<Status> results(n);
   std::vector<double> closeSeconds(n, 0);
   std::vector<std::thread> threads;
@@ -633,19 +645,7 @@ TEST_P(Net, ClosingSendsFirstOnBothRanksDoesNotWait) {
         return;
       }
       std::unique_ptr<Backend> backend = std::move(b).value();
-      HandleExchange ex;
-      ex.send = [&, r](int peer, const Handle& h) {
-        std::lock_guard<std::mutex> lock(mutex);
-        mail[{r, peer}] = h;
-        return Status::ok();
-      };
-      ex.tryRecv = [&, r](int peer, Handle* h) -> Result<bool> {
-        std::lock_guard<std::mutex> lock(mutex);
-        auto it = mail.find({peer, r});
-        if (it == mail.end()) return false;
-        *h = it->second;
-        return true;
-      };
+      HandleExchange ex = mail.exchangeFor(r);
       const int peer = 1 - r;
       Connections c;
       results[r] = connectPeers(*backend, 0, r, {peer}, {peer}, ex, Deadline::afterMs(10000), &c);
