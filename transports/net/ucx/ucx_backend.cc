@@ -7,21 +7,20 @@
 // helper threads carry theirs. Message i of a lane is tag i: UCX matches them exactly,
 // eager or rendezvous as it chooses by size.
 //
-// Set-up: listen() opens a TCP listening socket and puts its address and a random nonce
-// in the handle. The sender connects and says hello (magic, communicator hash, nonce,
-// rank); the listener drops (and logs) anyone who says anything else, creates the lanes'
-// workers and answers with their UCP addresses (larger than a handle). The sender creates
-// its workers and an endpoint per lane, sends the nonce through UCX on each (tag
-// kSetupTag; a synchronous send, so that each lane is wired both ways) and flushes them,
-// while the listener progresses its workers until every
-// nonce has arrived and the sender has written one byte on the socket to say it is
-// flushed. Only then does either end hand out its comm: UCX wires an endpoint up lazily,
-// with both workers progressing, and a comm handed out half-wired would wait for a peer
-// that only tests its other comms. The TCP socket then stays open, idle, as the
-// connection's heartbeat: when it closes or resets (the peer exited, was killed, or its
-// host was cut off: keepalive within LOOM_TIMEOUT_MS), whatever is still in flight fails
-// with a message naming the peer, instead of waiting on a receive UCX would never
-// complete.
+// Set-up: listen() opens a TCP listening socket and puts its address and a random nonce in
+// the handle. The sender connects and says hello (magic, communicator hash, nonce, rank);
+// the listener drops (and logs) anyone who says anything else, creates the lanes' workers
+// and answers with their UCP addresses (larger than a handle). The sender creates its
+// workers and an endpoint per lane, sends the nonce through UCX on each (tag kSetupTag; a
+// synchronous send, so that each lane is wired both ways) and flushes them, while the
+// listener progresses its workers until every nonce has arrived and the sender has written
+// one byte on the socket to say it is flushed. Only then does either end hand out its
+// comm: UCX wires an endpoint up lazily, with both workers progressing, and a comm handed
+// out half-wired would wait for a peer that only tests its other comms. The TCP socket
+// then stays open, idle, as the connection's heartbeat: when it closes or resets (the peer
+// exited, was killed, or its host was cut off: keepalive within LOOM_TIMEOUT_MS), whatever
+// is still in flight fails with a message naming the peer, instead of waiting on a receive
+// UCX would never complete.
 #include <poll.h>
 #include <sys/socket.h>
 
