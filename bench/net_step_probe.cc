@@ -69,8 +69,9 @@ void storeRelease(uint64_t* p, uint64_t v) {
 
 // The stream: the send FIFO kept full of BYTES-sized steps, the receive FIFO drained; each
 // step's first and last 8 bytes carry its number (the rest is a pattern written once).
+// `name` and `threads` say which backend and how many threads or lanes, for the report.
 int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t bytes,
-           uint32_t depth) {
+           uint32_t depth, const char* name, const char* threads) {
   for (uint32_t k = 0; k < send.nslots; ++k) {
     for (uint64_t b = 0; b < bytes; ++b) send.slot(k)[b] = static_cast<char>(0x5a ^ (b * 7));
   }
@@ -109,14 +110,11 @@ int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t
     }
   }
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
-  const char* net = std::getenv("LOOM_NET");
-  const char* threads =
-      std::getenv(net && strcasecmp(net, "ucx") == 0 ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS");
   std::printf(
       "net_step_probe: %s, %d steps of %llu B, at most %u in flight, in %.3f s: %.2f GB/s, "
       "%.1f us a step (threads/lanes %s)\n",
-      net ? net : "socket", steps, (unsigned long long)bytes, depth, s,
-      double(bytes) * steps / s / 1e9, s * 1e6 / steps, threads ? threads : "(default)");
+      name, steps, (unsigned long long)bytes, depth, s, double(bytes) * steps / s / 1e9,
+      s * 1e6 / steps, threads ? threads : "(default)");
   return 0;
 }
 
@@ -131,6 +129,8 @@ int main(int argc, char** argv) {
   ctx.commHash = 1;
   const char* net = std::getenv("LOOM_NET");
   const bool ucx = net && strcasecmp(net, "ucx") == 0;
+  const char* threadsVar = ucx ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS";
+  const char* threads = std::getenv(threadsVar);
   auto backend = ucx ? ucx::makeUcxBackend(ctx) : makeSocketBackend(ctx);
   if (!backend.isOk()) {
     std::fprintf(stderr, "net_step_probe: %s\n", backend.status().message().c_str());
@@ -160,7 +160,9 @@ int main(int argc, char** argv) {
     const Fifo& send = fifos[0]->fifo;
     const Fifo& recv = fifos[1]->fifo;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (bytes > 8) return stream(proxy, send, recv, steps, bytes, depth);
+    if (bytes > 8) {
+      return stream(proxy, send, recv, steps, bytes, depth, ucx ? "ucx" : "socket", threads);
+    }
     for (int i = 0; i < steps; ++i) {
       const uint64_t value = 0x1000 + uint64_t(i);
       std::memcpy(send.slot(i), &value, sizeof(value));
@@ -189,11 +191,10 @@ int main(int argc, char** argv) {
   for (double v : us) sum += v;
   std::sort(us.begin(), us.end());
   auto at = [&](double q) { return us[std::min(us.size() - 1, size_t(q * double(us.size())))]; };
-  const char* threads = std::getenv(ucx ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS");
   std::printf(
       "net_step_probe: %s, %d steps of 8 B, %d idle connection(s), %s=%s: "
       "mean %.2f us, median %.2f, p90 %.2f, p99 %.2f\n",
-      ucx ? "ucx" : "socket", steps, idle, ucx ? "LOOM_UCX_LANES" : "LOOM_SOCKET_NTHREADS",
-      threads ? threads : "(default)", sum / double(us.size()), at(0.5), at(0.9), at(0.99));
+      ucx ? "ucx" : "socket", steps, idle, threadsVar, threads ? threads : "(default)",
+      sum / double(us.size()), at(0.5), at(0.9), at(0.99));
   return 0;
 }

@@ -537,8 +537,6 @@ TEST_F(NetIbEmulated, StatePointerFromTheWireIsNotFollowed) {
 }
 #endif
 
-// connectPeers between 3 ranks as threads, every rank sending to and receiving from
-// every rank (itself included), handles passed through in-memory mailboxes.
 // Handles between ranks that are threads of this process: rank r's exchange posts to and
 // takes from one map, (from, to) -> handle.
 class Mailbox {
@@ -565,6 +563,22 @@ class Mailbox {
   std::map<std::pair<int, int>, Handle> mail_;
 };
 
+// Rank r of a communicator (`hash`) whose ranks are threads: its backend, connected to
+// `peers` in both directions.
+Status connectThreadRank(int r, uint64_t hash, Mailbox& mail, const std::vector<int>& peers,
+                         std::unique_ptr<Backend>* backend, Connections* conns) {
+  Context ctx;
+  ctx.commHash = hash;
+  ctx.rank = r;
+  auto b = makeTested(ctx);
+  if (!b) return b.status();
+  *backend = std::move(b).value();
+  return connectPeers(**backend, 0, r, peers, peers, mail.exchangeFor(r), Deadline::afterMs(10000),
+                      conns);
+}
+
+// connectPeers between 3 ranks as threads, every rank sending to and receiving from
+// every rank (itself included), handles passed through in-memory mailboxes.
 TEST_P(Net, EveryPairOfThreeRanks) {
   const int n = 3;
   Mailbox mail;
@@ -573,17 +587,8 @@ TEST_P(Net, EveryPairOfThreeRanks) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      Context ctx;
-      ctx.commHash = 77;
-      ctx.rank = r;
-      auto b = makeTested(ctx);
-      if (!b) {
-        results[r] = b.status();
-        return;
-      }
-      HandleExchange ex = mail.exchangeFor(r);
-      std::vector<int> all = {0, 1, 2};
-      results[r] = connectPeers(**b, 0, r, all, all, ex, Deadline::afterMs(10000), &conns[r]);
+      std::unique_ptr<Backend> backend;
+      results[r] = connectThreadRank(r, 77, mail, {0, 1, 2}, &backend, &conns[r]);
       // Every send connection carries one message naming its two ends. Receives first:
       // ib takes a send only once the receiver has posted its buffer.
       std::vector<int> in(n, -1);
@@ -636,19 +641,10 @@ TEST_P(Net, ClosingSendsFirstOnBothRanksDoesNotWait) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      Context ctx;
-      ctx.commHash = 78;
-      ctx.rank = r;
-      auto b = makeTested(ctx);
-      if (!b) {
-        results[r] = b.status();
-        return;
-      }
-      std::unique_ptr<Backend> backend = std::move(b).value();
-      HandleExchange ex = mail.exchangeFor(r);
       const int peer = 1 - r;
+      std::unique_ptr<Backend> backend;
       Connections c;
-      results[r] = connectPeers(*backend, 0, r, {peer}, {peer}, ex, Deadline::afterMs(10000), &c);
+      results[r] = connectThreadRank(r, 78, mail, {peer}, &backend, &c);
       const size_t bytes = 1 << 20;
       std::vector<unsigned char> out(bytes), in(bytes, 0);
       for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(r * 101 + i * 13 + 1);
