@@ -179,6 +179,13 @@
     "lane 0, moved by the proxy thread, carries the sizes and every message under 64 KiB; a " \
     "larger one is cut into a part per further lane, each with a thread of its own (1: the " \
     "proxy moves everything)") \
+  X(kTuning, kUcxSpinUs, "LOOM_UCX_SPIN_US", nullptr, kCount, "0", "", \
+    "microseconds a ucx lane thread keeps progressing its worker after its last movement " \
+    "before it sleeps in poll() (0: sleeps at once; spinning threads take cores from the " \
+    "copies where there are few)") \
+  X(kTuning, kUcxLane0Part, "LOOM_UCX_LANE0_PART", nullptr, kBool, "no", "", \
+    "lane 0 carries a part of every message of 64 KiB and more beside its size, as the " \
+    "further lanes do (no: only the size, so the proxy's thread never waits on a large part)") \
   X(kTuning, kBuffsize, "LOOM_BUFFSIZE", "NCCL_BUFFSIZE", kSize, "2M", "", \
     "bytes of FIFO per connection of host buffers (split into LOOM_STEPS slots)") \
   X(kTuning, kNetBuffsize, "LOOM_NET_BUFFSIZE", nullptr, kSize, "8M", "", \

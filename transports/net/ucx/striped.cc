@@ -9,6 +9,9 @@
 #include <deque>
 #include <utility>
 
+#include "common/clock.h"
+#include "common/settings.h"
+
 namespace loom::transport::net::ucx {
 
 namespace {
@@ -27,6 +30,9 @@ Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending,
       ucp_(std::move(ucp)),
       sending_(sending),
       nlanes_(static_cast<int>(lanes_.size())),
+      lane0Part_(settings::get(settings::kUcxLane0Part)),
+      spinNs_(static_cast<int64_t>(
+          std::min<uint64_t>(settings::get(settings::kUcxSpinUs).orAuto(0), 1000000) * 1000)),
       helpers_(new Helper[lanes_.size()]) {
   for (int k = 1; k < nlanes_; ++k) {
     helpers_[k].wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -58,15 +64,16 @@ void Striped::partRange(size_t total, int k, size_t* begin, size_t* end) const {
     *end = k == 0 ? total : 0;
     return;
   }
-  if (k == 0) {
+  if (k == 0 && !lane0Part_) {
     *begin = *end = 0;
     return;
   }
-  const size_t parts = static_cast<size_t>(nlanes_ - 1);
+  const size_t parts = static_cast<size_t>(lane0Part_ ? nlanes_ : nlanes_ - 1);
+  const size_t part = static_cast<size_t>(lane0Part_ ? k : k - 1);
   size_t per = (total + parts - 1) / parts;
   per = (per + 63) / 64 * 64;
-  *begin = std::min(total, per * (k - 1));
-  *end = std::min(total, per * k);
+  *begin = std::min(total, per * part);
+  *end = std::min(total, per * (part + 1));
 }
 
 uint64_t Striped::oldestInUse() const {
@@ -203,6 +210,7 @@ void Striped::helperMain(int k) {
   };
   std::deque<Part> inFlight;
   uint64_t next = 0;  // the next large message to take
+  Clock::time_point lastMove = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
     uint64_t drained = 0;
     while (::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
@@ -248,7 +256,14 @@ void Striped::helperMain(int k) {
       me.done.store(large + 1, std::memory_order_release);
       moved = true;
     }
-    if (moved) continue;
+    if (moved) {
+      if (spinNs_ > 0) lastMove = Clock::now();
+      continue;
+    }
+    if (spinNs_ > 0 && Clock::now() - lastMove < std::chrono::nanoseconds(spinNs_)) {
+      lane.progress();
+      continue;
+    }
     pollfd fds[2] = {{me.wakeFd, POLLIN, 0}, {*efd, POLLIN, 0}};
     nfds_t n = 1;
     if (!inFlight.empty()) {

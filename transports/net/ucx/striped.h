@@ -1,11 +1,12 @@
 // One direction of a ucx connection over its lanes (lane.h): lane 0 carries every
 // message's 8-byte size, and with it all of a message under kMinPart; a larger one is cut
-// into a part per further lane. The caller's test() moves lane 0 (a small message never
-// waits for another thread); each further lane has a thread of its own that posts and
-// progresses its parts, so several cores move one message (UCX progresses a worker on
-// one thread at a time), and sleeps in poll() on its worker's event descriptor and a
-// wake-up descriptor of its own when nothing moves (spinning threads would outnumber
-// the cores with a few hosts per machine).
+// into a part per further lane (and one on lane 0 with LOOM_UCX_LANE0_PART). The caller's
+// test() moves lane 0 (a small message never waits for another thread); each further
+// lane has a thread of its own that posts and progresses its parts, so several cores move
+// one message (UCX progresses a worker on one thread at a time), and sleeps in poll() on
+// its worker's event descriptor and a wake-up descriptor of its own when nothing moves
+// (spinning threads would outnumber the cores with a few hosts per machine), after
+// LOOM_UCX_SPIN_US of progressing in vain where that is set.
 #pragma once
 
 #include <atomic>
@@ -71,6 +72,8 @@ class Striped {
   std::shared_ptr<UcpContext> ucp_;
   const bool sending_;
   const int nlanes_;
+  const bool lane0Part_;  // LOOM_UCX_LANE0_PART
+  const int64_t spinNs_;  // LOOM_UCX_SPIN_US
   Message msgs_[kMaxRequests];
   uint64_t posted_ = 0;  // messages posted (the caller's)
   // The messages with parts on the lanes past 0 (a send's once posted, a receive's once

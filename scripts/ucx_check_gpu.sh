@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# scripts/ucx_check_gpu.sh PREFIX OUTDIR [ROUNDS]
+#
+# The ucx network backend (transports/net/ucx) against the socket backend and NVIDIA's NCCL
+# on one GPU machine: processes as hosts, all on GPU 0 (LOOM_HOST_ID / NCCL_HOSTID per
+# process, NCCL_TESTS_DEVICE=0), under CUDA MPS where the machine has it, all_reduce_perf
+# -b 16M -e 128M -f 8 -c 1 (GPU buffers, float sum). Each configuration below runs once per
+# round, the rounds one after another, so that a drift of the machine shows in every row:
+#   socket           LOOM_NET=socket (the baseline; this one also times NCCL: --compare nccl)
+#   ucx              LOOM_NET=ucx with the machine's UCX and loom's defaults
+#   ucx_lane0        LOOM_UCX_LANE0_PART=1: lane 0 carries a part of each large message too
+#   ucx_spin         LOOM_UCX_SPIN_US=200: lane threads progress 200 us before they sleep
+#   ucx_lane0_spin   both
+#   ucx_put          UCX_RNDV_SCHEME=put_zcopy (tcp writes from and reads into the buffers)
+#   ucx_lanes8       LOOM_UCX_LANES=8 with the spin
+# and, where UCX_CUDA names a UCX built with CUDA (scripts/build_ucx_cuda.sh), the same
+# sweep with it, GPU buffers staged (ucxc_staged, UCX_TLS=tcp) and handed to UCX as they
+# are (ucxc_direct, UCX_TLS=tcp,cuda_copy). Then 4 hosts: socket, ucx and ucx_lane0_spin,
+# once. Writes OUTDIR/ucx_check_gpu.md (16 and 128 MiB busbw of each run, and the ratio of
+# ucx's to the socket backend's of the same round) and the logs.
+#
+# PREFIX is an install tree built with MPI (cmake --install build --prefix PREFIX).
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0). RUN_LIMIT: seconds per run (default 90).
+set -u
+prefix=$(cd "$1" && pwd)
+out=$2
+rounds=${3:-2}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib/gpu_hosts.sh"
+export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
+bin=$prefix/bin
+limit=${RUN_LIMIT:-90}
+# shellcheck disable=SC2034  # read by loom_as_hosts
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
+     -x NCCL_TESTS_DEVICE=0 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=NET -x LOOM_TIMEOUT_MS=20000)
+sizes=(-b 16M -e 128M -f 8 -c 1 -n 20 -w 5)
+loom_start_mps
+report=$out/ucx_check_gpu.md
+{
+  echo "# ucx against sockets, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $(nproc) cores;" \
+    "system UCX: $(ucx_info -v 2>/dev/null | sed -n 's/.*version=\([^ ]*\).*/\1/p' | head -1)"
+  [ -n "${UCX_CUDA:-}" ] && echo "UCX_CUDA: $("$UCX_CUDA/bin/ucx_info" -v | head -1)" &&
+    echo "its CUDA transports here: $(LD_LIBRARY_PATH=$UCX_CUDA/lib:/usr/local/cuda/lib64 \
+      "$UCX_CUDA/bin/ucx_info" -d | sed -n 's/.*Transport: \(cuda.*\)/\1/p' | sort -u | tr '\n' ' ')"
+  echo
+  echo "| hosts | round | configuration | 16 MiB | 128 MiB | / socket (16, 128) | NCCL (16, 128) | wrong |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+} > "$report"
+
+# Rows: size count type redop root time algbw busbw #wrong (in-place) time algbw busbw #wrong,
+# and with --compare nccl: NCCL's time busbw #wrong ratio (out of place) and the in-place ones.
+row() {  # LOG -> "bw16 bw128 nccl16 nccl128 wrong" (out of place; "-" where missing)
+  awk '/^ +[0-9]+ +[0-9]+ +float/ {
+         if ($1 == 16777216) { a = $8; c = $15 } if ($1 == 134217728) { b = $8; d = $15 }
+         w += $9 + $13 }
+       END { printf "%s %s %s %s %s\n", a ? a : "-", b ? b : "-", c ? c : "-", d ? d : "-", w + 0 }' "$1"
+}
+declare -A base16 base128
+one() {  # HOSTS ROUND NAME ENV... (then the binary's arguments follow the env)
+  local np=$1 round=$2 name=$3
+  shift 3
+  local log=$out/${name}_h${np}_r${round}
+  SECONDS=0
+  loom_as_hosts "$limit" "$np" "$log" env "$@" > "$log.log" 2>&1
+  local rc=$?
+  local b16 b128 n16 n128 wrong
+  read -r b16 b128 n16 n128 wrong < <(row "$log.log")
+  local ratio="" cmp="" key="$np.$round"
+  if [[ $name == socket ]]; then
+    base16[$key]=$b16 base128[$key]=$b128
+    cmp="$n16, $n128"
+  elif [[ -n "${base16[$key]:-}" && $b16 != - && $b128 != - ]]; then
+    ratio=$(awk -v a="$b16" -v b="$b128" -v c="${base16[$key]}" -v d="${base128[$key]}" \
+      'BEGIN { printf "%.2f, %.2f", a / c, b / d }')
+  fi
+  [[ $rc -ne 0 ]] && wrong="$wrong (rc $rc, ${SECONDS}s)"
+  echo "| $np | $round | $name | $b16 | $b128 | $ratio | $cmp | $wrong |" | tee -a "$report"
+  grep -ho "net/ucx: UCX [^;]*\|GPU buffers go through page-locked host memory\|the FIFOs' slots in GPU memory" \
+    "$log".loom.*.log 2>/dev/null | sort -u | head -3
+}
+ar=("$bin/all_reduce_perf" "${sizes[@]}")
+configs() {  # HOSTS ROUND
+  local np=$1 r=$2
+  one "$np" "$r" socket LOOM_NET=socket "${ar[@]}" --compare nccl
+  one "$np" "$r" ucx LOOM_NET=ucx "${ar[@]}"
+  one "$np" "$r" ucx_lane0 LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}"
+  one "$np" "$r" ucx_spin LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}"
+  one "$np" "$r" ucx_lane0_spin LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 LOOM_UCX_SPIN_US=200 "${ar[@]}"
+  one "$np" "$r" ucx_put LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}"
+  one "$np" "$r" ucx_lanes8 LOOM_NET=ucx LOOM_UCX_LANES=8 LOOM_UCX_SPIN_US=200 "${ar[@]}"
+  if [ -n "${UCX_CUDA:-}" ]; then
+    local lib="LD_LIBRARY_PATH=$UCX_CUDA/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+    one "$np" "$r" ucxc_staged "$lib" LOOM_NET=ucx UCX_TLS=tcp "${ar[@]}"
+    one "$np" "$r" ucxc_direct "$lib" LOOM_NET=ucx UCX_TLS=tcp,cuda_copy "${ar[@]}"
+  fi
+}
+for r in $(seq 1 "$rounds"); do configs 2 "$r"; done
+one 4 1 socket LOOM_NET=socket "${ar[@]}" --compare nccl
+one 4 1 ucx LOOM_NET=ucx "${ar[@]}"
+one 4 1 ucx_lane0_spin LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 LOOM_UCX_SPIN_US=200 "${ar[@]}"
+{
+  echo
+  echo "busbw in GB/s, out of place; wrong: the -c 1 counts of both tables."
+  echo "Command: scripts/ucx_check_gpu.sh PREFIX OUTDIR $rounds${UCX_CUDA:+ (UCX_CUDA=$UCX_CUDA)}"
+} >> "$report"
