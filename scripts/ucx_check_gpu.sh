@@ -8,16 +8,17 @@
 # round, the rounds one after another, so that a drift of the machine shows in every row:
 #   socket           LOOM_NET=socket (the baseline; this one also times NCCL: --compare nccl)
 #   ucx              LOOM_NET=ucx with the machine's UCX and loom's defaults
+#   ucxc_staged, ucxc_direct   where UCX_CUDA names a UCX built with CUDA
+#                    (scripts/build_ucx_cuda.sh): that UCX, GPU buffers staged (UCX_TLS=tcp)
+#                    and handed to UCX as they are (UCX_TLS=tcp,cuda_copy)
 #   ucx_lane0        LOOM_UCX_LANE0_PART=1: lane 0 carries a part of each large message too
 #   ucx_spin         LOOM_UCX_SPIN_US=200: lane threads progress 200 us before they sleep
 #   ucx_lane0_spin   both
 #   ucx_put          UCX_RNDV_SCHEME=put_zcopy (tcp writes from and reads into the buffers)
 #   ucx_lanes8       LOOM_UCX_LANES=8 with the spin
-# and, where UCX_CUDA names a UCX built with CUDA (scripts/build_ucx_cuda.sh), the same
-# sweep with it, GPU buffers staged (ucxc_staged, UCX_TLS=tcp) and handed to UCX as they
-# are (ucxc_direct, UCX_TLS=tcp,cuda_copy). Then 4 hosts: socket, ucx and ucx_lane0_spin,
-# once. Writes OUTDIR/ucx_check_gpu.md (16 and 128 MiB busbw of each run, and the ratio of
-# ucx's to the socket backend's of the same round) and the logs.
+# Then 4 hosts: socket, ucx and ucx_lane0_spin, once. Writes OUTDIR/ucx_check_gpu.md (16
+# and 128 MiB busbw of each run, and the ratio of ucx's to the socket backend's of the same
+# round) and the logs.
 #
 # PREFIX is an install tree built with MPI (cmake --install build --prefix PREFIX).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). RUN_LIMIT: seconds per run (default 90).
@@ -86,16 +87,16 @@ configs() {  # HOSTS ROUND
   local np=$1 r=$2
   one "$np" "$r" socket LOOM_NET=socket "${ar[@]}" --compare nccl
   one "$np" "$r" ucx LOOM_NET=ucx "${ar[@]}"
-  one "$np" "$r" ucx_lane0 LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}"
-  one "$np" "$r" ucx_spin LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}"
-  one "$np" "$r" ucx_lane0_spin LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 LOOM_UCX_SPIN_US=200 "${ar[@]}"
-  one "$np" "$r" ucx_put LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}"
-  one "$np" "$r" ucx_lanes8 LOOM_NET=ucx LOOM_UCX_LANES=8 LOOM_UCX_SPIN_US=200 "${ar[@]}"
   if [ -n "${UCX_CUDA:-}" ]; then
     local lib="LD_LIBRARY_PATH=$UCX_CUDA/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
     one "$np" "$r" ucxc_staged "$lib" LOOM_NET=ucx UCX_TLS=tcp "${ar[@]}"
     one "$np" "$r" ucxc_direct "$lib" LOOM_NET=ucx UCX_TLS=tcp,cuda_copy "${ar[@]}"
   fi
+  one "$np" "$r" ucx_lane0 LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}"
+  one "$np" "$r" ucx_spin LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}"
+  one "$np" "$r" ucx_lane0_spin LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 LOOM_UCX_SPIN_US=200 "${ar[@]}"
+  one "$np" "$r" ucx_put LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}"
+  one "$np" "$r" ucx_lanes8 LOOM_NET=ucx LOOM_UCX_LANES=8 LOOM_UCX_SPIN_US=200 "${ar[@]}"
 }
 for r in $(seq 1 "$rounds"); do configs 2 "$r"; done
 one 4 1 socket LOOM_NET=socket "${ar[@]}" --compare nccl
