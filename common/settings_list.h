@@ -185,7 +185,8 @@
     "copies where there are few)") \
   X(kTuning, kUcxLane0Part, "LOOM_UCX_LANE0_PART", nullptr, kBool, "no", "", \
     "lane 0 carries a part of every message of 64 KiB and more beside its size, as the " \
-    "further lanes do (no: only the size, so the proxy's thread never waits on a large part)") \
+    "further lanes do (no: only the size, so the proxy's thread never waits on a large part); " \
+    "every rank must set it alike") \
   X(kTuning, kBuffsize, "LOOM_BUFFSIZE", "NCCL_BUFFSIZE", kSize, "2M", "", \
     "bytes of FIFO per connection of host buffers (split into LOOM_STEPS slots)") \
   X(kTuning, kNetBuffsize, "LOOM_NET_BUFFSIZE", nullptr, kSize, "8M", "", \
