@@ -104,6 +104,6 @@ one 4 1 ucx LOOM_NET=ucx "${ar[@]}"
 one 4 1 ucx_lane0_spin LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 LOOM_UCX_SPIN_US=200 "${ar[@]}"
 {
   echo
-  echo "busbw in GB/s, out of place; wrong: the -c 1 counts of both tables."
+  echo "busbw in GB/s, out of place; wrong: loom's -c 1 counts, out of place and in place added."
   echo "Command: scripts/ucx_check_gpu.sh PREFIX OUTDIR $rounds${UCX_CUDA:+ (UCX_CUDA=$UCX_CUDA)}"
 } >> "$report"
