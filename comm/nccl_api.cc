@@ -663,19 +663,6 @@ LOOM_API ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t 
 LOOM_API ncclResult_t pncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
                                     cudaStream_t) LOOM_ALIAS(ncclAlltoAll);
 
-LOOM_API ncclResult_t ncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                                 cudaStream_t) {
-  return fail(errorf(Code::kInvalidUsage, "ncclGather is not implemented in loom yet"));
-}
-LOOM_API ncclResult_t pncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                                  cudaStream_t) LOOM_ALIAS(ncclGather);
-LOOM_API ncclResult_t ncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                                  cudaStream_t) {
-  return fail(errorf(Code::kInvalidUsage, "ncclScatter is not implemented in loom yet"));
-}
-LOOM_API ncclResult_t pncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
-                                   cudaStream_t) LOOM_ALIAS(ncclScatter);
-
 namespace {
 ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t datatype, int peer,
                  ncclComm_t comm, cudaStream_t stream, bool isSend) {
@@ -705,6 +692,79 @@ ncclResult_t p2p(const char* fn, const void* buf, size_t count, ncclDataType_t d
   });
 }
 }  // namespace
+
+namespace {
+// Gather and scatter: messages between the root and every rank in one group (the root's
+// own block a copy, none where it is already in place), so they run wherever send and
+// receive do: host and GPU buffers, inside a caller's group, in a CUDA graph.
+ncclResult_t rootedP2p(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                       ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream,
+                       bool gather) {
+  return guarded(fn, [&]() -> ncclResult_t {
+    int rank = 0, n = 0;
+    size_t esz = 0;
+    {
+      // Checked here first, so that no message of the group fails on its own.
+      loom::comm::CommHold hold;
+      Status st = checkComm(fn, comm, &hold);
+      if (st) st = checkType(fn, datatype);
+      if (!st) return fail(st);
+      rank = comm->impl->rank();
+      n = comm->impl->nranks();
+      esz = loom::dataTypeSize(static_cast<DataType>(datatype));
+      if (root < 0 || root >= n) {
+        return fail(
+            errorf(Code::kInvalidArgument, "%s: root %d out of range [0, %d)", fn, root, n));
+      }
+      const bool many = rank == root;  // the root's side holds every rank's block
+      st = checkBytes(fn, count, static_cast<size_t>(n), esz);
+      const int dev = comm->impl->cudaDevice();
+      if (st) st = checkBuffer(fn, "sendbuff", sendbuff, gather || many ? count : 0, dev);
+      if (st) st = checkBuffer(fn, "recvbuff", recvbuff, !gather || many ? count : 0, dev);
+      if (!st) return fail(st);
+    }
+    const size_t block = count * esz;
+    // In place (NCCL's rule): the root's own block is already where it belongs.
+    const char* rootBlock =
+        static_cast<const char*>(gather ? recvbuff : sendbuff) + static_cast<size_t>(root) * block;
+    const bool inPlace = rank == root && (gather ? sendbuff : recvbuff) == rootBlock;
+    loom::comm::groupStart();
+    ncclResult_t rc = ncclSuccess;
+    const auto keep = [&rc](ncclResult_t r) {
+      if (rc == ncclSuccess) rc = r;
+    };
+    if (rank == root) {
+      for (int q = 0; q < n; ++q) {
+        if (q == root && inPlace) continue;
+        char* at = static_cast<char*>(gather ? recvbuff : const_cast<void*>(sendbuff)) +
+                   static_cast<size_t>(q) * block;
+        keep(p2p(fn, at, count, datatype, q, comm, stream, /*isSend=*/!gather));
+      }
+    }
+    if (!inPlace) {
+      keep(p2p(fn, gather ? sendbuff : recvbuff, count, datatype, root, comm, stream,
+               /*isSend=*/gather));
+    }
+    const ncclResult_t end = loom::comm::groupEnd();
+    return rc != ncclSuccess ? rc : end;
+  });
+}
+}  // namespace
+
+LOOM_API ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
+                                 ncclDataType_t datatype, int root, ncclComm_t comm,
+                                 cudaStream_t stream) {
+  return rootedP2p("ncclGather", sendbuff, recvbuff, count, datatype, root, comm, stream, true);
+}
+LOOM_API ncclResult_t pncclGather(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                                  cudaStream_t) LOOM_ALIAS(ncclGather);
+LOOM_API ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
+                                  ncclDataType_t datatype, int root, ncclComm_t comm,
+                                  cudaStream_t stream) {
+  return rootedP2p("ncclScatter", sendbuff, recvbuff, count, datatype, root, comm, stream, false);
+}
+LOOM_API ncclResult_t pncclScatter(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                                   cudaStream_t) LOOM_ALIAS(ncclScatter);
 
 LOOM_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
                                int peer, ncclComm_t comm, cudaStream_t stream) {

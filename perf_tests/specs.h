@@ -1,4 +1,4 @@
-// The seven collectives the perf binaries run; each is defined in <program>.cc.
+// The nine collectives the perf binaries run; each is defined in <program>.cc.
 #pragma once
 
 #include "perf_tests/harness/collective.h"
@@ -12,5 +12,7 @@ extern const CollectiveSpec kReduceScatterSpec;  // reduce_scatter_perf.cc
 extern const CollectiveSpec kReduceSpec;         // reduce_perf.cc
 extern const CollectiveSpec kSendRecvSpec;       // sendrecv_perf.cc
 extern const CollectiveSpec kAllToAllSpec;       // alltoall_perf.cc
+extern const CollectiveSpec kGatherSpec;         // gather_perf.cc
+extern const CollectiveSpec kScatterSpec;        // scatter_perf.cc
 
 }  // namespace loom::perf

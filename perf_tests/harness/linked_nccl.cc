@@ -41,6 +41,8 @@ NcclApi makeLinked() {
   api.commFinalize = &ncclCommFinalize;
   api.getLastError = &ncclGetLastError;
   api.alltoAll = &ncclAlltoAll;
+  api.gather = &ncclGather;
+  api.scatter = &ncclScatter;
   api.commRegister = &ncclCommRegister;
   api.commDeregister = &ncclCommDeregister;
   api.commWindowRegister = &ncclCommWindowRegister;

@@ -73,6 +73,8 @@ std::vector<std::string> bindAll(void* handle, NcclApi* api) {
   bind(handle, "ncclCommFinalize", &api->commFinalize, nullptr);
   bind(handle, "ncclGetLastError", &api->getLastError, nullptr);
   bind(handle, "ncclAlltoAll", &api->alltoAll, nullptr);
+  bind(handle, "ncclGather", &api->gather, nullptr);
+  bind(handle, "ncclScatter", &api->scatter, nullptr);
   bind(handle, "ncclCommRegister", &api->commRegister, nullptr);
   bind(handle, "ncclCommDeregister", &api->commDeregister, nullptr);
   bind(handle, "ncclCommWindowRegister", &api->commWindowRegister, nullptr);

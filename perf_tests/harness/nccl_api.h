@@ -47,11 +47,16 @@ struct NcclApi {
   ncclResult_t (*redOpDestroy)(ncclRedOp_t op, ncclComm_t comm) = nullptr;
 
   // Added to NCCL later; nullptr where the library lacks them (the harness then does without:
-  // no finalize before destroy, no last-error text, grouped send/recv for alltoall, no -R).
+  // no finalize before destroy, no last-error text, grouped send/recv for alltoall, gather and
+  // scatter, no -R).
   ncclResult_t (*commFinalize)(ncclComm_t comm) = nullptr;  // 2.14
   const char* (*getLastError)(ncclComm_t comm) = nullptr;   // 2.13
   ncclResult_t (*alltoAll)(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) = nullptr;  // 2.28
+  ncclResult_t (*gather)(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                         ncclComm_t comm, cudaStream_t stream) = nullptr;  // 2.28
+  ncclResult_t (*scatter)(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                          ncclComm_t comm, cudaStream_t stream) = nullptr;  // 2.28
   ncclResult_t (*commRegister)(const ncclComm_t comm, void* buff, size_t size,
                                void** handle) = nullptr;  // 2.19
   ncclResult_t (*commDeregister)(const ncclComm_t comm, void* handle) = nullptr;

@@ -100,7 +100,16 @@ void expectClose(DataType t, const char* got, const char* want, size_t count, in
   }
 }
 
-enum class Coll { kAllReduce, kReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll };
+enum class Coll {
+  kAllReduce,
+  kReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kGather,
+  kScatter
+};
 
 const char* collName(Coll c) {
   switch (c) {
@@ -110,6 +119,8 @@ const char* collName(Coll c) {
     case Coll::kAllGather: return "AllGather";
     case Coll::kReduceScatter: return "ReduceScatter";
     case Coll::kAllToAll: return "AllToAll";
+    case Coll::kGather: return "Gather";
+    case Coll::kScatter: return "Scatter";
   }
   return "?";
 }
@@ -119,8 +130,8 @@ void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, boo
   const int n = static_cast<int>(cm.comms.size());
   const size_t es = loom::dataTypeSize(t);
   size_t inCount = count, outCount = count;
-  if (coll == Coll::kAllGather) outCount = count * n;
-  if (coll == Coll::kReduceScatter) inCount = count * n;
+  if (coll == Coll::kAllGather || coll == Coll::kGather) outCount = count * n;
+  if (coll == Coll::kReduceScatter || coll == Coll::kScatter) inCount = count * n;
   if (coll == Coll::kAllToAll) inCount = outCount = count * n;
   std::vector<std::vector<char>> ins(n), outs(n);
   for (int r = 0; r < n; ++r) {
@@ -135,11 +146,12 @@ void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, boo
   for (int r = 0; r < n; ++r) {
     if (inPlace) {
       size_t at = 0;
-      if (coll == Coll::kAllGather) at = r * count;
+      if (coll == Coll::kAllGather || coll == Coll::kGather) at = r * count;
       std::memcpy(outs[r].data() + at * es, ins[r].data(), inCount * es);
       send[r] = outs[r].data() + at * es;
       recv[r] = outs[r].data();
-      if (coll == Coll::kReduceScatter) recv[r] = outs[r].data() + r * count * es;
+      if (coll == Coll::kReduceScatter || coll == Coll::kScatter)
+        recv[r] = outs[r].data() + r * count * es;
     } else {
       send[r] = ins[r].data();
       recv[r] = outs[r].data();
@@ -165,6 +177,8 @@ void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, boo
         res = ncclReduceScatter(send[r], recv[r], count, dt, op, c, nullptr);
         break;
       case Coll::kAllToAll: res = ncclAlltoAll(send[r], recv[r], count, dt, c, nullptr); break;
+      case Coll::kGather: res = ncclGather(send[r], recv[r], count, dt, root, c, nullptr); break;
+      case Coll::kScatter: res = ncclScatter(send[r], recv[r], count, dt, root, c, nullptr); break;
     }
     ASSERT_EQ(res, ncclSuccess) << ncclGetLastError(c);
   }
@@ -207,6 +221,16 @@ void runCase(Comms& cm, Coll coll, DataType t, ncclRedOp_t op, size_t count, boo
               << what << " rank " << r << " block " << q;
         }
         break;
+      case Coll::kGather:
+        for (int q = 0; r == root && q < n; ++q) {
+          ASSERT_EQ(0, std::memcmp(got + q * count * es, ins[q].data(), count * es))
+              << what << " block " << q;
+        }
+        break;
+      case Coll::kScatter:
+        ASSERT_EQ(0, std::memcmp(got, ins[root].data() + r * count * es, count * es))
+            << what << " rank " << r;
+        break;
     }
   }
 }
@@ -217,7 +241,7 @@ TEST_P(ApiCollectives, AllCollectivesFloatAndInt) {
   const int n = GetParam();
   Comms cm(n);
   for (Coll coll : {Coll::kAllReduce, Coll::kReduce, Coll::kBroadcast, Coll::kAllGather,
-                    Coll::kReduceScatter, Coll::kAllToAll}) {
+                    Coll::kReduceScatter, Coll::kAllToAll, Coll::kGather, Coll::kScatter}) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1009}, size_t{300007}}) {
       for (bool inPlace : {false, true}) {
         for (DataType t : {DataType::kFloat32, DataType::kInt32}) {
@@ -396,6 +420,51 @@ TEST(ApiCollectives, PreMulSum) {
     EXPECT_EQ(ncclRedOpDestroy(ops[r], cm.comms[r]), ncclSuccess);
     EXPECT_EQ(ncclRedOpDestroy(ops[r], cm.comms[r]), ncclInvalidArgument);
   }
+}
+
+// Gather and scatter to a root that is not the last rank, and their argument checks
+// (named by the call, before any message of their group is queued).
+TEST(ApiCollectives, GatherScatterRootsAndErrors) {
+  const int n = 3;
+  Comms cm(n);
+  for (int root = 0; root < n; ++root) {
+    runCase(cm, Coll::kGather, DataType::kInt32, ncclSum, 1001, false, root);
+    runCase(cm, Coll::kScatter, DataType::kFloat64, ncclSum, 1001, true, root);
+    if (HasFatalFailure()) return;
+  }
+  std::vector<int> buf(3 * 8, 1);
+  EXPECT_EQ(ncclGather(buf.data(), buf.data(), 8, ncclInt32, n, cm.comms[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(cm.comms[0])).find("ncclGather: root 3 out of range"),
+            std::string::npos)
+      << ncclGetLastError(cm.comms[0]);
+  EXPECT_EQ(ncclScatter(nullptr, buf.data(), 8, ncclInt32, 0, cm.comms[0], nullptr),
+            ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(cm.comms[0])).find("ncclScatter: sendbuff is NULL"),
+            std::string::npos)
+      << ncclGetLastError(cm.comms[0]);
+  // The ranks other than the root pass no buffer on the side they do not use.
+  std::vector<std::vector<int>> mine(n, std::vector<int>(8)), got(n, std::vector<int>(8, -1));
+  std::vector<int> all(n * 8, -1);
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < 8; ++i) mine[r][i] = 10 * r + i;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(ncclGather(mine[r].data(), r == 1 ? all.data() : nullptr, 8, ncclInt32, 1,
+                         cm.comms[r], nullptr),
+              ncclSuccess)
+        << ncclGetLastError(cm.comms[r]);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(ncclScatter(r == 1 ? all.data() : nullptr, got[r].data(), 8, ncclInt32, 1,
+                          cm.comms[r], nullptr),
+              ncclSuccess)
+        << ncclGetLastError(cm.comms[r]);
+  }
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], mine[r]) << "rank " << r;
 }
 
 TEST(ApiCollectives, SendRecvRingAndSelf) {

@@ -13,7 +13,7 @@ namespace {
 
 const CollectiveSpec* const kSpecs[] = {&kAllReduceSpec,     &kAllGatherSpec, &kBroadcastSpec,
                                         &kReduceScatterSpec, &kReduceSpec,    &kSendRecvSpec,
-                                        &kAllToAllSpec};
+                                        &kAllToAllSpec,      &kGatherSpec,    &kScatterSpec};
 
 TEST(Specs, CountsAsNcclTests) {
   // count = 10 elements over 4 ranks.
@@ -29,6 +29,8 @@ TEST(Specs, CountsAsNcclTests) {
   EXPECT_TRUE(eq(kReduceSpec.counts(10, 4), {10, 10, 10, 0, 0}));
   EXPECT_TRUE(eq(kSendRecvSpec.counts(10, 4), {10, 10, 10, 0, 0}));
   EXPECT_TRUE(eq(kAllToAllSpec.counts(10, 4), {8, 8, 2, 0, 0}));
+  EXPECT_TRUE(eq(kGatherSpec.counts(10, 4), {2, 8, 2, 2, 0}));
+  EXPECT_TRUE(eq(kScatterSpec.counts(10, 4), {8, 2, 2, 0, 2}));
   EXPECT_TRUE(eq(kAllGatherSpec.counts(3, 4), {0, 0, 0, 0, 0}));
 }
 
@@ -45,6 +47,9 @@ TEST(Specs, BusBandwidthFormulas) {
   EXPECT_DOUBLE_EQ(bw(kAllGatherSpec, n / 4, 4).busBw, 0.75);
   EXPECT_DOUBLE_EQ(bw(kReduceScatterSpec, n / 8, 8).busBw, 0.875);
   EXPECT_DOUBLE_EQ(bw(kAllToAllSpec, n / 2, 2).busBw, 0.5);
+  EXPECT_DOUBLE_EQ(bw(kGatherSpec, n / 4, 4).algBw, 1.0);  // the gathered bytes
+  EXPECT_DOUBLE_EQ(bw(kGatherSpec, n / 4, 4).busBw, 0.75);
+  EXPECT_DOUBLE_EQ(bw(kScatterSpec, n / 8, 8).busBw, 0.875);
   EXPECT_DOUBLE_EQ(bw(kBroadcastSpec, n, 8).busBw, 1.0);
   EXPECT_DOUBLE_EQ(bw(kReduceSpec, n, 8).busBw, 1.0);
   EXPECT_DOUBLE_EQ(bw(kSendRecvSpec, n, 8).busBw, 1.0);
@@ -57,7 +62,8 @@ TEST(Specs, NamesAndFlags) {
   EXPECT_TRUE(kAllReduceSpec.hasOp && kReduceSpec.hasOp && kReduceScatterSpec.hasOp);
   EXPECT_FALSE(kAllGatherSpec.hasOp || kBroadcastSpec.hasOp || kSendRecvSpec.hasOp ||
                kAllToAllSpec.hasOp);
-  EXPECT_TRUE(kBroadcastSpec.hasRoot && kReduceSpec.hasRoot);
+  EXPECT_TRUE(kBroadcastSpec.hasRoot && kReduceSpec.hasRoot && kGatherSpec.hasRoot &&
+              kScatterSpec.hasRoot);
   EXPECT_FALSE(kAllToAllSpec.checkInPlace);
 }
 
@@ -100,6 +106,11 @@ Buffers simulate(const CollectiveSpec& s, const DataParams& p, const Buffers& in
     } else if (&s == &kAllToAllSpec) {
       for (int q = 0; q < n; ++q)
         std::memcpy(o + q * per * ts, in[q].data() + r * per * ts, per * ts);
+    } else if (&s == &kGatherSpec) {
+      for (int q = 0; r == root && q < n; ++q)
+        std::memcpy(o + q * per * ts, in[q].data(), per * ts);
+    } else if (&s == &kScatterSpec) {
+      std::memcpy(o, in[root].data() + r * per * ts, per * ts);
     }
   }
   return out;
