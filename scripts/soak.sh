@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# scripts/soak.sh SOAK_CHECK [MODE] [RANKS] [SECONDS] [SEED]
+# scripts/soak.sh SOAK_CHECK [MODE] [RANKS] [SECONDS] [SEED] [CHECK_ARGS...]
 #
-# A randomized soak of host-memory collectives: RANKS processes of tests/comm/soak_check
+# A randomized soak of collectives: RANKS processes of tests/comm/soak_check
 # (build/tests/comm/loom_soak_check) on this machine draw the same calls from SEED (every
 # collective, six data types, every reduction, counts from 0 to 2 Mi elements, in place and
 # out, groups) for SECONDS and check every element. MODE says how the ranks reach each other:
@@ -11,7 +11,9 @@
 #   ucx     each rank a host of its own over the ucx backend (LOOM_NET=ucx, UCX_TLS=tcp)
 #   hier    hosts of two ranks each: shared memory inside, the network across, and the
 #           hierarchical forms where the tuner takes them
-# Defaults: hosts, 4 ranks, 300 s, seed 1. LOOM_TIMEOUT_MS is 30000, so a call that waits
+# CHECK_ARGS go to every rank: `--memory device` puts the buffers on GPU 0 (every rank
+# there: start CUDA MPS first, or the processes take turns on the GPU), `--max-count C`
+# bounds the counts. Defaults: hosts, 4 ranks, 300 s, seed 1. LOOM_TIMEOUT_MS is 30000, so a call that waits
 # on a peer that long fails with what it waited for. Exits 1 if any rank failed or did
 # not end within SECONDS + 120 s, with each rank's last lines; rank 0's summary otherwise.
 set -u
@@ -20,6 +22,7 @@ mode=${2:-hosts}
 n=${3:-4}
 seconds=${4:-300}
 seed=${5:-1}
+shift $(( $# < 5 ? $# : 5 ))
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib/ports.sh"
 logs=$(mktemp -d)
@@ -35,7 +38,7 @@ case $mode in
   hier) ;;
   *) echo "soak: unknown mode '$mode' (shm, tcp, hosts, ucx, hier)"; exit 2 ;;
 esac
-echo "soak: $n ranks, $mode, ${seconds} s, seed $seed (logs: $logs)"
+echo "soak: $n ranks, $mode, ${seconds} s, seed $seed${*:+, $*} (logs: $logs)"
 for ((r = 0; r < n; r++)); do
   host=()
   case $mode in
@@ -43,7 +46,7 @@ for ((r = 0; r < n; r++)); do
     hier) host=(LOOM_HOST_ID="host$((r / 2))") ;;
   esac
   timeout -s KILL $((seconds + 120)) env "${vars[@]}" "${host[@]}" LOOM_RANK=$r \
-    "$check" --seconds "$seconds" --seed "$seed" > "$logs/$r.log" 2>&1 &
+    "$check" --seconds "$seconds" --seed "$seed" "$@" > "$logs/$r.log" 2>&1 &
   pids+=($!)
 done
 status=0

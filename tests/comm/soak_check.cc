@@ -8,6 +8,10 @@
 // poisoned; after an out-of-place call the input must be unchanged.
 //
 //   loom_soak_check [--seconds S] [--calls N] [--seed X] [--max-count C]
+//                   [--memory host|device] [--device D]
+//
+// With `--memory device` (a build with CUDA) the buffers are GPU memory on `--device D`
+// (default 0), the calls on one stream, the results copied back to be checked.
 //
 // Stops after N calls or S seconds (the ranks vote every 8 calls), whichever comes first.
 // Rank 0 prints progress every 10 s and a summary per collective at the end. A wrong
@@ -27,13 +31,27 @@
 #include <string>
 #include <vector>
 
+#ifdef LOOM_SOAK_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace {
 
-enum Coll { kAllReduce, kReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kGather,
-            kScatter, kSendRecv, kColls };
-const char* const kCollNames[kColls] = {"all_reduce", "reduce",  "broadcast", "all_gather",
-                                        "reduce_scatter", "alltoall", "gather", "scatter",
-                                        "sendrecv"};
+enum Coll {
+  kAllReduce,
+  kReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kSendRecv,
+  kColls
+};
+const char* const kCollNames[kColls] = {"all_reduce", "reduce",         "broadcast",
+                                        "all_gather", "reduce_scatter", "alltoall",
+                                        "gather",     "scatter",        "sendrecv"};
 
 struct TypeInfo {
   ncclDataType_t type;
@@ -47,6 +65,8 @@ const std::array<TypeInfo, 6> kTypes = {{{ncclUint8, 1, "uint8", false},
                                          {ncclUint64, 8, "uint64", false},
                                          {ncclFloat32, 4, "float", true},
                                          {ncclFloat64, 8, "double", true}}};
+constexpr int kMaxGroup = 4;  // calls in one group, at most
+
 enum Op { kSum, kProd, kMax, kMin, kAvg, kPreMul, kOps };
 const char* const kOpNames[kOps] = {"sum", "prod", "max", "min", "avg", "premulsum(2)"};
 
@@ -60,7 +80,9 @@ struct Call {
   int root = 0;
   int shift = 0;  // send/recv: to rank + shift, from rank - shift
   bool inPlace = false;
-  std::vector<unsigned char> send, recv;
+  std::vector<unsigned char> send, recv;  // host copies (what is checked)
+  unsigned char* dsend = nullptr;         // GPU buffers, with --memory device
+  unsigned char* drecv = nullptr;
   ncclRedOp_t ncclOp = ncclSum;
 };
 
@@ -75,11 +97,27 @@ void put(const TypeInfo& t, unsigned char* base, size_t i, int64_t v) {
   unsigned char* p = base + i * t.size;
   switch (t.type) {
     case ncclUint8: *p = static_cast<uint8_t>(v); break;
-    case ncclInt32: { const int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+    case ncclInt32: {
+      const int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
     case ncclInt64: std::memcpy(p, &v, 8); break;
-    case ncclUint64: { const uint64_t x = static_cast<uint64_t>(v); std::memcpy(p, &x, 8); break; }
-    case ncclFloat32: { const float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    default: { const double x = static_cast<double>(v); std::memcpy(p, &x, 8); break; }
+    case ncclUint64: {
+      const uint64_t x = static_cast<uint64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case ncclFloat32: {
+      const float x = static_cast<float>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    default: {
+      const double x = static_cast<double>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
   }
 }
 
@@ -87,11 +125,31 @@ double get(const TypeInfo& t, const unsigned char* base, size_t i) {
   const unsigned char* p = base + i * t.size;
   switch (t.type) {
     case ncclUint8: return *p;
-    case ncclInt32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case ncclInt64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    case ncclUint64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    case ncclFloat32: { float x; std::memcpy(&x, p, 4); return x; }
-    default: { double x; std::memcpy(&x, p, 8); return x; }
+    case ncclInt32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ncclInt64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<double>(x);
+    }
+    case ncclUint64: {
+      uint64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<double>(x);
+    }
+    case ncclFloat32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    default: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
   }
 }
 
@@ -122,9 +180,9 @@ bool matches(const Call& c, double got, double want) {
 
 std::string describe(const Call& c) {
   char text[200];
-  std::snprintf(text, sizeof(text), "call %ld: %s %s %s, count %zu, root %d, shift %d, %s",
-                c.index, kCollNames[c.coll], c.type->name, kOpNames[c.op], c.count, c.root,
-                c.shift, c.inPlace ? "in place" : "out of place");
+  std::snprintf(text, sizeof(text), "call %ld: %s %s %s, count %zu, root %d, shift %d, %s", c.index,
+                kCollNames[c.coll], c.type->name, kOpNames[c.op], c.count, c.root, c.shift,
+                c.inPlace ? "in place" : "out of place");
   return text;
 }
 
@@ -135,17 +193,122 @@ struct Soak {
   size_t maxCount = size_t{1} << 21;
   std::array<long, kColls> calls{};
   std::array<double, kColls> bytes{};
+  bool device = false;
+  cudaStream_t stream = nullptr;
+  std::vector<unsigned char*> pool;  // per call of a group: its send and its receive buffer
+  size_t poolBytes = 0;
+
+  ~Soak() {
+#ifdef LOOM_SOAK_CUDA
+    for (unsigned char* p : pool) cudaFree(p);
+    if (stream) cudaStreamDestroy(stream);
+#endif
+  }
+
+  // GPU memory for a group of up to `calls` calls of at most maxCount elements of 8 bytes
+  // (the largest type), the stream, on `dev`; false with a message where that fails.
+  bool openDevice(int dev, int calls) {
+#ifdef LOOM_SOAK_CUDA
+    poolBytes = maxCount * 8 + 64;
+    bool ok = cudaSetDevice(dev) == cudaSuccess &&
+              cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
+    for (int i = 0; ok && i < 2 * calls; ++i) {
+      void* p = nullptr;
+      ok = cudaMalloc(&p, poolBytes) == cudaSuccess;
+      pool.push_back(static_cast<unsigned char*>(p));
+    }
+    if (!ok)
+      std::fprintf(stderr, "soak: GPU %d: %s\n", dev, cudaGetErrorString(cudaGetLastError()));
+    return ok;
+#else
+    (void)dev;
+    (void)calls;
+    std::fprintf(stderr, "soak: --memory device needs a build with CUDA\n");
+    return false;
+#endif
+  }
+
+  // Whether any rank's time is up (a max all-reduce, in the soak's memory).
+  bool vote(bool up, bool* any) {
+    int mine = up ? 1 : 0, all = 0;
+#ifdef LOOM_SOAK_CUDA
+    if (device) {
+      int* d = reinterpret_cast<int*>(pool[0]);
+      if (cudaMemcpy(d, &mine, sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess ||
+          ncclAllReduce(d, d, 1, ncclInt32, ncclMax, comm, stream) != ncclSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess ||
+          cudaMemcpy(&all, d, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) {
+        return false;
+      }
+      *any = all != 0;
+      return true;
+    }
+#endif
+    if (ncclAllReduce(&mine, &all, 1, ncclInt32, ncclMax, comm, nullptr) != ncclSuccess) {
+      return false;
+    }
+    *any = all != 0;
+    return true;
+  }
+
+  // With --memory device: the call's buffers (slot `slot` of the pool) get the host copies.
+  bool upload(Call& c, int slot) {
+#ifdef LOOM_SOAK_CUDA
+    if (!device) return true;
+    c.dsend = pool[2 * slot];
+    c.drecv = pool[2 * slot + 1];
+    return cudaMemcpy(c.dsend, c.send.data(), c.send.size(), cudaMemcpyHostToDevice) ==
+               cudaSuccess &&
+           cudaMemcpy(c.drecv, c.recv.data(), c.recv.size(), cudaMemcpyHostToDevice) == cudaSuccess;
+#else
+    (void)c;
+    (void)slot;
+    return !device;
+#endif
+  }
+
+  // After the stream has run the group: the host copies get what the GPU buffers hold.
+  bool download(Call& c) {
+#ifdef LOOM_SOAK_CUDA
+    if (!device) return true;
+    return cudaStreamSynchronize(stream) == cudaSuccess &&
+           cudaMemcpy(c.send.data(), c.dsend, c.send.size(), cudaMemcpyDeviceToHost) ==
+               cudaSuccess &&
+           cudaMemcpy(c.recv.data(), c.drecv, c.recv.size(), cudaMemcpyDeviceToHost) == cudaSuccess;
+#else
+    (void)c;
+    return !device;
+#endif
+  }
 
   // The send and receive sizes (elements) of `c` on this rank.
   void sizes(const Call& c, size_t* sendElems, size_t* recvElems) const {
     const size_t k = c.count, all = k * static_cast<size_t>(n);
     switch (c.coll) {
-      case kAllGather: *sendElems = k; *recvElems = all; break;
-      case kReduceScatter: *sendElems = all; *recvElems = k; break;
-      case kAllToAll: *sendElems = all; *recvElems = all; break;
-      case kGather: *sendElems = k; *recvElems = rank == c.root ? all : 0; break;
-      case kScatter: *sendElems = rank == c.root ? all : 0; *recvElems = k; break;
-      default: *sendElems = k; *recvElems = k; break;
+      case kAllGather:
+        *sendElems = k;
+        *recvElems = all;
+        break;
+      case kReduceScatter:
+        *sendElems = all;
+        *recvElems = k;
+        break;
+      case kAllToAll:
+        *sendElems = all;
+        *recvElems = all;
+        break;
+      case kGather:
+        *sendElems = k;
+        *recvElems = rank == c.root ? all : 0;
+        break;
+      case kScatter:
+        *sendElems = rank == c.root ? all : 0;
+        *recvElems = k;
+        break;
+      default:
+        *sendElems = k;
+        *recvElems = k;
+        break;
     }
   }
 
@@ -163,10 +326,10 @@ struct Soak {
     // Counts: none, a few, up to 4 Ki, up to 256 Ki, up to maxCount (whole buffers of
     // n blocks stay under 8 times that).
     const unsigned cls = rng() % 100;
-    const size_t cap = c.coll == kAllReduce || c.coll == kReduce || c.coll == kBroadcast ||
-                               c.coll == kSendRecv
-                           ? maxCount
-                           : std::max<size_t>(1, maxCount / static_cast<size_t>(n));
+    const size_t cap =
+        c.coll == kAllReduce || c.coll == kReduce || c.coll == kBroadcast || c.coll == kSendRecv
+            ? maxCount
+            : std::max<size_t>(1, maxCount / static_cast<size_t>(n));
     const size_t top = cls < 3 ? 0 : cls < 25 ? 16 : cls < 50 ? 4096 : cls < 82 ? 262144 : cap;
     c.count = top == 0 ? 0 : 1 + rng() % std::min(top, cap);
     c.root = static_cast<int>(rng() % static_cast<uint64_t>(n));
@@ -209,44 +372,47 @@ struct Soak {
     }
   }
 
-  // The buffers the call is given.
-  void buffers(Call& c, const void** in, void** out) {
+  // The buffers the call is given: on the GPU (`onDevice`, with --memory device) or the
+  // host copies.
+  void buffers(Call& c, bool onDevice, const void** in, void** out) {
     const size_t b = c.type->size, k = c.count;
-    *in = c.send.data();
-    *out = c.recv.data();
+    unsigned char* send = onDevice ? c.dsend : c.send.data();
+    unsigned char* recv = onDevice ? c.drecv : c.recv.data();
+    *in = send;
+    *out = recv;
     if (!c.inPlace) return;
     switch (c.coll) {
-      case kAllGather: *in = c.recv.data() + rank * k * b; break;
+      case kAllGather: *in = recv + rank * k * b; break;
       case kGather:
-        if (rank == c.root) *in = c.recv.data() + rank * k * b;
+        if (rank == c.root) *in = recv + rank * k * b;
         break;
-      case kReduceScatter: *out = c.send.data() + rank * k * b; break;
+      case kReduceScatter: *out = send + rank * k * b; break;
       case kScatter:
-        if (rank == c.root) *out = c.send.data() + rank * k * b;
+        if (rank == c.root) *out = send + rank * k * b;
         break;
-      default: *in = c.recv.data(); break;
+      default: *in = recv; break;
     }
   }
 
   ncclResult_t issue(Call& c) {
     const void* in;
     void* out;
-    buffers(c, &in, &out);
+    buffers(c, device, &in, &out);
     const ncclDataType_t t = c.type->type;
     const size_t k = c.count;
     switch (c.coll) {
-      case kAllReduce: return ncclAllReduce(in, out, k, t, c.ncclOp, comm, nullptr);
-      case kReduce: return ncclReduce(in, out, k, t, c.ncclOp, c.root, comm, nullptr);
-      case kBroadcast: return ncclBroadcast(in, out, k, t, c.root, comm, nullptr);
-      case kAllGather: return ncclAllGather(in, out, k, t, comm, nullptr);
-      case kReduceScatter: return ncclReduceScatter(in, out, k, t, c.ncclOp, comm, nullptr);
-      case kAllToAll: return ncclAlltoAll(in, out, k, t, comm, nullptr);
-      case kGather: return ncclGather(in, out, k, t, c.root, comm, nullptr);
-      case kScatter: return ncclScatter(in, out, k, t, c.root, comm, nullptr);
+      case kAllReduce: return ncclAllReduce(in, out, k, t, c.ncclOp, comm, stream);
+      case kReduce: return ncclReduce(in, out, k, t, c.ncclOp, c.root, comm, stream);
+      case kBroadcast: return ncclBroadcast(in, out, k, t, c.root, comm, stream);
+      case kAllGather: return ncclAllGather(in, out, k, t, comm, stream);
+      case kReduceScatter: return ncclReduceScatter(in, out, k, t, c.ncclOp, comm, stream);
+      case kAllToAll: return ncclAlltoAll(in, out, k, t, comm, stream);
+      case kGather: return ncclGather(in, out, k, t, c.root, comm, stream);
+      case kScatter: return ncclScatter(in, out, k, t, c.root, comm, stream);
       default: {
         ncclGroupStart();
-        ncclSend(in, k, t, (rank + c.shift) % n, comm, nullptr);
-        ncclRecv(out, k, t, (rank + n - c.shift) % n, comm, nullptr);
+        ncclSend(in, k, t, (rank + c.shift) % n, comm, stream);
+        ncclRecv(out, k, t, (rank + n - c.shift) % n, comm, stream);
         return ncclGroupEnd();
       }
     }
@@ -262,7 +428,8 @@ struct Soak {
       case kAllGather:
       case kGather: return static_cast<double>(value(c, static_cast<int>(i / k), i % k));
       case kReduceScatter: return reduced(c, n, rank * k + i);
-      case kAllToAll: return static_cast<double>(value(c, static_cast<int>(i / k), rank * k + i % k));
+      case kAllToAll:
+        return static_cast<double>(value(c, static_cast<int>(i / k), rank * k + i % k));
       case kScatter: return static_cast<double>(value(c, c.root, rank * k + i));
       default: return static_cast<double>(value(c, (rank + n - c.shift) % n, i));
     }
@@ -274,12 +441,11 @@ struct Soak {
     sizes(c, &sendElems, &recvElems);
     const void* in;
     void* out;
-    buffers(c, &in, &out);
+    buffers(c, /*onDevice=*/false, &in, &out);
     const TypeInfo& t = *c.type;
     // Reduce-scatter and scatter write one block, wherever it lies; the others their
     // receive size (none on a gather's other ranks).
-    const size_t outElems =
-        c.coll == kReduceScatter || c.coll == kScatter ? c.count : recvElems;
+    const size_t outElems = c.coll == kReduceScatter || c.coll == kScatter ? c.count : recvElems;
     const unsigned char* o = static_cast<const unsigned char*>(out);
     for (size_t i = 0; i < outElems; ++i) {
       const double w = want(c, i);
@@ -312,6 +478,7 @@ struct Soak {
 int main(int argc, char** argv) {
   double seconds = 60;
   long maxCalls = -1;
+  int dev = 0;
   Soak s;
   for (int a = 1; a < argc; a += 2) {
     const char* v = a + 1 < argc ? argv[a + 1] : nullptr;
@@ -323,13 +490,21 @@ int main(int argc, char** argv) {
       s.seed = std::strtoull(v, nullptr, 0);
     } else if (v && std::strcmp(argv[a], "--max-count") == 0) {
       s.maxCount = std::max<size_t>(1, std::strtoull(v, nullptr, 0));
+    } else if (v && std::strcmp(argv[a], "--memory") == 0 &&
+               (std::strcmp(v, "host") == 0 || std::strcmp(v, "device") == 0)) {
+      s.device = std::strcmp(v, "device") == 0;
+    } else if (v && std::strcmp(argv[a], "--device") == 0) {
+      dev = std::atoi(v);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--seconds S] [--calls N] [--seed X] [--max-count ELEMENTS]\n",
+                   "usage: %s [--seconds S] [--calls N] [--seed X] [--max-count ELEMENTS] "
+                   "[--memory host|device] [--device D]\n",
                    argv[0]);
       return 2;
     }
   }
+  // The GPU first: the communicator is made for the device current at init.
+  if (s.device && !s.openDevice(dev, kMaxGroup)) return 1;
   if (loomCommInitFromEnv(&s.comm) != ncclSuccess) {
     std::fprintf(stderr, "soak: init failed: %s\n", ncclGetLastError(nullptr));
     return 1;
@@ -342,14 +517,20 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   long index = 0;
+  bool stop = false;
   while (maxCalls < 0 || index < maxCalls) {
     // Now and then several calls in one group (send/recv already is one).
     std::mt19937_64 rng(s.seed + 0x51ed27ull * static_cast<uint64_t>(index));
-    const int inGroup = rng() % 8 == 0 ? 2 + static_cast<int>(rng() % 3) : 1;
+    const int inGroup = rng() % 8 == 0 ? 2 + static_cast<int>(rng() % (kMaxGroup - 1)) : 1;
     std::vector<Call> group;
     for (int g = 0; g < inGroup && (maxCalls < 0 || index < maxCalls); ++g) {
       group.push_back(s.draw(index++));
       s.prepare(group.back());
+      if (!s.upload(group.back(), g)) {
+        std::fprintf(stderr, "rank %d: copying call %ld's buffers to the GPU failed\n", s.rank,
+                     index - 1);
+        return 1;
+      }
     }
     if (group.size() > 1) ncclGroupStart();
     ncclResult_t rc = ncclSuccess;
@@ -368,6 +549,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (Call& c : group) {
+      if (!s.download(c)) {
+        std::fprintf(stderr, "rank %d: %s: copying the results back from the GPU failed\n", s.rank,
+                     describe(c).c_str());
+        return 1;
+      }
       if (!s.check(c)) return 1;
     }
     if (s.rank == 0 && std::chrono::steady_clock::now() - lastReport > std::chrono::seconds(10)) {
@@ -380,13 +566,12 @@ int main(int argc, char** argv) {
     }
     // Every 8 calls the ranks agree on whether to stop: the first whose time is up says so.
     if (index % 8 < static_cast<long>(group.size())) {
-      int up = elapsed() >= seconds ? 1 : 0, anyUp = 0;
-      if (ncclAllReduce(&up, &anyUp, 1, ncclInt32, ncclMax, s.comm, nullptr) != ncclSuccess) {
+      if (!s.vote(elapsed() >= seconds, &stop)) {
         std::fprintf(stderr, "rank %d: the stop vote failed: %s\n", s.rank,
                      ncclGetLastError(s.comm));
         return 1;
       }
-      if (anyUp) break;
+      if (stop) break;
     }
   }
   if (s.rank == 0) {
