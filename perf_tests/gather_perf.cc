@@ -30,7 +30,8 @@ ncclResult_t run(const RunArgs& a) {
     first = a.nccl->recv(static_cast<char*>(a.recvbuff) + peer * bytes, a.count, a.type, peer,
                          a.comm, a.stream);
   }
-  if (first == ncclSuccess) first = a.nccl->send(a.sendbuff, a.count, a.type, a.root, a.comm, a.stream);
+  if (first == ncclSuccess)
+    first = a.nccl->send(a.sendbuff, a.count, a.type, a.root, a.comm, a.stream);
   r = a.nccl->groupEnd();
   return first != ncclSuccess ? first : r;
 }

@@ -27,10 +27,11 @@ ncclResult_t run(const RunArgs& a) {
   if (r != ncclSuccess) return r;
   ncclResult_t first = ncclSuccess;
   for (int peer = 0; a.rank == a.root && peer < a.nranks && first == ncclSuccess; ++peer) {
-    first = a.nccl->send(static_cast<const char*>(a.sendbuff) + peer * bytes, a.count, a.type,
-                         peer, a.comm, a.stream);
+    first = a.nccl->send(static_cast<const char*>(a.sendbuff) + peer * bytes, a.count, a.type, peer,
+                         a.comm, a.stream);
   }
-  if (first == ncclSuccess) first = a.nccl->recv(a.recvbuff, a.count, a.type, a.root, a.comm, a.stream);
+  if (first == ncclSuccess)
+    first = a.nccl->recv(a.recvbuff, a.count, a.type, a.root, a.comm, a.stream);
   r = a.nccl->groupEnd();
   return first != ncclSuccess ? first : r;
 }
