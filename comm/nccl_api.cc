@@ -1,11 +1,13 @@
 // The NCCL C API: every entry point loom exports through libnccl.so.2. Each one
 // validates its arguments, converts to the C++ core and never lets an exception or a
 // crash through. pnccl* names (NCCL's profiling aliases) point at the same code.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/api_state.h"
 #include "comm/bootstrap.h"
@@ -351,6 +353,24 @@ LOOM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
 }
 LOOM_API ncclResult_t pncclCommRevoke(ncclComm_t, int) LOOM_ALIAS(ncclCommRevoke);
 
+namespace {
+// The id of a new communicator of `members` (parent ranks, in their new order; this rank
+// among them): the first starts its root and sends the id to the others over the parent's
+// bootstrap, point to point, under `tag`, so that no other rank of the parent takes part.
+Status shareNewId(loom::comm::Bootstrap& bs, const std::vector<int>& members, uint64_t tag,
+                  ncclUniqueId* id) {
+  if (members[0] != bs.rank()) return bs.recv(members[0], tag, id, sizeof(*id));
+  loom::comm::IdContents c;
+  c.root = bs.address(bs.rank());
+  c.root.setPort(0);
+  LOOM_TRY(loom::comm::randomSecret(c.secret));
+  LOOM_TRY(loom::comm::startRoot(&c, loom::settings::get(loom::settings::kTimeoutMs)));
+  loom::comm::encodeId(c, id);
+  for (size_t i = 1; i < members.size(); ++i) LOOM_TRY(bs.send(members[i], tag, id, sizeof(*id)));
+  return Status::ok();
+}
+}  // namespace
+
 LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                     ncclConfig_t* config) {
   return guarded("ncclCommSplit", [&]() -> ncclResult_t {
@@ -383,26 +403,15 @@ LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
     std::stable_sort(members.begin(), members.end(), [](const Entry& a, const Entry& b) {
       return a.key != b.key ? a.key < b.key : a.rank < b.rank;
     });
+    std::vector<int> ranks;
     int newRank = 0;
-    for (size_t i = 0; i < members.size(); ++i)
+    for (size_t i = 0; i < members.size(); ++i) {
       if (members[i].rank == me) newRank = static_cast<int>(i);
-    ncclUniqueId id;
-    if (newRank == 0) {
-      loom::comm::IdContents c;
-      c.root = bs.address(me);
-      c.root.setPort(0);
-      st = loom::comm::randomSecret(c.secret);
-      if (st) st = loom::comm::startRoot(&c, loom::settings::get(loom::settings::kTimeoutMs));
-      if (!st) return fail(st.withContext("ncclCommSplit"));
-      loom::comm::encodeId(c, &id);
-      for (size_t i = 1; i < members.size(); ++i) {
-        st = bs.send(members[i].rank, idTag, &id, sizeof(id));
-        if (!st) return fail(st.withContext("ncclCommSplit"));
-      }
-    } else {
-      st = bs.recv(members[0].rank, idTag, &id, sizeof(id));
-      if (!st) return fail(st.withContext("ncclCommSplit"));
+      ranks.push_back(members[i].rank);
     }
+    ncclUniqueId id;
+    st = shareNewId(bs, ranks, idTag, &id);
+    if (!st) return fail(st.withContext("ncclCommSplit"));
     return initRank(newcomm, static_cast<int>(members.size()), id, newRank, config);
   });
 }
@@ -411,7 +420,55 @@ LOOM_API ncclResult_t pncclCommSplit(ncclComm_t, int, int, ncclComm_t*, ncclConf
 
 LOOM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                      ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  return fail(errorf(Code::kInvalidUsage, "ncclCommShrink is not implemented in loom yet"));
+  // The ranks left out do not call: the others agree on the new communicator over the
+  // parent's bootstrap, point to point (the lowest of them starts its root and sends the
+  // id), so a left-out rank that is gone is never waited for.
+  const char* fn = "ncclCommShrink";
+  return guarded(fn, [&]() -> ncclResult_t {
+    loom::comm::CommHold hold;
+    Status st = checkComm(fn, comm, &hold);
+    if (!st) return fail(st);
+    if (!newcomm) return fail(errorf(Code::kInvalidArgument, "%s: newcomm is NULL", fn));
+    *newcomm = nullptr;
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT) {
+      return fail(errorf(Code::kInvalidArgument,
+                         "%s: shrinkFlags %d is neither NCCL_SHRINK_DEFAULT nor NCCL_SHRINK_ABORT",
+                         fn, shrinkFlags));
+    }
+    auto& impl = *comm->impl;
+    const int n = impl.nranks(), me = impl.rank();
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList)) {
+      return fail(errorf(Code::kInvalidArgument, "%s: excludeRanksList is %s with count %d", fn,
+                         excludeRanksList ? "given" : "NULL", excludeRanksCount));
+    }
+    std::vector<bool> out(n, false);
+    for (int i = 0; i < excludeRanksCount; ++i) {
+      const int r = excludeRanksList[i];
+      if (r < 0 || r >= n || out[r]) {
+        return fail(errorf(Code::kInvalidArgument, "%s: excludeRanksList[%d] = %d is %s", fn, i, r,
+                           r < 0 || r >= n ? "out of range" : "listed twice"));
+      }
+      if (r == me) {
+        return fail(errorf(Code::kInvalidArgument,
+                           "%s: rank %d is in excludeRanksList (the excluded ranks do not call it)",
+                           fn, me));
+      }
+      out[r] = true;
+    }
+    std::vector<int> members;  // parent ranks, in order: their place is the new rank
+    for (int r = 0; r < n; ++r)
+      if (!out[r]) members.push_back(r);
+    const int newRank =
+        static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+    auto& bs = impl.bootstrap();
+    ncclUniqueId id;
+    st = shareNewId(bs, members, bs.nextTag(), &id);
+    if (!st) return fail(st.withContext(fn));
+    // NCCL_SHRINK_ABORT: the parent's operations still waiting (on a rank that is gone)
+    // end now, with an error; the parent is then only good for ncclCommDestroy.
+    if (shrinkFlags == NCCL_SHRINK_ABORT) impl.abort();
+    return initRank(newcomm, static_cast<int>(members.size()), id, newRank, config);
+  });
 }
 LOOM_API ncclResult_t pncclCommShrink(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int)
     LOOM_ALIAS(ncclCommShrink);

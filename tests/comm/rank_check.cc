@@ -6,7 +6,9 @@
 // With `--loop SECONDS` it then keeps checking all-reduces of 1 MiB for that long (a peer
 // can be killed meanwhile: the failure is printed with loom's message, exit 1); with
 // `--stagger-ms MS` as well, rank 0 sleeps MS before every 100th of them, so that the
-// others wait on it that long.
+// others wait on it that long. With `--shrink-excluding R` as well, a rank whose loop fails
+// (rank R was killed meanwhile) makes a communicator of the others with ncclCommShrink
+// (NCCL_SHRINK_ABORT), checks an all-reduce on it and exits 0 when that is right.
 #include <loom/launch.h>
 #include <nccl.h>
 
@@ -35,6 +37,8 @@ int loop(ncclComm_t comm, int rank, int n, double seconds, int staggerMs) {
   for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + i % 97);
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   long calls = 0;
+  std::printf("rank %d: looping\n", rank);  // a script may wait for this before a kill
+  std::fflush(stdout);
   while (true) {
     if (rank == 0 && staggerMs > 0 && calls % 100 == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(staggerMs));
@@ -59,16 +63,48 @@ int loop(ncclComm_t comm, int rank, int n, double seconds, int staggerMs) {
   return 0;
 }
 
+// After a peer's failure: the others shrink it away and check an all-reduce without it.
+int shrinkAndCheck(ncclComm_t comm, int rank, int gone) {
+  ncclComm_t small = nullptr;
+  if (ncclCommShrink(comm, &gone, 1, &small, nullptr, NCCL_SHRINK_ABORT) != ncclSuccess)
+    return fail("ncclCommShrink", comm, rank);
+  int m = 0, me = -1;
+  ncclCommCount(small, &m);
+  ncclCommUserRank(small, &me);
+  std::vector<int> v(4099);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = me + static_cast<int>(i);
+  if (ncclAllReduce(v.data(), v.data(), v.size(), ncclInt32, ncclSum, small, nullptr))
+    return fail("all-reduce after the shrink", small, rank);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] != m * (m - 1) / 2 + m * static_cast<int>(i)) {
+      std::fprintf(stderr, "rank %d: all-reduce after the shrink: element %zu wrong\n", rank, i);
+      return 1;
+    }
+  }
+  if (ncclCommDestroy(small) != ncclSuccess || ncclCommDestroy(comm) != ncclSuccess) {
+    std::fprintf(stderr, "rank %d: destroy after the shrink failed\n", rank);
+    return 1;
+  }
+  std::printf("rank %d: shrunk to rank %d of %d without rank %d; all-reduce right\n", rank, me, m,
+              gone);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   double loopSeconds = 0;
   int staggerMs = 0;
+  int shrinkExcluding = -1;
   for (int a = 1; a < argc; a += 2) {
     if (a + 1 < argc && std::strcmp(argv[a], "--loop") == 0) {
       loopSeconds = std::atof(argv[a + 1]);
     } else if (a + 1 < argc && std::strcmp(argv[a], "--stagger-ms") == 0) {
       staggerMs = std::atoi(argv[a + 1]);
+    } else if (a + 1 < argc && std::strcmp(argv[a], "--shrink-excluding") == 0) {
+      shrinkExcluding = std::atoi(argv[a + 1]);
     } else {
-      std::fprintf(stderr, "usage: %s [--loop SECONDS [--stagger-ms MS]]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--loop SECONDS [--stagger-ms MS] [--shrink-excluding RANK]]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -195,7 +231,10 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (loopSeconds > 0 && loop(comm, rank, n, loopSeconds, staggerMs) != 0) return 1;
+  if (loopSeconds > 0 && loop(comm, rank, n, loopSeconds, staggerMs) != 0) {
+    if (shrinkExcluding < 0 || shrinkExcluding == rank) return 1;
+    return shrinkAndCheck(comm, rank, shrinkExcluding);
+  }
   ncclCommDestroy(comm);
   std::printf("rank %d of %d: all checks passed\n", rank, n);
   return 0;
