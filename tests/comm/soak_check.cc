@@ -234,10 +234,10 @@ struct Soak {
 #ifdef LOOM_SOAK_CUDA
     if (device) {
       int* d = reinterpret_cast<int*>(pool[0]);
-      if (cudaMemcpy(d, &mine, sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess ||
+      if (cudaMemcpyAsync(d, &mine, sizeof(int), cudaMemcpyHostToDevice, stream) != cudaSuccess ||
           ncclAllReduce(d, d, 1, ncclInt32, ncclMax, comm, stream) != ncclSuccess ||
-          cudaStreamSynchronize(stream) != cudaSuccess ||
-          cudaMemcpy(&all, d, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) {
+          cudaMemcpyAsync(&all, d, sizeof(int), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess) {
         return false;
       }
       *any = all != 0;
@@ -257,9 +257,13 @@ struct Soak {
     if (!device) return true;
     c.dsend = pool[2 * slot];
     c.drecv = pool[2 * slot + 1];
-    return cudaMemcpy(c.dsend, c.send.data(), c.send.size(), cudaMemcpyHostToDevice) ==
+    // On the soak's stream, before the call: a cudaMemcpy from pageable memory may return
+    // before its copy has landed, and the legacy stream it runs on does not order with a
+    // non-blocking one (a late poison copy then overwrote results).
+    return cudaMemcpyAsync(c.dsend, c.send.data(), c.send.size(), cudaMemcpyHostToDevice, stream) ==
                cudaSuccess &&
-           cudaMemcpy(c.drecv, c.recv.data(), c.recv.size(), cudaMemcpyHostToDevice) == cudaSuccess;
+           cudaMemcpyAsync(c.drecv, c.recv.data(), c.recv.size(), cudaMemcpyHostToDevice, stream) ==
+               cudaSuccess;
 #else
     (void)c;
     (void)slot;
@@ -271,10 +275,11 @@ struct Soak {
   bool download(Call& c) {
 #ifdef LOOM_SOAK_CUDA
     if (!device) return true;
-    return cudaStreamSynchronize(stream) == cudaSuccess &&
-           cudaMemcpy(c.send.data(), c.dsend, c.send.size(), cudaMemcpyDeviceToHost) ==
+    return cudaMemcpyAsync(c.send.data(), c.dsend, c.send.size(), cudaMemcpyDeviceToHost, stream) ==
                cudaSuccess &&
-           cudaMemcpy(c.recv.data(), c.drecv, c.recv.size(), cudaMemcpyDeviceToHost) == cudaSuccess;
+           cudaMemcpyAsync(c.recv.data(), c.drecv, c.recv.size(), cudaMemcpyDeviceToHost, stream) ==
+               cudaSuccess &&
+           cudaStreamSynchronize(stream) == cudaSuccess;
 #else
     (void)c;
     return !device;
