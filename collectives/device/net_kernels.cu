@@ -47,12 +47,20 @@ __device__ void raise(const NetContext& c, int code, int peer) {
 }
 
 // One waiter's patience (thread 0): every 1024 polls it checks the abort flag, another
-// block's failure and the clock.
+// block's failure, the clock and, where it waits on a FIFO, whether the proxy closed it
+// (each of these reads crosses PCIe: read on every poll, they would double the wait for
+// a small message's slot).
 struct Patience {
   uint64_t spins = 0;
   uint64_t start = 0;
+  const uint32_t* closed;
+  __device__ explicit Patience(const uint32_t* closedFlag = nullptr) : closed(closedFlag) {}
   __device__ bool exhausted(const NetContext& c, int peer) {
     if ((++spins & 1023) != 0) return false;
+    if (closed && loadAcquire32(closed) != 0) {
+      raise(c, kNetErrorClosed, peer);
+      return true;
+    }
     if (*c.abortFlag) {
       raise(c, kNetErrorAborted, -1);
       return true;
@@ -74,12 +82,8 @@ struct Patience {
 __device__ const char* awaitRecv(const NetContext& c, int link, int peer, size_t bytes) {
   const Fifo& f = c.recvFifos[link];
   const uint64_t seq = vload(c.counters[link].consumed);
-  Patience patience;
+  Patience patience(&f.header->closed);
   while (loadAcquire(&f.header->posted) <= seq) {
-    if (loadAcquire32(&f.header->closed) != 0) {
-      raise(c, kNetErrorClosed, peer);
-      return nullptr;
-    }
     if (patience.exhausted(c, peer)) return nullptr;
   }
   const uint64_t got = *reinterpret_cast<volatile uint64_t*>(&f.header->sizes[seq % f.nslots]);
@@ -95,26 +99,23 @@ __device__ char* awaitSend(const NetContext& c, int link, int peer) {
   const Fifo& f = c.sendFifos[link];
   NetPeerCounters& k = c.counters[link];
   const uint64_t seq = vload(k.sent);
-  Patience patience;
+  Patience patience(&f.header->closed);
   while (seq - vload(k.sendDone) >= f.nslots) {
     vstore(k.sendDone, loadAcquire(&f.header->done));
     if (seq - vload(k.sendDone) < f.nslots) break;
-    if (loadAcquire32(&f.header->closed) != 0) {
-      raise(c, kNetErrorClosed, peer);
-      return nullptr;
-    }
     if (patience.exhausted(c, peer)) return nullptr;
   }
   return slotOf(f, seq);
 }
 
-// Thread 0, after the block's barrier: the slot of `link` is filled with `bytes`.
+// Thread 0, after the block's barrier and a system fence (which make the block's writes
+// to the slot visible to the proxy): the slot of `link` is filled with `bytes`. The
+// release store of `posted` orders the size before it.
 __device__ void postSend(const NetContext& c, int link, size_t bytes) {
   const Fifo& f = c.sendFifos[link];
   NetPeerCounters& k = c.counters[link];
   const uint64_t seq = vload(k.sent);
   *reinterpret_cast<volatile uint64_t*>(&f.header->sizes[seq % f.nslots]) = bytes;
-  __threadfence_system();
   vstore(k.sent, seq + 1);
   storeRelease(&f.header->posted, seq + 1);
 }
