@@ -176,6 +176,7 @@ class SocketComm {
 
   Status test(Request* r, bool* done, size_t* size) {
     *done = false;
+    if (!failed_.isOk()) return failed_;
     if (r->seq != freed_) {
       return errorf(Code::kInternalError, "socket backend: requests to %s tested out of order",
                     what_.c_str());
@@ -197,7 +198,13 @@ class SocketComm {
     }
     // A socket that failed (the peer closed it, say) fails only the requests it had not
     // finished: what arrived before stays good.
-    if (const size_t k = firstUnfinished(*r); k < nsocks_) return socketError(k);
+    bool unfinished = false;
+    for (size_t k = 0; k < nsocks_; ++k) {
+      if (!unfinishedOn(*r, k)) continue;
+      unfinished = true;
+      if (Status st = socketError(k); !st.isOk()) return fail(st);
+    }
+    if (unfinished) return Status::ok();
     *done = true;
     *size = r->size;
     ++freed_;
@@ -343,16 +350,28 @@ class SocketComm {
     }
     cpuNs_->fetch_add(threadCpuNs(), std::memory_order_relaxed);
   }
-  // The first socket that still has work on r (nsocks_: none). A helper's socket with no
-  // part of r is done with it already (stepped over it, or will be): a small message
-  // never waits for a helper.
+  // The first socket that still has work on r (nsocks_: none).
   size_t firstUnfinished(const Request& r) const {
-    for (size_t k = 0; k < nsocks_; ++k) {
-      if (seqOf(socks_[k].seq.load(std::memory_order_acquire)) > r.seq) continue;
-      if (threaded_ && k != 0 && noPart(r, k)) continue;
-      return k;
-    }
+    for (size_t k = 0; k < nsocks_; ++k)
+      if (unfinishedOn(r, k)) return k;
     return nsocks_;
+  }
+  // Whether socket k still has work on r. A helper's socket with no part of r is done with
+  // it already (stepped over it, or will be): a small message never waits for a helper.
+  bool unfinishedOn(const Request& r, size_t k) const {
+    if (seqOf(socks_[k].seq.load(std::memory_order_acquire)) > r.seq) return false;
+    return !(threaded_ && k != 0 && noPart(r, k));
+  }
+  // A request failed: the connection is lost (its messages' order with it). Every socket
+  // is shut and the helpers stopped before the error reaches the caller, who may then
+  // free the buffers of this request and the ones after it: no helper is still moving
+  // bytes into or out of them (under ASan a helper's recv() wrote into a freed buffer).
+  // Every later test() returns the same error.
+  Status fail(Status st) {
+    shutdown();
+    stopHelpers();
+    failed_ = st;
+    return st;
   }
   // Whether socket k carries none of r (a receive's size must be known).
   bool noPart(const Request& r, size_t k) const {
@@ -434,6 +453,7 @@ class SocketComm {
   std::vector<int> wakeFds_;  // one eventfd per helper (fixed before they start)
   std::shared_ptr<std::atomic<int64_t>> cpuNs_;
   std::mutex errorMutex_;
+  Status failed_;  // set by fail(): the caller's thread only
 };
 
 class SocketSend final : public SendComm {
