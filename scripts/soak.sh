@@ -13,8 +13,8 @@
 #           hierarchical forms where the tuner takes them
 # CHECK_ARGS go to every rank: `--memory device` puts the buffers on GPU 0 (every rank
 # there: start CUDA MPS first, or the processes take turns on the GPU), `--max-count C`
-# bounds the counts. Defaults: hosts, 4 ranks, 300 s, seed 1. LOOM_TIMEOUT_MS is 30000, so a call that waits
-# on a peer that long fails with what it waited for. Exits 1 if any rank failed or did
+# bounds the counts. Defaults: hosts, 4 ranks, 300 s, seed 1. LOOM_TIMEOUT_MS is 30000,
+# so a call that waits on a peer that long fails with what it waited for. Exits 1 if any rank failed or did
 # not end within SECONDS + 120 s, with each rank's last lines; rank 0's summary otherwise.
 set -u
 check=$(realpath "${1:?usage: soak.sh SOAK_CHECK [shm|tcp|hosts|ucx|hier] [RANKS] [SECONDS] [SEED]}")
@@ -31,11 +31,9 @@ trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; [[ -n ${LOOM_KEE
 port=$(loom_free_port)
 vars=(LOOM_COMM_ID="127.0.0.1:$port" LOOM_COMM_SECRET="soak$$" LOOM_NRANKS="$n" LOOM_TIMEOUT_MS=30000)
 case $mode in
-  shm) ;;
+  shm | hosts | hier) ;;
   tcp) vars+=(LOOM_SHM_DISABLE=1) ;;
-  hosts) ;;
   ucx) vars+=(LOOM_NET=ucx UCX_TLS=tcp) ;;
-  hier) ;;
   *) echo "soak: unknown mode '$mode' (shm, tcp, hosts, ucx, hier)"; exit 2 ;;
 esac
 echo "soak: $n ranks, $mode, ${seconds} s, seed $seed${*:+, $*} (logs: $logs)"

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "common/datatype.h"
+
 #ifdef LOOM_SOAK_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -93,64 +95,12 @@ int64_t value(const Call& c, int rank, size_t i) {
   return c.op == kProd ? 1 + static_cast<int64_t>(h % 2) : 1 + static_cast<int64_t>(h % 11);
 }
 
+// Element i of a buffer of type `t`, through the library's own element access.
 void put(const TypeInfo& t, unsigned char* base, size_t i, int64_t v) {
-  unsigned char* p = base + i * t.size;
-  switch (t.type) {
-    case ncclUint8: *p = static_cast<uint8_t>(v); break;
-    case ncclInt32: {
-      const int32_t x = static_cast<int32_t>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case ncclInt64: std::memcpy(p, &v, 8); break;
-    case ncclUint64: {
-      const uint64_t x = static_cast<uint64_t>(v);
-      std::memcpy(p, &x, 8);
-      break;
-    }
-    case ncclFloat32: {
-      const float x = static_cast<float>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    default: {
-      const double x = static_cast<double>(v);
-      std::memcpy(p, &x, 8);
-      break;
-    }
-  }
+  loom::storeFromDouble(static_cast<loom::DataType>(t.type), base, i, static_cast<double>(v));
 }
-
 double get(const TypeInfo& t, const unsigned char* base, size_t i) {
-  const unsigned char* p = base + i * t.size;
-  switch (t.type) {
-    case ncclUint8: return *p;
-    case ncclInt32: {
-      int32_t x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    case ncclInt64: {
-      int64_t x;
-      std::memcpy(&x, p, 8);
-      return static_cast<double>(x);
-    }
-    case ncclUint64: {
-      uint64_t x;
-      std::memcpy(&x, p, 8);
-      return static_cast<double>(x);
-    }
-    case ncclFloat32: {
-      float x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    default: {
-      double x;
-      std::memcpy(&x, p, 8);
-      return x;
-    }
-  }
+  return loom::loadAsDouble(static_cast<loom::DataType>(t.type), base, i);
 }
 
 // The reduction of element i over every rank's input at offset `at` + i, as the type
