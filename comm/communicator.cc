@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "collectives/tuner.h"
 #include "common/log.h"
@@ -32,6 +34,18 @@ uint64_t fnv(const std::string& s, uint64_t h = 1469598103934665603ull) {
 uint64_t connectTag(int sender, int receiver) {
   return (1ull << 62) | (static_cast<uint64_t>(sender) << 28) | static_cast<uint64_t>(receiver);
 }
+
+// A call in execute() or prepare(), counted for ncclCommRevoke (Communicator::quiescent).
+class Running {
+ public:
+  explicit Running(std::atomic<int>* n) : n_(n) { n_->fetch_add(1); }
+  ~Running() { n_->fetch_sub(1); }
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+
+ private:
+  std::atomic<int>* n_;
+};
 
 }  // namespace
 
@@ -80,7 +94,8 @@ Status Communicator::init(const IdContents& id, int rank, int nranks, const Comm
     Status st = startRoot(&rootId, timeoutMs_);
     if (!st) return st.withContext("rank 0 starting the bootstrap root at LOOM_COMM_ID");
   }
-  LOOM_ASSIGN_OR_RETURN(bootstrap_, Bootstrap::join(id, rank, nranks, timeoutMs_, &abortFlag_));
+  LOOM_ASSIGN_OR_RETURN(bootstrap_,
+                        Bootstrap::join(id, rank, nranks, timeoutMs_, &bootstrapAbort_));
   // Where the ranks are, for the message of a timeout: a port on the bootstrap's interface.
   secret_[0] = id.secret[0];
   secret_[1] = id.secret[1];
@@ -451,6 +466,8 @@ Result<double> Communicator::readScalar(DataType type, const void* p) const {
 }
 
 ncclResult_t Communicator::asyncError() const {
+  // Revoked: in progress until what it stopped has ended, then good again (as a parent).
+  if (revoked_.load()) return quiescent() ? ncclSuccess : ncclInProgress;
   if (device_) {
     Status st = device_->kernelError();
     if (!st) {
@@ -556,6 +573,7 @@ const std::vector<Operation>& inRunOrder(const std::vector<Operation>& groupOps,
 
 Status Communicator::prepare(const std::vector<Operation>& groupOps) {
   if (!device_ || device_->mesh()) return Status::ok();
+  const Running running(&running_);
   std::vector<Operation> ordered;
   const std::vector<Operation>& ops = inRunOrder(groupOps, &ordered);
   log::RankScope scope(rank_);
@@ -594,6 +612,13 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
       if (d) d->endGroup();
     }
   } endGroup{device_.get()};
+  const Running running(&running_);
+  if (revoked_.load()) {
+    return errorf(Code::kInvalidUsage,
+                  "rank %d: the communicator was revoked (ncclCommRevoke): it is only good for "
+                  "ncclCommSplit, ncclCommShrink and ncclCommDestroy",
+                  rank_);
+  }
   if (abortFlag_.load()) return errorf(Code::kInvalidUsage, "the communicator was aborted");
   if (device_) {
     Status st = device_->kernelError();
@@ -824,6 +849,41 @@ void Communicator::setAsyncError(Code code) {
 }
 
 void Communicator::abort() {
+  bootstrapAbort_.store(true);
+  stopOperations();
+}
+
+bool Communicator::revoke(int64_t ms) {
+  // The bootstrap is stopped too while calls stopped here may still wait on it (a
+  // connection's set-up); it runs again once they have ended (readyAsParent).
+  bootstrapAbort_.store(true);
+  revoked_.store(true);
+  stopOperations();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!quiescent()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return readyAsParent("ncclCommRevoke").isOk();
+}
+
+bool Communicator::quiescent() const {
+  return revoked_.load() && running_.load() == 0 && (!device_ || device_->idle());
+}
+
+Status Communicator::readyAsParent(const char* fn) {
+  if (!revoked_.load()) return Status::ok();
+  if (!quiescent()) {
+    return errorf(Code::kInvalidUsage,
+                  "%s: rank %d: the communicator was revoked and what it stopped has not ended "
+                  "yet (ncclCommGetAsyncError says ncclInProgress until it has)",
+                  fn, rank_);
+  }
+  bootstrapAbort_.store(false);
+  return Status::ok();
+}
+
+void Communicator::stopOperations() {
   abortFlag_.store(true);
   if (device_) device_->abort();
   // Another thread may be connecting (ensureConnected) while we look at the connections.

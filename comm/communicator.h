@@ -112,6 +112,17 @@ class Communicator : public collectives::ConnectionProvider {
   std::string lastFailure() const;
   // Stops operations in flight and tells connected peers; safe from any thread.
   void abort();
+  // ncclCommRevoke: stops the operations in flight as abort() does and rejects later
+  // calls, but keeps the bootstrap, so that the communicator stays good as the parent of
+  // ncclCommSplit and ncclCommShrink (and for ncclCommDestroy). Waits up to `ms` for the
+  // calls running on other threads and the GPU work enqueued to end; true when they did.
+  bool revoke(int64_t ms);
+  bool revoked() const { return revoked_.load(); }
+  // Revoked, and nothing it stopped is left running.
+  bool quiescent() const;
+  // Before ncclCommSplit or ncclCommShrink uses the bootstrap: an error while a revoke has
+  // not ended; once it has, the bootstrap runs again.
+  Status readyAsParent(const char* fn);
   const std::atomic<bool>& abortFlag() const { return abortFlag_; }
   // Marks the start and end of a call that uses this object (abort waits for them).
   void enter() { busy_.fetch_add(1); }
@@ -151,6 +162,8 @@ class Communicator : public collectives::ConnectionProvider {
   Result<int> selectTransport(int peer) const;
   void logTopologyChoices();
   void workerMain();
+  // abort() and revoke(): the flag the calls and kernels watch, and the connections.
+  void stopOperations();
 
   struct UserOp {
     bool live = false;
@@ -209,6 +222,11 @@ class Communicator : public collectives::ConnectionProvider {
   Status explainFailure(Status st);
 
   std::atomic<bool> abortFlag_{false};
+  // The bootstrap's own stop: raised by abort() for good, by revoke() until the calls it
+  // stopped have ended.
+  std::atomic<bool> bootstrapAbort_{false};
+  std::atomic<bool> revoked_{false};
+  std::atomic<int> running_{0};  // calls inside execute() and prepare()
   std::atomic<int> asyncError_{ncclSuccess};
   mutable std::mutex failureMutex_;
   mutable std::string failure_;  // lastFailure(); set by asyncError() too

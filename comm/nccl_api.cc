@@ -334,6 +334,11 @@ LOOM_API ncclResult_t pncclCommInitAll(ncclComm_t*, int, const int*) LOOM_ALIAS(
 LOOM_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   loom::comm::CommHold hold;
   Status st = checkComm("ncclCommFinalize", comm, &hold);
+  if (st && comm->impl->revoked()) {
+    st = errorf(Code::kInvalidUsage,
+                "ncclCommFinalize: the communicator was revoked (ncclCommRevoke): destroy it "
+                "instead");
+  }
   return st ? ncclSuccess : fail(st);
 }
 LOOM_API ncclResult_t pncclCommFinalize(ncclComm_t) LOOM_ALIAS(ncclCommFinalize);
@@ -349,7 +354,27 @@ LOOM_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
 LOOM_API ncclResult_t pncclCommAbort(ncclComm_t) LOOM_ALIAS(ncclCommAbort);
 
 LOOM_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  return fail(errorf(Code::kInvalidUsage, "ncclCommRevoke is not implemented in loom yet"));
+  // Local, as in NCCL: each rank revokes its own communicator (typically after a peer
+  // failed), then the survivors shrink it or split it, or destroy it.
+  const char* fn = "ncclCommRevoke";
+  return guarded(fn, [&]() -> ncclResult_t {
+    loom::comm::CommHold hold;
+    Status st = checkComm(fn, comm, &hold);
+    if (!st) return fail(st);
+    if (revokeFlags != NCCL_REVOKE_DEFAULT) {
+      return fail(errorf(Code::kInvalidArgument,
+                         "%s: revokeFlags %d is not NCCL_REVOKE_DEFAULT (0)", fn, revokeFlags));
+    }
+    // The calls in flight see the stop within ~100 ms, their kernels when they run.
+    constexpr int64_t kWaitMs = 10000;
+    if (comm->impl->revoke(kWaitMs)) return ncclSuccess;
+    LOOM_WARN(kInit,
+              "%s: rank %d: what the revoke stopped has not ended within %lld ms (a kernel "
+              "queued behind other work on its stream?); ncclCommGetAsyncError says "
+              "ncclInProgress until it has",
+              fn, comm->impl->rank(), static_cast<long long>(kWaitMs));
+    return ncclInProgress;
+  });
 }
 LOOM_API ncclResult_t pncclCommRevoke(ncclComm_t, int) LOOM_ALIAS(ncclCommRevoke);
 
@@ -386,6 +411,8 @@ LOOM_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCom
                          color));
     }
     auto& impl = *comm->impl;
+    st = impl.readyAsParent("ncclCommSplit");
+    if (!st) return fail(st);
     auto& bs = impl.bootstrap();
     const int n = impl.nranks(), me = impl.rank();
     struct Entry {
@@ -436,6 +463,8 @@ LOOM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int
                          fn, shrinkFlags));
     }
     auto& impl = *comm->impl;
+    st = impl.readyAsParent(fn);
+    if (!st) return fail(st);
     const int n = impl.nranks(), me = impl.rank();
     if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList)) {
       return fail(errorf(Code::kInvalidArgument, "%s: excludeRanksList is %s with count %d", fn,

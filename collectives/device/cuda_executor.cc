@@ -421,6 +421,16 @@ void CudaExecutor::abort() {
   if (local_) local_->abort();
 }
 
+bool CudaExecutor::idle() const {
+  // Every call records lastEvent_ at its end, on its stream (the streams are ordered
+  // after one another), so the last one stands for all.
+  if (!haveLast_ || lastCaptured_) return true;
+  const cudaError_t e = cudaEventQuery(lastEvent_);
+  if (e == cudaErrorNotReady) return false;
+  cudaGetLastError();  // an error here is the kernels' (kernelError says which)
+  return true;
+}
+
 Status CudaExecutor::run(const Operation& op, const ExecutorRedOp& red) {
   if (!mesh_) return runNet(op, red);
   const size_t index = cursor_++;  // this call's place among the group's device collectives

@@ -169,6 +169,7 @@ class CudaExecutor final : public DeviceExecutor {
   Status kernelError() const override;
 
   void abort() override;
+  bool idle() const override;
 
   Status run(const Operation& op, const ExecutorRedOp& red) override;
 

@@ -83,6 +83,9 @@ class DeviceExecutor {
   // A kernel's failure (timeout, abort), as a status; ok when none.
   virtual Status kernelError() const = 0;
   virtual void abort() = 0;
+  // True when the GPU work of the calls enqueued so far has ended (captured calls aside:
+  // their replays are the caller's). For ncclCommRevoke: its kernels stop on the abort.
+  virtual bool idle() const = 0;
 };
 
 }  // namespace loom::collectives::device

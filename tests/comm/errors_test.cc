@@ -383,9 +383,94 @@ TEST(Shrink, LeavesOutARankThatDoesNotCall) {
   EXPECT_EQ(ncclCommShrink(comms[0], excluded, 1, &out, nullptr, 7), ncclInvalidArgument);
   EXPECT_EQ(ncclCommShrink(comms[0], excluded, 1, nullptr, nullptr, 0), ncclInvalidArgument);
   for (int r = 0; r < n; ++r) {
-    if (sub[r]) EXPECT_EQ(ncclCommDestroy(sub[r]), ncclSuccess);
+    if (sub[r]) {
+      EXPECT_EQ(ncclCommDestroy(sub[r]), ncclSuccess);
+    }
     EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess) << "rank " << r;
   }
+}
+
+// Rank 1 of 4 never comes to an all-reduce, so the other three wait in it. Each of them
+// revokes its communicator: the waiting calls end with an error, the communicators are
+// quiescent (ncclCommGetAsyncError: ncclSuccess), later calls are refused, and the three
+// shrink the revoked parent (NCCL_SHRINK_DEFAULT) and run an all-reduce on the result.
+// `connected`: the four ran an all-reduce before (the three then wait for data, not for
+// the connections' set-up over the bootstrap).
+void revokeAndShrink(bool connected) {
+  const int n = 4;
+  std::vector<ncclComm_t> comms(n), sub(n, nullptr);
+  ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
+  std::vector<std::vector<int>> data(n, std::vector<int>(1000, 1));
+  std::vector<ncclResult_t> res(n, ncclSuccess);
+  std::vector<std::thread> ts;
+  if (connected) {
+    for (int r = 0; r < n; ++r) {
+      ts.emplace_back([&, r] {
+        res[r] = ncclAllReduce(data[r].data(), data[r].data(), 1000, ncclInt32, ncclSum, comms[r],
+                               nullptr);
+      });
+    }
+    for (auto& t : ts) t.join();
+    ts.clear();
+    for (int r = 0; r < n; ++r) ASSERT_EQ(res[r], ncclSuccess) << ncclGetLastError(comms[r]);
+  }
+  for (int r : {0, 2, 3}) {
+    ts.emplace_back([&, r] {
+      res[r] = ncclAllReduce(data[r].data(), data[r].data(), 1000, ncclInt32, ncclSum, comms[r],
+                             nullptr);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the three are waiting
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r : {0, 2, 3}) EXPECT_EQ(ncclCommRevoke(comms[r], NCCL_REVOKE_DEFAULT), ncclSuccess);
+  for (auto& t : ts) t.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 10.0);
+  for (int r : {0, 2, 3}) {
+    EXPECT_NE(res[r], ncclSuccess) << "rank " << r << ": the call in flight was not stopped";
+    ncclResult_t state = ncclInternalError;
+    EXPECT_EQ(ncclCommGetAsyncError(comms[r], &state), ncclSuccess);
+    EXPECT_EQ(state, ncclSuccess) << "rank " << r;
+  }
+  // Refused from now on: calls, ncclCommFinalize; flags other than 0.
+  EXPECT_EQ(
+      ncclAllReduce(data[0].data(), data[0].data(), 1000, ncclInt32, ncclSum, comms[0], nullptr),
+      ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("revoked"), std::string::npos)
+      << ncclGetLastError(comms[0]);
+  EXPECT_EQ(ncclCommFinalize(comms[0]), ncclInvalidUsage);
+  EXPECT_EQ(ncclCommRevoke(comms[0], 1), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommRevoke(nullptr, 0), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommRevoke(comms[0], NCCL_REVOKE_DEFAULT), ncclSuccess);  // again: no effect
+  int excluded[] = {1};
+  ts.clear();
+  for (int r : {0, 2, 3}) {
+    ts.emplace_back([&, r] {
+      res[r] = ncclCommShrink(comms[r], excluded, 1, &sub[r], nullptr, NCCL_SHRINK_DEFAULT);
+      if (res[r] != ncclSuccess) return;
+      for (int i = 0; i < 1000; ++i) data[r][i] = r * 1000 + i;
+      res[r] =
+          ncclAllReduce(data[r].data(), data[r].data(), 1000, ncclInt32, ncclSum, sub[r], nullptr);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r : {0, 2, 3}) {
+    ASSERT_EQ(res[r], ncclSuccess) << "rank " << r << ": " << ncclGetLastError(sub[r]);
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(data[r][i], 5000 + 3 * i) << "rank " << r;
+  }
+  for (int r = 0; r < n; ++r) {
+    if (sub[r]) {
+      EXPECT_EQ(ncclCommDestroy(sub[r]), ncclSuccess);
+    }
+    EXPECT_EQ(ncclCommDestroy(comms[r]), ncclSuccess) << "rank " << r;
+  }
+}
+
+TEST(Revoke, WhileTheCallsSetUpTheirConnections) {
+  revokeAndShrink(false);
+}
+TEST(Revoke, WhileTheCallsWaitForData) {
+  revokeAndShrink(true);
 }
 
 }  // namespace

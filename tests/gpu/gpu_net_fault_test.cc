@@ -42,12 +42,71 @@ std::string readFile(const std::string& path) {
   return s.str();
 }
 
-// One rank (run by the test below through the environment): all-reduces until one
+// An all-reduce of `count` floats of rank + 1 on `comm`, checked: every element must be
+// 1 + 2 + ... + nranks.
+void checkedAllReduce(ncclComm_t comm, float* buf, size_t count, cudaStream_t stream) {
+  int rank = 0, n = 0;
+  ASSERT_EQ(ncclCommUserRank(comm, &rank), ncclSuccess);
+  ASSERT_EQ(ncclCommCount(comm, &n), ncclSuccess);
+  std::vector<float> host(count, static_cast<float>(rank + 1));
+  ASSERT_EQ(
+      cudaMemcpyAsync(buf, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream),
+      cudaSuccess);
+  ASSERT_EQ(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, stream), ncclSuccess)
+      << ncclGetLastError(comm);
+  ASSERT_EQ(
+      cudaMemcpyAsync(host.data(), buf, count * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(host[i], want) << "element " << i;
+}
+
+// Mode "revoke" of OneRank: rank 0 enqueues an all-reduce that rank 1 never joins and
+// revokes its communicator while the kernel waits; the stream must come back and the
+// communicator be quiescent. Rank 1 revokes its own once rank 0 has, and the two split
+// the revoked parent and check an all-reduce on the new communicator.
+void revokeThenSplit(int rank, ncclComm_t comm) {
+  const size_t count = 1 << 20;
+  float* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, count * sizeof(float)), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  checkedAllReduce(comm, buf, count, stream);  // the network path is set up
+  if (rank == 0) {
+    ASSERT_EQ(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, stream), ncclSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "the lone all-reduce ended";
+    const auto t0 = Clock::now();
+    EXPECT_EQ(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT), ncclSuccess) << ncclGetLastError(comm);
+    const double revokeMs = msSince(t0);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::printf("rank 0: the revoke returned in %.0f ms with the stream released\n", revokeMs);
+    EXPECT_LT(revokeMs, 5000.0);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    EXPECT_EQ(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT), ncclSuccess) << ncclGetLastError(comm);
+  }
+  ncclResult_t state = ncclInternalError;
+  EXPECT_EQ(ncclCommGetAsyncError(comm, &state), ncclSuccess);
+  EXPECT_EQ(state, ncclSuccess);
+  ncclComm_t sub = nullptr;
+  ASSERT_EQ(ncclCommSplit(comm, 0, rank, &sub, nullptr), ncclSuccess) << ncclGetLastError(comm);
+  checkedAllReduce(sub, buf, count, stream);
+  std::printf("rank %d: the split of the revoked communicator ran a checked all-reduce\n", rank);
+  std::fflush(stdout);
+  EXPECT_EQ(ncclCommDestroy(sub), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  cudaStreamDestroy(stream);
+  cudaFree(buf);
+}
+
+// One rank (run by the tests below through the environment): all-reduces until one
 // fails, then says how it failed and how long the abort took. Exit 0: the failure was a
 // remote error naming the other rank; 3: the loop ran out without a failure.
 TEST(GpuNetFault, OneRank) {
   const char* rankText = std::getenv("LOOM_TEST_FAULT_RANK");
-  if (!rankText) GTEST_SKIP() << "run by GpuNetFault.PeerKilledMidCollective";
+  if (!rankText) GTEST_SKIP() << "run by the GpuNetFault tests below";
   const int rank = std::atoi(rankText);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   ncclUniqueId id;
@@ -57,6 +116,7 @@ TEST(GpuNetFault, OneRank) {
   // "early": rank 1 goes before any connection exists (they are made at the first call).
   const char* mode = std::getenv("LOOM_TEST_FAULT_MODE");
   if (rank == 1 && mode && std::string(mode) == "early") _exit(0);
+  if (mode && std::string(mode) == "revoke") return revokeThenSplit(rank, comm);
   const size_t count = 4 << 20;
   float* buf = nullptr;
   ASSERT_EQ(cudaMalloc(&buf, count * sizeof(float)), cudaSuccess);
@@ -184,6 +244,24 @@ TEST(GpuNetFault, PeerGoneBeforeConnections) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   EXPECT_LT(msSince(start), 15000.0);
   for (const auto& l : logs) unlink(l.c_str());
+}
+
+// ncclCommRevoke on GPU buffers across hosts (revokeThenSplit).
+TEST(GpuNetFault, RevokeStopsAWaitingKernelAndTheParentSplits) {
+  REQUIRE_GPUS(1);
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  const auto start = Clock::now();
+  spawnRanks("revoke", &pids, &logs);
+  int status[2];
+  for (int r = 0; r < 2; ++r) status[r] = waitFor(pids[r], 60000, start);
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = readFile(logs[r]);
+    std::printf("rank %d's output:\n%s\n", r, log.c_str());
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "status " << status[r];
+    EXPECT_NE(log.find("ran a checked all-reduce"), std::string::npos);
+    unlink(logs[r].c_str());
+  }
 }
 
 }  // namespace
