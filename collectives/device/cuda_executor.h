@@ -323,6 +323,21 @@ class CudaExecutor final : public DeviceExecutor {
                      const std::vector<transport::PeerInfo>& peers);
   Status runNet(const Operation& op, const ExecutorRedOp& red);
   Status runNetP2p(const std::vector<Operation>& ops, size_t begin, size_t end);
+  // A send's bytes copied into the network scratch before a split send/receive's passes.
+  struct SendCopy {
+    const void* from;
+    void* to;
+    size_t bytes;
+  };
+  // The send/receive calls [begin, end), with every send whose bytes a receive of the
+  // same group overwrites (in place: nccl-tests' sendrecv passes one buffer for both)
+  // pointed at a copy in the network scratch. Otherwise a receive could land before the
+  // send has read the bytes: the network kernel moves sends and receives independently,
+  // and split between the mesh and the network, one pass overwrites what the other has
+  // yet to send. `copies`: what to copy there first (empty: nothing overlaps).
+  Status inPlaceSendsCopied(const std::vector<Operation>& ops, size_t begin, size_t end,
+                            bool captured, std::vector<Operation>* calls,
+                            std::vector<SendCopy>* copies);
   // A group's Send/Recv calls [begin, end) with peers, and those with this rank itself.
   Status netP2pList(const std::vector<Operation>& ops, size_t begin, size_t end,
                     std::vector<dev::NetExecutor::P2p>* list,

@@ -136,15 +136,58 @@ Status CudaExecutor::prepare(const Operation& op) {
   return net_->prepareCollective(req, flatAlgo_);
 }
 
+Status CudaExecutor::inPlaceSendsCopied(const std::vector<Operation>& ops, size_t begin, size_t end,
+                                        bool captured, std::vector<Operation>* calls,
+                                        std::vector<SendCopy>* copies) {
+  calls->assign(ops.begin() + static_cast<std::ptrdiff_t>(begin),
+                ops.begin() + static_cast<std::ptrdiff_t>(end));
+  copies->clear();
+  auto range = [](const Operation& o) {
+    const char* p = static_cast<const char*>(o.isSend ? o.sendbuff : o.recvbuff);
+    return std::make_pair(p, p + o.count * dataTypeSize(o.dtype));
+  };
+  size_t total = 0;
+  std::vector<size_t> which, offsets;
+  for (size_t i = 0; i < calls->size(); ++i) {
+    const Operation& s = (*calls)[i];
+    if (!s.isSend || s.count == 0) continue;
+    const auto [a, b] = range(s);
+    for (const Operation& r : *calls) {
+      if (r.isSend || r.count == 0) continue;
+      const auto [c, d] = range(r);
+      if (a < d && c < b) {
+        which.push_back(i);
+        offsets.push_back(total);
+        copies->push_back({s.sendbuff, nullptr, size_t(b - a)});
+        total += (size_t(b - a) + 255) / 256 * 256;
+        break;
+      }
+    }
+  }
+  if (which.empty()) return Status::ok();
+  LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(total, captured));
+  for (size_t k = 0; k < which.size(); ++k) {
+    (*copies)[k].to = static_cast<char*>(scratch) + offsets[k];
+    (*calls)[which[k]].sendbuff = (*copies)[k].to;
+  }
+  return Status::ok();
+}
+
 Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
   if (mesh_ || !net_) return Status::ok();
   DeviceGuard guard(device_);
+  const char* why = nullptr;
+  const bool split = splitsP2p(collectives::CollType::kSendRecv, &why);
+  // The sends in place leave from the scratch: the same addresses as runNetP2p's, since
+  // the network executor matches prepared plans by them.
+  std::vector<Operation> calls;
+  std::vector<SendCopy> copies;
+  LOOM_TRY(inPlaceSendsCopied(ops, begin, end, false, &calls, &copies));
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
-  LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
-  const char* why = nullptr;
+  LOOM_TRY(netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs));
   // The mesh needs nothing made beforehand.
-  if (splitsP2p(collectives::CollType::kSendRecv, &why)) takeHostMessages(&list, nullptr, nullptr);
+  if (split) takeHostMessages(&list, nullptr, nullptr);
   if (list.empty()) return Status::ok();
   return net_->prepareP2p(list, ops[begin].stream);
 }
@@ -255,9 +298,16 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   }
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(call.begin(stream, cap));
+  std::vector<Operation> calls;
+  std::vector<SendCopy> copies;
+  LOOM_TRY(inPlaceSendsCopied(ops, begin, end, cap, &calls, &copies));
+  for (const SendCopy& c : copies) {
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice, stream),
+                        "cudaMemcpyAsync of a send in place"));
+  }
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
-  LOOM_TRY(netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
+  LOOM_TRY(netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs));
   std::vector<Operation> mesh;
   if (split) takeHostMessages(&list, &mesh, stream);
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));

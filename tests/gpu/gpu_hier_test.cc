@@ -525,14 +525,18 @@ size_t threadPerRank(Host& h) {
 
 // Point to point across the hosts, split by where the peer is (LOOM_ALGO=hier: the host's
 // ranks over the mesh, the other host's over the network): an all-to-all, in place and
-// not, and every rank sending a block to every rank (itself too) in one group of both
-// local ranks' sends and receives. Rank r's block for rank q holds inputValue(r, q x count
-// + i). The wrong elements, or 1 for a call that failed.
+// not; every rank sending a block to every rank (itself too) in one group of both local
+// ranks' sends and receives; and every rank sending its whole buffer to the next rank and
+// receiving the previous one's into the same buffer, as nccl-tests' sendrecv does in place
+// (rank 1 then sends over the network what rank 0 overwrites over the mesh). Rank r's
+// block for rank q holds inputValue(r, q x count + i). The wrong elements, or 1 for a call
+// that failed.
 size_t pointToPoint(Host& h) {
   size_t wrong = 0;
   for (size_t count : {size_t{1}, size_t{1000}, size_t{100003}, size_t{1} << 20}) {
-    for (int mode = 0; mode < 3; ++mode) {  // all-to-all, in place, send/receive
-      const bool inPlace = mode == 1;
+    // all-to-all, in place, send/receive, send/receive in place
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool inPlace = mode == 1 || mode == 3;
       RankBuffers b;
       if (!b.fill(h, count * kRanks)) return 1;
       if (ncclGroupStart() != ncclSuccess) return 1;
@@ -540,6 +544,14 @@ size_t pointToPoint(Host& h) {
         float* out = inPlace ? b.in[l] : b.out[l];
         if (mode < 2) {
           ncclAlltoAll(b.in[l], out, count, ncclFloat32, h.comms[l], h.streams[l]);
+          continue;
+        }
+        if (mode == 3) {
+          const int rank = h.base + l;
+          ncclSend(b.in[l], count * kRanks, ncclFloat32, (rank + 1) % kRanks, h.comms[l],
+                   h.streams[l]);
+          ncclRecv(b.in[l], count * kRanks, ncclFloat32, (rank + kRanks - 1) % kRanks, h.comms[l],
+                   h.streams[l]);
           continue;
         }
         for (int q = 0; q < kRanks; ++q) {
@@ -563,13 +575,15 @@ size_t pointToPoint(Host& h) {
           return 1;
         }
         for (size_t e = 0; e < got.size(); ++e) {
-          const int q = int(e / count);
-          const float want = float(inputValue(q, size_t(rank) * count + e % count));
+          const int q = mode == 3 ? (rank + kRanks - 1) % kRanks : int(e / count);
+          const float want =
+              float(mode == 3 ? inputValue(q, e) : inputValue(q, size_t(rank) * count + e % count));
           if (got[e] != want) {
             if (wrong < 3) {
               ADD_FAILURE() << (mode == 0   ? "all_to_all"
                                 : mode == 1 ? "all_to_all in place"
-                                            : "send/recv")
+                                : mode == 2 ? "send/recv"
+                                            : "send/recv in place")
                             << ", " << count << " floats: rank " << rank << " element " << e
                             << " (from rank " << q << ") is " << got[e] << ", not " << want;
             }
