@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "collectives/schedule.h"
 #include "common/datatype.h"
@@ -23,5 +26,31 @@ struct Operation {
   bool onDevice = false;  // the buffers are GPU memory (decided once, by the C API)
   cudaStream_t stream = nullptr;
 };
+
+// The sends among the Send/Recv calls [begin, end) of one group whose bytes a receive of
+// the same group overwrites (in place: nccl-tests' sendrecv passes one buffer for both),
+// as indices into `ops`. Such a send must leave from a copy made before the group moves
+// anything: its receive may land before the send has read the bytes.
+inline std::vector<size_t> sendsOverwrittenByReceives(const std::vector<Operation>& ops,
+                                                      size_t begin, size_t end) {
+  auto range = [](const Operation& o) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(o.isSend ? o.sendbuff : o.recvbuff);
+    return std::make_pair(p, p + o.count * dataTypeSize(o.dtype));
+  };
+  std::vector<size_t> out;
+  for (size_t i = begin; i < end; ++i) {
+    if (!ops[i].isSend || ops[i].count == 0) continue;
+    const auto [a, b] = range(ops[i]);
+    for (size_t j = begin; j < end; ++j) {
+      if (ops[j].isSend || ops[j].count == 0) continue;
+      const auto [c, d] = range(ops[j]);
+      if (a < d && c < b) {
+        out.push_back(i);
+        break;
+      }
+    }
+  }
+  return out;
+}
 
 }  // namespace loom::collectives

@@ -800,6 +800,16 @@ Status Communicator::runOneShotAllReduce(const Operation& op, const collectives:
 }
 
 Status Communicator::runP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
+  // A send whose bytes a receive of the group overwrites (in place) leaves from a copy:
+  // the steps progress together, and a receive may land before its send has read them.
+  std::vector<std::vector<char>> copies;
+  std::vector<const void*> from(end - begin);
+  for (size_t i = begin; i < end; ++i) from[i - begin] = ops[i].sendbuff;
+  for (size_t i : collectives::sendsOverwrittenByReceives(ops, begin, end)) {
+    const char* p = static_cast<const char*>(ops[i].sendbuff);
+    copies.emplace_back(p, p + ops[i].count * dataTypeSize(ops[i].dtype));
+    from[i - begin] = copies.back().data();
+  }
   // Byte-wise steps, each on its own buffer: one phase progressing all of them.
   collectives::Schedule sch;
   sch.reduces = false;
@@ -821,8 +831,8 @@ Status Communicator::runP2p(const std::vector<Operation>& ops, size_t begin, siz
   // Each step has its own buffer: its region holds the address itself.
   for (size_t i = 0; i < phase.size(); ++i) {
     const Operation& op = ops[begin + i];
-    uintptr_t addr = op.isSend ? reinterpret_cast<uintptr_t>(op.sendbuff)
-                               : reinterpret_cast<uintptr_t>(op.recvbuff);
+    uintptr_t addr =
+        op.isSend ? reinterpret_cast<uintptr_t>(from[i]) : reinterpret_cast<uintptr_t>(op.recvbuff);
     if (op.isSend)
       phase[i].src.offset = addr;
     else

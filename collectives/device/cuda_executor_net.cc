@@ -142,33 +142,21 @@ Status CudaExecutor::inPlaceSendsCopied(const std::vector<Operation>& ops, size_
   calls->assign(ops.begin() + static_cast<std::ptrdiff_t>(begin),
                 ops.begin() + static_cast<std::ptrdiff_t>(end));
   copies->clear();
-  auto range = [](const Operation& o) {
-    const char* p = static_cast<const char*>(o.isSend ? o.sendbuff : o.recvbuff);
-    return std::make_pair(p, p + o.count * dataTypeSize(o.dtype));
-  };
-  size_t total = 0;
-  std::vector<size_t> which, offsets;
-  for (size_t i = 0; i < calls->size(); ++i) {
-    const Operation& s = (*calls)[i];
-    if (!s.isSend || s.count == 0) continue;
-    const auto [a, b] = range(s);
-    for (const Operation& r : *calls) {
-      if (r.isSend || r.count == 0) continue;
-      const auto [c, d] = range(r);
-      if (a < d && c < b) {
-        which.push_back(i);
-        offsets.push_back(total);
-        copies->push_back({s.sendbuff, nullptr, size_t(b - a)});
-        total += (size_t(b - a) + 255) / 256 * 256;
-        break;
-      }
-    }
-  }
+  const std::vector<size_t> which = collectives::sendsOverwrittenByReceives(ops, begin, end);
   if (which.empty()) return Status::ok();
+  size_t total = 0;
+  std::vector<size_t> offsets;
+  for (size_t i : which) {
+    const Operation& o = ops[i];
+    const size_t bytes = o.count * dataTypeSize(o.dtype);
+    offsets.push_back(total);
+    copies->push_back({o.sendbuff, nullptr, bytes});
+    total += (bytes + 255) / 256 * 256;
+  }
   LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(total, captured));
   for (size_t k = 0; k < which.size(); ++k) {
     (*copies)[k].to = static_cast<char*>(scratch) + offsets[k];
-    (*calls)[which[k]].sendbuff = (*copies)[k].to;
+    (*calls)[which[k] - begin].sendbuff = (*copies)[k].to;
   }
   return Status::ok();
 }

@@ -491,6 +491,41 @@ TEST(ApiCollectives, SendRecvRingAndSelf) {
   }
 }
 
+// In place, as nccl-tests' sendrecv runs it: every rank sends its buffer to the next and
+// receives the previous one's into the same buffer, over shared memory and over TCP, many
+// pieces long. The receives land while the sends still read; each send must see its
+// rank's own bytes (the soak found it: the sends read bytes already overwritten).
+TEST(ApiCollectives, SendRecvInPlace) {
+  const int n = 4;
+  const size_t count = size_t{1} << 21;
+  for (const char* transports : {"", "tcp"}) {
+    if (*transports) setenv("LOOM_TRANSPORTS", transports, 1);
+    Comms cm(n);
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::vector<int>> buf(n, std::vector<int>(count));
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) buf[r][i] = r * 10000000 + round + static_cast<int>(i);
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(ncclSend(buf[r].data(), count, ncclInt32, (r + 1) % n, cm.comms[r], nullptr),
+                  ncclSuccess);
+        ASSERT_EQ(ncclRecv(buf[r].data(), count, ncclInt32, (r + n - 1) % n, cm.comms[r], nullptr),
+                  ncclSuccess);
+      }
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+      for (int r = 0; r < n; ++r) {
+        const int from = (r + n - 1) % n;
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(buf[r][i], from * 10000000 + round + static_cast<int>(i))
+              << (*transports ? transports : "default transports") << ", round " << round
+              << ": rank " << r << " element " << i;
+        }
+      }
+    }
+    unsetenv("LOOM_TRANSPORTS");
+  }
+}
+
 // A Send, a collective and the matching Recv in one group: the Send/Recv calls progress
 // together (run as one batch), so neither rank waits for a Recv queued behind the
 // collective. The messages are larger than a connection's FIFO.

@@ -289,7 +289,7 @@ struct Soak {
     c.count = top == 0 ? 0 : 1 + rng() % std::min(top, cap);
     c.root = static_cast<int>(rng() % static_cast<uint64_t>(n));
     c.shift = static_cast<int>(rng() % static_cast<uint64_t>(n));
-    c.inPlace = c.coll != kAllToAll && c.coll != kSendRecv && rng() % 3 == 0;
+    c.inPlace = c.coll != kAllToAll && rng() % 3 == 0;
     return c;
   }
 
