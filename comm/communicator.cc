@@ -605,6 +605,8 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
   const std::vector<Operation>* opsPtr = &inRunOrder(groupOps, &ordered);
   const std::vector<Operation>& ops = *opsPtr;
   log::RankScope scope(rank_);
+  // Counted until the group's end below has run too (revoke waits for both).
+  const Running running(&running_);
   // The group's postings are good for this run only.
   struct EndGroup {
     collectives::device::DeviceExecutor* d;
@@ -612,7 +614,6 @@ Status Communicator::execute(const std::vector<Operation>& groupOps) {
       if (d) d->endGroup();
     }
   } endGroup{device_.get()};
-  const Running running(&running_);
   if (revoked_.load()) {
     return errorf(Code::kInvalidUsage,
                   "rank %d: the communicator was revoked (ncclCommRevoke): it is only good for "

@@ -427,7 +427,9 @@ bool CudaExecutor::idle() const {
   if (!haveLast_ || lastCaptured_) return true;
   const cudaError_t e = cudaEventQuery(lastEvent_);
   if (e == cudaErrorNotReady) return false;
-  cudaGetLastError();  // an error here is the kernels' (kernelError says which)
+  // An error here is the kernels' (kernelError says which); cleared so that the caller's
+  // thread does not meet it later, and only then: an error of the caller's own stays.
+  if (e != cudaSuccess) cudaGetLastError();
   return true;
 }
 

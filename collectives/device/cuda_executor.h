@@ -329,15 +329,16 @@ class CudaExecutor final : public DeviceExecutor {
     void* to;
     size_t bytes;
   };
-  // The send/receive calls [begin, end), with every send whose bytes a receive of the
-  // same group overwrites (in place: nccl-tests' sendrecv passes one buffer for both)
-  // pointed at a copy in the network scratch. Otherwise a receive could land before the
-  // send has read the bytes: the network kernel moves sends and receives independently,
-  // and split between the mesh and the network, one pass overwrites what the other has
-  // yet to send. `copies`: what to copy there first (empty: nothing overlaps).
-  Status inPlaceSendsCopied(const std::vector<Operation>& ops, size_t begin, size_t end,
-                            bool captured, std::vector<Operation>* calls,
-                            std::vector<SendCopy>* copies);
+  // Where a send's bytes are overwritten by a receive of the same group (in place:
+  // nccl-tests' sendrecv passes one buffer for both), the calls [begin, end) in `calls` with
+  // each such send pointed at a copy in the network scratch, and in `copies` what to copy
+  // there first; true then. Otherwise a receive could land before the send has read the
+  // bytes: the network kernel moves sends and receives independently, and split between
+  // the mesh and the network, one pass overwrites what the other has yet to send. False
+  // (nothing filled) where no send is overwritten.
+  Result<bool> inPlaceSendsCopied(const std::vector<Operation>& ops, size_t begin, size_t end,
+                                  bool captured, std::vector<Operation>* calls,
+                                  std::vector<SendCopy>* copies);
   // A group's Send/Recv calls [begin, end) with peers, and those with this rank itself.
   Status netP2pList(const std::vector<Operation>& ops, size_t begin, size_t end,
                     std::vector<dev::NetExecutor::P2p>* list,

@@ -136,14 +136,15 @@ Status CudaExecutor::prepare(const Operation& op) {
   return net_->prepareCollective(req, flatAlgo_);
 }
 
-Status CudaExecutor::inPlaceSendsCopied(const std::vector<Operation>& ops, size_t begin, size_t end,
-                                        bool captured, std::vector<Operation>* calls,
-                                        std::vector<SendCopy>* copies) {
+Result<bool> CudaExecutor::inPlaceSendsCopied(const std::vector<Operation>& ops, size_t begin,
+                                              size_t end, bool captured,
+                                              std::vector<Operation>* calls,
+                                              std::vector<SendCopy>* copies) {
+  const std::vector<size_t> which = collectives::sendsOverwrittenByReceives(ops, begin, end);
+  if (which.empty()) return false;
   calls->assign(ops.begin() + static_cast<std::ptrdiff_t>(begin),
                 ops.begin() + static_cast<std::ptrdiff_t>(end));
   copies->clear();
-  const std::vector<size_t> which = collectives::sendsOverwrittenByReceives(ops, begin, end);
-  if (which.empty()) return Status::ok();
   size_t total = 0;
   std::vector<size_t> offsets;
   for (size_t i : which) {
@@ -158,7 +159,7 @@ Status CudaExecutor::inPlaceSendsCopied(const std::vector<Operation>& ops, size_
     (*copies)[k].to = static_cast<char*>(scratch) + offsets[k];
     (*calls)[which[k] - begin].sendbuff = (*copies)[k].to;
   }
-  return Status::ok();
+  return true;
 }
 
 Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
@@ -170,10 +171,12 @@ Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin,
   // the network executor matches prepared plans by them.
   std::vector<Operation> calls;
   std::vector<SendCopy> copies;
-  LOOM_TRY(inPlaceSendsCopied(ops, begin, end, false, &calls, &copies));
+  LOOM_ASSIGN_OR_RETURN(const bool copied,
+                        inPlaceSendsCopied(ops, begin, end, false, &calls, &copies));
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
-  LOOM_TRY(netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs));
+  LOOM_TRY(copied ? netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs)
+                  : netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
   // The mesh needs nothing made beforehand.
   if (split) takeHostMessages(&list, nullptr, nullptr);
   if (list.empty()) return Status::ok();
@@ -288,14 +291,16 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   LOOM_TRY(call.begin(stream, cap));
   std::vector<Operation> calls;
   std::vector<SendCopy> copies;
-  LOOM_TRY(inPlaceSendsCopied(ops, begin, end, cap, &calls, &copies));
+  LOOM_ASSIGN_OR_RETURN(const bool copied,
+                        inPlaceSendsCopied(ops, begin, end, cap, &calls, &copies));
   for (const SendCopy& c : copies) {
     LOOM_TRY(cudaStatus(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice, stream),
                         "cudaMemcpyAsync of a send in place"));
   }
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
-  LOOM_TRY(netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs));
+  LOOM_TRY(copied ? netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs)
+                  : netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
   std::vector<Operation> mesh;
   if (split) takeHostMessages(&list, &mesh, stream);
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
