@@ -8,7 +8,9 @@
 // `--stagger-ms MS` as well, rank 0 sleeps MS before every 100th of them, so that the
 // others wait on it that long. With `--shrink-excluding R` as well, a rank whose loop fails
 // (rank R was killed meanwhile) makes a communicator of the others with ncclCommShrink
-// (NCCL_SHRINK_ABORT), checks an all-reduce on it and exits 0 when that is right.
+// (NCCL_SHRINK_ABORT), checks an all-reduce on it and exits 0 when that is right; with
+// `--revoke 1`, it revokes the communicator first (ncclCommRevoke, then
+// ncclCommGetAsyncError must say ncclSuccess) and shrinks it with NCCL_SHRINK_DEFAULT.
 #include <loom/launch.h>
 #include <nccl.h>
 
@@ -64,9 +66,20 @@ int loop(ncclComm_t comm, int rank, int n, double seconds, int staggerMs) {
 }
 
 // After a peer's failure: the others shrink it away and check an all-reduce without it.
-int shrinkAndCheck(ncclComm_t comm, int rank, int gone) {
+int shrinkAndCheck(ncclComm_t comm, int rank, int gone, bool revoke) {
+  if (revoke) {
+    if (ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT) != ncclSuccess)
+      return fail("ncclCommRevoke", comm, rank);
+    ncclResult_t state = ncclInternalError;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || state != ncclSuccess) {
+      std::fprintf(stderr, "rank %d: after the revoke the state is %s, not ncclSuccess\n", rank,
+                   ncclGetErrorString(state));
+      return 1;
+    }
+  }
   ncclComm_t small = nullptr;
-  if (ncclCommShrink(comm, &gone, 1, &small, nullptr, NCCL_SHRINK_ABORT) != ncclSuccess)
+  if (ncclCommShrink(comm, &gone, 1, &small, nullptr,
+                     revoke ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT) != ncclSuccess)
     return fail("ncclCommShrink", comm, rank);
   int m = 0, me = -1;
   ncclCommCount(small, &m);
@@ -85,8 +98,8 @@ int shrinkAndCheck(ncclComm_t comm, int rank, int gone) {
     std::fprintf(stderr, "rank %d: destroy after the shrink failed\n", rank);
     return 1;
   }
-  std::printf("rank %d: shrunk to rank %d of %d without rank %d; all-reduce right\n", rank, me, m,
-              gone);
+  std::printf("rank %d: %sshrunk to rank %d of %d without rank %d; all-reduce right\n", rank,
+              revoke ? "revoked, " : "", me, m, gone);
   return 0;
 }
 
@@ -94,6 +107,7 @@ int main(int argc, char** argv) {
   double loopSeconds = 0;
   int staggerMs = 0;
   int shrinkExcluding = -1;
+  bool revoke = false;
   for (int a = 1; a < argc; a += 2) {
     if (a + 1 < argc && std::strcmp(argv[a], "--loop") == 0) {
       loopSeconds = std::atof(argv[a + 1]);
@@ -101,9 +115,12 @@ int main(int argc, char** argv) {
       staggerMs = std::atoi(argv[a + 1]);
     } else if (a + 1 < argc && std::strcmp(argv[a], "--shrink-excluding") == 0) {
       shrinkExcluding = std::atoi(argv[a + 1]);
+    } else if (a + 1 < argc && std::strcmp(argv[a], "--revoke") == 0) {
+      revoke = std::atoi(argv[a + 1]) != 0;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--loop SECONDS [--stagger-ms MS] [--shrink-excluding RANK]]\n",
+                   "usage: %s [--loop SECONDS [--stagger-ms MS] [--shrink-excluding RANK "
+                   "[--revoke 0|1]]]\n",
                    argv[0]);
       return 2;
     }
@@ -233,7 +250,7 @@ int main(int argc, char** argv) {
   }
   if (loopSeconds > 0 && loop(comm, rank, n, loopSeconds, staggerMs) != 0) {
     if (shrinkExcluding < 0 || shrinkExcluding == rank) return 1;
-    return shrinkAndCheck(comm, rank, shrinkExcluding);
+    return shrinkAndCheck(comm, rank, shrinkExcluding, revoke);
   }
   ncclCommDestroy(comm);
   std::printf("rank %d of %d: all checks passed\n", rank, n);
