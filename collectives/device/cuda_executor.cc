@@ -606,6 +606,18 @@ Status CudaExecutor::runP2p(const std::vector<Operation>& ops, size_t begin, siz
     return errorf(Code::kInvalidUsage, "rank %d sends %zu message(s) to itself but receives %zu",
                   rank_, selfSends.size(), selfRecvs.size());
   }
+  // In place, the kernel's order must read each send before a receive overwrites it.
+  std::vector<dev::MeshRange> selfWrites;
+  for (const Operation* o : selfRecvs)
+    selfWrites.push_back(
+        {reinterpret_cast<uintptr_t>(o->recvbuff), o->count * dataTypeSize(o->dtype)});
+  if (const char* why = dev::meshP2pUnordered(list, selfWrites)) {
+    return errorf(Code::kInvalidUsage,
+                  "rank %d: grouped Send/Recv on GPU buffers of one host: %s, which this path "
+                  "cannot order; give the send and the receive separate buffers (one buffer of "
+                  "one size for both, as nccl-tests' sendrecv in place, is fine)",
+                  rank_, why);
+  }
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(order(stream, cap));
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));

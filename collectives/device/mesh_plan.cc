@@ -302,4 +302,30 @@ MeshPlan planMeshCall(const MeshLimits& m, const MeshCallFacts& f) {
   return p;
 }
 
+const char* meshP2pUnordered(const P2pList& ops, const std::vector<MeshRange>& selfRecvs) {
+  auto overlap = [](uintptr_t a, size_t n, uintptr_t b, size_t m) {
+    return n > 0 && m > 0 && a < b + m && b < a + n;
+  };
+  for (int i = 0; i < ops.nops; ++i) {
+    const P2pOp& s = ops.ops[i];
+    if (!s.isSend) continue;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(s.buffer);
+    for (const MeshRange& r : selfRecvs) {
+      if (overlap(a, s.bytes, r.start, r.bytes))
+        return "a receive from this rank itself overwrites a send to a peer before it leaves";
+    }
+    for (int j = 0; j < ops.nops; ++j) {
+      const P2pOp& r = ops.ops[j];
+      if (r.isSend) continue;
+      const uintptr_t b = reinterpret_cast<uintptr_t>(r.buffer);
+      if (!overlap(a, s.bytes, b, r.bytes)) continue;
+      if (a != b || s.bytes != r.bytes)
+        return "a send and a receive overlap without being the same buffer of the same size";
+      if (s.seq > r.seq)
+        return "a receive overwrites a send's buffer at an earlier step than the send's";
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace loom::collectives::device

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "collectives/algo_request.h"
 #include "collectives/device/mesh.h"
@@ -165,5 +166,20 @@ MeshPlan planMeshCall(const MeshLimits& limits, const MeshCallFacts& facts);
 // Whether the plan for a call of `type` and `bytes` may read the peer facts of
 // MeshCallFacts (the executor gathers them only then).
 bool meshNeedsPeerFacts(const MeshLimits& limits, CollType type, size_t bytes);
+
+// A grouped Send/Recv over the mesh whose send reads bytes that a receive of the same group
+// writes (in place): whether the kernel still reads them first. It moves tile t of every
+// message of step j (P2pOp::seq) before it receives tile t of step j, tiles sized by each
+// message's bytes, and the messages with this rank itself are copied before it starts. So
+// it is ordered where the two are the same buffer and size and the send's step is not later
+// than the receive's (nccl-tests' sendrecv in place), and never where a receive from this
+// rank itself overwrites a send to a peer. `ops`: the messages with peers; `selfRecvs`:
+// the ranges [start, start + bytes) the messages from this rank itself write. Returns why
+// the first pair that is not ordered is not, or null where all are.
+struct MeshRange {
+  uintptr_t start = 0;
+  size_t bytes = 0;
+};
+const char* meshP2pUnordered(const P2pList& ops, const std::vector<MeshRange>& selfRecvs);
 
 }  // namespace loom::collectives::device

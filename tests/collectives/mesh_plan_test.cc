@@ -320,5 +320,43 @@ TEST(MeshPlan, EveryPlanEndsAndAsksOnlyForFactsItIsGiven) {
   EXPECT_GT(plans, 200000);
 }
 
+// The mesh's grouped Send/Recv reads a send before an overlapping receive writes it only in
+// the order its kernel keeps (meshP2pUnordered): one buffer of one size, the send's step
+// not later than the receive's; never a receive from itself over a send.
+TEST(MeshPlan, SendReceiveInPlaceOnlyInTheKernelsOrder) {
+  char buf[4096];
+  auto op = [&](int at, size_t bytes, int peer, bool send, int seq) {
+    P2pOp o;
+    o.buffer = buf + at;
+    o.bytes = bytes;
+    o.peer = peer;
+    o.isSend = send ? 1 : 0;
+    o.seq = seq;
+    return o;
+  };
+  auto check = [&](std::initializer_list<P2pOp> msgs, std::vector<MeshRange> self = {}) {
+    P2pList l;
+    for (const P2pOp& o : msgs) l.ops[l.nops++] = o;
+    return meshP2pUnordered(l, self);
+  };
+  // nccl-tests' sendrecv in place; separate buffers; a send to two peers before the receive.
+  EXPECT_EQ(check({op(0, 1024, 1, true, 0), op(0, 1024, 3, false, 0)}), nullptr);
+  EXPECT_EQ(check({op(0, 1024, 1, true, 0), op(1024, 1024, 3, false, 0)}), nullptr);
+  EXPECT_EQ(check({op(0, 512, 1, true, 0), op(0, 512, 2, true, 0), op(0, 512, 3, false, 0)}),
+            nullptr);
+  // The receive's step before the send's: the second message to peer 1 leaves too late.
+  EXPECT_NE(check({op(0, 64, 1, true, 0), op(0, 64, 1, true, 1), op(0, 64, 3, false, 0)}), nullptr);
+  // Sizes or starts that differ tile differently.
+  EXPECT_NE(check({op(0, 1024, 1, true, 0), op(0, 2048, 3, false, 0)}), nullptr);
+  EXPECT_NE(check({op(0, 1024, 1, true, 0), op(512, 1024, 3, false, 0)}), nullptr);
+  // A receive from itself is copied before the kernel sends.
+  EXPECT_NE(check({op(0, 1024, 1, true, 0)}, {{reinterpret_cast<uintptr_t>(buf + 1000), 8}}),
+            nullptr);
+  EXPECT_EQ(check({op(0, 1024, 1, true, 0)}, {{reinterpret_cast<uintptr_t>(buf + 1024), 8}}),
+            nullptr);
+  // Empty messages overlap nothing.
+  EXPECT_EQ(check({op(0, 0, 1, true, 0), op(0, 64, 3, false, 0)}), nullptr);
+}
+
 }  // namespace
 }  // namespace loom::collectives::device
