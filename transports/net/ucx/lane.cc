@@ -3,7 +3,10 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cerrno>
+
+#include "common/log.h"
 
 namespace loom::transport::net::ucx {
 
@@ -61,6 +64,24 @@ Status Lane::connectTo(const std::vector<char>& address) {
   };
   p.err_handler.arg = this;
   ucs_status_t s = u_.epCreate(worker_, &p, &ep_);
+  if (s == UCS_ERR_UNREACHABLE) {
+    // No transport of UCX_TLS that reaches the peer handles peer failures (shared memory,
+    // for one): the endpoint goes without, and the lane's heartbeat socket still tells
+    // when the peer is gone (test() fails the lane then, and close() does not wait on it).
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    s = u_.epCreate(worker_, &p, &ep_);
+    if (s == UCS_OK) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        LOOM_INFO(kNet,
+                  "net/ucx: no transport of UCX_TLS that reaches %s handles a peer's failure "
+                  "(UCX has logged that as an error: destination unreachable); the endpoint "
+                  "is made without, and loom's heartbeat socket detects a peer that dies",
+                  what_.c_str());
+      }
+    }
+  }
   if (s != UCS_OK) {
     ep_ = nullptr;
     return errorf(Code::kRemoteError, "net/ucx: ucp_ep_create to %s: %s", what_.c_str(),
