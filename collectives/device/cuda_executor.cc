@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <utility>
 
 #include "common/cuda_probe.h"
 #include "common/log.h"
@@ -38,6 +39,7 @@ CudaExecutor::~CudaExecutor() {
   closeImports();
   board_.reset();
   if (lastEvent_) cudaEventDestroy(lastEvent_);
+  if (eagerEvent_) cudaEventDestroy(eagerEvent_);
   if (joinEvent_) cudaEventDestroy(joinEvent_);
   if (forkEvent_) cudaEventDestroy(forkEvent_);
   if (sideEvent_) cudaEventDestroy(sideEvent_);
@@ -272,6 +274,8 @@ Status CudaExecutor::init(transport::SetupChannel& bootstrap,
                       "cudaHostGetDevicePointer"));
   LOOM_TRY(
       cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&eagerEvent_, cudaEventDisableTiming),
+                      "cudaEventCreate"));
   LOOM_TRY(
       cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
   LOOM_TRY(
@@ -422,10 +426,11 @@ void CudaExecutor::abort() {
 }
 
 bool CudaExecutor::idle() const {
-  // Every call records lastEvent_ at its end, on its stream (the streams are ordered
-  // after one another), so the last one stands for all.
-  if (!haveLast_ || lastCaptured_) return true;
-  const cudaError_t e = cudaEventQuery(lastEvent_);
+  // Every call records its end on its stream (the streams are ordered after one another),
+  // so the last uncaptured one stands for all that were enqueued.
+  const cudaEvent_t last = lastEagerEvent();
+  if (!last) return true;
+  const cudaError_t e = cudaEventQuery(last);
   if (e == cudaErrorNotReady) return false;
   // An error here is the kernels' (kernelError says which); cleared so that the caller's
   // thread does not meet it later, and only then: an error of the caller's own stays.
@@ -670,10 +675,14 @@ Status CudaExecutor::join(cudaStream_t earlier, cudaStream_t later) {
 }
 
 Status CudaExecutor::recordDone(cudaStream_t stream, bool cap) {
+  // A captured call's end goes into its graph: the last uncaptured one's event is kept
+  // aside first (lastEagerEvent).
+  if (cap && haveLast_ && !lastCaptured_) std::swap(lastEvent_, eagerEvent_);
   LOOM_TRY(cudaStatus(cudaEventRecord(lastEvent_, stream), "cudaEventRecord"));
   lastStream_ = stream;
   lastCaptured_ = cap;
   haveLast_ = true;
+  haveEager_ = haveEager_ || !cap;
   return Status::ok();
 }
 

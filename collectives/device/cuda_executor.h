@@ -311,6 +311,10 @@ class CudaExecutor final : public DeviceExecutor {
                           const std::vector<const Operation*>& recvs, cudaStream_t stream);
 
   Status recordDone(cudaStream_t stream, bool cap);
+  // The end of the last call not captured in a graph (null: none yet).
+  cudaEvent_t lastEagerEvent() const {
+    return !haveEager_ ? nullptr : lastCaptured_ ? eagerEvent_ : lastEvent_;
+  }
 
   Status launch(const dev::MeshCall& call, cudaStream_t stream, const char* why);
 
@@ -453,6 +457,10 @@ class CudaExecutor final : public DeviceExecutor {
   int* hostFlags_ = nullptr;  // [0] abort (host writes), [1] error (kernels write)
   dev::MeshContext ctx_;
   cudaEvent_t lastEvent_ = nullptr;
+  // The last uncaptured call's end where a captured call's came after it (recordDone swaps
+  // the two), for idle() and closeImport: lastEagerEvent().
+  cudaEvent_t eagerEvent_ = nullptr;
+  bool haveEager_ = false;
   cudaEvent_t joinEvent_ = nullptr;
   cudaEvent_t forkEvent_ = nullptr;  // copy-engine collectives: the side stream starts here
   cudaEvent_t sideEvent_ = nullptr;  // and the caller's stream waits for it here

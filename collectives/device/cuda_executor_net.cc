@@ -33,6 +33,8 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
                                  const std::vector<transport::PeerInfo>& peers) {
   LOOM_TRY(
       cudaStatus(cudaEventCreateWithFlags(&lastEvent_, cudaEventDisableTiming), "cudaEventCreate"));
+  LOOM_TRY(cudaStatus(cudaEventCreateWithFlags(&eagerEvent_, cudaEventDisableTiming),
+                      "cudaEventCreate"));
   LOOM_TRY(
       cudaStatus(cudaEventCreateWithFlags(&joinEvent_, cudaEventDisableTiming), "cudaEventCreate"));
   dev::NetOptions o;

@@ -154,9 +154,9 @@ Status CudaExecutor::closeImport(Import& im) {
       // A CUDA graph captured a call that read peers' allocations and may be replayed
       // (the last call may have been outside it): kept until the end.
       staleImports_.push_back(im.base);
-    } else if (haveLast_ && !lastCaptured_) {
+    } else if (const cudaEvent_t last = lastEagerEvent()) {
       // Our calls so far, which may read it, are done first.
-      LOOM_TRY(cudaStatus(cudaEventSynchronize(lastEvent_), "cudaEventSynchronize"));
+      LOOM_TRY(cudaStatus(cudaEventSynchronize(last), "cudaEventSynchronize"));
       cudaIpcCloseMemHandle(im.base);
     } else {
       cudaIpcCloseMemHandle(im.base);
