@@ -318,13 +318,6 @@ TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f
     c.reason = "no fabric to price the hierarchical form on";
     return c;
   }
-  // The perf binary's hierarchical all-gather failed in its warm-up on one H100
-  // (2026-12-05, docs/perf/crosshost.md) where the test's passed: until the cause is
-  // known it runs only where asked for.
-  if (type == CollType::kAllGather) {
-    c.reason = "the hierarchical all-gather runs only where LOOM_ALGO names hier";
-    return c;
-  }
   // Point to point splits by host only where LOOM_ALGO names hier (hierP2pDecline).
   if (type == CollType::kAllToAll || type == CollType::kSendRecv) {
     c.reason = "point-to-point exchanges split by host only where LOOM_ALGO names hier";

@@ -206,8 +206,8 @@
     "ring, tree (double binary tree), chain, oneshot, twoshot (the ring on host memory), " \
     "doubling (recursive doubling), direct, or hier (across hosts of several ranks each: inside " \
     "each host and between the ranks of one local index; host buffers: all-reduce, " \
-    "all-gather and reduce-scatter; GPU buffers: all-reduce, broadcast, reduce and " \
-    "reduce-scatter, and all-gather only where named; each taken where the cost model prices it " \
+    "all-gather and reduce-scatter; GPU buffers: all-reduce, all-gather, broadcast, reduce and " \
+    "reduce-scatter; each taken where the cost model prices it " \
     "under the flat form, or always where named; ^hier: never; where named, GPU send/receive " \
     "and all-to-all also go to the host's own ranks over the GPU mesh and to the others over " \
     "the network); an unknown name fails the communicator's init") \
