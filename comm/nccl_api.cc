@@ -463,8 +463,6 @@ LOOM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int
                          fn, shrinkFlags));
     }
     auto& impl = *comm->impl;
-    st = impl.readyAsParent(fn);
-    if (!st) return fail(st);
     const int n = impl.nranks(), me = impl.rank();
     if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList)) {
       return fail(errorf(Code::kInvalidArgument, "%s: excludeRanksList is %s with count %d", fn,
@@ -489,6 +487,8 @@ LOOM_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int
       if (!out[r]) members.push_back(r);
     const int newRank =
         static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+    st = impl.readyAsParent(fn);
+    if (!st) return fail(st);
     auto& bs = impl.bootstrap();
     ncclUniqueId id;
     st = shareNewId(bs, members, bs.nextTag(), &id);

@@ -144,22 +144,19 @@ Result<bool> CudaExecutor::inPlaceSendsCopied(const std::vector<Operation>& ops,
                                               std::vector<SendCopy>* copies) {
   const std::vector<size_t> which = collectives::sendsOverwrittenByReceives(ops, begin, end);
   if (which.empty()) return false;
+  auto bytesOf = [&](size_t i) { return ops[i].count * dataTypeSize(ops[i].dtype); };
+  auto rounded = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  size_t total = 0;
+  for (size_t i : which) total += rounded(bytesOf(i));
+  LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(total, captured));
   calls->assign(ops.begin() + static_cast<std::ptrdiff_t>(begin),
                 ops.begin() + static_cast<std::ptrdiff_t>(end));
   copies->clear();
-  size_t total = 0;
-  std::vector<size_t> offsets;
+  char* to = static_cast<char*>(scratch);
   for (size_t i : which) {
-    const Operation& o = ops[i];
-    const size_t bytes = o.count * dataTypeSize(o.dtype);
-    offsets.push_back(total);
-    copies->push_back({o.sendbuff, nullptr, bytes});
-    total += (bytes + 255) / 256 * 256;
-  }
-  LOOM_ASSIGN_OR_RETURN(void* scratch, netScratch(total, captured));
-  for (size_t k = 0; k < which.size(); ++k) {
-    (*copies)[k].to = static_cast<char*>(scratch) + offsets[k];
-    (*calls)[which[k] - begin].sendbuff = (*copies)[k].to;
+    copies->push_back({ops[i].sendbuff, to, bytesOf(i)});
+    (*calls)[i - begin].sendbuff = to;
+    to += rounded(bytesOf(i));
   }
   return true;
 }

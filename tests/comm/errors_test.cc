@@ -341,38 +341,48 @@ TEST(Split, ByParity) {
   }
 }
 
+// Ranks 0, 2 and 3 of `comms` (4 ranks) shrink away rank 1, which does not call, each with
+// `flags(r)`, into `sub`, and run an all-reduce of 1000 ints on the result, which must be
+// right everywhere.
+void shrinkAwayRank1AndCheck(const std::vector<ncclComm_t>& comms, std::vector<ncclComm_t>* sub,
+                             int (*flags)(int rank)) {
+  int excluded[] = {1};
+  std::vector<std::thread> ts;
+  std::vector<ncclResult_t> res(comms.size(), ncclSuccess);
+  std::vector<std::vector<int>> data(comms.size(), std::vector<int>(1000));
+  for (int r : {0, 2, 3}) {
+    ts.emplace_back([&, r] {
+      res[r] = ncclCommShrink(comms[r], excluded, 1, &(*sub)[r], nullptr, flags(r));
+      if (res[r] != ncclSuccess) return;
+      for (int i = 0; i < 1000; ++i) data[r][i] = r * 1000 + i;
+      res[r] = ncclAllReduce(data[r].data(), data[r].data(), 1000, ncclInt32, ncclSum, (*sub)[r],
+                             nullptr);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r : {0, 2, 3}) {
+    ASSERT_EQ(res[r], ncclSuccess) << "rank " << r << ": " << ncclGetLastError((*sub)[r]);
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(data[r][i], 5000 + 3 * i) << "rank " << r;
+  }
+}
+
 // Ranks 0, 2 and 3 of 4 shrink away rank 1, which does not call; the new communicator
 // numbers them 0, 1, 2 and runs an all-reduce. Then the argument checks.
 TEST(Shrink, LeavesOutARankThatDoesNotCall) {
   const int n = 4;
   std::vector<ncclComm_t> comms(n), sub(n, nullptr);
   ASSERT_EQ(ncclCommInitAll(comms.data(), n, nullptr), ncclSuccess);
-  int excluded[] = {1};
-  std::vector<std::thread> ts;
-  std::vector<ncclResult_t> res(n, ncclSuccess);
-  std::vector<std::vector<int>> data(n, std::vector<int>(1000));
-  for (int r = 0; r < n; ++r) {
-    if (r == 1) continue;
-    ts.emplace_back([&, r] {
-      res[r] = ncclCommShrink(comms[r], excluded, 1, &sub[r], nullptr,
-                              r == 3 ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-      if (res[r] != ncclSuccess) return;
-      for (int i = 0; i < 1000; ++i) data[r][i] = r * 1000 + i;
-      res[r] =
-          ncclAllReduce(data[r].data(), data[r].data(), 1000, ncclInt32, ncclSum, sub[r], nullptr);
-    });
-  }
-  for (auto& t : ts) t.join();
+  shrinkAwayRank1AndCheck(comms, &sub,
+                          [](int r) { return r == 3 ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT; });
+  if (HasFatalFailure()) return;
   for (int r : {0, 2, 3}) {
-    ASSERT_EQ(res[r], ncclSuccess) << "rank " << r << ": " << ncclGetLastError(sub[r]);
     int cnt = 0, rk = -1;
     ncclCommCount(sub[r], &cnt);
     ncclCommUserRank(sub[r], &rk);
     EXPECT_EQ(cnt, 3);
     EXPECT_EQ(rk, r == 0 ? 0 : r - 1);
-    for (int i = 0; i < 1000; ++i) ASSERT_EQ(data[r][i], 5000 + 3 * i) << "rank " << r;
   }
-  int self[] = {0}, twice[] = {1, 1}, far[] = {4};
+  int excluded[] = {1}, self[] = {0}, twice[] = {1, 1}, far[] = {4};
   ncclComm_t out = nullptr;
   EXPECT_EQ(ncclCommShrink(comms[0], self, 1, &out, nullptr, 0), ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(comms[0])).find("rank 0 is in excludeRanksList"),
@@ -442,22 +452,8 @@ void revokeAndShrink(bool connected) {
   EXPECT_EQ(ncclCommRevoke(comms[0], 1), ncclInvalidArgument);
   EXPECT_EQ(ncclCommRevoke(nullptr, 0), ncclInvalidArgument);
   EXPECT_EQ(ncclCommRevoke(comms[0], NCCL_REVOKE_DEFAULT), ncclSuccess);  // again: no effect
-  int excluded[] = {1};
-  ts.clear();
-  for (int r : {0, 2, 3}) {
-    ts.emplace_back([&, r] {
-      res[r] = ncclCommShrink(comms[r], excluded, 1, &sub[r], nullptr, NCCL_SHRINK_DEFAULT);
-      if (res[r] != ncclSuccess) return;
-      for (int i = 0; i < 1000; ++i) data[r][i] = r * 1000 + i;
-      res[r] =
-          ncclAllReduce(data[r].data(), data[r].data(), 1000, ncclInt32, ncclSum, sub[r], nullptr);
-    });
-  }
-  for (auto& t : ts) t.join();
-  for (int r : {0, 2, 3}) {
-    ASSERT_EQ(res[r], ncclSuccess) << "rank " << r << ": " << ncclGetLastError(sub[r]);
-    for (int i = 0; i < 1000; ++i) ASSERT_EQ(data[r][i], 5000 + 3 * i) << "rank " << r;
-  }
+  shrinkAwayRank1AndCheck(comms, &sub, [](int) { return NCCL_SHRINK_DEFAULT; });
+  if (::testing::Test::HasFatalFailure()) return;
   for (int r = 0; r < n; ++r) {
     if (sub[r]) {
       EXPECT_EQ(ncclCommDestroy(sub[r]), ncclSuccess);
