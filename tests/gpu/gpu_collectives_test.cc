@@ -896,6 +896,53 @@ TEST_P(MoreRanksThanGpusShareThem, SendRecvAndGraphs) {
   EXPECT_EQ(bad, 0u) << n << " ranks";
 }
 
+// Send/receive in place over the mesh: one buffer of one size to send from and receive into
+// (nccl-tests' sendrecv in place) is right; a receive that overwrites part of a send the
+// kernel cannot order is refused with ncclInvalidUsage naming it (mesh_plan.h), not raced.
+TEST_P(MoreRanksThanGpusShareThem, SendRecvInPlaceOrRefused) {
+  REQUIRE_GPUS(1);
+  const int n = GetParam();
+  {
+    Ranks R(n, {{"LOOM_P2P_SHARE_GPU", "1"}, {"LOOM_TIMEOUT_MS", "60000"}}, devices());
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{3} << 20}) {
+      std::vector<std::unique_ptr<DeviceBuffer>> buf;
+      for (int r = 0; r < n; ++r) {
+        buf.push_back(std::make_unique<DeviceBuffer>(R.dev(r), count * 4));
+        upload(R.dev(r), buf[r]->ptr, makeInput(DataType::kInt32, r, count, ncclSum));
+      }
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      for (int r = 0; r < n; ++r) {
+        NCCL_OK(ncclSend(buf[r]->ptr, count, ncclInt32, (r + 1) % n, R.comms[r], R.streams[r]));
+        NCCL_OK(ncclRecv(buf[r]->ptr, count, ncclInt32, (r + n - 1) % n, R.comms[r], R.streams[r]));
+      }
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+      R.sync();
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(download(R.dev(r), buf[r]->ptr, count * 4),
+                  makeInput(DataType::kInt32, (r + n - 1) % n, count, ncclSum))
+            << n << " ranks, count " << count << ": rank " << r;
+      }
+    }
+  }
+  // Every rank receives into the second half of what it sends and beyond: refused on all.
+  Ranks R(n, {{"LOOM_P2P_SHARE_GPU", "1"}, {"LOOM_TIMEOUT_MS", "20000"}}, devices());
+  const size_t count = 1 << 20;
+  std::vector<std::unique_ptr<DeviceBuffer>> buf;
+  for (int r = 0; r < n; ++r) {
+    buf.push_back(std::make_unique<DeviceBuffer>(R.dev(r), 2 * count * 4));
+    upload(R.dev(r), buf[r]->ptr, makeInput(DataType::kInt32, r, 2 * count, ncclSum));
+  }
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    char* p = static_cast<char*>(buf[r]->ptr);
+    NCCL_OK(ncclSend(p, count, ncclInt32, (r + 1) % n, R.comms[r], R.streams[r]));
+    NCCL_OK(ncclRecv(p + count * 2, count, ncclInt32, (r + n - 1) % n, R.comms[r], R.streams[r]));
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("cannot order"), std::string::npos)
+      << ncclGetLastError(nullptr);
+}
+
 INSTANTIATE_TEST_SUITE_P(GpuCollectives, MoreRanksThanGpusShareThem, ::testing::Values(3, 4, 8),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::to_string(info.param) + "ranks";
