@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/ucx_cuda_check_gpu.sh PREFIX UCX_CUDA OUTDIR
 #
-# Why two processes as hosts on one GPU machine do not connect over a UCX built with CUDA
-# (scripts/build_ucx_cuda.sh) once its CUDA transports are in UCX_TLS (docs/perf/ucx.md,
-# 2026-12-06: ucp_ep_create "Destination is unreachable"), and what GPU buffers then do.
+# Two processes as hosts on one GPU machine over a UCX built with CUDA
+# (scripts/build_ucx_cuda.sh) with its CUDA transports in UCX_TLS (docs/perf/ucx.md: they
+# could not connect until loom set UCX_RNDV_FRAG_MEM_TYPES=host), and what GPU buffers do.
 # all_reduce_perf -b 16M -e 16M -c 1 over LOOM_NET=ucx, 2 processes, each configuration once:
 #   tls_tcp            UCX_TLS=tcp (connected on 2026-12-06; the reference)
 #   tls_cuda           UCX_TLS=tcp,cuda_copy
@@ -13,6 +13,10 @@
 #   tls_cuda_direct    the same as tls_cuda_lo with LOOM_SOCKET_IFNAME=lo: an interface with
 #                      no place on the PCI tree, where loom hands GPU buffers to UCX instead of
 #                      staging them (transports/net/gdr.cc placeSlots)
+#   tls_cuda_probe     tls_cuda with UCX_RNDV_FRAG_MEM_TYPES=host,cuda, UCX's default, which
+#                      loom otherwise sets to host (transports/net/ucx/ucx_backend.cc open():
+#                      the probe for cuda fragments frees GPU memory, which waits for the
+#                      running network kernels)
 # first without CUDA MPS, then with it. Writes OUTDIR/ucx_cuda.md (busbw, wrong values, the
 # UCX errors and loom's placement line of each run), `ucx_info -d` and the logs (UCX_LOG_LEVEL
 # =debug for the runs that fail to connect).
@@ -25,7 +29,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib/gpu_hosts.sh"
 export NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$ucx/lib:/usr/local/cuda/lib64:$prefix/lib:${LD_LIBRARY_PATH:-}"
-eth=$(ip -o -4 addr show | awk '$2 != "lo" { print $2; exit }')
+eth=$(ls /sys/class/net | grep -v '^lo$' | head -n1)  # the machine may have no `ip`
 # shellcheck disable=SC2034  # read by loom_as_hosts
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=NET -x LOOM_TIMEOUT_MS=15000)
@@ -66,6 +70,7 @@ configs() {
   one "$1" tls_cuda_lo LOOM_NET=ucx UCX_TLS=tcp,cuda_copy UCX_NET_DEVICES=lo
   one "$1" tls_cuda_eth LOOM_NET=ucx UCX_TLS=tcp,cuda_copy UCX_NET_DEVICES="$eth"
   one "$1" tls_cuda_direct LOOM_NET=ucx UCX_TLS=tcp,cuda_copy UCX_NET_DEVICES=lo LOOM_SOCKET_IFNAME=lo
+  one "$1" tls_cuda_probe LOOM_NET=ucx UCX_TLS=tcp,cuda_copy UCX_RNDV_FRAG_MEM_TYPES=host,cuda
 }
 configs off
 loom_start_mps

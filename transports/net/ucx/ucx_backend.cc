@@ -594,6 +594,22 @@ Result<Opened> open() {
       LOOM_INFO(kNet, "net/ucx: UCX_%s=%s not applied: %s", name, kTcpSegment, u->statusString(m));
     }
   }
+  // A UCX built with CUDA, with cuda_copy in UCX_TLS, probes on each context's first
+  // ucp_ep_create which memory its rendezvous fragments may live in (UCX_RNDV_FRAG_MEM_TYPES,
+  // host and cuda by default): it allocates and frees 1 byte of GPU memory, and cuMemFree
+  // waits for the GPU to go idle. loom's proxy connects while its network kernels already
+  // run and wait for that very connection, so the connect stalled until LOOM_TIMEOUT_MS
+  // (processes as hosts on an H100, UCX 1.19.1, 2026-12-06; the fragments in host memory
+  // need no probe). The user's UCX_RNDV_FRAG_MEM_TYPES wins.
+  if (modifiable && !std::getenv("UCX_RNDV_FRAG_MEM_TYPES")) {
+    ucs_status_t m = u->configModify(config, "RNDV_FRAG_MEM_TYPES", "host");
+    if (m != UCS_OK) {
+      LOOM_INFO(kNet,
+                "net/ucx: UCX_RNDV_FRAG_MEM_TYPES=host not applied: %s (with cuda_copy in "
+                "UCX_TLS, connections may stall while GPU kernels run)",
+                u->statusString(m));
+    }
+  }
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   p.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;  // lanes' threads sleep on the worker
