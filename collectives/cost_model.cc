@@ -286,10 +286,10 @@ Estimate hierarchicalRooted(const Fabric& f, double S, bool reduce) {
 
 // Broadcast and reduce: a chain streams S through every rank once, n - 1 hops; the tree
 // reaches every rank in depth hops, inner ranks sending (or receiving) twice.
-// GPU all-to-all split by host (cuda_executor_hier.cc runSplitAllToAll, where LOOM_ALGO
-// names hier): one mesh all-to-all of the host's G blocks, then every other host's block
-// as one step of network sends (each rank to its n - G remote peers at once; a host's
-// NICs carry G (n - G) blocks), one after the other.
+// GPU all-to-all split by host (cuda_executor_hier.cc runSplitAllToAll, blocks of 512 KiB
+// and more, or where LOOM_ALGO names hier): one mesh all-to-all of the host's G blocks, then every
+// other host's block as one step of network sends (each rank to its n - G remote peers at once; a
+// host's NICs carry G (n - G) blocks), one after the other.
 Estimate hierarchicalAllToAll(const Fabric& f, double S) {
   const int n = f.nranks(), G = f.ranksPerHost;
   const double block = S / n;

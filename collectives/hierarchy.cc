@@ -83,12 +83,18 @@ bool ranksHostByHost(const Hierarchy& h) {
   return true;
 }
 
-const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest& algo) {
+bool hierP2pOverMesh(size_t bytes, const AlgoRequest& algo) {
+  return algo.names(AlgoName::kHier) || bytes >= kHierP2pMeshBytes;
+}
+
+const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest& algo,
+                           size_t blockBytes) {
   if (type != CollType::kSendRecv && type != CollType::kAllToAll)
     return "not a point-to-point exchange";
-  if (!algo.names(AlgoName::kHier))
-    return "every peer over the network unless LOOM_ALGO names hier (the split of point-to-point "
-           "exchanges over the GPU mesh and the network has not yet run on a GPU)";
+  if (!algo.allows(AlgoName::kHier)) return "LOOM_ALGO leaves out hier";
+  if (type == CollType::kAllToAll && !hierP2pOverMesh(blockBytes, algo))
+    return "blocks under 512 KiB: every peer over the network (one pass; LOOM_ALGO=hier splits "
+           "them)";
   // The all-to-all gives the host's ranks their blocks in one mesh all-to-all over the
   // host's part of the buffers, which is one range where the ranks go host by host.
   if (type == CollType::kAllToAll && !ranksHostByHost(h))

@@ -62,11 +62,20 @@ const char* hierDecline(CollType type, size_t count, const Hierarchy& h, const A
 // all-to-all across hosts take them to be.
 bool ranksHostByHost(const Hierarchy& h);
 
-// GPU buffers, point to point (send/receive, all-to-all): why the exchanges do not split
-// by where the peer is (null: they do), the ranks of this rank's host over the GPU mesh
-// and the others over the network. Only where LOOM_ALGO names hier for now: the split has
-// not run on a GPU yet.
-const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest& algo);
+// GPU buffers, point to point (send/receive, all-to-all): the exchanges split by where the
+// peer is, the ranks of this rank's host over the GPU mesh and the others over the network,
+// for messages (an all-to-all's blocks) of at least kHierP2pMeshBytes; smaller ones go to
+// every peer over the network, as without a hierarchy: one network pass is quicker there
+// than a mesh pass and then a network pass (measured in docs/perf/crosshost.md). LOOM_ALGO
+// naming hier splits every size; one that leaves hier out, none.
+inline constexpr size_t kHierP2pMeshBytes = size_t{512} << 10;
+// Why the exchanges do not split (null: they do). `blockBytes`: the all-to-all's block (what
+// each rank sends each peer); send/receive messages are taken one by one (hierP2pOverMesh).
+const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest& algo,
+                           size_t blockBytes);
+// Whether a send/receive message of `bytes` between two ranks of one host goes over the
+// mesh in a split exchange: both ends give the same answer, as both see the same size.
+bool hierP2pOverMesh(size_t bytes, const AlgoRequest& algo);
 
 // The GPU all-gather and reduce-scatter reorder every rank's block between rank order
 // (host by host: block (h, l) at h * local + l) and local order (local index by local

@@ -318,9 +318,9 @@ TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f
     c.reason = "no fabric to price the hierarchical form on";
     return c;
   }
-  // Point to point splits by host only where LOOM_ALGO names hier (hierP2pDecline).
+  // Point to point splits by host by message size, not by this model (hierP2pDecline).
   if (type == CollType::kAllToAll || type == CollType::kSendRecv) {
-    c.reason = "point-to-point exchanges split by host only where LOOM_ALGO names hier";
+    c.reason = "point-to-point exchanges split by host by message size (512 KiB and more)";
     return c;
   }
   const model::Fabric flatFabric = model::netExecutorFabric(*f, /*rail=*/false);

@@ -208,9 +208,10 @@
     "each host and between the ranks of one local index; host buffers: all-reduce, " \
     "all-gather and reduce-scatter; GPU buffers: all-reduce, all-gather, broadcast, reduce and " \
     "reduce-scatter; each taken where the cost model prices it " \
-    "under the flat form, or always where named; ^hier: never; where named, GPU send/receive " \
-    "and all-to-all also go to the host's own ranks over the GPU mesh and to the others over " \
-    "the network); an unknown name fails the communicator's init") \
+    "under the flat form, or always where named; ^hier: never; GPU send/receive and " \
+    "all-to-all send messages (all-to-all: blocks) of 512 KiB and more, any where named, to " \
+    "the host's own ranks over the GPU mesh and the rest over the network); an unknown name " \
+    "fails the communicator's init") \
   X(kTuning, kProto, "LOOM_PROTO", "NCCL_PROTO", kChoice, "auto", "auto|simple|ll|ll128", \
     "force a protocol (any case): simple, ll (GPU all-reduce, reduce and reduce-scatter up to " \
     "1 MiB per peer) or ll128 (up to 8 MiB per peer on 2 ranks, 2 MiB above); auto chooses") \

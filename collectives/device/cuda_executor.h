@@ -431,10 +431,12 @@ class CudaExecutor final : public DeviceExecutor {
   };
   // Point-to-point exchanges (send/receive, all-to-all) split by where the peer is: the
   // ranks of this host over its GPU mesh (local_), the others over the network
-  // (collectives/hierarchy.h hierP2pDecline says where); the reason either way.
-  bool splitsP2p(collectives::CollType type, const char** reason) const;
-  // Moves the messages to ranks of this host from `net` to `mesh` (as the mesh's calls:
-  // the peer as a local index, on `stream`); with `mesh` null, only drops them.
+  // (collectives/hierarchy.h hierP2pDecline says where; `blockBytes`: an all-to-all's
+  // block); the reason either way.
+  bool splitsP2p(collectives::CollType type, size_t blockBytes, const char** reason) const;
+  // Moves the messages to ranks of this host that go over the mesh (hierP2pOverMesh) from
+  // `net` to `mesh` (as the mesh's calls: the peer as a local index, on `stream`); with
+  // `mesh` null, only drops them.
   void takeHostMessages(std::vector<dev::NetExecutor::P2p>* net, std::vector<Operation>* mesh,
                         cudaStream_t stream) const;
   // The all-to-all split so: the host's blocks in one all-to-all over the mesh, every other

@@ -413,12 +413,12 @@ Status CudaExecutor::runHier(const Operation& op, const ExecutorRedOp& red) {
   return call.end(op.stream);
 }
 
-bool CudaExecutor::splitsP2p(CollType type, const char** reason) const {
+bool CudaExecutor::splitsP2p(CollType type, size_t blockBytes, const char** reason) const {
   if (!local_) {
     *reason = "no hierarchy (one rank per host, or a host without a GPU mesh)";
     return false;
   }
-  *reason = hierP2pDecline(type, hier_, limits_.algo);
+  *reason = hierP2pDecline(type, hier_, limits_.algo, blockBytes);
   if (*reason) return false;
   // The other hosts' blocks go as one step of network sends and receives, a kernel block
   // each (the flat form takes rounds where they would not fit).
@@ -427,7 +427,10 @@ bool CudaExecutor::splitsP2p(CollType type, const char** reason) const {
     *reason = "more peers on other hosts than one step of the network kernel takes";
     return false;
   }
-  *reason = "the ranks of this host over the GPU mesh, the others over the network";
+  *reason = type == CollType::kAllToAll
+                ? "the ranks of this host over the GPU mesh, the others over the network"
+                : "messages of 512 KiB or more (any, where LOOM_ALGO names hier) to the ranks of "
+                  "this host over the GPU mesh, the rest over the network";
   return true;
 }
 
@@ -435,7 +438,7 @@ void CudaExecutor::takeHostMessages(std::vector<dev::NetExecutor::P2p>* net,
                                     std::vector<Operation>* mesh, cudaStream_t stream) const {
   size_t kept = 0;
   for (const dev::NetExecutor::P2p& m : *net) {
-    if (hier_.hostOf[m.peer] != hier_.hostIndex) {
+    if (hier_.hostOf[m.peer] != hier_.hostIndex || !hierP2pOverMesh(m.bytes, limits_.algo)) {
       (*net)[kept++] = m;
       continue;
     }

@@ -121,7 +121,8 @@ Status CudaExecutor::prepare(const Operation& op) {
   const char* why = nullptr;
   if (takesHier(op, &why)) return prepareHier(op);
   const collectives::CollRequest req = collectives::requestFor(op, nranks_, rank_);
-  if (op.type == collectives::CollType::kAllToAll && splitsP2p(op.type, &why)) {
+  if (op.type == collectives::CollType::kAllToAll &&
+      splitsP2p(op.type, op.count * req.elemSize, &why)) {
     // The network's connections to the other hosts' ranks and its plan. In place, the
     // blocks leave from the scratch copy (runSplitAllToAll): the same addresses here, since
     // the network executor matches prepared plans by them.
@@ -165,7 +166,7 @@ Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin,
   if (mesh_ || !net_) return Status::ok();
   DeviceGuard guard(device_);
   const char* why = nullptr;
-  const bool split = splitsP2p(collectives::CollType::kSendRecv, &why);
+  const bool split = splitsP2p(collectives::CollType::kSendRecv, 0, &why);
   // The sends in place leave from the scratch: the same addresses as runNetP2p's, since
   // the network executor matches prepared plans by them.
   std::vector<Operation> calls;
@@ -215,8 +216,8 @@ Status CudaExecutor::runNet(const Operation& op, const ExecutorRedOp& red) {
   const char* flat = nullptr;
   std::string flatText;
   if (takesHier(op, &flat, logging ? &flatText : nullptr)) return runHier(op, red);
-  if (const char* why = nullptr;
-      op.type == collectives::CollType::kAllToAll && splitsP2p(op.type, &why)) {
+  if (const char* why = nullptr; op.type == collectives::CollType::kAllToAll &&
+                                 splitsP2p(op.type, op.count * dataTypeSize(op.dtype), &why)) {
     return runSplitAllToAll(op);
   }
   if (logging && flatText.empty()) flatText = flat;
@@ -276,39 +277,42 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   DeviceGuard guard(device_);
   cudaStream_t stream = ops[begin].stream;
   // Split by where the peer is: this host's ranks over the GPU mesh first (its kernel
-  // only waits for them), then the other hosts' over the network. Where the host's ranks
-  // share a GPU (a testing mode), the gate between the two (GatedCall) takes every rank
-  // of the host in this process to call in the same group, as the perf binaries' -g does.
+  // only waits for them), then the rest over the network.
   const char* why = nullptr;
-  const bool split = splitsP2p(collectives::CollType::kSendRecv, &why);
-  GatedCall call(this, split);
-  // Calls of the group on other streams: those streams' earlier work comes first.
-  for (size_t i = begin; i < end; ++i) {
-    if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
-  }
+  const bool split = splitsP2p(collectives::CollType::kSendRecv, 0, &why);
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
-  LOOM_TRY(call.begin(stream, cap));
   std::vector<Operation> calls;
   std::vector<SendCopy> copies;
   LOOM_ASSIGN_OR_RETURN(const bool copied,
                         inPlaceSendsCopied(ops, begin, end, cap, &calls, &copies));
-  for (const SendCopy& c : copies) {
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice, stream),
-                        "cudaMemcpyAsync of a send in place"));
-  }
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
   LOOM_TRY(copied ? netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs)
                   : netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
   std::vector<Operation> mesh;
   if (split) takeHostMessages(&list, &mesh, stream);
+  // Where the host's ranks share a GPU (a testing mode), the gate between the two passes
+  // (GatedCall) takes every rank of the host in this process to call in the same group, as
+  // the perf binaries' -g does. A host of two ranks passes it only where the group has
+  // messages over the mesh, which both ranks then have (they are each other's); a larger
+  // host always, since a rank may have none while two others do.
+  GatedCall call(this, split && (hier_.local > 2 || !mesh.empty()));
+  // Calls of the group on other streams: those streams' earlier work comes first.
+  for (size_t i = begin; i < end; ++i) {
+    if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
+  }
+  LOOM_TRY(call.begin(stream, cap));
+  for (const SendCopy& c : copies) {
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice, stream),
+                        "cudaMemcpyAsync of a send in place"));
+  }
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
   if (!mesh.empty()) LOOM_TRY(local_->runP2p(mesh, 0, mesh.size()));
   call.pass(1);
   if (split) {
     LOOM_INFO(kColl,
               "rank %d: %zu send/receive message(s) with this host's ranks over the GPU mesh, "
-              "%zu with the other hosts' over the network",
+              "%zu over the network (the other hosts' ranks, and this host's under 512 KiB)",
               rank_, mesh.size(), list.size());
   }
   if (!list.empty()) LOOM_TRY(net_->runP2p(list, stream));

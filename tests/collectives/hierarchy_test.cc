@@ -91,31 +91,43 @@ TEST(Hierarchy, WhichCallsTakeIt) {
   }
 }
 
-// Point-to-point exchanges split by where the peer is only where LOOM_ALGO names hier,
-// and the all-to-all only where the ranks go host by host.
-TEST(Hierarchy, PointToPointSplitsWhereHierIsNamed) {
+// Point-to-point exchanges split by where the peer is from 512 KiB a message (an
+// all-to-all's block), at every size where LOOM_ALGO names hier, never where it leaves hier
+// out; the all-to-all only where the ranks go host by host.
+TEST(Hierarchy, PointToPointSplitsByMessageSize) {
   Hierarchy h, mixed;
   std::string why;
   ASSERT_TRUE(findHierarchy({1, 1, 2, 2}, 0, &h, &why));
   ASSERT_TRUE(findHierarchy({1, 2, 1, 2}, 0, &mixed, &why));
   EXPECT_TRUE(ranksHostByHost(h));
   EXPECT_FALSE(ranksHostByHost(mixed));
-  const AlgoRequest any;
-  EXPECT_NE(hierP2pDecline(CollType::kSendRecv, h, any), nullptr);
-  EXPECT_NE(hierP2pDecline(CollType::kAllToAll, h, any), nullptr);
+  const size_t big = kHierP2pMeshBytes, small = kHierP2pMeshBytes - 1;
+  for (const char* text : {"", "^tree"}) {
+    auto a = AlgoRequest::parse(text);
+    ASSERT_TRUE(a.isOk());
+    EXPECT_EQ(hierP2pDecline(CollType::kSendRecv, h, a.value(), 0), nullptr) << text;
+    EXPECT_EQ(hierP2pDecline(CollType::kAllToAll, h, a.value(), big), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, h, a.value(), small), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, mixed, a.value(), big), nullptr) << text;
+    EXPECT_TRUE(hierP2pOverMesh(big, a.value())) << text;
+    EXPECT_FALSE(hierP2pOverMesh(small, a.value())) << text;
+    EXPECT_FALSE(hierP2pOverMesh(0, a.value())) << text;
+  }
   for (const char* text : {"hier", "ring,hier"}) {
     auto a = AlgoRequest::parse(text);
     ASSERT_TRUE(a.isOk());
-    EXPECT_EQ(hierP2pDecline(CollType::kSendRecv, h, a.value()), nullptr) << text;
-    EXPECT_EQ(hierP2pDecline(CollType::kAllToAll, h, a.value()), nullptr) << text;
-    EXPECT_EQ(hierP2pDecline(CollType::kSendRecv, mixed, a.value()), nullptr) << text;
-    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, mixed, a.value()), nullptr) << text;
-    EXPECT_NE(hierP2pDecline(CollType::kAllReduce, h, a.value()), nullptr) << text;
+    EXPECT_EQ(hierP2pDecline(CollType::kSendRecv, h, a.value(), 0), nullptr) << text;
+    EXPECT_EQ(hierP2pDecline(CollType::kAllToAll, h, a.value(), 4), nullptr) << text;
+    EXPECT_EQ(hierP2pDecline(CollType::kSendRecv, mixed, a.value(), 0), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, mixed, a.value(), big), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kAllReduce, h, a.value(), big), nullptr) << text;
+    EXPECT_TRUE(hierP2pOverMesh(1, a.value())) << text;
   }
-  for (const char* text : {"^tree", "^hier", "ring"}) {
+  for (const char* text : {"^hier", "ring"}) {
     auto a = AlgoRequest::parse(text);
     ASSERT_TRUE(a.isOk());
-    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, h, a.value()), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kSendRecv, h, a.value(), 0), nullptr) << text;
+    EXPECT_NE(hierP2pDecline(CollType::kAllToAll, h, a.value(), big), nullptr) << text;
   }
 }
 

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -524,21 +525,27 @@ size_t threadPerRank(Host& h) {
 }
 
 // Point to point across the hosts, split by where the peer is (LOOM_ALGO=hier: the host's
-// ranks over the mesh, the other host's over the network): an all-to-all, in place and
-// not; every rank sending a block to every rank (itself too) in one group of both local
-// ranks' sends and receives; and every rank sending its whole buffer to the next rank and
-// receiving the previous one's into the same buffer, as nccl-tests' sendrecv does in place
-// (rank 1 then sends over the network what rank 0 overwrites over the mesh). Rank r's
-// block for rank q holds inputValue(r, q x count + i). The wrong elements, or 1 for a call
+// ranks over the mesh, the other host's over the network; without it, messages of 512 KiB
+// and more): an all-to-all, in place and not; every rank sending a block to every rank
+// (itself too) in one group of both local ranks' sends and receives; every rank sending
+// its whole buffer to the next rank and receiving the previous one's into the same buffer,
+// as nccl-tests' sendrecv does in place (rank 1 then sends over the network what rank 0
+// overwrites over the mesh); and every rank sending every rank a block as two messages, a
+// small one and then one over 512 KiB (by default the host's ranks get the first over the
+// network and the second over the mesh, and must still match them in order). Rank r's
+// block for rank q holds inputValue(r, q x block + i). The wrong elements, or 1 for a call
 // that failed.
 size_t pointToPoint(Host& h) {
   size_t wrong = 0;
+  const size_t kBig = (size_t{512} << 10) / 4 + 5;  // floats: just over 512 KiB
+  const char* names[] = {"all_to_all", "all_to_all in place", "send/recv", "send/recv in place",
+                         "send/recv, a small and a large message a peer"};
   for (size_t count : {size_t{1}, size_t{1000}, size_t{100003}, size_t{1} << 20}) {
-    // all-to-all, in place, send/receive, send/receive in place
-    for (int mode = 0; mode < 4; ++mode) {
+    for (int mode = 0; mode < 5; ++mode) {
       const bool inPlace = mode == 1 || mode == 3;
+      const size_t block = mode == 4 ? count + kBig : count;
       RankBuffers b;
-      if (!b.fill(h, count * kRanks)) return 1;
+      if (!b.fill(h, block * kRanks)) return 1;
       if (ncclGroupStart() != ncclSuccess) return 1;
       for (int l = 0; l < kLocal; ++l) {
         float* out = inPlace ? b.in[l] : b.out[l];
@@ -555,16 +562,22 @@ size_t pointToPoint(Host& h) {
           continue;
         }
         for (int q = 0; q < kRanks; ++q) {
-          ncclSend(b.in[l] + size_t(q) * count, count, ncclFloat32, q, h.comms[l], h.streams[l]);
-          ncclRecv(b.out[l] + size_t(q) * count, count, ncclFloat32, q, h.comms[l], h.streams[l]);
+          float* in = b.in[l] + size_t(q) * block;
+          float* to = b.out[l] + size_t(q) * block;
+          const size_t first = mode == 4 ? count : block;
+          ncclSend(in, first, ncclFloat32, q, h.comms[l], h.streams[l]);
+          ncclRecv(to, first, ncclFloat32, q, h.comms[l], h.streams[l]);
+          if (mode == 4) {
+            ncclSend(in + first, kBig, ncclFloat32, q, h.comms[l], h.streams[l]);
+            ncclRecv(to + first, kBig, ncclFloat32, q, h.comms[l], h.streams[l]);
+          }
         }
       }
       if (ncclGroupEnd() != ncclSuccess) {
-        ADD_FAILURE() << (mode < 2 ? "all_to_all" : "send/recv") << " of " << count
-                      << " floats: " << ncclGetLastError(nullptr);
+        ADD_FAILURE() << names[mode] << " of " << count << " floats: " << ncclGetLastError(nullptr);
         return 1;
       }
-      std::vector<float> got(count * kRanks);
+      std::vector<float> got(block * kRanks);
       for (int l = 0; l < kLocal; ++l) {
         const int rank = h.base + l;
         if (cudaStreamSynchronize(h.streams[l]) != cudaSuccess ||
@@ -575,17 +588,14 @@ size_t pointToPoint(Host& h) {
           return 1;
         }
         for (size_t e = 0; e < got.size(); ++e) {
-          const int q = mode == 3 ? (rank + kRanks - 1) % kRanks : int(e / count);
+          const int q = mode == 3 ? (rank + kRanks - 1) % kRanks : int(e / block);
           const float want =
-              float(mode == 3 ? inputValue(q, e) : inputValue(q, size_t(rank) * count + e % count));
+              float(mode == 3 ? inputValue(q, e) : inputValue(q, size_t(rank) * block + e % block));
           if (got[e] != want) {
             if (wrong < 3) {
-              ADD_FAILURE() << (mode == 0   ? "all_to_all"
-                                : mode == 1 ? "all_to_all in place"
-                                : mode == 2 ? "send/recv"
-                                            : "send/recv in place")
-                            << ", " << count << " floats: rank " << rank << " element " << e
-                            << " (from rank " << q << ") is " << got[e] << ", not " << want;
+              ADD_FAILURE() << names[mode] << ", " << count << " floats: rank " << rank
+                            << " element " << e << " (from rank " << q << ") is " << got[e]
+                            << ", not " << want;
             }
             ++wrong;
           }
@@ -611,6 +621,15 @@ TEST(GpuHier, OneHost) {
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (int l = 0; l < kLocal; ++l) ncclCommInitRank(&h.comms[l], kRanks, id, h.base + l);
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess) << ncclGetLastError(nullptr);
+  if (std::getenv("LOOM_TEST_HIER_P2P_ONLY")) {  // GpuHier.PointToPointByDefault
+    EXPECT_EQ(pointToPoint(h), 0u);
+    for (int l = 0; l < kLocal; ++l) {
+      cudaStreamDestroy(h.streams[l]);
+      EXPECT_EQ(ncclCommDestroy(h.comms[l]), ncclSuccess);
+    }
+    std::printf("host %d: done\n", h.base / kLocal);
+    return;
+  }
   // First, while every plan and every lane's connection is still to be made.
   EXPECT_EQ(backToBack(h), 0u);
   using loom::DataType;
@@ -669,20 +688,25 @@ TEST(GpuHier, OneHost) {
   std::printf("host %d: done\n", h.base / kLocal);
 }
 
-TEST(GpuHier, TwoHostsOfTwoRanks) {
-  REQUIRE_GPUS(1);
+// Runs GpuHier.OneHost as kHosts processes with `env` beside each one's own, and gives
+// each host's log to `check` (after a failure is added where a host failed).
+void runHosts(const std::vector<std::string>& env,
+              const std::function<void(int host, const std::string& log)>& check) {
   const std::string address = loom::test::freeLoopbackAddress();
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int k = 0; k < kHosts; ++k) {
     logs.push_back("/tmp/loom_hier_" + std::to_string(getpid()) + "_" + std::to_string(k) + ".log");
+    std::vector<std::string> all = {"LOOM_TEST_HIER_HOST=" + std::to_string(k),
+                                    "LOOM_COMM_ID=" + address,
+                                    "LOOM_HOST_ID=hier-host-" + std::to_string(k),
+                                    "LOOM_P2P_SHARE_GPU=1",
+                                    "LOOM_TIMEOUT_MS=60000",
+                                    "LOOM_DEBUG=INFO",
+                                    "LOOM_DEBUG_SUBSYS=INIT,COLL"};
+    all.insert(all.end(), env.begin(), env.end());
     std::string why;
-    const pid_t pid = loom::test::spawnSelf(
-        "GpuHier.OneHost",
-        {"LOOM_TEST_HIER_HOST=" + std::to_string(k), "LOOM_COMM_ID=" + address,
-         "LOOM_HOST_ID=hier-host-" + std::to_string(k), "LOOM_P2P_SHARE_GPU=1", "LOOM_ALGO=hier",
-         "LOOM_TIMEOUT_MS=60000", "LOOM_DEBUG=INFO", "LOOM_DEBUG_SUBSYS=INIT,COLL"},
-        logs.back(), &why);
+    const pid_t pid = loom::test::spawnSelf("GpuHier.OneHost", all, logs.back(), &why);
     ASSERT_GT(pid, 0) << why;
     pids.push_back(pid);
   }
@@ -705,6 +729,14 @@ TEST(GpuHier, TwoHostsOfTwoRanks) {
       ADD_FAILURE() << "host " << k << " failed (status " << status << "); the end of its log:\n"
                     << log.substr(log.size() > 8000 ? log.size() - 8000 : 0);
     }
+    check(k, log);
+    unlink(logs[k].c_str());
+  }
+}
+
+TEST(GpuHier, TwoHostsOfTwoRanks) {
+  REQUIRE_GPUS(1);
+  runHosts({"LOOM_ALGO=hier"}, [](int k, const std::string& log) {
     // The forms it ran: the hierarchical one (LOOM_DEBUG=INFO says so per call).
     EXPECT_NE(log.find("hierarchical GPU forms: host"), std::string::npos) << "host " << k;
     for (const char* form :
@@ -715,8 +747,22 @@ TEST(GpuHier, TwoHostsOfTwoRanks) {
     for (const char* split : {"GPU all-to-all", "with this host's ranks over the GPU mesh"}) {
       EXPECT_NE(log.find(split), std::string::npos) << "host " << k << ": no \"" << split << "\"";
     }
-    unlink(logs[k].c_str());
-  }
+  });
+}
+
+// Without LOOM_ALGO: the host's ranks get messages of 512 KiB and more over the mesh, and
+// smaller ones over the network, in the same groups.
+TEST(GpuHier, PointToPointByDefault) {
+  REQUIRE_GPUS(1);
+  runHosts({"LOOM_TEST_HIER_P2P_ONLY=1"}, [](int k, const std::string& log) {
+    EXPECT_NE(log.find("GPU all-to-all"), std::string::npos) << "host " << k;
+    EXPECT_NE(log.find(" 0 send/receive message(s) with this host's ranks over the GPU mesh"),
+              std::string::npos)
+        << "host " << k << ": no group that sent everything over the network";
+    EXPECT_NE(log.find(" 2 send/receive message(s) with this host's ranks over the GPU mesh"),
+              std::string::npos)
+        << "host " << k << ": no group that split by size";
+  });
 }
 
 }  // namespace
