@@ -34,6 +34,13 @@ inline constexpr int kMaxStepPeers = 3;
 // One-shot all-reduce (every rank sends its whole buffer to every other) is used, and
 // honoured when LOOM_ALGO forces it, only while bytes * (ranks - 1) stays under this.
 inline constexpr size_t kOneShotMaxBytes = 96 * 1024;
+// All-gather of GPU buffers over the network: the direct form (every block to every peer
+// in one step) on 3 ranks at every size, on 4 up to this many bytes a rank, the ring above
+// and on more ranks. Processes as hosts on an H100 under MPS (2026-12-06 08:17, two rounds,
+// docs/perf/crosshost.md): on 3, direct 36-42 us against the ring's 52-60 below 4 KiB and
+// 0.63-0.72 x its time from 256 KiB to 16 MiB; on 4, 51-62 us against 69-80 below 32 KiB,
+// level at 256 KiB-2 MiB (64-512 KiB a rank), 1.26-1.30 x the ring's time at 16 MiB.
+inline constexpr size_t kDirectAllGatherMaxBytes = 512 * 1024;
 
 struct Step {
   Region src;

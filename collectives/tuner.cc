@@ -267,7 +267,23 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       // (4 and 8 ranks, 64 KiB - 32 MiB) it was level or ahead.
       chooseChainOrTree(CollType::kReduce, req, forced, bytes, &c);
       break;
-    case CollType::kAllGather:
+    case CollType::kAllGather: {
+      // GPU buffers over the network, few ranks: every rank sends its block to every other
+      // at once, one step instead of the ring's n - 1 (kDirectAllGatherMaxBytes says
+      // where; LOOM_ALGO=direct: any size on up to 4 ranks).
+      const bool direct = req.device && req.network && n > 2 && n - 1 <= kMaxStepPeers &&
+                          forced.allows(AlgoName::kDirect);
+      const bool ring = forced.allows(AlgoName::kRing);
+      if (direct && (!ring || n == 3 || bytes <= kDirectAllGatherMaxBytes)) {
+        c.algo = Algorithm::kDirect;
+        c.reason =
+            ring ? "small blocks over the network, few ranks: direct" : "forced by LOOM_ALGO";
+        break;
+      }
+      c.algo = Algorithm::kRing;
+      c.reason = "ring";
+      break;
+    }
     case CollType::kReduceScatter:
       c.algo = Algorithm::kRing;
       c.reason = "ring";
@@ -409,6 +425,7 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
       return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems, !req.device)
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kAllGather:
+      if (algo == Algorithm::kDirect) return directAllGather(r, n, req.count);
       if (algo == Algorithm::kHier && req.hier)
         return hierAllGather(*req.hier, req.count, req.pieceElems);
       return ringAllGather(r, n, req.count, req.pieceElems, req.ring);

@@ -118,6 +118,28 @@ TEST(NetPlan, NoOneShotOverTheNetwork) {
   }
 }
 
+// All-gather of GPU buffers over the network: direct (one step) on 3 ranks, and on 4 for
+// blocks up to kDirectAllGatherMaxBytes; the ring above, on 2 ranks (one step either way)
+// and beyond 4; LOOM_ALGO decides where it names one.
+TEST(NetPlan, SmallAllGatherIsDirectOnFewRanks) {
+  const size_t small = kDirectAllGatherMaxBytes / 4, large = small + 1;
+  auto pick = [](int n, size_t count, const char* algo) {
+    auto c = chooseNetAlgorithm(request(CollType::kAllGather, 0, n, count, 0, 1000),
+                                *AlgoRequest::parse(algo));
+    EXPECT_TRUE(c.isOk());
+    return c.isOk() ? c->algo : Algorithm::kOneShot;
+  };
+  for (int n : {3, 4}) {
+    EXPECT_EQ(pick(n, 1, ""), Algorithm::kDirect) << n;
+    EXPECT_EQ(pick(n, small, ""), Algorithm::kDirect) << n;
+    EXPECT_EQ(pick(n, large, ""), n == 3 ? Algorithm::kDirect : Algorithm::kRing) << n;
+    EXPECT_EQ(pick(n, large, "direct"), Algorithm::kDirect) << n;
+    EXPECT_EQ(pick(n, 1, "ring"), Algorithm::kRing) << n;
+    EXPECT_EQ(pick(n, 1, "^direct"), Algorithm::kRing) << n;
+  }
+  for (int n : {2, 5, 8}) EXPECT_EQ(pick(n, 1, ""), Algorithm::kRing) << n;
+}
+
 // ---- Plans over real sockets and proxies, the kernel emulated on the CPU. ----
 
 constexpr uint32_t kSlots = 4;
