@@ -405,11 +405,9 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
       switch (a) {
         case Algo::kMeshOneShot: *out = direct(f, a, S / n, 1, true); return true;
         case Algo::kRing: *out = ring(f, a, S, 1); return true;
-        // Built for the all-gather of GPU buffers across hosts, up to 4 ranks.
+        // Built for GPU buffers across hosts, up to 4 ranks.
         case Algo::kDirect:
-          *out = direct(
-              f, a, S / n, 1,
-              type == CollType::kAllGather && f.gpu && f.hosts > 1 && n - 1 <= kMaxStepPeers);
+          *out = direct(f, a, S / n, 1, f.gpu && f.hosts > 1 && n - 1 <= kMaxStepPeers);
           return true;
         case Algo::kHierarchical:
           if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;

@@ -41,6 +41,10 @@ inline constexpr size_t kOneShotMaxBytes = 96 * 1024;
 // 0.63-0.72 x its time from 256 KiB to 16 MiB; on 4, 51-62 us against 69-80 below 32 KiB,
 // level at 256 KiB-2 MiB (64-512 KiB a rank), 1.26-1.30 x the ring's time at 16 MiB.
 inline constexpr size_t kDirectAllGatherMaxBytes = 512 * 1024;
+// Reduce-scatter likewise (directReduceScatter), on 3 and 4 ranks up to this many bytes a
+// rank: the same runs (08:26), 5-16 us under the ring's time below 32 KiB of input and
+// 234 against 255 us at 256 KiB on 4 ranks, but slower or mixed from 2 MiB.
+inline constexpr size_t kDirectReduceScatterMaxBytes = 64 * 1024;
 
 struct Step {
   Region src;
@@ -161,6 +165,11 @@ Schedule ringAllGather(int rank, int n, size_t count, size_t piece,
                        const std::vector<int>* ring = nullptr);
 Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece,
                            const std::vector<int>* ring = nullptr);
+// Direct reduce-scatter (`count` per rank), for n - 1 <= kMaxStepPeers (otherwise the
+// ring): in blocks of at most `piece`, each rank sends block q of its input to rank q and
+// reduces the n - 1 contributions to its own block with its input in one step. One hop
+// against the ring's n - 1, the same bytes.
+Schedule directReduceScatter(int rank, int n, size_t count, size_t piece);
 // True when `ring` lists each of 0..n-1 exactly once.
 bool isRingOrder(const std::vector<int>& ring, int n);
 // A pipelined chain from the root along `ring` (as the ring schedules take it: rank order

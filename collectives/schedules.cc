@@ -482,6 +482,38 @@ Schedule ringReduceScatter(int r, int n, size_t recvcount, size_t piece,
   return s;
 }
 
+Schedule directReduceScatter(int r, int n, size_t recvcount, size_t piece) {
+  if (n == 1) return localOnly(recvcount, recvcount, recvcount, true);
+  if (n - 1 > kMaxStepPeers) return ringReduceScatter(r, n, recvcount, piece);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = recvcount * n;
+  s.outputCount = recvcount;
+  piece = std::max<size_t>(piece, 1);
+  for (size_t base = 0; base < recvcount; base += piece) {
+    const size_t bc = std::min(piece, recvcount - base);
+    Phase phase;
+    phase.reserve(static_cast<size_t>(n));
+    for (int k = 1; k < n; ++k) {  // each other rank's block to its owner
+      const int to = mod(r + k, n);
+      Step send;
+      send.src = in(static_cast<size_t>(to) * recvcount + base);
+      send.count = bc;
+      send.sendTo(to);
+      phase.push_back(send);
+    }
+    Step own;  // this rank's block: its input and every other rank's contribution
+    own.src = in(static_cast<size_t>(r) * recvcount + base);
+    own.dst = out(base);
+    own.count = bc;
+    own.final = true;
+    for (int k = 1; k < n; ++k) own.recvFrom(mod(r - k, n));
+    phase.push_back(own);
+    s.phases.push_back(std::move(phase));
+  }
+  return s;
+}
+
 Schedule ringAllGather(int r, int n, size_t sendcount, size_t piece, const std::vector<int>* ring) {
   Schedule s;
   s.reduces = false;

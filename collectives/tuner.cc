@@ -267,14 +267,19 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       // (4 and 8 ranks, 64 KiB - 32 MiB) it was level or ahead.
       chooseChainOrTree(CollType::kReduce, req, forced, bytes, &c);
       break;
-    case CollType::kAllGather: {
-      // GPU buffers over the network, few ranks: every rank sends its block to every other
-      // at once, one step instead of the ring's n - 1 (kDirectAllGatherMaxBytes says
-      // where; LOOM_ALGO=direct: any size on up to 4 ranks).
+    case CollType::kAllGather:
+    case CollType::kReduceScatter: {
+      // GPU buffers over the network, few ranks: every rank sends each block to its owner
+      // at once, one step instead of the ring's n - 1 (kDirectAllGatherMaxBytes and
+      // kDirectReduceScatterMaxBytes say where; LOOM_ALGO=direct: any size on up to 4
+      // ranks).
       const bool direct = req.device && req.network && n > 2 && n - 1 <= kMaxStepPeers &&
                           forced.allows(AlgoName::kDirect);
       const bool ring = forced.allows(AlgoName::kRing);
-      if (direct && (!ring || n == 3 || bytes <= kDirectAllGatherMaxBytes)) {
+      const bool small = req.type == CollType::kAllGather
+                             ? n == 3 || bytes <= kDirectAllGatherMaxBytes
+                             : bytes <= kDirectReduceScatterMaxBytes;
+      if (direct && (!ring || small)) {
         c.algo = Algorithm::kDirect;
         c.reason =
             ring ? "small blocks over the network, few ranks: direct" : "forced by LOOM_ALGO";
@@ -284,10 +289,6 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       c.reason = "ring";
       break;
     }
-    case CollType::kReduceScatter:
-      c.algo = Algorithm::kRing;
-      c.reason = "ring";
-      break;
     case CollType::kAllToAll:
     case CollType::kSendRecv:
       c.algo = Algorithm::kDirect;
@@ -430,6 +431,7 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
         return hierAllGather(*req.hier, req.count, req.pieceElems);
       return ringAllGather(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kReduceScatter:
+      if (algo == Algorithm::kDirect) return directReduceScatter(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kHier && req.hier)
         return hierReduceScatter(*req.hier, req.count, req.pieceElems);
       return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);

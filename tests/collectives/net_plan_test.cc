@@ -118,26 +118,32 @@ TEST(NetPlan, NoOneShotOverTheNetwork) {
   }
 }
 
-// All-gather of GPU buffers over the network: direct (one step) on 3 ranks, and on 4 for
-// blocks up to kDirectAllGatherMaxBytes; the ring above, on 2 ranks (one step either way)
-// and beyond 4; LOOM_ALGO decides where it names one.
-TEST(NetPlan, SmallAllGatherIsDirectOnFewRanks) {
-  const size_t small = kDirectAllGatherMaxBytes / 4, large = small + 1;
-  auto pick = [](int n, size_t count, const char* algo) {
-    auto c = chooseNetAlgorithm(request(CollType::kAllGather, 0, n, count, 0, 1000),
-                                *AlgoRequest::parse(algo));
-    EXPECT_TRUE(c.isOk());
-    return c.isOk() ? c->algo : Algorithm::kOneShot;
-  };
-  for (int n : {3, 4}) {
-    EXPECT_EQ(pick(n, 1, ""), Algorithm::kDirect) << n;
-    EXPECT_EQ(pick(n, small, ""), Algorithm::kDirect) << n;
-    EXPECT_EQ(pick(n, large, ""), n == 3 ? Algorithm::kDirect : Algorithm::kRing) << n;
-    EXPECT_EQ(pick(n, large, "direct"), Algorithm::kDirect) << n;
-    EXPECT_EQ(pick(n, 1, "ring"), Algorithm::kRing) << n;
-    EXPECT_EQ(pick(n, 1, "^direct"), Algorithm::kRing) << n;
+// All-gather and reduce-scatter of GPU buffers over the network: direct (one step) for
+// blocks up to kDirectAllGatherMaxBytes (all-gather on 3 ranks: any) and
+// kDirectReduceScatterMaxBytes on 3 and 4 ranks; the ring above, on 2 ranks (one step
+// either way) and beyond 4; LOOM_ALGO decides where it names one.
+TEST(NetPlan, SmallAllGatherAndReduceScatterAreDirectOnFewRanks) {
+  for (CollType type : {CollType::kAllGather, CollType::kReduceScatter}) {
+    const bool gather = type == CollType::kAllGather;
+    const size_t small = (gather ? kDirectAllGatherMaxBytes : kDirectReduceScatterMaxBytes) / 4;
+    const size_t large = small + 1;
+    auto pick = [type](int n, size_t count, const char* algo) {
+      auto c = chooseNetAlgorithm(request(type, 0, n, count, 0, 1000), *AlgoRequest::parse(algo));
+      EXPECT_TRUE(c.isOk());
+      return c.isOk() ? c->algo : Algorithm::kOneShot;
+    };
+    const int t = static_cast<int>(type);
+    for (int n : {3, 4}) {
+      EXPECT_EQ(pick(n, 1, ""), Algorithm::kDirect) << t << " " << n;
+      EXPECT_EQ(pick(n, small, ""), Algorithm::kDirect) << t << " " << n;
+      EXPECT_EQ(pick(n, large, ""), gather && n == 3 ? Algorithm::kDirect : Algorithm::kRing)
+          << t << " " << n;
+      EXPECT_EQ(pick(n, large, "direct"), Algorithm::kDirect) << t << " " << n;
+      EXPECT_EQ(pick(n, 1, "ring"), Algorithm::kRing) << t << " " << n;
+      EXPECT_EQ(pick(n, 1, "^direct"), Algorithm::kRing) << t << " " << n;
+    }
+    for (int n : {2, 5, 8}) EXPECT_EQ(pick(n, 1, ""), Algorithm::kRing) << t << " " << n;
   }
-  for (int n : {2, 5, 8}) EXPECT_EQ(pick(n, 1, ""), Algorithm::kRing) << n;
 }
 
 // ---- Plans over real sockets and proxies, the kernel emulated on the CPU. ----

@@ -235,6 +235,8 @@ std::vector<Case> cases() {
        [](int r, int n, size_t c, int) { return roundsAllToAll(r, n, c, 3); }},
       {"DirectAllGather", CollType::kAllGather,
        [](int r, int n, size_t c, int) { return directAllGather(r, n, c); }},
+      {"DirectReduceScatter", CollType::kReduceScatter,
+       [](int r, int n, size_t c, int) { return directReduceScatter(r, n, c, kPiece); }},
   };
 }
 
