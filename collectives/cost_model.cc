@@ -405,9 +405,9 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
       switch (a) {
         case Algo::kMeshOneShot: *out = direct(f, a, S / n, 1, true); return true;
         case Algo::kRing: *out = ring(f, a, S, 1); return true;
-        // Built for GPU buffers across hosts, up to 4 ranks.
+        // Built for GPU buffers over the network on 3 and 4 ranks (the tuner's bounds).
         case Algo::kDirect:
-          *out = direct(f, a, S / n, 1, f.gpu && f.hosts > 1 && n - 1 <= kMaxStepPeers);
+          *out = direct(f, a, S / n, 1, f.gpuNetwork && n > 2 && n - 1 <= kMaxStepPeers);
           return true;
         case Algo::kHierarchical:
           if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;
@@ -527,7 +527,8 @@ Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps, N
 
 Fabric netExecutorFabric(const Fabric& comm, bool rail) {
   Fabric f = comm;
-  f.gpu = false;       // no mesh forms among the executor's ranks
+  f.gpu = false;  // no mesh forms among the executor's ranks
+  f.gpuNetwork = comm.gpu;
   f.hostTree = false;  // its tree is the one over all ranks (treeAllReduce)
   const LinkCost share = {comm.inter.latencyUs, comm.inter.gbps / std::max(1, comm.ranksPerHost)};
   if (rail) {

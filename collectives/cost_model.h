@@ -41,6 +41,9 @@ struct Fabric {
   // at once pays k - 1 of these on top of the step's latency).
   double messageUs = 0;
   bool gpu = false;  // device buffers (the in-host mesh forms exist)
+  // GPU buffers among the ranks of a network executor (netExecutorFabric): its direct
+  // all-gather and reduce-scatter are built on 3 and 4 ranks.
+  bool gpuNetwork = false;
   // The tree all-reduce joins the hosts with one rank each and chains each host's ranks
   // (hostTreeAllReduce: host buffers); otherwise it is one tree over all ranks in order.
   bool hostTree = false;

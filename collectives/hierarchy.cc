@@ -83,6 +83,9 @@ bool ranksHostByHost(const Hierarchy& h) {
   return true;
 }
 
+// The reasons below and in cuda_executor_hier.cc name the bound.
+static_assert(kHierP2pMeshBytes == 512 * 1024, "update the messages that say 512 KiB");
+
 bool hierP2pOverMesh(size_t bytes, const AlgoRequest& algo) {
   return algo.names(AlgoName::kHier) || bytes >= kHierP2pMeshBytes;
 }

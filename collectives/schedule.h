@@ -41,9 +41,12 @@ inline constexpr size_t kOneShotMaxBytes = 96 * 1024;
 // 0.63-0.72 x its time from 256 KiB to 16 MiB; on 4, 51-62 us against 69-80 below 32 KiB,
 // level at 256 KiB-2 MiB (64-512 KiB a rank), 1.26-1.30 x the ring's time at 16 MiB.
 inline constexpr size_t kDirectAllGatherMaxBytes = 512 * 1024;
-// Reduce-scatter likewise (directReduceScatter), on 3 and 4 ranks up to this many bytes a
-// rank: the same runs (08:26), 5-16 us under the ring's time below 32 KiB of input and
-// 234 against 255 us at 256 KiB on 4 ranks, but slower or mixed from 2 MiB.
+// Reduce-scatter likewise (directReduceScatter), on 3 ranks up to this many bytes a rank.
+// The same machine (08:26, round 1; round 2 ran disturbed): up to 32 KiB of input 0-8 us
+// under the ring's time on 3 ranks, 12-18 on 4, mixed or slower from 2 MiB on 4. On 4
+// ranks the default runs beside NCCL (--compare) took 162-190 us at 64 B-32 KiB in 2 of
+// 3 runs (08:26, 08:46) where the forced form took 66-80: on 4 ranks the ring stays until
+// that is understood.
 inline constexpr size_t kDirectReduceScatterMaxBytes = 64 * 1024;
 
 struct Step {

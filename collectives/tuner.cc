@@ -278,15 +278,16 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       const bool ring = forced.allows(AlgoName::kRing);
       const bool small = req.type == CollType::kAllGather
                              ? n == 3 || bytes <= kDirectAllGatherMaxBytes
-                             : bytes <= kDirectReduceScatterMaxBytes;
+                             : n == 3 && bytes <= kDirectReduceScatterMaxBytes;
       if (direct && (!ring || small)) {
         c.algo = Algorithm::kDirect;
-        c.reason =
-            ring ? "small blocks over the network, few ranks: direct" : "forced by LOOM_ALGO";
+        c.reason = ring ? "3 or 4 ranks over the network: direct, one step" : "forced by LOOM_ALGO";
         break;
       }
       c.algo = Algorithm::kRing;
-      c.reason = "ring";
+      c.reason = forced.names(AlgoName::kDirect) && !direct
+                     ? "ring (the direct form runs on 3 or 4 ranks of GPU buffers over the network)"
+                     : "ring";
       break;
     }
     case CollType::kAllToAll:

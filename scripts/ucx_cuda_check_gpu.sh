@@ -29,7 +29,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib/gpu_hosts.sh"
 export NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$ucx/lib:/usr/local/cuda/lib64:$prefix/lib:${LD_LIBRARY_PATH:-}"
-eth=$(ls /sys/class/net | grep -v '^lo$' | head -n1)  # the machine may have no `ip`
+eth=  # the first network interface but lo (the machine may have no `ip`)
+for d in /sys/class/net/*/; do
+  d=$(basename "$d")
+  [ "$d" != lo ] && { eth=$d; break; }
+done
 # shellcheck disable=SC2034  # read by loom_as_hosts
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0 -x LOOM_DEBUG=INFO -x LOOM_DEBUG_SUBSYS=NET -x LOOM_TIMEOUT_MS=15000)

@@ -280,39 +280,48 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   // only waits for them), then the rest over the network.
   const char* why = nullptr;
   const bool split = splitsP2p(collectives::CollType::kSendRecv, 0, &why);
+  // Where the host's ranks share a GPU (a testing mode), the gate between the two passes
+  // (GatedCall) takes every rank of the host in this process to call in the same group, as
+  // the perf binaries' -g does. A host of two ranks passes it only where the group has
+  // messages over the mesh, which both ranks then have (they are each other's, of the same
+  // sizes); a larger host always, since a rank may have none while two others do. Decided
+  // from the calls themselves, before anything that can fail, so that a failed call still
+  // says it is done.
+  bool meshWork = false;
+  for (size_t i = begin; split && i < end && !meshWork; ++i) {
+    const Operation& o = ops[i];
+    meshWork = o.root != rank_ && hier_.hostOf[o.root] == hier_.hostIndex &&
+               o.count * dataTypeSize(o.dtype) > 0 &&
+               hierP2pOverMesh(o.count * dataTypeSize(o.dtype), limits_.algo);
+  }
+  GatedCall call(this, split && (hier_.local > 2 || meshWork));
+  // Calls of the group on other streams: those streams' earlier work comes first.
+  for (size_t i = begin; i < end; ++i) {
+    if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
+  }
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
+  LOOM_TRY(call.begin(stream, cap));
   std::vector<Operation> calls;
   std::vector<SendCopy> copies;
   LOOM_ASSIGN_OR_RETURN(const bool copied,
                         inPlaceSendsCopied(ops, begin, end, cap, &calls, &copies));
+  for (const SendCopy& c : copies) {
+    LOOM_TRY(cudaStatus(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice, stream),
+                        "cudaMemcpyAsync of a send in place"));
+  }
   std::vector<dev::NetExecutor::P2p> list;
   std::vector<const Operation*> selfSends, selfRecvs;
   LOOM_TRY(copied ? netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs)
                   : netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
   std::vector<Operation> mesh;
   if (split) takeHostMessages(&list, &mesh, stream);
-  // Where the host's ranks share a GPU (a testing mode), the gate between the two passes
-  // (GatedCall) takes every rank of the host in this process to call in the same group, as
-  // the perf binaries' -g does. A host of two ranks passes it only where the group has
-  // messages over the mesh, which both ranks then have (they are each other's); a larger
-  // host always, since a rank may have none while two others do.
-  GatedCall call(this, split && (hier_.local > 2 || !mesh.empty()));
-  // Calls of the group on other streams: those streams' earlier work comes first.
-  for (size_t i = begin; i < end; ++i) {
-    if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));
-  }
-  LOOM_TRY(call.begin(stream, cap));
-  for (const SendCopy& c : copies) {
-    LOOM_TRY(cudaStatus(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice, stream),
-                        "cudaMemcpyAsync of a send in place"));
-  }
   LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
   if (!mesh.empty()) LOOM_TRY(local_->runP2p(mesh, 0, mesh.size()));
   call.pass(1);
   if (split) {
     LOOM_INFO(kColl,
               "rank %d: %zu send/receive message(s) with this host's ranks over the GPU mesh, "
-              "%zu over the network (the other hosts' ranks, and this host's under 512 KiB)",
+              "%zu over the network",
               rank_, mesh.size(), list.size());
   }
   if (!list.empty()) LOOM_TRY(net_->runP2p(list, stream));

@@ -119,9 +119,9 @@ TEST(NetPlan, NoOneShotOverTheNetwork) {
 }
 
 // All-gather and reduce-scatter of GPU buffers over the network: direct (one step) for
-// blocks up to kDirectAllGatherMaxBytes (all-gather on 3 ranks: any) and
-// kDirectReduceScatterMaxBytes on 3 and 4 ranks; the ring above, on 2 ranks (one step
-// either way) and beyond 4; LOOM_ALGO decides where it names one.
+// blocks up to kDirectAllGatherMaxBytes on 4 ranks and any on 3 (all-gather), up to
+// kDirectReduceScatterMaxBytes on 3 (reduce-scatter); the ring above, on 2 ranks (one step
+// either way) and beyond 4; LOOM_ALGO decides where it names one (up to 4 ranks).
 TEST(NetPlan, SmallAllGatherAndReduceScatterAreDirectOnFewRanks) {
   for (CollType type : {CollType::kAllGather, CollType::kReduceScatter}) {
     const bool gather = type == CollType::kAllGather;
@@ -134,8 +134,9 @@ TEST(NetPlan, SmallAllGatherAndReduceScatterAreDirectOnFewRanks) {
     };
     const int t = static_cast<int>(type);
     for (int n : {3, 4}) {
-      EXPECT_EQ(pick(n, 1, ""), Algorithm::kDirect) << t << " " << n;
-      EXPECT_EQ(pick(n, small, ""), Algorithm::kDirect) << t << " " << n;
+      const Algorithm smallPick = gather || n == 3 ? Algorithm::kDirect : Algorithm::kRing;
+      EXPECT_EQ(pick(n, 1, ""), smallPick) << t << " " << n;
+      EXPECT_EQ(pick(n, small, ""), smallPick) << t << " " << n;
       EXPECT_EQ(pick(n, large, ""), gather && n == 3 ? Algorithm::kDirect : Algorithm::kRing)
           << t << " " << n;
       EXPECT_EQ(pick(n, large, "direct"), Algorithm::kDirect) << t << " " << n;

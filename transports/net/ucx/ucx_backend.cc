@@ -600,10 +600,17 @@ Result<Opened> open() {
   // waits for the GPU to go idle. loom's proxy connects while its network kernels already
   // run and wait for that very connection, so the connect stalled until LOOM_TIMEOUT_MS
   // (processes as hosts on an H100, UCX 1.19.1, 2026-12-06; the fragments in host memory
-  // need no probe). The user's UCX_RNDV_FRAG_MEM_TYPES wins.
-  if (modifiable && !std::getenv("UCX_RNDV_FRAG_MEM_TYPES")) {
-    ucs_status_t m = u->configModify(config, "RNDV_FRAG_MEM_TYPES", "host");
-    if (m != UCS_OK) {
+  // need no probe). The user's UCX_RNDV_FRAG_MEM_TYPES wins (from the environment; one in
+  // UCX's configuration file is overridden).
+  if (!std::getenv("UCX_RNDV_FRAG_MEM_TYPES")) {
+    if (!modifiable) {
+      LOOM_INFO(kNet,
+                "net/ucx: UCX %u.%u: loom leaves UCX_RNDV_FRAG_MEM_TYPES as it is; with a UCX "
+                "built with CUDA and cuda_copy in UCX_TLS, set it to host (a connection may "
+                "otherwise stall while GPU kernels run)",
+                major, minor);
+    } else if (ucs_status_t m = u->configModify(config, "RNDV_FRAG_MEM_TYPES", "host");
+               m != UCS_OK) {
       LOOM_INFO(kNet,
                 "net/ucx: UCX_RNDV_FRAG_MEM_TYPES=host not applied: %s (with cuda_copy in "
                 "UCX_TLS, connections may stall while GPU kernels run)",
