@@ -44,9 +44,9 @@ inline constexpr size_t kDirectAllGatherMaxBytes = 512 * 1024;
 // Reduce-scatter likewise (directReduceScatter), on 3 ranks up to this many bytes a rank.
 // The same machine (08:26, round 1; round 2 ran disturbed): up to 32 KiB of input 0-8 us
 // under the ring's time on 3 ranks, 12-18 on 4, mixed or slower from 2 MiB on 4. On 4
-// ranks the default runs beside NCCL (--compare) took 162-190 us at 64 B-32 KiB in 2 of
-// 3 runs (08:26, 08:46) where the forced form took 66-80: on 4 ranks the ring stays until
-// that is understood.
+// ranks 2 of 5 default runs took 162-190 us at 64 B-32 KiB (08:26, 08:46) where the
+// others and the forced form took 66-86, with or without NCCL beside them: on 4 ranks the
+// ring stays until that is understood.
 inline constexpr size_t kDirectReduceScatterMaxBytes = 64 * 1024;
 
 struct Step {
