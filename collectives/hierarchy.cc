@@ -90,6 +90,19 @@ bool hierP2pOverMesh(size_t bytes, const AlgoRequest& algo) {
   return algo.names(AlgoName::kHier) || bytes >= kHierP2pMeshBytes;
 }
 
+bool hierP2pMeshWork(const std::vector<Operation>& ops, size_t begin, size_t end, int rank,
+                     const Hierarchy& h, const AlgoRequest& algo) {
+  for (size_t i = begin; i < end; ++i) {
+    const Operation& o = ops[i];
+    const size_t bytes = o.count * dataTypeSize(o.dtype);
+    if (o.root != rank && h.hostOf[o.root] == h.hostIndex && bytes > 0 &&
+        hierP2pOverMesh(bytes, algo)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest& algo,
                            size_t blockBytes) {
   if (type != CollType::kSendRecv && type != CollType::kAllToAll)

@@ -287,14 +287,8 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   // sizes); a larger host always, since a rank may have none while two others do. Decided
   // from the calls themselves, before anything that can fail, so that a failed call still
   // says it is done.
-  bool meshWork = false;
-  for (size_t i = begin; split && i < end && !meshWork; ++i) {
-    const Operation& o = ops[i];
-    meshWork = o.root != rank_ && hier_.hostOf[o.root] == hier_.hostIndex &&
-               o.count * dataTypeSize(o.dtype) > 0 &&
-               hierP2pOverMesh(o.count * dataTypeSize(o.dtype), limits_.algo);
-  }
-  GatedCall call(this, split && (hier_.local > 2 || meshWork));
+  GatedCall call(this, split && (hier_.local > 2 ||
+                                 hierP2pMeshWork(ops, begin, end, rank_, hier_, limits_.algo)));
   // Calls of the group on other streams: those streams' earlier work comes first.
   for (size_t i = begin; i < end; ++i) {
     if (ops[i].stream != stream) LOOM_TRY(join(ops[i].stream, stream));

@@ -131,6 +131,45 @@ TEST(Hierarchy, PointToPointSplitsByMessageSize) {
   }
 }
 
+// The gate's question: does a group hold a message for the mesh? Both ranks of a host of
+// two ranks answer alike for the same exchange (a message and its receive have one size).
+TEST(Hierarchy, MeshWorkOfAGroupIsTheSameOnBothRanksOfAHost) {
+  std::vector<Hierarchy> h(4);
+  std::string why;
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(findHierarchy({1, 1, 2, 2}, r, &h[r], &why));
+  auto msg = [](bool send, int peer, size_t count) {
+    Operation o;
+    o.type = CollType::kSendRecv;
+    o.isSend = send;
+    o.root = peer;
+    o.count = count;
+    o.dtype = DataType::kUint8;
+    return o;
+  };
+  const AlgoRequest any;
+  const size_t big = kHierP2pMeshBytes, small = 4096;
+  // Rank 0 and rank 1 (one host) swap one message of each size; rank 2 is another host's.
+  for (size_t size : {small, big}) {
+    const std::vector<Operation> g0 = {msg(true, 1, size), msg(false, 1, size), msg(true, 2, big),
+                                       msg(false, 2, big)};
+    const std::vector<Operation> g1 = {msg(true, 0, size), msg(false, 0, size)};
+    const bool w0 = hierP2pMeshWork(g0, 0, g0.size(), 0, h[0], any);
+    const bool w1 = hierP2pMeshWork(g1, 0, g1.size(), 1, h[1], any);
+    EXPECT_EQ(w0, size == big) << size;
+    EXPECT_EQ(w0, w1) << size;
+  }
+  // Messages to itself and to other hosts never go over the mesh; empty ones neither.
+  const std::vector<Operation> g = {msg(true, 0, big), msg(false, 0, big), msg(true, 3, big),
+                                    msg(true, 1, 0)};
+  EXPECT_FALSE(hierP2pMeshWork(g, 0, g.size(), 0, h[0], any));
+  // LOOM_ALGO=hier: any size.
+  auto hier = AlgoRequest::parse("hier");
+  ASSERT_TRUE(hier.isOk());
+  const std::vector<Operation> tiny = {msg(true, 1, 8)};
+  EXPECT_TRUE(hierP2pMeshWork(tiny, 0, 1, 0, h[0], hier.value()));
+  EXPECT_FALSE(hierP2pMeshWork(tiny, 0, 1, 0, h[0], any));
+}
+
 TEST(Hierarchy, ReductionsSplitBetweenTheLevels) {
   EXPECT_EQ(splitReduction(RedKind::kSum).first, RedKind::kSum);
   EXPECT_EQ(splitReduction(RedKind::kMax).second, RedKind::kMax);
