@@ -405,9 +405,12 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
       switch (a) {
         case Algo::kMeshOneShot: *out = direct(f, a, S / n, 1, true); return true;
         case Algo::kRing: *out = ring(f, a, S, 1); return true;
-        // Built for GPU buffers over the network on 3 and 4 ranks (the tuner's bounds).
+        // Built on 3 and 4 ranks for GPU buffers over the network and for host buffers
+        // across hosts of one rank (the tuner's bounds).
         case Algo::kDirect:
-          *out = direct(f, a, S / n, 1, f.gpuNetwork && n > 2 && n - 1 <= kMaxStepPeers);
+          *out = direct(f, a, S / n, 1,
+                        (f.gpuNetwork || (!f.gpu && f.hosts > 1 && f.ranksPerHost == 1)) && n > 2 &&
+                            n - 1 <= kMaxStepPeers);
           return true;
         case Algo::kHierarchical:
           if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;

@@ -48,6 +48,12 @@ inline constexpr size_t kDirectAllGatherMaxBytes = 512 * 1024;
 // others and the forced form took 66-86, with or without NCCL beside them: on 4 ranks the
 // ring stays until that is understood.
 inline constexpr size_t kDirectReduceScatterMaxBytes = 64 * 1024;
+// Host buffers: the direct all-gather and reduce-scatter on 3 and 4 hosts of one rank each,
+// from this many bytes a rank, the ring below. Processes as hosts over loopback TCP on the
+// 2-core machine, three interleaved rounds (2026-12-06, docs/perf/host_across_hosts.md): at
+// 64 MiB the ring took 1.06-1.27 x direct's time on 3 hosts and 1.22-1.95 x on 4; at 16 MiB
+// on 4, 1.19-2.0 x; on 3 at 16 MiB, and below 16 MiB, either could win.
+inline constexpr size_t kDirectHostMinBytes = 4 * 1024 * 1024;
 
 struct Step {
   Region src;

@@ -269,24 +269,26 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       break;
     case CollType::kAllGather:
     case CollType::kReduceScatter: {
-      // GPU buffers over the network, few ranks: every rank sends each block to its owner
-      // at once, one step instead of the ring's n - 1 (kDirectAllGatherMaxBytes and
-      // kDirectReduceScatterMaxBytes say where; LOOM_ALGO=direct: any size on up to 4
-      // ranks).
-      const bool direct = req.device && req.network && n > 2 && n - 1 <= kMaxStepPeers &&
-                          forced.allows(AlgoName::kDirect);
+      // Over the network, few ranks: every rank sends each block to its owner at once, one
+      // step instead of the ring's n - 1. GPU buffers: kDirectAllGatherMaxBytes and
+      // kDirectReduceScatterMaxBytes say where; host buffers across hosts of one rank each:
+      // from kDirectHostMinBytes a rank. LOOM_ALGO=direct: any size on up to 4 ranks.
+      const bool direct =
+          req.network && n > 2 && n - 1 <= kMaxStepPeers && forced.allows(AlgoName::kDirect);
       const bool ring = forced.allows(AlgoName::kRing);
-      const bool small = req.type == CollType::kAllGather
-                             ? n == 3 || bytes <= kDirectAllGatherMaxBytes
-                             : n == 3 && bytes <= kDirectReduceScatterMaxBytes;
-      if (direct && (!ring || small)) {
+      const bool takes =
+          req.device
+              ? (req.type == CollType::kAllGather ? n == 3 || bytes <= kDirectAllGatherMaxBytes
+                                                  : n == 3 && bytes <= kDirectReduceScatterMaxBytes)
+              : req.fabric && req.fabric->ranksPerHost == 1 && bytes >= kDirectHostMinBytes;
+      if (direct && (!ring || takes)) {
         c.algo = Algorithm::kDirect;
         c.reason = ring ? "3 or 4 ranks over the network: direct, one step" : "forced by LOOM_ALGO";
         break;
       }
       c.algo = Algorithm::kRing;
       c.reason = forced.names(AlgoName::kDirect) && !direct
-                     ? "ring (the direct form runs on 3 or 4 ranks of GPU buffers over the network)"
+                     ? "ring (the direct form runs on 3 or 4 ranks over the network)"
                      : "ring";
       break;
     }

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "collectives/cost_model.h"
 #include "collectives/tuner.h"
 #include "common/datatype.h"
 #include "transports/net/connect.h"
@@ -144,6 +145,26 @@ TEST(NetPlan, SmallAllGatherAndReduceScatterAreDirectOnFewRanks) {
       EXPECT_EQ(pick(n, 1, "^direct"), Algorithm::kRing) << t << " " << n;
     }
     for (int n : {2, 5, 8}) EXPECT_EQ(pick(n, 1, ""), Algorithm::kRing) << t << " " << n;
+    // Host buffers across hosts of one rank: direct from kDirectHostMinBytes a rank on 3
+    // and 4 (not within a host, where no fabric is given, nor on hosts of several ranks).
+    auto host = [type](int n, size_t count, int perHost = 1, bool across = true) {
+      CollRequest r = request(type, 0, n, count, 0, 1000);
+      model::Fabric f;
+      f.hosts = n / perHost;
+      f.ranksPerHost = perHost;
+      if (across) r.fabric = &f;
+      auto c = chooseFlatAlgorithm(r, AlgoRequest());
+      EXPECT_TRUE(c.isOk());
+      return c.isOk() ? c->algo : Algorithm::kOneShot;
+    };
+    const size_t from = kDirectHostMinBytes / 4;
+    for (int n : {3, 4}) {
+      EXPECT_EQ(host(n, from), Algorithm::kDirect) << t << " " << n;
+      EXPECT_EQ(host(n, from - 1), Algorithm::kRing) << t << " " << n;
+    }
+    EXPECT_EQ(host(5, from), Algorithm::kRing) << t;
+    EXPECT_EQ(host(4, from, 2), Algorithm::kRing) << t;
+    EXPECT_EQ(host(4, from, 1, false), Algorithm::kRing) << t;
   }
 }
 
