@@ -90,13 +90,16 @@ bool hierP2pOverMesh(size_t bytes, const AlgoRequest& algo) {
   return algo.names(AlgoName::kHier) || bytes >= kHierP2pMeshBytes;
 }
 
+bool hierP2pMessageOverMesh(int peer, size_t bytes, int rank, const Hierarchy& h,
+                            const AlgoRequest& algo) {
+  return peer != rank && h.hostOf[peer] == h.hostIndex && bytes > 0 && hierP2pOverMesh(bytes, algo);
+}
+
 bool hierP2pMeshWork(const std::vector<Operation>& ops, size_t begin, size_t end, int rank,
                      const Hierarchy& h, const AlgoRequest& algo) {
   for (size_t i = begin; i < end; ++i) {
-    const Operation& o = ops[i];
-    const size_t bytes = o.count * dataTypeSize(o.dtype);
-    if (o.root != rank && h.hostOf[o.root] == h.hostIndex && bytes > 0 &&
-        hierP2pOverMesh(bytes, algo)) {
+    if (hierP2pMessageOverMesh(ops[i].root, ops[i].count * dataTypeSize(ops[i].dtype), rank, h,
+                               algo)) {
       return true;
     }
   }

@@ -77,10 +77,13 @@ const char* hierP2pDecline(CollType type, const Hierarchy& h, const AlgoRequest&
 // Whether a send/receive message of `bytes` between two ranks of one host goes over the
 // mesh in a split exchange: both ends give the same answer, as both see the same size.
 bool hierP2pOverMesh(size_t bytes, const AlgoRequest& algo);
-// Whether the Send/Recv calls [begin, end) of one group of `rank` (h seen from it) hold a
-// message that goes over the mesh in a split exchange: to another rank of its host, not
-// empty, hierP2pOverMesh. On a host of two ranks both give the same answer (their mesh
-// messages are each other's), which the gate between the passes relies on
+// Whether a message of `bytes` between `rank` (h seen from it) and `peer` goes over the mesh
+// in a split exchange: to another rank of its host, not empty, hierP2pOverMesh.
+bool hierP2pMessageOverMesh(int peer, size_t bytes, int rank, const Hierarchy& h,
+                            const AlgoRequest& algo);
+// Whether the Send/Recv calls [begin, end) of one group of `rank` hold a message that goes
+// over the mesh (hierP2pMessageOverMesh). On a host of two ranks both give the same answer
+// (their mesh messages are each other's), which the gate between the passes relies on
 // (cuda_executor_net.cc runNetP2p).
 bool hierP2pMeshWork(const std::vector<Operation>& ops, size_t begin, size_t end, int rank,
                      const Hierarchy& h, const AlgoRequest& algo);

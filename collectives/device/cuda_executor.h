@@ -343,6 +343,19 @@ class CudaExecutor final : public DeviceExecutor {
   Result<bool> inPlaceSendsCopied(const std::vector<Operation>& ops, size_t begin, size_t end,
                                   bool captured, std::vector<Operation>* calls,
                                   std::vector<SendCopy>* copies);
+  // The work of a group's Send/Recv calls [begin, end) on the network path, made alike by
+  // prepareP2p and runNetP2p (the network executor matches prepared plans by address): the
+  // sends in place pointed at their copies (inPlaceSendsCopied), the messages with peers
+  // and with this rank itself (netP2pList), and where `split`, those over the mesh moved to
+  // `mesh` (null: only dropped; preparing needs nothing for them).
+  struct NetP2pWork {
+    std::vector<Operation> calls;  // the calls, sends in place redirected (empty: none)
+    std::vector<SendCopy> copies;
+    std::vector<dev::NetExecutor::P2p> net;
+    std::vector<const Operation*> selfSends, selfRecvs;  // into `calls` or the group's calls
+  };
+  Status netP2pWork(const std::vector<Operation>& ops, size_t begin, size_t end, bool captured,
+                    bool split, std::vector<Operation>* mesh, cudaStream_t stream, NetP2pWork* w);
   // A group's Send/Recv calls [begin, end) with peers, and those with this rank itself.
   Status netP2pList(const std::vector<Operation>& ops, size_t begin, size_t end,
                     std::vector<dev::NetExecutor::P2p>* list,
@@ -434,7 +447,7 @@ class CudaExecutor final : public DeviceExecutor {
   // (collectives/hierarchy.h hierP2pDecline says where; `blockBytes`: an all-to-all's
   // block); the reason either way.
   bool splitsP2p(collectives::CollType type, size_t blockBytes, const char** reason) const;
-  // Moves the messages to ranks of this host that go over the mesh (hierP2pOverMesh) from
+  // Moves the messages that go over the mesh (hierP2pMessageOverMesh) from
   // `net` to `mesh` (as the mesh's calls: the peer as a local index, on `stream`); with
   // `mesh` null, only drops them.
   void takeHostMessages(std::vector<dev::NetExecutor::P2p>* net, std::vector<Operation>* mesh,

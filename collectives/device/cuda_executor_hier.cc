@@ -438,7 +438,7 @@ void CudaExecutor::takeHostMessages(std::vector<dev::NetExecutor::P2p>* net,
                                     std::vector<Operation>* mesh, cudaStream_t stream) const {
   size_t kept = 0;
   for (const dev::NetExecutor::P2p& m : *net) {
-    if (hier_.hostOf[m.peer] != hier_.hostIndex || !hierP2pOverMesh(m.bytes, limits_.algo)) {
+    if (!hierP2pMessageOverMesh(m.peer, m.bytes, rank_, hier_, limits_.algo)) {
       (*net)[kept++] = m;
       continue;
     }

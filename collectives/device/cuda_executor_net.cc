@@ -162,25 +162,27 @@ Result<bool> CudaExecutor::inPlaceSendsCopied(const std::vector<Operation>& ops,
   return true;
 }
 
+Status CudaExecutor::netP2pWork(const std::vector<Operation>& ops, size_t begin, size_t end,
+                                bool captured, bool split, std::vector<Operation>* mesh,
+                                cudaStream_t stream, NetP2pWork* w) {
+  LOOM_ASSIGN_OR_RETURN(const bool copied,
+                        inPlaceSendsCopied(ops, begin, end, captured, &w->calls, &w->copies));
+  LOOM_TRY(copied ? netP2pList(w->calls, 0, w->calls.size(), &w->net, &w->selfSends, &w->selfRecvs)
+                  : netP2pList(ops, begin, end, &w->net, &w->selfSends, &w->selfRecvs));
+  if (split) takeHostMessages(&w->net, mesh, stream);
+  return Status::ok();
+}
+
 Status CudaExecutor::prepareP2p(const std::vector<Operation>& ops, size_t begin, size_t end) {
   if (mesh_ || !net_) return Status::ok();
   DeviceGuard guard(device_);
   const char* why = nullptr;
   const bool split = splitsP2p(collectives::CollType::kSendRecv, 0, &why);
-  // The sends in place leave from the scratch: the same addresses as runNetP2p's, since
-  // the network executor matches prepared plans by them.
-  std::vector<Operation> calls;
-  std::vector<SendCopy> copies;
-  LOOM_ASSIGN_OR_RETURN(const bool copied,
-                        inPlaceSendsCopied(ops, begin, end, false, &calls, &copies));
-  std::vector<dev::NetExecutor::P2p> list;
-  std::vector<const Operation*> selfSends, selfRecvs;
-  LOOM_TRY(copied ? netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs)
-                  : netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
   // The mesh needs nothing made beforehand.
-  if (split) takeHostMessages(&list, nullptr, nullptr);
-  if (list.empty()) return Status::ok();
-  return net_->prepareP2p(list, ops[begin].stream);
+  NetP2pWork w;
+  LOOM_TRY(netP2pWork(ops, begin, end, false, split, nullptr, nullptr, &w));
+  if (w.net.empty()) return Status::ok();
+  return net_->prepareP2p(w.net, ops[begin].stream);
 }
 
 void CudaExecutor::endGroup() {
@@ -295,30 +297,23 @@ Status CudaExecutor::runNetP2p(const std::vector<Operation>& ops, size_t begin, 
   }
   LOOM_ASSIGN_OR_RETURN(const bool cap, capturing(stream));
   LOOM_TRY(call.begin(stream, cap));
-  std::vector<Operation> calls;
-  std::vector<SendCopy> copies;
-  LOOM_ASSIGN_OR_RETURN(const bool copied,
-                        inPlaceSendsCopied(ops, begin, end, cap, &calls, &copies));
-  for (const SendCopy& c : copies) {
+  NetP2pWork w;
+  std::vector<Operation> mesh;
+  LOOM_TRY(netP2pWork(ops, begin, end, cap, split, &mesh, stream, &w));
+  for (const SendCopy& c : w.copies) {
     LOOM_TRY(cudaStatus(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice, stream),
                         "cudaMemcpyAsync of a send in place"));
   }
-  std::vector<dev::NetExecutor::P2p> list;
-  std::vector<const Operation*> selfSends, selfRecvs;
-  LOOM_TRY(copied ? netP2pList(calls, 0, calls.size(), &list, &selfSends, &selfRecvs)
-                  : netP2pList(ops, begin, end, &list, &selfSends, &selfRecvs));
-  std::vector<Operation> mesh;
-  if (split) takeHostMessages(&list, &mesh, stream);
-  LOOM_TRY(copySelfMessages(selfSends, selfRecvs, stream));
+  LOOM_TRY(copySelfMessages(w.selfSends, w.selfRecvs, stream));
   if (!mesh.empty()) LOOM_TRY(local_->runP2p(mesh, 0, mesh.size()));
   call.pass(1);
   if (split) {
     LOOM_INFO(kColl,
               "rank %d: %zu send/receive message(s) with this host's ranks over the GPU mesh, "
               "%zu over the network",
-              rank_, mesh.size(), list.size());
+              rank_, mesh.size(), w.net.size());
   }
-  if (!list.empty()) LOOM_TRY(net_->runP2p(list, stream));
+  if (!w.net.empty()) LOOM_TRY(net_->runP2p(w.net, stream));
   return call.end(stream);
 }
 
