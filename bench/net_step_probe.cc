@@ -67,6 +67,41 @@ void storeRelease(uint64_t* p, uint64_t v) {
   std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
 }
 
+// Posts message `seq` of `bytes` whose bytes are at `data` as the kernel does: as tagged
+// words where it is small, else in the slot (then its head, with release).
+void post(const Fifo& f, uint64_t seq, const char* data, uint64_t bytes) {
+  if (f.isSmall(bytes)) {
+    for (uint32_t w = 0; w < fifoWords(bytes); ++w) {
+      uint32_t payload = 0;
+      std::memcpy(&payload, data + 4 * w, std::min<uint64_t>(4, bytes - 4 * w));
+      std::atomic_ref<uint64_t>(f.header->ll[seq % f.nslots][w])
+          .store(fifoWord(seq, payload), std::memory_order_relaxed);
+    }
+    std::atomic_ref<uint64_t>(f.header->head[seq % f.nslots])
+        .store(fifoHead(seq, bytes), std::memory_order_relaxed);
+  } else {
+    if (data != f.slot(seq)) std::memcpy(f.slot(seq), data, bytes);
+    storeRelease(&f.header->head[seq % f.nslots], fifoHead(seq, bytes));
+  }
+}
+// Whether message `seq` of `bytes` has arrived, as the kernel sees it (a small one: its
+// tagged words); its bytes then go to `out` (bytes of it).
+bool arrived(const Fifo& f, uint64_t seq, uint64_t bytes, char* out) {
+  if (f.isSmall(bytes)) {
+    for (uint32_t w = 0; w < fifoWords(bytes); ++w) {
+      const uint64_t word = loadAcquire(&f.header->ll[seq % f.nslots][w]);
+      if (!fifoHeadIs(word, seq)) return false;
+      const uint32_t payload = static_cast<uint32_t>(word);
+      std::memcpy(out + 4 * w, &payload, std::min<uint64_t>(4, bytes - 4 * w));
+    }
+    return fifoHeadSize(loadAcquire(&f.header->head[seq % f.nslots])) == bytes;
+  }
+  const uint64_t head = loadAcquire(&f.header->head[seq % f.nslots]);
+  if (!fifoHeadIs(head, seq)) return false;
+  if (fifoHeadSize(head) == bytes) std::memcpy(out, f.slot(seq), bytes);
+  return true;
+}
+
 // The stream: the send FIFO kept full of BYTES-sized steps, the receive FIFO drained; each
 // step's first and last 8 bytes carry its number (the rest is a pattern written once).
 // `name` and `threads` say which backend and how many threads or lanes, for the report.
@@ -76,24 +111,26 @@ int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t
     for (uint64_t b = 0; b < bytes; ++b) send.slot(k)[b] = static_cast<char>(0x5a ^ (b * 7));
   }
   uint64_t posted = 0, received = 0;
+  std::vector<char> data(bytes), got(bytes);
+  for (uint64_t b = 0; b < bytes; ++b) data[b] = static_cast<char>(0x5a ^ (b * 7));
   const auto start = Clock::now();
   while (received < uint64_t(steps)) {
     bool idle = true;
     while (posted < uint64_t(steps) && posted - received < depth &&
            posted - loadAcquire(&send.header->done) < send.nslots) {
       const uint64_t stamp = 0x1000 + posted;
-      std::memcpy(send.slot(posted), &stamp, sizeof(stamp));
-      std::memcpy(send.slot(posted) + bytes - sizeof(stamp), &stamp, sizeof(stamp));
-      send.header->sizes[posted % send.nslots] = bytes;
-      storeRelease(&send.header->posted, ++posted);
+      char* at = send.isSmall(bytes) ? data.data() : send.slot(posted);
+      std::memcpy(at, &stamp, sizeof(stamp));
+      std::memcpy(at + bytes - sizeof(stamp), &stamp, sizeof(stamp));
+      post(send, posted, at, bytes);
+      ++posted;
       idle = false;
     }
-    while (received < loadAcquire(&recv.header->posted)) {
+    while (received < posted && arrived(recv, received, bytes, got.data())) {
       uint64_t head = 0, tail = 0;
-      std::memcpy(&head, recv.slot(received), sizeof(head));
-      std::memcpy(&tail, recv.slot(received) + bytes - sizeof(tail), sizeof(tail));
-      if (head != 0x1000 + received || tail != head ||
-          recv.header->sizes[received % recv.nslots] != bytes) {
+      std::memcpy(&head, got.data(), sizeof(head));
+      std::memcpy(&tail, got.data() + bytes - sizeof(tail), sizeof(tail));
+      if (head != 0x1000 + received || tail != head) {
         std::fprintf(stderr, "net_step_probe: step %llu arrived wrong\n",
                      (unsigned long long)received);
         return 1;
@@ -165,11 +202,10 @@ int main(int argc, char** argv) {
     }
     for (int i = 0; i < steps; ++i) {
       const uint64_t value = 0x1000 + uint64_t(i);
-      std::memcpy(send.slot(i), &value, sizeof(value));
-      send.header->sizes[i % send.nslots] = sizeof(value);
+      uint64_t got = 0;
       const auto start = Clock::now();
-      storeRelease(&send.header->posted, uint64_t(i) + 1);
-      while (loadAcquire(&recv.header->posted) <= uint64_t(i)) {
+      post(send, i, reinterpret_cast<const char*>(&value), sizeof(value));
+      while (!arrived(recv, i, sizeof(got), reinterpret_cast<char*>(&got))) {
         if (Status st = proxy.firstError(); !st) {
           std::fprintf(stderr, "net_step_probe: %s\n", st.message().c_str());
           return 1;
@@ -177,8 +213,6 @@ int main(int argc, char** argv) {
         cpuRelax();
       }
       us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-      uint64_t got = 0;
-      std::memcpy(&got, recv.slot(i), sizeof(got));
       if (got != value) {
         std::fprintf(stderr, "net_step_probe: step %d carried %llu, not %llu\n", i,
                      (unsigned long long)got, (unsigned long long)value);

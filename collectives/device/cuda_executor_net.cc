@@ -51,6 +51,7 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
   o.slotBytes = static_cast<uint64_t>(buff / steps);
   o.lanes = static_cast<int>(settings::get(settings::kNetLanes));
   o.proxySpinUs = settings::get(settings::kProxySpinUs);
+  o.pdl = settings::get(settings::kNetPdl);
   if (context_.fabric) o.fabric = model::netExecutorFabric(*context_.fabric, /*rail=*/false);
   // LOOM_CHUNK_BYTES: pieces of that size (at least 4 KiB, a multiple of 64 bytes; 0: the
   // tuner's rule).

@@ -51,6 +51,11 @@ struct NetContext {
   int threads = 512;
 };
 
+// A plan this small travels in the kernel's parameters (NetCall::inlinePlan): the kernel
+// reads it from the parameter bank instead of device memory, and a send/receive's plan
+// needs no upload ahead of its kernel.
+inline constexpr size_t kNetInlinePlanWords = 48;
+
 struct NetCall {
   DataType type = DataType::kFloat32;
   RedKind red = RedKind::kSum;
@@ -59,13 +64,19 @@ struct NetCall {
   uint64_t divisor = 1;                // SumPostDiv
   const void* in = nullptr;
   void* out = nullptr;
-  const NetPlanHeader* plan = nullptr;  // device memory
+  const NetPlanHeader* plan = nullptr;  // device memory (unless inlined)
   uint32_t blocks = 1;                  // plan->blocks, as the host knows it
+  uint32_t inlineWords = 0;             // the plan's words in inlinePlan (0: at `plan`)
+  uint64_t inlinePlan[kNetInlinePlanWords] = {};
 };
 
-// Enqueues the plan on `stream`. Returns a cudaError_t value (0: success).
-int launchNet(const NetContext& ctx, const NetCall& call, cudaStream_t stream);
+// Enqueues the plan on `stream`, with programmatic dependent launch where `pdl` (and the
+// driver takes it). Returns a cudaError_t value (0: success).
+int launchNet(const NetContext& ctx, const NetCall& call, cudaStream_t stream, bool pdl);
 // Loads the network kernel for every element type now (as preloadMeshKernels, mesh.h).
 int preloadNetKernels();
+#ifdef LOOM_NET_TRACE
+void dumpNetTrace(const char* path);
+#endif
 
 }  // namespace loom::collectives::device

@@ -56,7 +56,9 @@ Status NetExecutor::init(NetHandleExchange exchange) {
     laneExchanges_[l].peerAlive = exchange_.peerAlive;
   }
   options_.slots = std::clamp<uint32_t>(options_.slots, 2, transport::net::kFifoMaxSlots);
-  options_.slotBytes = std::max<uint64_t>(4096, options_.slotBytes / 4096 * 4096);
+  // (Under 4 GiB: a FIFO head holds the size in 32 bits.)
+  options_.slotBytes =
+      std::clamp<uint64_t>(options_.slotBytes / 4096 * 4096, 4096, uint64_t{1} << 30);
   transport::net::Context ctx;
   ctx.commHash = options_.commHash;
   ctx.rank = options_.rank;
@@ -144,6 +146,11 @@ NetExecutor::~NetExecutor() {
   // Kernels still running use the FIFOs and the tables: they end (done, timed out, or
   // aborted) before anything goes.
   if (launched_) cudaDeviceSynchronize();
+#ifdef LOOM_NET_TRACE
+  if (const char* dir = getenv("LOOM_NET_TRACE_DIR"); dir && launched_) {
+    dumpNetTrace((std::string(dir) + "/gpu." + std::to_string(getpid()) + ".txt").c_str());
+  }
+#endif
   const double wall = std::chrono::duration<double>(Clock::now() - started_).count();
   const double proxyCpu = proxy_ ? proxy_->cpuSeconds() : 0.0;
   const bool hadProxy = proxy_ != nullptr;
@@ -233,7 +240,7 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
     // GPU memory for the slots where placeSlots chose it (page-aligned: dma-buf exports
     // whole pages), and its dma-buf export; the counters the proxy polls stay in page-locked
     // memory. An export the driver refuses sends this and every later FIFO to host memory.
-    const size_t slotBytes = bytes - 4096;
+    const size_t slotBytes = bytes - transport::net::kFifoHeaderBytes;
     char* gpuSlots = nullptr;
     if (slotsOnGpu_) {
       void* raw = nullptr;
@@ -257,7 +264,7 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
         }
       }
     }
-    const size_t hostBytes = gpuSlots ? 4096 : bytes;
+    const size_t hostBytes = gpuSlots ? transport::net::kFifoHeaderBytes : bytes;
     void* mem = nullptr;
     LOOM_TRY(cudaStatus(cudaHostAlloc(&mem, hostBytes, cudaHostAllocMapped | cudaHostAllocPortable),
                         "cudaHostAlloc of a network FIFO"));
@@ -267,6 +274,7 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
         transport::net::fifoAt(mem, options_.slots, options_.slotBytes, l.peer);
     if (gpuSlots) {
       f.slots = gpuSlots;
+      f.small = false;  // the proxy cannot read or write them as tagged words
       where->type = transport::net::MemType::kCuda;
       where->flushContext = flushContext_;
     }
@@ -341,7 +349,15 @@ Result<NetExecutor::Plan*> NetExecutor::collectivePlan(const CollRequest& req, A
   netPlanLinks(h, &plan.sends, &plan.recvs);
   LOOM_TRY(uploadPlan(bytes, true, nullptr, &plan).status());
   plan.pinned = true;
+  if (bytes.size() <= kNetInlinePlanWords) plan.small = bytes;
   return &plans_.emplace(key, std::move(plan)).first->second;
+}
+
+bool NetExecutor::inlinePlan(const std::vector<uint64_t>& bytes, NetCall* call) {
+  if (bytes.empty() || bytes.size() > kNetInlinePlanWords) return false;
+  std::copy(bytes.begin(), bytes.end(), call->inlinePlan);
+  call->inlineWords = static_cast<uint32_t>(bytes.size());
+  return true;
 }
 
 Status NetExecutor::launch(const Plan& plan, const NetCall& call, cudaStream_t stream) {
@@ -358,7 +374,7 @@ Status NetExecutor::launch(const Plan& plan, const NetCall& call, cudaStream_t s
   ctx.timeoutNs = options_.timeoutMs > 0 ? uint64_t(options_.timeoutMs) * 1000000ull : 0;
   ctx.rank = options_.rank;
   ctx.threads = options_.threads;
-  if (int e = launchNet(ctx, call, stream); e != 0) {
+  if (int e = launchNet(ctx, call, stream, options_.pdl); e != 0) {
     return errorf(Code::kCudaError, "launching the network kernel failed: %s",
                   cudaGetErrorString(static_cast<cudaError_t>(e)));
   }
@@ -418,6 +434,7 @@ Status NetExecutor::runCollective(CollRequest req, const void* in, void* out, Da
   call.out = out;
   call.plan = static_cast<const NetPlanHeader*>(r.plan->device);
   call.blocks = r.plan->blocks;
+  inlinePlan(r.plan->small, &call);
   return launch(*r.plan, call, stream);
 }
 
@@ -530,14 +547,15 @@ Status NetExecutor::runP2p(const std::vector<P2p>& ops, cudaStream_t stream) {
     uploaded = cap;
   }
   Plan& plan = p2pPlans_[index];
-  // Eager: the bytes on the caller's stream, ahead of the kernel (pageable memory: staged
-  // at the call, without waiting), unless prepare() uploaded them. Captured: uploaded when
-  // the plan was made.
-  if (!uploaded) LOOM_TRY(uploadPlan(bytes, false, stream, &plan).status());
   NetCall call;
   call.type = DataType::kUint8;
   call.plan = static_cast<const NetPlanHeader*>(plan.device);
   call.blocks = plan.blocks;
+  // Eager: the bytes on the caller's stream, ahead of the kernel (pageable memory: staged
+  // at the call, without waiting), unless prepare() uploaded them or they travel in the
+  // kernel's parameters. Captured: uploaded when the plan was made.
+  if (!inlinePlan(bytes, &call) && !uploaded)
+    LOOM_TRY(uploadPlan(bytes, false, stream, &plan).status());
   LOOM_TRY(launch(plan, call, stream));
   if (!cap) LOOM_TRY(cudaStatus(cudaEventRecord(plan.used, stream), "cudaEventRecord"));
   return Status::ok();

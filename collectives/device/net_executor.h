@@ -42,6 +42,7 @@ struct NetOptions {
   int lanes = 4;                 // at most (LOOM_NET_LANES)
   int threads = 512;             // per block of the kernel
   int64_t proxySpinUs = 5000;    // LOOM_PROXY_SPIN_US
+  bool pdl = true;               // LOOM_NET_PDL: programmatic dependent launch
   uint64_t pieceBytes = 0;       // LOOM_CHUNK_BYTES: pieces of this size (0: netPieceBytes)
   // What ring and tree are priced on (model::netExecutorFabric); unset: one class of link.
   std::optional<model::Fabric> fabric;
@@ -126,7 +127,8 @@ class NetExecutor {
 
  private:
   struct Plan {
-    void* device = nullptr;  // the plan's bytes in device memory
+    void* device = nullptr;       // the plan's bytes in device memory
+    std::vector<uint64_t> small;  // a collective's plan, where it fits in the kernel's parameters
     uint32_t blocks = 1;
     std::vector<NetLink> sends, recvs;
     cudaEvent_t used = nullptr;  // p2p plans: after the kernel that reads it (eager calls)
@@ -167,6 +169,8 @@ class NetExecutor {
   Result<std::vector<uint64_t>> p2pPlanBytes(const std::vector<P2p>& ops) const;
   Result<size_t> p2pPlanFor(const std::vector<uint64_t>& bytes, bool captured);
   Status launch(const Plan& plan, const NetCall& call, cudaStream_t stream);
+  // Puts a plan of at most kNetInlinePlanWords into the call's parameters; false if larger.
+  static bool inlinePlan(const std::vector<uint64_t>& bytes, NetCall* call);
   // Device memory for at least `size` bytes of the plan (what it had, or a new buffer).
   Status planCapacity(Plan* plan, size_t size);
   // A device copy of `bytes` (uploaded once, or on `stream` for eager p2p plans).

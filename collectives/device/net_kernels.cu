@@ -8,6 +8,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#ifdef LOOM_NET_TRACE
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#endif
 
 #include "collectives/device/net.h"
 #include "collectives/device/reduce_copy_device.cuh"
@@ -18,7 +25,55 @@ namespace {
 
 using namespace detail;
 using transport::net::Fifo;
+using transport::net::fifoHead;
 using transport::net::FifoHeader;
+using transport::net::fifoHeadIs;
+using transport::net::fifoHeadSize;
+using transport::net::fifoWord;
+using transport::net::fifoWords;
+
+#ifdef LOOM_NET_TRACE
+// A diagnostic build's timeline (-DLOOM_NET_TRACE): thread 0 of each block stamps events
+// with the GPU's global timer in shared memory; at the end each block writes one record
+// (dumpNetTrace writes them out; scripts/bench/net_trace_report.py reads them).
+constexpr unsigned kTraceMax = 1u << 15;
+constexpr int kTraceEvents = 32;  // 16 for the first phase, 16 for the later ones
+__device__ unsigned long long gTrace[kTraceMax][kTraceEvents];
+__device__ unsigned gTraceN;
+__device__ unsigned long long* traceStamps() {
+  __shared__ unsigned long long s[kTraceEvents];
+  return s;
+}
+__device__ int& tracePhase() {
+  __shared__ int p;
+  return p;
+}
+__device__ __forceinline__ void trace(int ev) {
+  if (threadIdx.x == 0) traceStamps()[(tracePhase() > 0 ? 16 : 0) + ev] = globalTimer();
+}
+__device__ void traceSetPhase(int p) {
+  if (threadIdx.x == 0) tracePhase() = p;
+}
+__device__ void traceBegin() {
+  if (threadIdx.x != 0) return;
+  for (int i = 0; i < kTraceEvents; ++i) traceStamps()[i] = 0;
+  tracePhase() = 0;
+  traceStamps()[1] = globalTimer();
+}
+__device__ void traceEnd() {
+  if (threadIdx.x != 0) return;
+  traceStamps()[6] = globalTimer();
+  traceStamps()[0] = blockIdx.x;
+  const unsigned i = atomicAdd(&gTraceN, 1u);
+  if (i < kTraceMax)
+    for (int e = 0; e < kTraceEvents; ++e) gTrace[i][e] = traceStamps()[e];
+}
+#else
+__device__ __forceinline__ void trace(int) {}
+__device__ __forceinline__ void traceSetPhase(int) {}
+__device__ __forceinline__ void traceBegin() {}
+__device__ __forceinline__ void traceEnd() {}
+#endif
 
 __device__ __forceinline__ uint32_t loadAcquire32(const uint32_t* p) {
   uint32_t v;
@@ -77,21 +132,49 @@ struct Patience {
   }
 };
 
-// Thread 0: the next slot of link `link` (from `peer`), once the proxy has it; null on
-// failure.
-__device__ const char* awaitRecv(const NetContext& c, int link, int peer, size_t bytes) {
-  const Fifo& f = c.recvFifos[link];
-  const uint64_t seq = vload(c.counters[link].consumed);
+// Message `seq`'s head on FIFO f, once there (one load over PCIe a poll), checked against
+// the size expected; false on failure.
+__device__ bool awaitHead(const NetContext& c, const Fifo& f, uint64_t seq, int peer,
+                          size_t bytes) {
   Patience patience(&f.header->closed);
-  while (loadAcquire(&f.header->posted) <= seq) {
-    if (patience.exhausted(c, peer)) return nullptr;
+  uint64_t head;
+  while (!fifoHeadIs(head = loadAcquire(&f.header->head[seq % f.nslots]), seq)) {
+    trace(8);
+    if (patience.exhausted(c, peer)) return false;
   }
-  const uint64_t got = *reinterpret_cast<volatile uint64_t*>(&f.header->sizes[seq % f.nslots]);
-  if (got != bytes) {
+  trace(9);
+  if (fifoHeadSize(head) != bytes) {
     raise(c, kNetErrorMismatch, peer);
-    return nullptr;
+    return false;
   }
-  return slotOf(f, seq);
+  return true;
+}
+
+// Every thread: its share of a small message's tagged words, into `out` (shared memory),
+// once each has its tag; false on failure (this thread's wait, or another's).
+__device__ bool gatherSmall(const NetContext& c, const Fifo& f, uint64_t seq, int peer,
+                            size_t bytes, uint32_t* out, unsigned from, unsigned stride) {
+  const uint64_t* words = f.header->ll[seq % f.nslots];
+  const uint32_t n = fifoWords(bytes);
+  for (uint32_t i = from; i < n; i += stride) {
+    Patience patience(&f.header->closed);
+    uint64_t w;
+    while (!fifoHeadIs(w = *reinterpret_cast<const volatile uint64_t*>(&words[i]), seq)) {
+      if (patience.exhausted(c, peer)) return false;
+    }
+    out[i] = static_cast<uint32_t>(w);
+  }
+  return true;
+}
+
+// Every thread: its share of a small message from `in` (shared memory) as tagged words,
+// each one 8-byte store; no fence, since each word carries its own tag.
+__device__ void scatterSmall(const Fifo& f, uint64_t seq, size_t bytes, const uint32_t* in) {
+  uint64_t* words = f.header->ll[seq % f.nslots];
+  const uint32_t n = fifoWords(bytes);
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+    *reinterpret_cast<volatile uint64_t*>(&words[i]) = fifoWord(seq, in[i]);
+  }
 }
 
 // Thread 0: a free slot of link `link` (towards `peer`); null on failure.
@@ -108,25 +191,27 @@ __device__ char* awaitSend(const NetContext& c, int link, int peer) {
   return slotOf(f, seq);
 }
 
-// Thread 0, after the block's barrier and a system fence (which make the block's writes
-// to the slot visible to the proxy): the slot of `link` is filled with `bytes`. The
-// release store of `posted` orders the size before it.
+// Thread 0: message `sent` of link `link` is posted with `bytes`: a slot's after the
+// block's barrier and a system fence (which make the block's writes to it visible to the
+// proxy), a small one's tagged words without either.
 __device__ void postSend(const NetContext& c, int link, size_t bytes) {
   const Fifo& f = c.sendFifos[link];
   NetPeerCounters& k = c.counters[link];
   const uint64_t seq = vload(k.sent);
-  *reinterpret_cast<volatile uint64_t*>(&f.header->sizes[seq % f.nslots]) = bytes;
   vstore(k.sent, seq + 1);
-  storeRelease(&f.header->posted, seq + 1);
+  uint64_t* head = &f.header->head[seq % f.nslots];
+  if (f.isSmall(bytes)) {
+    *reinterpret_cast<volatile uint64_t*>(head) = fifoHead(seq, bytes);
+  } else {
+    storeRelease(head, fifoHead(seq, bytes));
+  }
 }
 
 // Thread 0, after the block's barrier: the slot of `link` has been read.
-__device__ void releaseRecv(const NetContext& c, int link) {
-  const Fifo& f = c.recvFifos[link];
-  NetPeerCounters& k = c.counters[link];
-  const uint64_t seq = vload(k.consumed) + 1;
-  vstore(k.consumed, seq);
-  storeRelease(&f.header->done, seq);
+// `seq` is the message's number (the link's `consumed` when the piece began).
+__device__ void releaseRecv(const NetContext& c, int link, uint64_t seq) {
+  vstore(c.counters[link].consumed, seq + 1);
+  storeRelease(&c.recvFifos[link].header->done, seq + 1);
 }
 
 // Every block of a lane waits here between its phases (their steps may read what
@@ -159,6 +244,18 @@ __device__ bool laneBarrier(const NetContext& c, int lane, unsigned blocks) {
   return ok != 0;
 }
 
+// Bit j: receive j of the step is from a FIFO that takes small messages as tagged words;
+// bit 8 + j: send j (Fifo::small; whether a piece is small also depends on its size).
+__device__ uint32_t smallFifos(const NetContext& c, const NetStep& st) {
+  const int base = st.lane * c.nranks;
+  uint32_t m = 0;
+  for (int j = 0; j < st.nrecv; ++j) m |= uint32_t(c.recvFifos[base + st.recvPeers[j]].small) << j;
+  for (int j = 0; j < st.nsend; ++j)
+    m |= uint32_t(c.sendFifos[base + st.sendPeers[j]].small) << (8 + j);
+  return m;
+}
+constexpr uint32_t kHintPhases = 2;
+
 template <typename E>
 struct StepRun {
   using S = typename E::Storage;
@@ -177,10 +274,15 @@ struct StepRun {
     }
   }
 
-  // Streams the step piece by piece; false on failure (the reason is in errorFlag).
-  __device__ bool run(const NetStep& st, uint64_t pieceElems) {
+  // Streams the step piece by piece; false on failure (the reason is in errorFlag). Small
+  // pieces (Fifo::isSmall) arrive and leave as tagged words, through shared memory.
+  __device__ bool run(const NetStep& st, uint64_t pieceElems, uint32_t fifoSmall) {
     __shared__ const char* recv[kMaxStepPeers];
     __shared__ char* send[kMaxStepPeers];
+    __shared__ uint64_t recvSeq[kMaxStepPeers];
+    __shared__ uint64_t sendSeq[kMaxStepPeers];
+    __shared__ __align__(16) uint32_t smallIn[kMaxStepPeers][transport::net::kFifoSmallWords];
+    __shared__ __align__(16) uint32_t smallOut[kMaxStepPeers][transport::net::kFifoSmallWords];
     __shared__ int bad;
     const uint64_t pieces = (st.count + pieceElems - 1) / pieceElems;
     for (uint64_t p = 0; p < pieces; ++p) {
@@ -188,19 +290,62 @@ struct StepRun {
       const uint64_t elems = min(pieceElems, st.count - first);
       const size_t bytes = elems * sizeof(S);
       const int base = st.lane * c.nranks;
+      // Which of this piece's messages are small (the same answer in every thread).
+      const bool tiny = bytes <= transport::net::kFifoSmallBytes;
+      const unsigned smallRecvs = tiny ? fifoSmall & 0xffu : 0;
+      const unsigned smallSends = tiny ? fifoSmall >> 8 : 0;
+      trace(13);
       if (threadIdx.x == 0) {
         bad = 0;
         for (int j = 0; j < st.nrecv && !bad; ++j) {
-          recv[j] = awaitRecv(c, base + st.recvPeers[j], st.recvPeers[j], bytes);
-          bad = recv[j] == nullptr;
+          const int link = base + st.recvPeers[j];
+          const Fifo& f = c.recvFifos[link];
+          recvSeq[j] = vload(c.counters[link].consumed);
+          if (smallRecvs & (1u << j)) {
+            recv[j] = reinterpret_cast<const char*>(smallIn[j]);  // gathered below
+          } else {
+            bad = !awaitHead(c, f, recvSeq[j], st.recvPeers[j], bytes);
+            recv[j] = slotOf(f, recvSeq[j]);
+          }
         }
         for (int j = 0; j < st.nsend && !bad; ++j) {
-          send[j] = awaitSend(c, base + st.sendPeers[j], st.sendPeers[j]);
+          const int link = base + st.sendPeers[j];
+          sendSeq[j] = vload(c.counters[link].sent);
+          send[j] = awaitSend(c, link, st.sendPeers[j]);
           bad = send[j] == nullptr;
+          if (smallSends & (1u << j)) send[j] = reinterpret_cast<char*>(smallOut[j]);
         }
+        trace(2);
       }
       __syncthreads();
       if (bad) return false;
+      if (smallRecvs) {
+        // The words by every thread but the last few; the last ones check the heads (the
+        // size), so that a message of another size fails instead of waiting.
+        const unsigned workers = blockDim.x - kMaxStepPeers;
+        bool ok = true;
+        for (int j = 0; j < st.nrecv && ok; ++j) {
+          if (!(smallRecvs & (1u << j))) continue;
+          const Fifo& f = c.recvFifos[base + st.recvPeers[j]];
+          if (threadIdx.x < workers) {
+            ok = gatherSmall(c, f, recvSeq[j], st.recvPeers[j], bytes, smallIn[j], threadIdx.x,
+                             workers);
+          } else if (threadIdx.x == workers + j) {
+            ok = awaitHead(c, f, recvSeq[j], st.recvPeers[j], bytes);
+          }
+        }
+        if (!ok) bad = 1;
+        __syncthreads();
+        if (bad) return false;
+        trace(4);
+        // The words are in shared memory: their slots are free again. The last warp says
+        // so (its system fence then overlaps the first warps' reduction).
+        if (threadIdx.x == blockDim.x - 1) {
+          for (int j = 0; j < st.nrecv; ++j) {
+            if (smallRecvs & (1u << j)) releaseRecv(c, base + st.recvPeers[j], recvSeq[j]);
+          }
+        }
+      }
       Io io;
       const char* src = st.srcBuffer ? at(st.srcBuffer, st.srcOffset) + first * sizeof(S) : nullptr;
       char* dst = st.dstBuffer ? at(st.dstBuffer, st.dstOffset) + first * sizeof(S) : nullptr;
@@ -213,12 +358,25 @@ struct StepRun {
       if (dst) io.dsts[io.ndst++] = dst;
       for (int j = 0; j < st.nsend; ++j) io.dsts[io.ndst++] = send[j];
       if (io.nsrc > 0 && io.ndst > 0 && elems > 0) reduceCopy<E>(io, op, elems);
+      trace(10);
       __syncthreads();
-      if (threadIdx.x == 0) {
-        if (st.nsend > 0) __threadfence_system();
-        for (int j = 0; j < st.nsend; ++j) postSend(c, base + st.sendPeers[j], bytes);
-        for (int j = 0; j < st.nrecv; ++j) releaseRecv(c, base + st.recvPeers[j]);
+      for (int j = 0; j < st.nsend; ++j) {
+        if (smallSends & (1u << j))
+          scatterSmall(c.sendFifos[base + st.sendPeers[j]], sendSeq[j], bytes, smallOut[j]);
       }
+      if (threadIdx.x == 0) {
+        trace(7);
+        const unsigned allSends = (1u << st.nsend) - 1;
+        if ((smallSends & allSends) != allSends) __threadfence_system();
+        for (int j = 0; j < st.nsend; ++j) postSend(c, base + st.sendPeers[j], bytes);
+        trace(3);
+        for (int j = 0; j < st.nrecv; ++j) {
+          if (!(smallRecvs & (1u << j))) releaseRecv(c, base + st.recvPeers[j], recvSeq[j]);
+        }
+        trace(5);
+      }
+      // Until every thread has written its words, sendSeq and smallOut stay this piece's.
+      if (smallSends) __syncthreads();
     }
     return true;
   }
@@ -227,10 +385,9 @@ struct StepRun {
 template <typename E>
 __global__ void __launch_bounds__(512)
     netKernel(const __grid_constant__ NetContext c, const __grid_constant__ NetCall a) {
-  const NetPlanHeader* plan = a.plan;
-  Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
-  if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);
-  StepRun<E> run{c, a, op, plan->reduces != 0};
+  traceBegin();
+  const NetPlanHeader* plan =
+      a.inlineWords ? reinterpret_cast<const NetPlanHeader*>(a.inlinePlan) : a.plan;
   // This block's lane, and its place among the lane's blocks.
   const NetLane* lanes = netLanes(plan);
   int lane = 0;
@@ -239,17 +396,108 @@ __global__ void __launch_bounds__(512)
   const uint32_t b = blockIdx.x - L.firstBlock;
   const NetPhase* phases = netPhases(plan) + L.firstPhase;
   const NetStep* steps = netSteps(plan);
+  const bool reduces = plan->reduces != 0;
+  // Launched with programmatic dependent launch (launchNet), this kernel may start while
+  // the stream's previous kernel ends. Until griddepcontrol.wait it reads only what no
+  // kernel writes: its parameters, its plan and the FIFO table (written before the
+  // launch). Then it lets the stream's next kernel start likewise (only then: a kernel
+  // that starts early waits for one kernel, not for a chain of them).
+  // Meanwhile: which FIFOs of the first phases' steps take small messages as tagged words
+  // (later phases read theirs when they come), and thread 0 fetches the start of its
+  // first step's source into L2 (not L1, which the previous kernel's writes would not
+  // reach: L2 is where they land).
+  uint32_t fifoSmall[kHintPhases] = {};
+  for (uint32_t p = 0; p < L.nphases && p < kHintPhases; ++p) {
+    if (b < phases[p].nsteps) fifoSmall[p] = smallFifos(c, steps[phases[p].firstStep + b]);
+  }
+  if (L.nphases > 0 && b < phases[0].nsteps) {
+    const NetStep& st0 = steps[phases[0].firstStep + b];
+    const char* src = nullptr;
+    switch (static_cast<Buffer>(st0.srcBuffer)) {
+      case Buffer::kInput:
+        src = static_cast<const char*>(a.in) + st0.srcOffset * sizeof(typename E::Storage);
+        break;
+      case Buffer::kOutput:
+        src = static_cast<const char*>(a.out) + st0.srcOffset * sizeof(typename E::Storage);
+        break;
+      case Buffer::kAbsolute: src = reinterpret_cast<const char*>(st0.srcOffset); break;
+      default: break;
+    }
+    if (src && threadIdx.x == 0) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
+    }
+  }
+  trace(11);
+  // From here on: the counters and the buffers, which earlier work of the stream wrote.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  trace(12);
+  Op<E> op{a.red, typename E::Compute(1), typename E::Compute(a.divisor ? a.divisor : 1)};
+  if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);
+  StepRun<E> run{c, a, op, reduces};
   for (uint32_t p = 0; p < L.nphases; ++p) {
     const NetPhase ph = phases[p];
+    traceSetPhase(p);
     if (b < ph.nsteps) {
       const NetStep st = steps[ph.firstStep + b];
-      if (!run.run(st, plan->pieceElems)) break;
+      const uint32_t hint = p < kHintPhases ? fifoSmall[p] : smallFifos(c, st);
+      if (!run.run(st, plan->pieceElems, hint)) break;
     }
     if (p + 1 < L.nphases && L.blocks > 1 && !laneBarrier(c, lane, L.blocks)) break;
   }
+  traceEnd();
 }
 
+#ifdef LOOM_NET_TRACE
+__global__ void traceClockKernel(volatile int* go, volatile unsigned long long* out) {
+  while (*go == 0) {
+  }
+  *out = globalTimer();
+}
+#endif
+
 }  // namespace
+
+#ifdef LOOM_NET_TRACE
+void dumpNetTrace(const char* path) {
+  static unsigned long long h[kTraceMax][kTraceEvents];
+  unsigned n = 0;
+  cudaMemcpyFromSymbol(&n, gTraceN, sizeof(n));
+  n = n < kTraceMax ? n : kTraceMax;
+  cudaMemcpyFromSymbol(h, gTrace, sizeof(unsigned long long) * kTraceEvents * n);
+  FILE* f = fopen(path, "w");
+  if (!f) return;
+  // Clock: the GPU stamps its timer when the host sets `go` (host time t0); the host
+  // sees the stamp at t1. The GPU timer's value lies between t0 and t1 in host time.
+  int* go = nullptr;
+  unsigned long long* out = nullptr;
+  cudaHostAlloc(&go, sizeof(int), cudaHostAllocMapped);
+  cudaHostAlloc(&out, sizeof(unsigned long long), cudaHostAllocMapped);
+  for (int k = 0; k < 5; ++k) {
+    *(volatile int*)go = 0;
+    *(volatile unsigned long long*)out = 0;
+    traceClockKernel<<<1, 1>>>(go, out);
+    usleep(20000);
+    timespec a, b;
+    clock_gettime(CLOCK_REALTIME, &a);
+    *(volatile int*)go = 1;
+    while (*(volatile unsigned long long*)out == 0) {
+    }
+    clock_gettime(CLOCK_REALTIME, &b);
+    cudaDeviceSynchronize();
+    fprintf(f, "clock %lld %llu %lld\n", a.tv_sec * 1000000000ll + a.tv_nsec, *out,
+            b.tv_sec * 1000000000ll + b.tv_nsec);
+  }
+  for (unsigned i = 0; i < n; ++i) {
+    fprintf(f, "k");
+    for (int e = 0; e < kTraceEvents; ++e) fprintf(f, " %llu", h[i][e]);
+    fprintf(f, "\n");
+  }
+  fclose(f);
+  cudaFreeHost(go);
+  cudaFreeHost(out);
+}
+#endif
 
 int preloadNetKernels() {
   int e = 0;
@@ -263,10 +511,30 @@ int preloadNetKernels() {
   return e;
 }
 
-int launchNet(const NetContext& ctx, const NetCall& call, cudaStream_t stream) {
+int launchNet(const NetContext& ctx, const NetCall& call, cudaStream_t stream, bool pdl) {
   const unsigned blocks = std::max<uint32_t>(1, call.blocks);
   const unsigned threads = static_cast<unsigned>(std::clamp(ctx.threads, 64, 512)) / 32 * 32;
   return withElement(call.type, [&](auto e) {
+    // Programmatic dependent launch: the kernel may start (and read its plan) while the
+    // stream's previous kernel ends, which hides most of the gap between two calls. A
+    // driver that refuses it gets a plain launch, from then on.
+    static std::atomic<bool> driverTakesPdl{true};
+    if (pdl && driverTakesPdl.load(std::memory_order_relaxed)) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(blocks);
+      cfg.blockDim = dim3(threads);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      const cudaError_t e0 = cudaLaunchKernelEx(&cfg, netKernel<decltype(e)>, ctx, call);
+      if (e0 == cudaSuccess) return 0;
+      if (e0 != cudaErrorNotSupported && e0 != cudaErrorInvalidValue) return static_cast<int>(e0);
+      cudaGetLastError();
+      driverTakesPdl.store(false, std::memory_order_relaxed);
+    }
     netKernel<decltype(e)><<<blocks, threads, 0, stream>>>(ctx, call);
     return static_cast<int>(cudaGetLastError());
   });

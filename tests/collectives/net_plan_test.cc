@@ -27,6 +27,11 @@ namespace loom::collectives::device {
 namespace {
 
 using transport::net::Fifo;
+using transport::net::fifoHead;
+using transport::net::fifoHeadIs;
+using transport::net::fifoHeadSize;
+using transport::net::fifoWord;
+using transport::net::fifoWords;
 
 CollRequest request(CollType type, int rank, int n, size_t count, int root, size_t pieceElems) {
   CollRequest r;
@@ -344,20 +349,38 @@ class CpuKernel {
       const size_t bytes = elems * es_;
       const char* recv[kMaxStepPeers] = {};
       char* send[kMaxStepPeers] = {};
+      std::vector<uint32_t> small[kMaxStepPeers];
       for (int j = 0; j < st.nrecv; ++j) {
         const int q = st.recvPeers[j];
         Fifo& f = r_.recv[base + q];
         const uint64_t seq = r_.consumed[base + q];
-        LOOM_TRY(await([&] { return loadAcquire(&f.header->posted) > seq || closed(f); },
+        uint64_t* head = &f.header->head[seq % f.nslots];
+        LOOM_TRY(await([&] { return fifoHeadIs(loadAcquire(head), seq) || closed(f); },
                        "receiving from", q));
-        if (loadAcquire(&f.header->posted) <= seq)
+        if (!fifoHeadIs(loadAcquire(head), seq))
           return errorf(Code::kRemoteError, "rank %d: FIFO from %d closed", r_.rank, q);
-        if (f.header->sizes[seq % f.nslots] != bytes) {
+        if (fifoHeadSize(*head) != bytes) {
           return errorf(Code::kInvalidUsage,
                         "rank %d: a piece of %llu bytes from rank %d, %zu expected", r_.rank,
-                        (unsigned long long)f.header->sizes[seq % f.nslots], q, bytes);
+                        (unsigned long long)fifoHeadSize(*head), q, bytes);
         }
         recv[j] = f.slot(seq);
+        if (f.isSmall(bytes)) {
+          // As the kernel reads it: from the tagged words (the proxy wrote them before the
+          // head), which must agree with the slot.
+          small[j].resize(fifoWords(bytes));
+          for (uint32_t i = 0; i < small[j].size(); ++i) {
+            const uint64_t w = loadAcquire(&f.header->ll[seq % f.nslots][i]);
+            if (!fifoHeadIs(w, seq))
+              return errorf(Code::kInternalError, "rank %d: small word %u from %d untagged",
+                            r_.rank, i, q);
+            small[j][i] = static_cast<uint32_t>(w);
+          }
+          if (std::memcmp(small[j].data(), recv[j], bytes) != 0)
+            return errorf(Code::kInternalError, "rank %d: small words from %d differ from the slot",
+                          r_.rank, q);
+          recv[j] = reinterpret_cast<const char*>(small[j].data());
+        }
       }
       for (int j = 0; j < st.nsend; ++j) {
         const int q = st.sendPeers[j];
@@ -393,12 +416,27 @@ class CpuKernel {
       }
       if (reduces && st.final) applyPostOp(type_, op_, acc.data(), acc.data(), elems);
       if (dst) std::memcpy(dst, acc.data(), bytes);
-      for (int j = 0; j < st.nsend; ++j) std::memcpy(send[j], acc.data(), bytes);
       for (int j = 0; j < st.nsend; ++j) {
         const int k = base + st.sendPeers[j];
         Fifo& f = r_.send[k];
-        f.header->sizes[r_.sent[k] % f.nslots] = bytes;
-        storeRelease(&f.header->posted, ++r_.sent[k]);
+        const uint64_t seq = r_.sent[k]++;
+        if (f.isSmall(bytes)) {
+          // Tagged words only (the proxy copies them into the slot). The head first and
+          // the words last to first: the proxy may see a message's head and some of its
+          // words before the others, as with the kernel's threads.
+          std::atomic_ref<uint64_t>(f.header->head[seq % f.nslots])
+              .store(fifoHead(seq, bytes), std::memory_order_relaxed);
+          acc.resize(fifoWords(bytes) * 4, 0);
+          for (uint32_t i = fifoWords(bytes); i-- > 0;) {
+            uint32_t payload;
+            std::memcpy(&payload, acc.data() + 4 * i, 4);
+            std::atomic_ref<uint64_t>(f.header->ll[seq % f.nslots][i])
+                .store(fifoWord(seq, payload), std::memory_order_relaxed);
+          }
+        } else {
+          std::memcpy(send[j], acc.data(), bytes);
+          storeRelease(&f.header->head[seq % f.nslots], fifoHead(seq, bytes));
+        }
       }
       for (int j = 0; j < st.nrecv; ++j) {
         const int k = base + st.recvPeers[j];

@@ -73,7 +73,7 @@ void makeSides(Side* sides) {
         posted[r] = true;
         return Status::ok();
       };
-      ex.tryRecv = [&, r](int peer, Handle* h) -> Result<bool> {
+      ex.tryRecv = [&](int peer, Handle* h) -> Result<bool> {
         if (!posted[peer]) return false;
         *h = mail[peer];
         return true;
@@ -96,8 +96,13 @@ void makeSides(Side* sides) {
 unsigned char pattern(int from, uint64_t msg, size_t i) {
   return static_cast<unsigned char>(from * 101 + msg * 7 + i);
 }
+// Empty, small (tagged words: up to kFifoSmallBytes, the edges included) and slot-sized
+// messages.
 size_t sizeOf(uint64_t msg) {
-  return msg % 5 == 0 ? 0 : (msg * 40503) % kSlotBytes + 1;
+  if (msg % 5 == 0) return 0;
+  if (msg % 5 == 1) return msg % 3 == 0 ? kFifoSmallBytes : (msg * 37) % kFifoSmallBytes + 1;
+  if (msg % 5 == 2) return kFifoSmallBytes + 1 + msg % 5;
+  return (msg * 40503) % kSlotBytes + 1;
 }
 
 // What a kernel does: posts `n` messages and checks `n` from the peer.
@@ -114,14 +119,29 @@ void kernelLike(int r, Side& s, uint64_t n, std::string* error) {
     }
     if (sent < n && sent - loadAcquire(&out.header->done) < kSlots) {
       const size_t bytes = sizeOf(sent);
-      char* slot = out.slot(sent);
-      for (size_t i = 0; i < bytes; ++i) slot[i] = static_cast<char>(pattern(r, sent, i));
-      out.header->sizes[sent % kSlots] = bytes;
-      storeRelease(&out.header->posted, ++sent);
+      uint64_t* head = &out.header->head[sent % kSlots];
+      if (out.isSmall(bytes)) {
+        // As the kernel's threads may: the head first, then the words in any order (here
+        // last to first); never into the slot.
+        std::atomic_ref<uint64_t>(*head).store(fifoHead(sent, bytes), std::memory_order_relaxed);
+        for (uint32_t w = fifoWords(bytes); w-- > 0;) {
+          uint32_t payload = 0;
+          for (size_t i = 4 * w; i < std::min<size_t>(bytes, 4 * w + 4); ++i)
+            payload |= uint32_t{pattern(r, sent, i)} << (8 * (i - 4 * w));
+          std::atomic_ref<uint64_t>(out.header->ll[sent % kSlots][w])
+              .store(fifoWord(sent, payload), std::memory_order_relaxed);
+        }
+      } else {
+        char* slot = out.slot(sent);
+        for (size_t i = 0; i < bytes; ++i) slot[i] = static_cast<char>(pattern(r, sent, i));
+        storeRelease(head, fifoHead(sent, bytes));
+      }
+      ++sent;
       s.proxy->kick();
     }
-    if (got < n && loadAcquire(&in.header->posted) > got) {
-      const size_t bytes = in.header->sizes[got % kSlots];
+    if (uint64_t head;
+        got < n && fifoHeadIs(head = loadAcquire(&in.header->head[got % kSlots]), got)) {
+      const size_t bytes = fifoHeadSize(head);
       if (bytes != sizeOf(got)) {
         *error = "message " + std::to_string(got) + " has " + std::to_string(bytes) + " bytes";
         return;
@@ -130,6 +150,16 @@ void kernelLike(int r, Side& s, uint64_t n, std::string* error) {
       for (size_t i = 0; i < bytes; ++i) {
         if (slot[i] != pattern(1 - r, got, i)) {
           *error = "message " + std::to_string(got) + " byte " + std::to_string(i) + " is wrong";
+          return;
+        }
+      }
+      // A small one also as tagged words, the same bytes.
+      for (uint32_t w = 0; in.isSmall(bytes) && w < fifoWords(bytes); ++w) {
+        const uint64_t word = loadAcquire(&in.header->ll[got % kSlots][w]);
+        uint32_t expect = 0;
+        std::memcpy(&expect, slot + 4 * w, std::min<size_t>(4, bytes - 4 * w));
+        if (!fifoHeadIs(word, got) || static_cast<uint32_t>(word) != expect) {
+          *error = "message " + std::to_string(got) + " word " + std::to_string(w) + " is wrong";
           return;
         }
       }
@@ -170,16 +200,16 @@ TEST(NetProxy, SendsPostedBeforeTheEndStillLeave) {
   for (uint64_t m = 0; m < 3; ++m) {
     const size_t bytes = 100000 + m;
     std::memset(out.slot(m), static_cast<int>(m + 1), bytes);
-    out.header->sizes[m] = bytes;
-    storeRelease(&out.header->posted, m + 1);
+    storeRelease(&out.header->head[m], fifoHead(m, bytes));
   }
   sides[1].proxy.reset();
   const Fifo& in = sides[0].recv->fifo;
   auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (loadAcquire(&in.header->posted) < 3 && Clock::now() < deadline) std::this_thread::yield();
-  ASSERT_EQ(loadAcquire(&in.header->posted), 3u);
+  while (!fifoHeadIs(loadAcquire(&in.header->head[2]), 2) && Clock::now() < deadline)
+    std::this_thread::yield();
   for (uint64_t m = 0; m < 3; ++m) {
-    EXPECT_EQ(in.header->sizes[m], 100000 + m);
+    ASSERT_TRUE(fifoHeadIs(loadAcquire(&in.header->head[m]), m)) << m;
+    EXPECT_EQ(fifoHeadSize(in.header->head[m]), 100000 + m);
     EXPECT_EQ(in.slot(m)[99999], static_cast<char>(m + 1));
   }
 }

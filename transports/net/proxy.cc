@@ -4,6 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <string>
 #include <utility>
 
 #include "common/clock.h"
@@ -24,6 +29,52 @@ void setClosed(FifoHeader* h, uint32_t why) {
   uint32_t expected = kNetOpen;
   std::atomic_ref<uint32_t>(h->closed).compare_exchange_strong(expected, why,
                                                                std::memory_order_release);
+}
+
+#ifdef LOOM_NET_TRACE
+// A diagnostic build's timeline of the proxy (host CLOCK_REALTIME), written at the end.
+constexpr unsigned kTraceMax = 1u << 17;
+uint64_t gTrace[kTraceMax][2];
+std::atomic<unsigned> gTraceN{0};
+void trace(int ev, int peer) {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  const unsigned i = gTraceN.fetch_add(1, std::memory_order_relaxed);
+  if (i < kTraceMax) {
+    gTrace[i][0] = uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+    gTrace[i][1] = uint64_t(ev) | (uint64_t(uint32_t(peer)) << 32);
+  }
+}
+#else
+void trace(int, int) {}
+#endif
+
+// A small message the kernel posted as tagged words: copied into its slot once every word
+// is there (false: not yet; the next loop looks again, and copies again).
+bool takeSmall(const Fifo& f, uint64_t seq, uint64_t size) {
+  uint64_t* words = f.header->ll[seq % f.nslots];
+  char* slot = f.slot(seq);
+  const uint32_t n = fifoWords(size);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t w = loadAcquire(&words[i]);
+    if (!fifoHeadIs(w, seq)) return false;
+    const uint32_t payload = static_cast<uint32_t>(w);
+    std::memcpy(slot + 4 * i, &payload, std::min<uint64_t>(4, size - 4 * i));
+  }
+  return true;
+}
+
+// A small message received into its slot, also written as tagged words for the kernel
+// (before its head, which the caller then stores).
+void putSmall(const Fifo& f, uint64_t seq, uint64_t size) {
+  uint64_t* words = f.header->ll[seq % f.nslots];
+  const char* slot = f.slot(seq);
+  const uint32_t n = fifoWords(size);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t payload = 0;
+    std::memcpy(&payload, slot + 4 * i, std::min<uint64_t>(4, size - 4 * i));
+    std::atomic_ref<uint64_t>(words[i]).store(fifoWord(seq, payload), std::memory_order_relaxed);
+  }
 }
 
 // Spin this long with the CPU's pause hint before yielding between polls.
@@ -86,6 +137,20 @@ Proxy::~Proxy() {
   }
   wake_.notify_all();
   thread_.join();
+#ifdef LOOM_NET_TRACE
+  if (const char* dir = getenv("LOOM_NET_TRACE_DIR"); dir && gTraceN.load() > 0) {
+    if (FILE* f = fopen((std::string(dir) + "/proxy." + std::to_string(getpid()) + ".txt").c_str(),
+                        "w")) {
+      const unsigned n = std::min(gTraceN.load(), kTraceMax);
+      for (unsigned i = 0; i < n; ++i)
+        fprintf(f, "%llu %llu %llu\n", (unsigned long long)gTrace[i][0],
+                (unsigned long long)(gTrace[i][1] & 0xff),
+                (unsigned long long)(gTrace[i][1] >> 32));
+      fclose(f);
+    }
+    gTraceN.store(0);
+  }
+#endif
 }
 
 void Proxy::add(std::unique_ptr<Channel> c) {
@@ -281,14 +346,21 @@ bool Proxy::pump(Channel& c, uint64_t room, Post post, Test test, Retired retire
 bool Proxy::progressSend(Channel& c) {
   bool moved = false;
   FifoHeader* h = c.fifo.header;
-  // Every slot the kernel posted goes out; a finished one is free again.
+  // Every message the kernel posted goes out (a small one once all its words are there);
+  // a finished one's slot is free again.
   const bool ok = pump(
-      c, loadAcquire(&h->posted),
+      c, c.issued + c.fifo.nslots,
       [&](uint64_t seq, Request** r) {
-        return c.sendComm->isend(c.fifo.slot(seq), h->sizes[seq % c.fifo.nslots], 0, c.mh, r);
+        const uint64_t head = loadAcquire(&h->head[seq % c.fifo.nslots]);
+        if (!fifoHeadIs(head, seq)) return Status::ok();  // not posted yet
+        const uint64_t size = fifoHeadSize(head);
+        if (c.fifo.isSmall(size) && !takeSmall(c.fifo, seq, size)) return Status::ok();
+        trace(11, c.fifo.peer);
+        return c.sendComm->isend(c.fifo.slot(seq), size, 0, c.mh, r);
       },
       [&](Request* r, bool* done, size_t* size) { return c.sendComm->test(r, done, size); },
       [&](size_t) {
+        trace(12, c.fifo.peer);
         storeRelease(&h->done, ++c.completed);
         return Status::ok();
       },
@@ -316,8 +388,10 @@ bool Proxy::progressRecv(Channel& c) {
           LOOM_TRY(cuda::flushRdmaWrites(c.mem.flushContext)
                        .withContext("flushing a receive into GPU memory (GPUDirect RDMA)"));
         }
-        h->sizes[c.completed % c.fifo.nslots] = size;
-        storeRelease(&h->posted, ++c.completed);
+        const uint64_t seq = c.completed++;
+        if (c.fifo.isSmall(size)) putSmall(c.fifo, seq, size);
+        storeRelease(&h->head[seq % c.fifo.nslots], fifoHead(seq, size));
+        trace(13, c.fifo.peer);
         return Status::ok();
       },
       &moved);
@@ -356,7 +430,9 @@ void Proxy::run() {
       }
       if (c->send) {
         moved = progressSend(*c) || moved;
-        sendsPending = sendsPending || c->completed < loadAcquire(&c->fifo.header->posted);
+        sendsPending =
+            sendsPending || c->completed < c->issued ||
+            fifoHeadIs(loadAcquire(&c->fifo.header->head[c->issued % c->fifo.nslots]), c->issued);
       } else if (!stopping) {
         // A receive channel quiet for kQuietTime is tested only every kQuietEvery-th loop:
         // a test of the socket backend is a system call, 0.2 us where it finds nothing (the
