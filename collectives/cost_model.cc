@@ -388,11 +388,12 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
           if (!powerOfTwo(n)) return false;
           *out = doubling(f, S);
           return true;
-        // Host buffers only: the network executor has no one-shot (it would need scratch
-        // on the GPU for the gathered inputs).
-        // Above kOneShotMaxBytes the tuner never runs it, forced or not.
+        // GPU buffers across hosts: on up to kMaxStepPeers + 1 ranks (oneShotAllReduce, a
+        // step with every peer). Above kOneShotMaxBytes the tuner never runs it.
         case Algo::kOneShot:
-          *out = direct(f, a, S, 1, !f.gpu && S * (n - 1) <= double(kOneShotMaxBytes));
+          *out = direct(f, a, S, 1,
+                        (!f.gpu || (f.hosts > 1 && n - 1 <= kMaxStepPeers)) &&
+                            S * (n - 1) <= double(kOneShotMaxBytes));
           return true;
         case Algo::kHierarchical:
           if (f.hosts <= 1 || f.ranksPerHost <= 1) return false;

@@ -75,6 +75,11 @@ struct Step {
   // of this step waits until piece p of that one is done (a rank's own data dependency,
   // which connections alone do not order). -1: none.
   int after = -1;
+  // Where the source goes among what the step combines: before receive srcAt (the
+  // received ones in their order around it; nrecv: after them all). -1: first. A rank
+  // that adds every rank's input itself puts its own at its rank, so that every rank adds
+  // the same values in the same order and gets the same bits.
+  int srcAt = -1;
 
   Step& recvFrom(int p) {
     recvPeers[nrecv++] = p;
@@ -202,6 +207,12 @@ Schedule roundsAllToAll(int rank, int n, size_t count, int peersPerPhase);
 // Every rank sends its `count` elements to every other rank at once; block q of the
 // output holds rank q's input. The first half of a one-shot all-reduce.
 Schedule directAllGather(int rank, int n, size_t count);
+// A one-shot all-reduce in one phase, for executors that combine what arrives as it
+// arrives (GPU buffers over the network): a step sends the input to every other rank (the
+// pre-op applied), a step receives every other rank's and adds them all in rank order
+// (Step::srcAt), so every rank's result has the same bits. At most kMaxStepPeers + 1
+// ranks.
+Schedule oneShotAllReduce(int rank, int n, size_t count);
 // A collective called with a count of 0 moves no data, yet still sends one empty message
 // to its ring successor and takes one from its predecessor: a rank whose peers called the
 // same collective with another count is then told at once ("rank 2 sent 0 bytes where

@@ -1004,4 +1004,30 @@ Schedule directAllGather(int r, int n, size_t count) {
   return directExchange(r, n, count, true);
 }
 
+Schedule oneShotAllReduce(int r, int n, size_t count) {
+  if (n == 1) return localOnly(count, count, count, true);
+  Schedule s;
+  s.reduces = true;
+  s.inputCount = s.outputCount = count;
+  Phase phase;
+  Step send;  // the input (pre-op applied) to every other rank
+  send.src = in(0);
+  send.count = count;
+  Step sum;  // every rank's, in rank order, this rank's own at its place
+  sum.src = in(0);
+  sum.dst = out(0);
+  sum.count = count;
+  sum.final = true;
+  sum.srcAt = r;
+  for (int q = 0; q < n; ++q) {
+    if (q == r) continue;
+    send.sendTo(q);
+    sum.recvFrom(q);
+  }
+  phase.push_back(send);
+  phase.push_back(sum);
+  s.phases.push_back(std::move(phase));
+  return s;
+}
+
 }  // namespace loom::collectives

@@ -305,17 +305,30 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   req.network = true;
   req.device = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
-  if (c.algo != Algorithm::kOneShot) return c;
   const int n = req.nranks;
+  // A small all-reduce on 3 or 4 ranks: one step with every peer (oneShotAllReduce), where
+  // recursive doubling and the direct form take two. On 2 ranks doubling is that one
+  // exchange already.
+  const bool small = req.count * req.elemSize * size_t(std::max(1, n - 1)) <= kOneShotMaxBytes;
+  if (req.type == CollType::kAllReduce && small && n > 2 && n - 1 <= kMaxStepPeers &&
+      forced.allows(AlgoName::kOneShot) &&
+      (c.algo == Algorithm::kOneShot ||
+       (c.algo == Algorithm::kDoubling && !forced.names(AlgoName::kDoubling)))) {
+    c.algo = Algorithm::kOneShot;
+    c.reason =
+        "small message, few ranks: one-shot (every input to every rank, added in rank order)";
+    return c;
+  }
+  if (c.algo != Algorithm::kOneShot) return c;
   if (n > 1 && (n & (n - 1)) == 0) {
     c.algo = Algorithm::kDoubling;
-    c.reason = "small message (one-shot has no GPU form over the network): recursive doubling";
+    c.reason = "small message (one-shot over the network takes 3 or 4 ranks): recursive doubling";
   } else if (n - 1 <= kMaxStepPeers) {
     c.algo = Algorithm::kDirect;
-    c.reason = "small message (one-shot has no GPU form over the network): direct";
+    c.reason = "small message (one-shot over the network takes 3 or 4 ranks): direct";
   } else {
     c.algo = Algorithm::kRing;
-    c.reason = "small message (one-shot has no GPU form over the network): ring";
+    c.reason = "small message (one-shot over the network takes 3 or 4 ranks): ring";
   }
   return c;
 }
@@ -418,7 +431,12 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
   const std::vector<int>* hostRing = req.device ? nullptr : req.ring;
   switch (req.type) {
     case CollType::kAllReduce:
-      if (algo == Algorithm::kOneShot) return directAllGather(r, n, req.count);
+      // One-shot: GPU buffers combine in the schedule (up to kMaxStepPeers peers); host
+      // buffers gather every input and add them in place (the host executor).
+      if (algo == Algorithm::kOneShot) {
+        return req.device && n - 1 <= kMaxStepPeers ? oneShotAllReduce(r, n, req.count)
+                                                    : directAllGather(r, n, req.count);
+      }
       if (algo == Algorithm::kDoubling) return doublingAllReduce(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kDirect) return directAllReduce(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kHier && req.hier)

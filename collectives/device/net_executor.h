@@ -42,7 +42,7 @@ struct NetOptions {
   int lanes = 4;                 // at most (LOOM_NET_LANES)
   int threads = 512;             // per block of the kernel
   int64_t proxySpinUs = 5000;    // LOOM_PROXY_SPIN_US
-  bool pdl = true;               // LOOM_NET_PDL: programmatic dependent launch
+  bool pdl = false;              // LOOM_NET_PDL: programmatic dependent launch
   uint64_t pieceBytes = 0;       // LOOM_CHUNK_BYTES: pieces of this size (0: netPieceBytes)
   // What ring and tree are priced on (model::netExecutorFabric); unset: one class of link.
   std::optional<model::Fabric> fabric;

@@ -349,11 +349,20 @@ struct StepRun {
       Io io;
       const char* src = st.srcBuffer ? at(st.srcBuffer, st.srcOffset) + first * sizeof(S) : nullptr;
       char* dst = st.dstBuffer ? at(st.dstBuffer, st.dstOffset) + first * sizeof(S) : nullptr;
-      if (src) io.srcs[io.nsrc++] = src;
+      // The source first, or at st.srcAt among what arrived (a rank-ordered sum).
+      const bool placed = reduces && src && st.srcAt <= st.nrecv;
+      auto addSrc = [&] {
+        if (reduces && !st.srcPartial) io.preMask |= 1u << io.nsrc;
+        io.srcs[io.nsrc++] = src;
+      };
+      if (src && !placed) addSrc();
       if (reduces || !src) {
-        for (int j = 0; j < st.nrecv; ++j) io.srcs[io.nsrc++] = recv[j];
+        for (int j = 0; j < st.nrecv; ++j) {
+          if (placed && j == st.srcAt) addSrc();
+          io.srcs[io.nsrc++] = recv[j];
+        }
       }
-      if (reduces && src && !st.srcPartial) io.preMask = 1;
+      if (placed && st.srcAt == st.nrecv) addSrc();
       io.post = reduces && st.final != 0;
       if (dst) io.dsts[io.ndst++] = dst;
       for (int j = 0; j < st.nsend; ++j) io.dsts[io.ndst++] = send[j];

@@ -89,6 +89,7 @@ Result<std::vector<uint64_t>> makeNetPlan(const std::vector<Schedule>& schedules
         n.final = st.final ? 1 : 0;
         n.srcPartial = st.srcPartial ? 1 : 0;
         n.lane = static_cast<uint8_t>(l);
+        n.srcAt = st.srcAt >= 0 ? static_cast<uint8_t>(st.srcAt) : uint8_t{0xff};
         for (int j = 0; j < kMaxStepPeers; ++j) {
           n.recvPeers[j] = j < st.nrecv ? st.recvPeers[j] : -1;
           n.sendPeers[j] = j < st.nsend ? st.sendPeers[j] : -1;

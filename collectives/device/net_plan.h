@@ -33,8 +33,8 @@ struct NetStep {
   uint8_t nsend = 0;
   uint8_t final = 0;
   uint8_t srcPartial = 0;
-  uint8_t lane = 0;  // whose connections the peers below name (see NetLane)
-  uint8_t pad = 0;
+  uint8_t lane = 0;      // whose connections the peers below name (see NetLane)
+  uint8_t srcAt = 0xff;  // Step::srcAt (0xff: first)
   int32_t recvPeers[kMaxStepPeers] = {-1, -1, -1};
   int32_t sendPeers[kMaxStepPeers] = {-1, -1, -1};
 };

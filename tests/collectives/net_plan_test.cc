@@ -58,6 +58,8 @@ const Case kCases[] = {
     {CollType::kReduce, Algorithm::kTree},      {CollType::kReduce, Algorithm::kChain},
     {CollType::kAllToAll, Algorithm::kDirect},
 };
+// Forms that only some rank counts take.
+const Case kOneShotCase = {CollType::kAllReduce, Algorithm::kOneShot};
 
 TEST(NetPlan, EveryScheduleBecomesAPlanForOneToSixtyFourRanks) {
   for (const Case& c : kCases) {
@@ -112,15 +114,47 @@ TEST(NetPlan, SplitPutsTheKthUseOfAConnectionInSubPhaseK) {
   EXPECT_EQ(recvs, (std::vector<NetLink>{{1, 0}}));
 }
 
-TEST(NetPlan, NoOneShotOverTheNetwork) {
+// A small all-reduce over the network: one-shot on 3 and 4 ranks (by default and forced),
+// recursive doubling on 2 (one exchange either way), never one-shot beyond 4 (a step has
+// at most kMaxStepPeers peers); LOOM_ALGO=doubling still gets doubling.
+TEST(NetPlan, OneShotOverTheNetworkOnThreeAndFourRanks) {
   for (int n : {2, 3, 4, 5, 8}) {
+    const bool fits = n == 3 || n == 4;
     auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), AlgoRequest());
     ASSERT_TRUE(c.isOk());
-    EXPECT_NE(c->algo, Algorithm::kOneShot) << n;
+    EXPECT_EQ(c->algo == Algorithm::kOneShot, fits) << n;
     auto f = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
                                 *AlgoRequest::parse("oneshot"));
     ASSERT_TRUE(f.isOk());
-    EXPECT_NE(f->algo, Algorithm::kOneShot) << n;
+    EXPECT_EQ(f->algo == Algorithm::kOneShot, fits) << n;
+    auto d = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
+                                *AlgoRequest::parse("doubling"));
+    ASSERT_TRUE(d.isOk());
+    EXPECT_NE(d->algo, Algorithm::kOneShot) << n;
+    // Past the small-message bound: not one-shot.
+    auto big = chooseNetAlgorithm(
+        request(CollType::kAllReduce, 0, n, kOneShotMaxBytes / 4 + 1, 0, 1000), AlgoRequest());
+    ASSERT_TRUE(big.isOk());
+    EXPECT_NE(big->algo, Algorithm::kOneShot) << n;
+  }
+}
+
+// Every rank adds the inputs in rank order: its own at its rank among the others'.
+TEST(NetPlan, OneShotAddsInRankOrderOnEveryRank) {
+  for (int n : {2, 3, 4}) {
+    for (int r = 0; r < n; ++r) {
+      Schedule s =
+          netSchedule(request(CollType::kAllReduce, r, n, 100, 0, 1000), Algorithm::kOneShot);
+      ASSERT_EQ(s.phases.size(), 1u);
+      ASSERT_EQ(s.phases[0].size(), 2u);
+      const Step& sum = s.phases[0][1];
+      ASSERT_EQ(sum.nrecv, n - 1);
+      EXPECT_EQ(sum.srcAt, r);
+      std::vector<int> order(sum.recvPeers, sum.recvPeers + sum.nrecv);
+      order.insert(order.begin() + sum.srcAt, r);
+      for (int q = 0; q < n; ++q) EXPECT_EQ(order[q], q) << "n=" << n << " r=" << r;
+      EXPECT_EQ(s.phases[0][0].nsend, n - 1);
+    }
   }
 }
 
@@ -397,7 +431,20 @@ class CpuKernel {
       const char* src = st.srcBuffer ? at(st.srcBuffer, st.srcOffset) + first * es_ : nullptr;
       char* dst = st.dstBuffer ? at(st.dstBuffer, st.dstOffset) + first * es_ : nullptr;
       acc.resize(bytes);
-      if (src) {
+      if (src && reduces && st.srcAt <= st.nrecv) {
+        // What arrived with the source at srcAt, combined in that order.
+        std::vector<char> own(bytes);
+        if (st.srcPartial) {
+          std::memcpy(own.data(), src, bytes);
+        } else {
+          applyPreOp(type_, op_, own.data(), src, elems);
+        }
+        std::vector<const char*> order(recv, recv + st.nrecv);
+        order.insert(order.begin() + st.srcAt, own.data());
+        std::memcpy(acc.data(), order[0], bytes);
+        for (size_t j = 1; j < order.size(); ++j)
+          reduce(type_, op_, acc.data(), acc.data(), order[j], elems);
+      } else if (src) {
         if (reduces && !st.srcPartial) {
           applyPreOp(type_, op_, acc.data(), src, elems);
         } else {
@@ -599,6 +646,10 @@ TEST(NetPlan, LanesCoverTheCountOnSixteenByteBoundaries) {
 
 TEST(NetPlanOverSockets, EveryCollectiveOnTwoToFourRanks) {
   for (int n : {2, 3, 4}) {
+    for (size_t count : {size_t(1), size_t(5003)}) {
+      runCollective(n, kOneShotCase.type, kOneShotCase.algo, count, 0);
+      if (HasFatalFailure()) return;
+    }
     for (const Case& c : kCases) {
       for (size_t count : {size_t(1), size_t(5003)}) {
         const bool rooted = c.type == CollType::kBroadcast || c.type == CollType::kReduce;

@@ -711,7 +711,7 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   EXPECT_EQ(a, model::Algo::kDirect) << why;
   const model::Fabric gpus = model::gpuFabric(3, 1, 450, 50, model::NetPath::kSockets);
   ASSERT_TRUE(tunerPick(CollType::kAllReduce, 8, gpus, &a, &why));
-  EXPECT_EQ(a, model::Algo::kDirect) << why;  // 3 ranks: no doubling, no one-shot on GPUs
+  EXPECT_EQ(a, model::Algo::kOneShot) << why;  // 3 ranks: one step with both peers
   ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kTree) << why;  // the chain reduce runs on host buffers only
   // GPU buffers across hosts of 8 GPUs: what the GPU executor asks (the hierarchical form
