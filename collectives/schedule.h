@@ -207,9 +207,9 @@ Schedule roundsAllToAll(int rank, int n, size_t count, int peersPerPhase);
 // Every rank sends its `count` elements to every other rank at once; block q of the
 // output holds rank q's input. The first half of a one-shot all-reduce.
 Schedule directAllGather(int rank, int n, size_t count);
-// A one-shot all-reduce in one phase, for executors that combine what arrives as it
-// arrives (GPU buffers over the network): a step sends the input to every other rank (the
-// pre-op applied), a step receives every other rank's and adds them all in rank order
+// A one-shot all-reduce for executors that combine what arrives as it arrives (GPU
+// buffers over the network): a step sends the input to every other rank (the pre-op
+// applied), then a step receives every other rank's and adds them all in rank order
 // (Step::srcAt), so every rank's result has the same bits. At most kMaxStepPeers + 1
 // ranks.
 Schedule oneShotAllReduce(int rank, int n, size_t count);

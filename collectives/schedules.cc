@@ -1009,7 +1009,8 @@ Schedule oneShotAllReduce(int r, int n, size_t count) {
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
-  Phase phase;
+  // Two phases, so that the sum (which may write the input: in place) starts after the
+  // send has read it; one block runs both, one after the other.
   Step send;  // the input (pre-op applied) to every other rank
   send.src = in(0);
   send.count = count;
@@ -1024,9 +1025,8 @@ Schedule oneShotAllReduce(int r, int n, size_t count) {
     send.sendTo(q);
     sum.recvFrom(q);
   }
-  phase.push_back(send);
-  phase.push_back(sum);
-  s.phases.push_back(std::move(phase));
+  s.phases.push_back({send});
+  s.phases.push_back({sum});
   return s;
 }
 

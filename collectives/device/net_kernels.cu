@@ -156,8 +156,8 @@ __device__ bool gatherSmall(const NetContext& c, const Fifo& f, uint64_t seq, in
                             size_t bytes, uint32_t* out, unsigned from, unsigned stride) {
   const uint64_t* words = f.header->ll[seq % f.nslots];
   const uint32_t n = fifoWords(bytes);
+  Patience patience(&f.header->closed);
   for (uint32_t i = from; i < n; i += stride) {
-    Patience patience(&f.header->closed);
     uint64_t w;
     while (!fifoHeadIs(w = *reinterpret_cast<const volatile uint64_t*>(&words[i]), seq)) {
       if (patience.exhausted(c, peer)) return false;
@@ -334,9 +334,9 @@ struct StepRun {
             ok = awaitHead(c, f, recvSeq[j], st.recvPeers[j], bytes);
           }
         }
-        if (!ok) bad = 1;
-        __syncthreads();
-        if (bad) return false;
+        // (Not through `bad`: a warp that had not yet read it after the first barrier
+        // would return alone.)
+        if (__syncthreads_or(!ok)) return false;
         trace(4);
         // The words are in shared memory: their slots are free again. The last warp says
         // so (its system fence then overlaps the first warps' reduction).

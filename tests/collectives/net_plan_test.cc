@@ -145,9 +145,11 @@ TEST(NetPlan, OneShotAddsInRankOrderOnEveryRank) {
     for (int r = 0; r < n; ++r) {
       Schedule s =
           netSchedule(request(CollType::kAllReduce, r, n, 100, 0, 1000), Algorithm::kOneShot);
-      ASSERT_EQ(s.phases.size(), 1u);
-      ASSERT_EQ(s.phases[0].size(), 2u);
-      const Step& sum = s.phases[0][1];
+      // The send, then the sum (in place, the sum overwrites what the send reads).
+      ASSERT_EQ(s.phases.size(), 2u);
+      ASSERT_EQ(s.phases[0].size(), 1u);
+      ASSERT_EQ(s.phases[1].size(), 1u);
+      const Step& sum = s.phases[1][0];
       ASSERT_EQ(sum.nrecv, n - 1);
       EXPECT_EQ(sum.srcAt, r);
       std::vector<int> order(sum.recvPeers, sum.recvPeers + sum.nrecv);
@@ -519,10 +521,13 @@ int32_t value(int rank, size_t i) {
 }
 
 // Runs one collective on n ranks as threads; checks every rank's output exactly.
-void runCollective(int n, CollType type, Algorithm algo, size_t count, int root, int lanes = 1) {
+// In place (all-reduce, broadcast, reduce): the input is the output buffer.
+void runCollective(int n, CollType type, Algorithm algo, size_t count, int root, int lanes = 1,
+                   bool inPlace = false) {
   SCOPED_TRACE(std::string(collTypeName(type)) + "/" + algorithmName(algo) +
                " n=" + std::to_string(n) + " count=" + std::to_string(count) +
-               " root=" + std::to_string(root) + " lanes=" + std::to_string(lanes));
+               " root=" + std::to_string(root) + " lanes=" + std::to_string(lanes) +
+               (inPlace ? " in place" : ""));
   Mailbox mail;
   std::vector<std::unique_ptr<Rank>> ranks = makeRanks(n, 4242);
   for (auto& k : ranks) ASSERT_TRUE(k->backend);
@@ -537,11 +542,13 @@ void runCollective(int n, CollType type, Algorithm algo, size_t count, int root,
     in[r].resize(inCount);
     for (size_t i = 0; i < inCount; ++i) in[r][i] = value(r, i);
     out[r].assign(outCount, -7);
+    if (inPlace) out[r] = in[r];
     threads.emplace_back([&, r] {
       const size_t piece = kSlotBytes / 4 / 2;  // two pieces per slot's worth: exercises blocks
       auto plan = makeNetPlan(
           netLaneSchedules(request(type, r, n, count, root, piece), algo, lanes), piece);
-      results[r] = runPlan(*ranks[r], mail, plan, DataType::kInt32, in[r].data(), out[r].data());
+      results[r] = runPlan(*ranks[r], mail, plan, DataType::kInt32,
+                           inPlace ? out[r].data() : in[r].data(), out[r].data());
     });
   }
   for (auto& t : threads) t.join();
@@ -647,8 +654,10 @@ TEST(NetPlan, LanesCoverTheCountOnSixteenByteBoundaries) {
 TEST(NetPlanOverSockets, EveryCollectiveOnTwoToFourRanks) {
   for (int n : {2, 3, 4}) {
     for (size_t count : {size_t(1), size_t(5003)}) {
-      runCollective(n, kOneShotCase.type, kOneShotCase.algo, count, 0);
-      if (HasFatalFailure()) return;
+      for (bool inPlace : {false, true}) {
+        runCollective(n, kOneShotCase.type, kOneShotCase.algo, count, 0, 1, inPlace);
+        if (HasFatalFailure()) return;
+      }
     }
     for (const Case& c : kCases) {
       for (size_t count : {size_t(1), size_t(5003)}) {

@@ -2,7 +2,7 @@
 // them back and forth. The words are page-locked host memory that the GPU maps; the slots
 // too, or GPU memory where the NIC reaches it (GPUDirect RDMA, gdr.h placeSlots). One FIFO
 // per network connection and direction. Message `seq` (counting from 0) uses slot
-// `seq % nslots`, and its tag is the low 32 bits of seq + 1 (fifoTag).
+// `seq % nslots`, and its tag is seq modulo 2^32 - 1, plus 1 (fifoTag: never 0).
 //
 //   head[slot]: tag << 32 | size, written once the message is in the slot. One word, so
 //               its reader learns that the message is there and its size in one load (for
@@ -18,9 +18,12 @@
 // also travel as tagged words, ll[slot][i] = tag << 32 | payload bytes 4i..4i+3, each
 // written with one 8-byte store. A reader that sees a word's tag has that word's bytes,
 // whatever order the words arrived in, so neither side needs a fence between data and
-// flag: the kernel writes a small send's words straight from its registers and the proxy
-// reads them out into the slot before it isends; the proxy writes a received small
-// message's words and the kernel reads them, every thread a few, in one trip over PCIe.
+// flag: the kernel writes a small send's words from shared memory and the proxy reads
+// them out into the slot before it isends; the proxy writes a received small message's
+// words and the kernel reads them, every thread a few, in one trip over PCIe. The proxy
+// clears a slot's words once they are read (a send's before `done` frees the slot, a
+// receive's before the slot's next receive), so that a word never outlives its message
+// and an old one cannot pass for a new one when the tags come round again.
 //
 // Memory ordering for the rest: the producer writes a slot's bytes, then stores its head
 // with release (the GPU: a system fence after its threads' stores, ordered by a block
@@ -62,8 +65,9 @@ static_assert(sizeof(FifoHeader) % 128 == 0);
 // The bytes a FIFO's header takes (its slots start there, each 4 KiB aligned).
 inline constexpr size_t kFifoHeaderBytes = (sizeof(FifoHeader) + 4095) / 4096 * 4096;
 
+// 1 to 2^32 - 1, never 0 (the value of memory nobody wrote).
 LOOM_HOST_DEVICE inline uint32_t fifoTag(uint64_t seq) {
-  return static_cast<uint32_t>(seq + 1);
+  return static_cast<uint32_t>(seq % 0xffffffffull) + 1;
 }
 LOOM_HOST_DEVICE inline uint64_t fifoHead(uint64_t seq, uint64_t size) {
   return uint64_t{fifoTag(seq)} << 32 | (size & 0xffffffffu);

@@ -49,6 +49,13 @@ void trace(int ev, int peer) {
 void trace(int, int) {}
 #endif
 
+// Zeroes the first n tagged words of message seq's slot.
+void clearSmall(const Fifo& f, uint64_t seq, uint32_t n) {
+  uint64_t* words = f.header->ll[seq % f.nslots];
+  for (uint32_t i = 0; i < n; ++i)
+    std::atomic_ref<uint64_t>(words[i]).store(0, std::memory_order_relaxed);
+}
+
 // A small message the kernel posted as tagged words: copied into its slot once every word
 // is there (false: not yet; the next loop looks again, and copies again).
 bool takeSmall(const Fifo& f, uint64_t seq, uint64_t size) {
@@ -61,6 +68,7 @@ bool takeSmall(const Fifo& f, uint64_t seq, uint64_t size) {
     const uint32_t payload = static_cast<uint32_t>(w);
     std::memcpy(slot + 4 * i, &payload, std::min<uint64_t>(4, size - 4 * i));
   }
+  clearSmall(f, seq, n);  // the kernel writes them again only once `done` frees the slot
   return true;
 }
 
@@ -101,6 +109,7 @@ struct Proxy::Channel {
   uint64_t issued = 0;     // slots handed to the backend
   uint64_t completed = 0;  // of those, the ones it finished
   Request* requests[kFifoMaxSlots] = {};
+  uint32_t smallWords[kFifoMaxSlots] = {};  // a receive channel: tagged words in each slot
   bool failed = false;
   Clock::time_point lastMoved{};  // a receive channel: when it last moved (run(): quiet ones)
 
@@ -375,6 +384,10 @@ bool Proxy::progressRecv(Channel& c) {
   const bool ok = pump(
       c, loadAcquire(&h->done) + c.fifo.nslots,
       [&](uint64_t seq, Request** r) {
+        // The slot's last message, if small, was read (the kernel moved `done` past it).
+        uint32_t& words = c.smallWords[seq % c.fifo.nslots];
+        clearSmall(c.fifo, seq, words);
+        words = 0;
         void* data = c.fifo.slot(seq);
         const size_t capacity = c.fifo.slotBytes;
         const int tag = 0;
@@ -389,7 +402,10 @@ bool Proxy::progressRecv(Channel& c) {
                        .withContext("flushing a receive into GPU memory (GPUDirect RDMA)"));
         }
         const uint64_t seq = c.completed++;
-        if (c.fifo.isSmall(size)) putSmall(c.fifo, seq, size);
+        if (c.fifo.isSmall(size)) {
+          putSmall(c.fifo, seq, size);
+          c.smallWords[seq % c.fifo.nslots] = fifoWords(size);
+        }
         storeRelease(&h->head[seq % c.fifo.nslots], fifoHead(seq, size));
         trace(13, c.fifo.peer);
         return Status::ok();
