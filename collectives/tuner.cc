@@ -306,7 +306,7 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   req.device = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
   const int n = req.nranks;
-  // A small all-reduce on 3 or 4 ranks: one step with every peer (oneShotAllReduce), where
+  // A small all-reduce on 3 or 4 ranks: one hop with every peer (oneShotAllReduce), where
   // recursive doubling and the direct form take two. On 2 ranks doubling is that one
   // exchange already.
   const bool small = req.count * req.elemSize * size_t(std::max(1, n - 1)) <= kOneShotMaxBytes;
