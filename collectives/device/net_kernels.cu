@@ -178,10 +178,10 @@ __device__ void scatterSmall(const Fifo& f, uint64_t seq, size_t bytes, const ui
 }
 
 // Thread 0: a free slot of link `link` (towards `peer`); null on failure.
-__device__ char* awaitSend(const NetContext& c, int link, int peer) {
+// `seq` is the message's number (the link's `sent`).
+__device__ char* awaitSend(const NetContext& c, int link, int peer, uint64_t seq) {
   const Fifo& f = c.sendFifos[link];
   NetPeerCounters& k = c.counters[link];
-  const uint64_t seq = vload(k.sent);
   Patience patience(&f.header->closed);
   while (seq - vload(k.sendDone) >= f.nslots) {
     vstore(k.sendDone, loadAcquire(&f.header->done));
@@ -191,14 +191,12 @@ __device__ char* awaitSend(const NetContext& c, int link, int peer) {
   return slotOf(f, seq);
 }
 
-// Thread 0: message `sent` of link `link` is posted with `bytes`: a slot's after the
+// Thread 0: message `seq` of link `link` is posted with `bytes`: a slot's after the
 // block's barrier and a system fence (which make the block's writes to it visible to the
 // proxy), a small one's tagged words without either.
-__device__ void postSend(const NetContext& c, int link, size_t bytes) {
+__device__ void postSend(const NetContext& c, int link, size_t bytes, uint64_t seq) {
   const Fifo& f = c.sendFifos[link];
-  NetPeerCounters& k = c.counters[link];
-  const uint64_t seq = vload(k.sent);
-  vstore(k.sent, seq + 1);
+  vstore(c.counters[link].sent, seq + 1);
   uint64_t* head = &f.header->head[seq % f.nslots];
   if (f.isSmall(bytes)) {
     *reinterpret_cast<volatile uint64_t*>(head) = fifoHead(seq, bytes);
@@ -311,7 +309,7 @@ struct StepRun {
         for (int j = 0; j < st.nsend && !bad; ++j) {
           const int link = base + st.sendPeers[j];
           sendSeq[j] = vload(c.counters[link].sent);
-          send[j] = awaitSend(c, link, st.sendPeers[j]);
+          send[j] = awaitSend(c, link, st.sendPeers[j], sendSeq[j]);
           bad = send[j] == nullptr;
           if (smallSends & (1u << j)) send[j] = reinterpret_cast<char*>(smallOut[j]);
         }
@@ -377,7 +375,7 @@ struct StepRun {
         trace(7);
         const unsigned allSends = (1u << st.nsend) - 1;
         if ((smallSends & allSends) != allSends) __threadfence_system();
-        for (int j = 0; j < st.nsend; ++j) postSend(c, base + st.sendPeers[j], bytes);
+        for (int j = 0; j < st.nsend; ++j) postSend(c, base + st.sendPeers[j], bytes, sendSeq[j]);
         trace(3);
         for (int j = 0; j < st.nrecv; ++j) {
           if (!(smallRecvs & (1u << j))) releaseRecv(c, base + st.recvPeers[j], recvSeq[j]);

@@ -56,6 +56,17 @@ void clearSmall(const Fifo& f, uint64_t seq, uint32_t n) {
     std::atomic_ref<uint64_t>(words[i]).store(0, std::memory_order_relaxed);
 }
 
+// Before message seq's receive: the words of the slot's last message, if it was small (its
+// head says so), go; the kernel has read them (it moved `done` past it).
+void clearReceived(const Fifo& f, uint64_t seq) {
+  if (seq < f.nslots) return;
+  const uint64_t last = seq - f.nslots;
+  const uint64_t head =
+      std::atomic_ref<uint64_t>(f.header->head[seq % f.nslots]).load(std::memory_order_relaxed);
+  if (fifoHeadIs(head, last) && f.isSmall(fifoHeadSize(head)))
+    clearSmall(f, last, fifoWords(fifoHeadSize(head)));
+}
+
 // A small message the kernel posted as tagged words: copied into its slot once every word
 // is there (false: not yet; the next loop looks again, and copies again).
 bool takeSmall(const Fifo& f, uint64_t seq, uint64_t size) {
@@ -109,7 +120,6 @@ struct Proxy::Channel {
   uint64_t issued = 0;     // slots handed to the backend
   uint64_t completed = 0;  // of those, the ones it finished
   Request* requests[kFifoMaxSlots] = {};
-  uint32_t smallWords[kFifoMaxSlots] = {};  // a receive channel: tagged words in each slot
   bool failed = false;
   Clock::time_point lastMoved{};  // a receive channel: when it last moved (run(): quiet ones)
 
@@ -384,10 +394,7 @@ bool Proxy::progressRecv(Channel& c) {
   const bool ok = pump(
       c, loadAcquire(&h->done) + c.fifo.nslots,
       [&](uint64_t seq, Request** r) {
-        // The slot's last message, if small, was read (the kernel moved `done` past it).
-        uint32_t& words = c.smallWords[seq % c.fifo.nslots];
-        clearSmall(c.fifo, seq, words);
-        words = 0;
+        clearReceived(c.fifo, seq);
         void* data = c.fifo.slot(seq);
         const size_t capacity = c.fifo.slotBytes;
         const int tag = 0;
@@ -402,10 +409,7 @@ bool Proxy::progressRecv(Channel& c) {
                        .withContext("flushing a receive into GPU memory (GPUDirect RDMA)"));
         }
         const uint64_t seq = c.completed++;
-        if (c.fifo.isSmall(size)) {
-          putSmall(c.fifo, seq, size);
-          c.smallWords[seq % c.fifo.nslots] = fifoWords(size);
-        }
+        if (c.fifo.isSmall(size)) putSmall(c.fifo, seq, size);
         storeRelease(&h->head[seq % c.fifo.nslots], fifoHead(seq, size));
         trace(13, c.fifo.peer);
         return Status::ok();
