@@ -272,16 +272,23 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   const NcclApi& api = nccl(lib);
   Team& team = *job_.team;
   const int thread = state_.thread;
+  const int libIndex = static_cast<int>(lib);
+  setWhere(job_, Phase::kPrepare, libIndex, totalBytes_, inPlace ? 1 : 0);
   if (o_.check > 0) prepareData(test, inPlace, kWarmSeed, /*poison=*/false);
   // prepareData waits for the whole device (cudaDeviceSynchronize): with -t, a thread still
   // there while another's rank has launched a call would wait for that call's kernel, which
   // waits for this thread's rank, which never launches (every hierarchical form, and the
   // flat one where one process holds ranks that exchange data, hung so on one H100).
+  setWhere(job_, Phase::kBarrier);
   team.barrier(thread);
 
+  setWhere(job_, Phase::kLaunch);
   startColl(test, lib, inPlace, 0);  // sync
+  setWhere(job_, Phase::kWait);
   completeColl(lib);
+  setWhere(job_, Phase::kBarrier);
   team.barrier(thread);
+  setWhere(job_, Phase::kLaunch);
 
   // -G: the timed calls are captured into one graph per rank and the clock starts when
   // the graphs are launched, -G times each.
@@ -324,6 +331,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   const double calls =
       static_cast<double>(o_.iters) * o_.aggIters * (graphs ? o_.graphLaunches : 1);
   const double cpuSec = secondsSince(start) / calls;
+  setWhere(job_, Phase::kWait);
   completeColl(lib);
   double sec = secondsSince(start) / calls;
   for (void* exec : execs) mem.destroyGraph(exec);
@@ -333,6 +341,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
 
   const Bandwidth bw =
       computeBandwidth(*job_.spec, counts_.paramCount, typeSize_, sec, job_.nranks);
+  setWhere(job_, Phase::kBarrier);
   team.barrier(thread);
 
   Measurement m;
@@ -344,8 +353,11 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   if (m.checked) {
     for (int c = 0; c < o_.check; ++c) {
       const uint64_t seed = static_cast<uint64_t>(rep_) * 1000 + static_cast<uint64_t>(c);
+      setWhere(job_, Phase::kPrepare);
       prepareData(test, inPlace, seed, /*poison=*/true);
+      setWhere(job_, Phase::kBarrier);
       team.barrier(thread);  // as above
+      setWhere(job_, Phase::kCheck);
       startColl(test, lib, inPlace, 0);
       completeColl(lib);
       const int64_t local = checkData(test, inPlace, seed);
@@ -367,6 +379,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
 void Bench::warmUp(const TestCase& test, size_t lib) {
   for (size_t size : warmupSizes(o_.minBytes, o_.maxBytes)) {
     setup(size, test.type);
+    setWhere(job_, Phase::kWarmUp, static_cast<int>(lib), totalBytes_, 0);
     for (int w = 0; w < o_.warmupIters; ++w) startColl(test, lib, /*inPlace=*/false, w);
     completeColl(lib);
   }

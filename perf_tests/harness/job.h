@@ -57,6 +57,27 @@ struct ThreadState {
   std::array<LibraryTotals, kMaxLibraries> totals;  // indexed like Job::libraries
 };
 
+// What a job is doing, for the -T watchdog's message: which step, in which library, at which
+// size. Kept as relaxed atomics, set as the job moves (the timed loop sets them per call).
+enum class Phase : int {
+  kStart,    // before the communicators
+  kInit,     // making communicators (ncclCommInitRank / InitAll)
+  kWarmUp,   // warm-up calls and their completion
+  kPrepare,  // filling input buffers
+  kLaunch,   // enqueuing timed calls
+  kWait,     // waiting for the stream(s) to finish the calls
+  kCheck,    // the checked call and reading its result back
+  kBarrier,  // waiting for the other ranks between steps
+  kFinish,   // deregistering and destroying communicators
+};
+
+struct Where {
+  std::atomic<int> phase{static_cast<int>(Phase::kStart)};
+  std::atomic<int> lib{-1};  // index into Job::libraries, -1 where none applies
+  std::atomic<size_t> bytes{0};
+  std::atomic<int> inPlace{0};
+};
+
 struct Job {
   const CollectiveSpec* spec = nullptr;
   Options options;
@@ -72,7 +93,15 @@ struct Job {
   // Watchdog heartbeat: bumped at every step of progress (a counter, not a clock read: the
   // timed loop bumps it once per call).
   std::atomic<uint64_t> progress{0};
+  Where where;
 };
+
+// Records where the job is (see Where); `lib` -1 leaves the library and size as they are,
+// `inPlace` -1 the placement.
+void setWhere(Job& job, Phase phase, int lib = -1, size_t bytes = 0, int inPlace = -1);
+// "loom AllReduce, 8 B out of place: waiting for the stream to finish the calls", or as much
+// of that as is known.
+std::string describeWhere(const Job& job);
 
 // Records progress for the -T watchdog.
 void heartbeat(Job& job);

@@ -70,8 +70,9 @@ class Watchdog {
         continue;
       }
       if (nowNs() - changedNs <= timeoutNs_) continue;
-      std::printf("%s: Test timeout (%llds): no progress; aborting the communicators\n",
-                  job_.host.c_str(), static_cast<long long>(timeoutNs_ / 1000000000));
+      std::printf("%s: Test timeout (%llds): no progress in %s; aborting the communicators\n",
+                  job_.host.c_str(), static_cast<long long>(timeoutNs_ / 1000000000),
+                  describeWhere(job_).c_str());
       std::fflush(stdout);
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& [nccl, comm] : comms_) nccl->commAbort(comm);
@@ -261,6 +262,7 @@ void freeBuffers(Job& job, ThreadState& t) {
 void threadMain(Job& job, ThreadState& t, const ncclUniqueId* ids, Watchdog* watchdog) {
   const size_t nlibs = job.libraries.size();
   for (size_t lib = 0; lib < nlibs; ++lib) {
+    setWhere(job, Phase::kInit, static_cast<int>(lib));
     if (ids != nullptr) initCommsInThread(job, t, lib, ids[lib]);
     if (watchdog != nullptr) {
       std::vector<ncclComm_t> comms;
@@ -280,6 +282,7 @@ void threadMain(Job& job, ThreadState& t, const ncclUniqueId* ids, Watchdog* wat
   runThreadTests(job, t);
   job.team->barrier(t.thread);
   for (size_t lib = 0; lib < nlibs; ++lib) {
+    setWhere(job, Phase::kFinish, static_cast<int>(lib));
     deregisterBuffers(job, t, lib);
     destroyComms(job, t, lib);
   }
@@ -305,6 +308,47 @@ std::unique_ptr<Memory> chooseMemory(const Options& o, std::string* error) {
 
 void heartbeat(Job& job) {
   job.progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+void setWhere(Job& job, Phase phase, int lib, size_t bytes, int inPlace) {
+  Where& w = job.where;
+  if (lib >= 0) {
+    w.lib.store(lib, std::memory_order_relaxed);
+    w.bytes.store(bytes, std::memory_order_relaxed);
+  }
+  if (inPlace >= 0) w.inPlace.store(inPlace, std::memory_order_relaxed);
+  w.phase.store(static_cast<int>(phase), std::memory_order_relaxed);
+}
+
+std::string describeWhere(const Job& job) {
+  const Where& w = job.where;
+  const auto phase = static_cast<Phase>(w.phase.load(std::memory_order_relaxed));
+  const int lib = w.lib.load(std::memory_order_relaxed);
+  std::string out;
+  if (lib >= 0 && static_cast<size_t>(lib) < job.libraries.size()) {
+    out = job.libraries[lib]->label + " ";
+  }
+  out += job.spec != nullptr ? job.spec->name : "the job";
+  const bool sized = phase != Phase::kStart && phase != Phase::kInit && phase != Phase::kFinish;
+  const size_t bytes = w.bytes.load(std::memory_order_relaxed);
+  if (sized && bytes > 0) {
+    out += ", " + std::to_string(bytes) + " B";
+    if (phase != Phase::kWarmUp) {
+      out += w.inPlace.load(std::memory_order_relaxed) ? " in place" : " out of place";
+    }
+  }
+  switch (phase) {
+    case Phase::kStart: return out + ": setting up";
+    case Phase::kInit: return out + ": making communicators";
+    case Phase::kWarmUp: return out + ": warm-up calls";
+    case Phase::kPrepare: return out + ": filling the input";
+    case Phase::kLaunch: return out + ": enqueuing the timed calls";
+    case Phase::kWait: return out + ": waiting for the stream to finish the calls";
+    case Phase::kCheck: return out + ": the checked call";
+    case Phase::kBarrier: return out + ": waiting for the other ranks";
+    case Phase::kFinish: return out + ": destroying communicators";
+  }
+  return out;
 }
 
 void fatal(const Job& job, const std::string& message) {
@@ -503,6 +547,7 @@ int perfMain(int argc, char** argv, const CollectiveSpec& spec) {
   const bool initAll = job.nprocs == 1 && o.nThreads == 1;
   for (size_t lib = 0; lib < job.libraries.size(); ++lib) {
     const NcclApi& nccl = *job.libraries[lib];
+    setWhere(job, Phase::kInit, static_cast<int>(lib));
     if (initAll) {
       std::vector<ncclComm_t> comms(o.nGpus);
       std::vector<int> devlist(o.nGpus);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The -T watchdog under mpirun: one rank is stopped (SIGSTOP) mid-run; the other must print
-# "Test timeout", end the job with status 1 and not crash (two threads once reached
+# "Test timeout" with where it was, end the job with status 1 and not crash (two threads once reached
 # MPI_Abort together: the watchdog and the timed thread whose communicator it aborted).
 # Usage: watchdog_test.sh MPIRUN ALL_REDUCE_PERF
 set -u
@@ -35,6 +35,9 @@ wait "$job"; rc=$?
 cat "$out"
 echo "exit status $rc"
 grep -q 'Test timeout (2s)' "$out" || { echo "no 'Test timeout' line"; status=1; }
+# The line says where the job was: which library, collective, size and step.
+grep -q 'no progress in loom AllReduce, 8 B out of place: ' "$out" ||
+  { echo "the timeout line does not say where the job was"; status=1; }
 if grep -q -i 'segmentation fault\|signal 11' "$out"; then echo "a process crashed"; status=1; fi
 [ "$rc" -ne 0 ] || { echo "the job ended with status 0"; status=1; }
 exit $status
