@@ -6,8 +6,9 @@ LOOM_NET_TRACE_DIR=DIR set, for example
 
     all_reduce_perf -b 8 -e 8 -c 1 -n 3000 -w 100     (mpirun -np 2, a host each)
 
-and run this script on DIR. It expects that shape: each kernel one block, a first phase
-that sends and a second that receives (an all-reduce of a few bytes on 2 ranks). It
+and run this script on DIR (--direct for the direct all-gather's shape, below). It expects that shape: each kernel one block, a first phase
+that sends and a later one that receives, every rank exchanging one message with every
+other per call (an all-reduce of a few bytes on 2 ranks, the direct all-gather on 3). It
 prints the median, 10th and 90th percentile of each stage, in microseconds, leaving out
 the first tenth of the kernels (warm-up).
 
@@ -57,25 +58,76 @@ def stat(name, values):
     print(f"  {name:44s} median {v[n // 2]:7.2f}  p10 {v[n // 10]:7.2f}  p90 {v[9 * n // 10]:7.2f}")
 
 
+def by_kernel(records):
+    """Kernels of several blocks: the i-th record of each block index belongs to kernel i."""
+    blocks = {}
+    for rec in records:
+        blocks.setdefault(rec[0], []).append(rec)
+    n = min(len(v) for v in blocks.values())
+    return [{b: blocks[b][i] for b in blocks} for i in range(n)], sorted(blocks)
+
+
+def direct_report(ranks, nranks):
+    """The direct exchange's shape (a direct all-gather or all-to-all): one phase, block 0
+    copies this rank's own block, block 2k-1 sends to rank r+k and block 2k receives from
+    rank r-k (k = 1 .. n-1)."""
+    kernels = {r: by_kernel(ranks[r]["k"])[0] for r in ranks}
+    for r in range(nranks):
+        ks = kernels[r]
+        print(f"rank {r} ({len(ks)} kernels of {len(ks[0])} blocks):")
+        start = [min(x[START] for x in k.values()) for k in ks]
+        stat("kernel start -> last block's start", [max(x[START] for x in k.values()) - s0 for k, s0 in zip(ks, start)])
+        stat("kernel start -> last block's end", [max(x[END] for x in k.values()) - s0 for k, s0 in zip(ks, start)])
+        stat("kernel start -> next kernel start", [start[i + 1] - start[i] for i in range(len(ks) - 1)])
+        for k in range(1, nranks):
+            to, frm = (r + k) % nranks, (r - k) % nranks
+            sb, rb = 2 * k - 1, 2 * k
+            stat(f"block {sb} (to {to}): kernel start -> posted", [x[sb][POSTED] - s0 for x, s0 in zip(ks, start)])
+            stat(f"block {rb} (from {frm}): kernel start -> gathered",
+                 [x[rb][GATHERED] - s0 for x, s0 in zip(ks, start)])
+            isend = [t for t, e, q in ranks[r]["px"] if e == ISEND and q == to]
+            head = [t for t, e, q in ranks[to]["px"] if e == RECV_HEAD and q == r]
+            theirs = kernels[to]
+            # The block of `to` that receives from r: r = to - k'.
+            kk = (to - r) % nranks
+            m = min(len(ks), len(isend), len(head), len(theirs))
+            print(f"  to rank {to}:")
+            stat("posted -> proxy isends (clocks paired)", [isend[i] - ks[i][sb][POSTED] for i in range(m)])
+            stat("proxy isend -> peer's proxy has it", [head[i] - isend[i] for i in range(m)])
+            stat("peer's proxy -> peer's block has it (paired)",
+                 [theirs[i][2 * kk][GATHERED] - head[i] for i in range(m)])
+
+
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: net_trace_report.py DIR")
-    d = sys.argv[1]
+    args = [a for a in sys.argv[1:] if a != "--direct"]
+    direct = len(args) != len(sys.argv) - 1
+    if len(args) != 1:
+        sys.exit("usage: net_trace_report.py [--direct] DIR")
+    d = args[0]
     gpus = sorted(glob.glob(d + "/gpu.*.txt"))
     proxies = sorted(glob.glob(d + "/proxy.*.txt"))
-    if len(gpus) != 2 or len(proxies) != 2:
-        sys.exit(f"{d}: expected the files of 2 processes, found {len(gpus)} and {len(proxies)}")
+    if len(gpus) < 2 or len(gpus) != len(proxies):
+        sys.exit(f"{d}: expected the files of 2 or more processes, found {len(gpus)} and {len(proxies)}")
+    nranks = len(gpus)
     ranks = {}
     for gp, pp in zip(gpus, proxies):
         spread, kernels = load_gpu(gp)
         events = load_proxy(pp)
         if not events:
             sys.exit(f"{pp}: no events")
-        rank = 1 - events[0][2]  # its peer's rank is in every event
+        # Every rank talks to every other one (the shapes this reads): its rank is the one
+        # missing from its events' peers.
+        missing = set(range(nranks)) - {e[2] for e in events}
+        if len(missing) != 1:
+            sys.exit(f"{pp}: its peers {sorted({e[2] for e in events})} do not name its rank")
+        rank = missing.pop()
         ranks[rank] = {"k": kernels, "px": events}
         print(f"{gp}: rank {rank}, {len(kernels)} kernels, clocks paired to +-{spread / 1000:.2f} us")
-    for r in (0, 1):
-        k, o = ranks[r]["k"], ranks[1 - r]
+    if direct:
+        direct_report(ranks, nranks)
+        return
+    for r in range(nranks):
+        k = ranks[r]["k"]
         n = len(k)
         print(f"rank {r}:")
         stat("kernel start -> plan read", [x[PLAN] - x[START] for x in k])
@@ -92,16 +144,22 @@ def main():
         stat("released -> kernel end", [x[END] - x[LATER + RELEASED] for x in k])
         stat("kernel end -> next kernel past its wait", [k[i + 1][WAITED] - k[i][END] for i in range(n - 1)])
         stat("kernel start -> next kernel start", [k[i + 1][START] - k[i][START] for i in range(n - 1)])
-        isend = [t for t, e, _ in ranks[r]["px"] if e == ISEND]
-        done = [t for t, e, _ in ranks[r]["px"] if e == SEND_DONE]
-        head = [t for t, e, _ in o["px"] if e == RECV_HEAD]
-        m = min(n, len(isend), len(done), len(head), len(o["k"]))
-        stat("posted -> proxy isends (clocks paired)", [isend[i] - k[i][POSTED] for i in range(m)])
-        stat("proxy isend -> send done", [done[i] - isend[i] for i in range(m)])
-        stat("proxy isend -> peer's proxy has it", [head[i] - isend[i] for i in range(m)])
-        stat("peer's proxy -> peer's kernel has it (paired)",
-             [o["k"][i][LATER + GATHERED] - head[i] for i in range(m)])
-        stat("posted -> peer's kernel has it", [o["k"][i][LATER + GATHERED] - k[i][POSTED] for i in range(m)])
+        for p in range(nranks):
+            if p == r:
+                continue
+            o = ranks[p]
+            # One message each way per call: the i-th of each list belong to call i.
+            isend = [t for t, e, q in ranks[r]["px"] if e == ISEND and q == p]
+            done = [t for t, e, q in ranks[r]["px"] if e == SEND_DONE and q == p]
+            head = [t for t, e, q in o["px"] if e == RECV_HEAD and q == r]
+            m = min(n, len(isend), len(done), len(head), len(o["k"]))
+            print(f"  to rank {p}:")
+            stat("posted -> proxy isends (clocks paired)", [isend[i] - k[i][POSTED] for i in range(m)])
+            stat("proxy isend -> send done", [done[i] - isend[i] for i in range(m)])
+            stat("proxy isend -> peer's proxy has it", [head[i] - isend[i] for i in range(m)])
+            stat("peer's proxy -> peer's kernel has all (paired)",
+                 [o["k"][i][LATER + GATHERED] - head[i] for i in range(m)])
+            stat("posted -> peer's kernel has all", [o["k"][i][LATER + GATHERED] - k[i][POSTED] for i in range(m)])
 
 
 if __name__ == "__main__":

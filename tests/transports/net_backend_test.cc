@@ -279,6 +279,22 @@ TEST(NetSocket, HelperThreadsRunsOfSmallMessages) {
   exchange(p, sizes, 1 << 20, kMaxRequests);
 }
 
+// Socket 0 of a receive reads ahead 4 KiB at a time: one read then holds several small
+// messages, or a message's size and the start of a large one. Sizes about that boundary
+// (with the 8-byte size in front), all sent before the first is tested.
+TEST(NetSocket, ReadAheadAcrossMessageBoundaries) {
+  for (const char* threads : {"1", "4"}) {
+    ScopedSetting t(settings::kSocketNthreads, threads);
+    Pair p;
+    connectPair(&p, [](const Handle&) {});
+    std::vector<size_t> sizes;
+    for (size_t s : {4087, 4088, 4089, 4095, 4096, 4097, 8184, 8192, 3, 0, 1, 70000, 5, 4080})
+      sizes.push_back(s);
+    for (int i = 0; i < 40; ++i) sizes.push_back(1 + (i * 53) % 300);
+    exchange(p, sizes, 1 << 20, kMaxRequests);
+  }
+}
+
 TEST_P(Net, AtMostMaxRequestsInFlight) {
   // ib takes a send only once its receive is posted: post them all first. The buffers
   // outlive the connection (the NIC may still write into them when the test ends).

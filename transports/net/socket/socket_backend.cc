@@ -260,7 +260,7 @@ class SocketComm {
       if (!sending_) {
         if (k == 0 && s.done < hdr) {
           LOOM_ASSIGN_OR_RETURN(
-              size_t got, recvSome(s, reinterpret_cast<char*>(&r.header) + s.done, hdr - s.done));
+              size_t got, recvSome(k, reinterpret_cast<char*>(&r.header) + s.done, hdr - s.done));
           s.done += got;
           if (s.done < hdr) return Status::ok();
           if (r.header > r.capacity) {
@@ -284,7 +284,7 @@ class SocketComm {
         if (sending_) {
           LOOM_ASSIGN_OR_RETURN(moved, sendPart(s, r, hdr, b, e));
         } else {
-          LOOM_ASSIGN_OR_RETURN(moved, recvSome(s, r.data + b + (s.done - hdr), want - s.done));
+          LOOM_ASSIGN_OR_RETURN(moved, recvSome(k, r.data + b + (s.done - hdr), want - s.done));
         }
         if (moved == 0) return Status::ok();
         s.done += moved;
@@ -316,8 +316,24 @@ class SocketComm {
                     sysError(errno, "send to %s", what_.c_str()).message());
     }
   }
-  Result<size_t> recvSome(Sock& s, void* p, size_t bytes) {
-    return s.sock.recvSome(p, bytes, what_.c_str());
+  // Receives into p what socket k has, up to `bytes`. Socket 0 (only the caller's thread
+  // moves it) reads ahead: a read of less than kReadAhead fills the look-ahead buffer
+  // instead, so that a small message's size and bytes take one system call, not two, and
+  // reads are served from that buffer while it holds anything.
+  Result<size_t> recvSome(size_t k, void* p, size_t bytes) {
+    Sock& s = socks_[k];
+    if (k != 0) return s.sock.recvSome(p, bytes, what_.c_str());
+    if (aheadAt_ == aheadEnd_) {
+      if (bytes >= kReadAhead) return s.sock.recvSome(p, bytes, what_.c_str());
+      if (!ahead_) ahead_ = std::make_unique<char[]>(kReadAhead);
+      LOOM_ASSIGN_OR_RETURN(size_t got, s.sock.recvSome(ahead_.get(), kReadAhead, what_.c_str()));
+      aheadAt_ = 0;
+      aheadEnd_ = got;
+    }
+    const size_t n = std::min(bytes, aheadEnd_ - aheadAt_);
+    std::memcpy(p, ahead_.get() + aheadAt_, n);
+    aheadAt_ += n;
+    return n;
   }
 
   // A helper: moves its sockets' bytes, blocking in poll() on the sockets that cannot
@@ -443,6 +459,10 @@ class SocketComm {
   const std::string what_;
   const size_t nsocks_;
   std::unique_ptr<Sock[]> socks_;  // fixed once helpers run
+  // Receive, socket 0: bytes read ahead of the request that wanted them (recvSome).
+  static constexpr size_t kReadAhead = 4096;
+  std::unique_ptr<char[]> ahead_;
+  size_t aheadAt_ = 0, aheadEnd_ = 0;
   Request requests_[kMaxRequests];
   std::atomic<uint64_t> posted_{0};
   std::atomic<uint64_t> headers_{0};  // receive: messages whose size socket 0 has read
