@@ -26,24 +26,26 @@
 
 namespace {
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
+#define CHECK(x)                                                                       \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
       std::fprintf(stderr, "gpu_staging_probe: %s: %s\n", #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 // Copies `pieces` pieces of `piece` bytes from src to dst, one piece after another as the
 // executor streams a step (each piece whole before the next; the blocks share each piece).
-__global__ void __launch_bounds__(512) copyPieces(uint4* dst, const uint4* src, size_t piece, int pieces) {
+__global__ void __launch_bounds__(512)
+    copyPieces(uint4* dst, const uint4* src, size_t piece, int pieces) {
   const size_t words = piece / sizeof(uint4);
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   for (int p = 0; p < pieces; ++p) {
     const uint4* s = src + size_t(p) * words;
     uint4* d = dst + size_t(p) * words;
-    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += stride) d[i] = s[i];
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += stride)
+      d[i] = s[i];
   }
 }
 
@@ -53,7 +55,8 @@ std::vector<size_t> parseList(const char* text) {
   size_t at = 0;
   while (at <= s.size()) {
     const size_t comma = s.find(',', at);
-    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const std::string item =
+        s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     if (!item.empty()) out.push_back(std::strtoull(item.c_str(), nullptr, 10));
     if (comma == std::string::npos) break;
     at = comma + 1;
@@ -136,15 +139,16 @@ int main(int argc, char** argv) {
   for (auto& s : two) CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const std::vector<cudaStream_t> one = {two[0]};
   if (at > 0) {
-    const double now = std::chrono::duration<double>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
+    const double now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     if (at > now) std::this_thread::sleep_for(std::chrono::duration<double>(at - now));
   }
   const double gb = double(total) * reps / 1e9;
   if (csv) {
     std::printf("device,blocks,piece,d2h_gbps,h2d_gbps,both_each_gbps\n");
   } else {
-    std::printf("# %s; %zu MiB each way per round, %d rounds; GB/s\n", prop.name, total >> 20, reps);
+    std::printf("# %s; %zu MiB each way per round, %d rounds; GB/s\n", prop.name, total >> 20,
+                reps);
     std::printf("# %6s %10s %10s %10s %14s\n", "blocks", "piece", "dev->host", "host->dev",
                 "both, each");
   }
@@ -153,19 +157,24 @@ int main(int argc, char** argv) {
     for (size_t nb : blocks) {
       const unsigned grid = unsigned(std::max<size_t>(1, nb));
       auto d2h = [&](cudaStream_t s, int) {
-        copyPieces<<<grid, 512, 0, s>>>(static_cast<uint4*>(b.hostDev), static_cast<const uint4*>(b.dev), piece, n);
+        copyPieces<<<grid, 512, 0, s>>>(static_cast<uint4*>(b.hostDev),
+                                        static_cast<const uint4*>(b.dev), piece, n);
       };
       auto h2d = [&](cudaStream_t s, int) {
-        copyPieces<<<grid, 512, 0, s>>>(static_cast<uint4*>(b.devIn), static_cast<const uint4*>(b.hostInDev), piece, n);
+        copyPieces<<<grid, 512, 0, s>>>(static_cast<uint4*>(b.devIn),
+                                        static_cast<const uint4*>(b.hostInDev), piece, n);
       };
       const double tOut = timed(one, reps, d2h);
       const double tIn = timed(one, reps, h2d);
-      const double tBoth = timed(two, reps, [&](cudaStream_t s, int k) { k == 0 ? d2h(s, 0) : h2d(s, 0); });
+      const double tBoth =
+          timed(two, reps, [&](cudaStream_t s, int k) { k == 0 ? d2h(s, 0) : h2d(s, 0); });
       CHECK(cudaGetLastError());
       if (csv) {
-        std::printf("%s,%zu,%zu,%.2f,%.2f,%.2f\n", prop.name, nb, piece, gb / tOut, gb / tIn, gb / tBoth);
+        std::printf("%s,%zu,%zu,%.2f,%.2f,%.2f\n", prop.name, nb, piece, gb / tOut, gb / tIn,
+                    gb / tBoth);
       } else {
-        std::printf("  %6zu %10zu %10.2f %10.2f %14.2f\n", nb, piece, gb / tOut, gb / tIn, gb / tBoth);
+        std::printf("  %6zu %10zu %10.2f %10.2f %14.2f\n", nb, piece, gb / tOut, gb / tIn,
+                    gb / tBoth);
       }
     }
   }
@@ -176,7 +185,9 @@ int main(int argc, char** argv) {
   const double tIn = timed(one, reps, [&](cudaStream_t s, int) {
     CHECK(cudaMemcpyAsync(b.devIn, b.hostIn, total, cudaMemcpyHostToDevice, s));
   });
-  if (!csv) std::printf("# copy engines (cudaMemcpyAsync): dev->host %.2f, host->dev %.2f\n", gb / tOut, gb / tIn);
+  if (!csv)
+    std::printf("# copy engines (cudaMemcpyAsync): dev->host %.2f, host->dev %.2f\n", gb / tOut,
+                gb / tIn);
   for (auto& s : two) cudaStreamDestroy(s);
   cudaFreeHost(b.host);
   cudaFreeHost(b.hostIn);
