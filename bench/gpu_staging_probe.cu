@@ -15,6 +15,7 @@
 // measure together).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -35,8 +36,8 @@ namespace {
     }                                                                                  \
   } while (0)
 
-// Copies `pieces` pieces of `piece` bytes from src to dst, one piece after another as the
-// executor streams a step (each piece whole before the next; the blocks share each piece).
+// Copies `pieces` pieces of `piece` bytes from src to dst, piece after piece, the blocks
+// sharing each (as the executor streams a step, without its per-piece fence and post).
 __global__ void __launch_bounds__(512)
     copyPieces(uint4* dst, const uint4* src, size_t piece, int pieces) {
   const size_t words = piece / sizeof(uint4);
@@ -115,13 +116,20 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  total = std::max<size_t>(total / 16 * 16, 16);
+  for (size_t& p : pieces) {
+    p = std::max<size_t>(16, p / 16 * 16);
+    if (p > total) {
+      std::fprintf(stderr, "gpu_staging_probe: a piece of %zu bytes is more than --total %zu\n", p,
+                   total);
+      return 2;
+    }
+  }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::fprintf(stderr, "gpu_staging_probe: no CUDA device\n");
     return 1;
   }
-  for (size_t& p : pieces) p = std::max<size_t>(16, p / 16 * 16);
-  total = std::max<size_t>(total / 16 * 16, 16);
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   Buffers b;
@@ -153,7 +161,8 @@ int main(int argc, char** argv) {
                 "both, each");
   }
   for (size_t piece : pieces) {
-    const int n = int(total / piece);
+    const int n = int(std::min<size_t>(total / piece, 1 << 30));
+    const double pieceGb = double(n) * piece * reps / 1e9;  // what each round moves
     for (size_t nb : blocks) {
       const unsigned grid = unsigned(std::max<size_t>(1, nb));
       auto d2h = [&](cudaStream_t s, int) {
@@ -170,11 +179,11 @@ int main(int argc, char** argv) {
           timed(two, reps, [&](cudaStream_t s, int k) { k == 0 ? d2h(s, 0) : h2d(s, 0); });
       CHECK(cudaGetLastError());
       if (csv) {
-        std::printf("%s,%zu,%zu,%.2f,%.2f,%.2f\n", prop.name, nb, piece, gb / tOut, gb / tIn,
-                    gb / tBoth);
+        std::printf("%s,%zu,%zu,%.2f,%.2f,%.2f\n", prop.name, nb, piece, pieceGb / tOut,
+                    pieceGb / tIn, pieceGb / tBoth);
       } else {
-        std::printf("  %6zu %10zu %10.2f %10.2f %14.2f\n", nb, piece, gb / tOut, gb / tIn,
-                    gb / tBoth);
+        std::printf("  %6zu %10zu %10.2f %10.2f %14.2f\n", nb, piece, pieceGb / tOut, pieceGb / tIn,
+                    pieceGb / tBoth);
       }
     }
   }
@@ -185,9 +194,9 @@ int main(int argc, char** argv) {
   const double tIn = timed(one, reps, [&](cudaStream_t s, int) {
     CHECK(cudaMemcpyAsync(b.devIn, b.hostIn, total, cudaMemcpyHostToDevice, s));
   });
-  if (!csv)
-    std::printf("# copy engines (cudaMemcpyAsync): dev->host %.2f, host->dev %.2f\n", gb / tOut,
-                gb / tIn);
+  // (A comment line in --csv too: the rates beside the table.)
+  std::printf("# copy engines (cudaMemcpyAsync): dev->host %.2f, host->dev %.2f\n", gb / tOut,
+              gb / tIn);
   for (auto& s : two) cudaStreamDestroy(s);
   cudaFreeHost(b.host);
   cudaFreeHost(b.hostIn);

@@ -320,7 +320,9 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
       execs.push_back(nullptr);
       LOOM_PERF_CHECK(job_, mem.instantiate(captured[i], &execs.back()));
     }
+    setWhere(job_, Phase::kBarrier);
     team.barrier(thread);
+    setWhere(job_, Phase::kLaunch);
     start = std::chrono::steady_clock::now();
     for (int l = 0; l < o_.graphLaunches; ++l) {
       for (size_t i = 0; i < state_.ranks.size(); ++i) {
@@ -335,6 +337,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   completeColl(lib);
   double sec = secondsSince(start) / calls;
   for (void* exec : execs) mem.destroyGraph(exec);
+  setWhere(job_, Phase::kBarrier);
   sec = team.combine(thread, sec, combineForAverage(o_.average));
   const double reportedSec =
       o_.reportCputime ? team.combine(thread, cpuSec, combineForAverage(o_.average)) : sec;
@@ -361,6 +364,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
       startColl(test, lib, inPlace, 0);
       completeColl(lib);
       const int64_t local = checkData(test, inPlace, seed);
+      setWhere(job_, Phase::kBarrier);
       m.wrong =
           static_cast<int64_t>(team.combine(thread, static_cast<double>(local), Combine::kSum));
       if (m.wrong != 0) break;

@@ -58,7 +58,8 @@ struct ThreadState {
 };
 
 // What a job is doing, for the -T watchdog's message: which step, in which library, at which
-// size. Kept as relaxed atomics, set as the job moves (the timed loop sets them per call).
+// size. Kept as relaxed atomics, set as the job moves from step to step (not per call). One
+// record per process: with -t, the thread that moved last wrote it.
 enum class Phase : int {
   kStart,    // before the communicators
   kInit,     // making communicators (ncclCommInitRank / InitAll)

@@ -271,6 +271,7 @@ void threadMain(Job& job, ThreadState& t, const ncclUniqueId* ids, Watchdog* wat
     }
     registerBuffers(job, t, lib);
   }
+  setWhere(job, Phase::kBarrier);
   job.team->barrier(t.thread);
   if (t.isMain) {
     std::fputs(formatTableHeader(job.options.reportCputime, job.options.reportTimestamps, nlibs > 1)
@@ -280,6 +281,7 @@ void threadMain(Job& job, ThreadState& t, const ncclUniqueId* ids, Watchdog* wat
   }
   job.team->barrier(t.thread);
   runThreadTests(job, t);
+  setWhere(job, Phase::kBarrier);
   job.team->barrier(t.thread);
   for (size_t lib = 0; lib < nlibs; ++lib) {
     setWhere(job, Phase::kFinish, static_cast<int>(lib));

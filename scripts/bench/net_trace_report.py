@@ -50,7 +50,8 @@ def load_proxy(path):
 
 
 def stat(name, values):
-    v = sorted(x / 1000.0 for x in values)
+    # (A stage whose stamp was not taken, 0, gives a value far out: left out.)
+    v = sorted(x / 1000.0 for x in values if -1e9 < x < 1e9)
     v = v[len(v) // 10:]
     if not v:
         return
@@ -68,10 +69,13 @@ def by_kernel(records):
 
 
 def direct_report(ranks, nranks):
-    """The direct exchange's shape (a direct all-gather or all-to-all): one phase, block 0
-    copies this rank's own block, block 2k-1 sends to rank r+k and block 2k receives from
-    rank r-k (k = 1 .. n-1)."""
+    """The direct exchange's shape (a direct all-gather or all-to-all of one size and one
+    lane, messages of at most 1 KiB): one phase, block 0 copies this rank's own block,
+    block 2k-1 sends to rank r+k and block 2k receives from rank r-k (k = 1 .. n-1). Trace
+    only that call: kernels of another shape break the pairing of records into kernels."""
     kernels = {r: by_kernel(ranks[r]["k"])[0] for r in ranks}
+    if any(not k for k in kernels.values()):
+        sys.exit("a rank has no kernels in the trace")
     for r in range(nranks):
         ks = kernels[r]
         print(f"rank {r} ({len(ks)} kernels of {len(ks[0])} blocks):")

@@ -281,17 +281,64 @@ TEST(NetSocket, HelperThreadsRunsOfSmallMessages) {
 
 // Socket 0 of a receive reads ahead 4 KiB at a time: one read then holds several small
 // messages, or a message's size and the start of a large one. Sizes about that boundary
-// (with the 8-byte size in front), all sent before the first is tested.
+// (with the 8-byte size in front), each batch sent whole before its first receive is
+// posted, so that a read finds the next messages behind the one it was for.
 TEST(NetSocket, ReadAheadAcrossMessageBoundaries) {
+  std::vector<size_t> sizes = {4087, 4088, 4089, 4095, 4096,  4097, 8184,
+                               8192, 3,    0,    1,    70000, 5,    4080};
+  for (int i = 0; i < 40; ++i) sizes.push_back(1 + (i * 53) % 300);
   for (const char* threads : {"1", "4"}) {
     ScopedSetting t(settings::kSocketNthreads, threads);
     Pair p;
     connectPair(&p, [](const Handle&) {});
-    std::vector<size_t> sizes;
-    for (size_t s : {4087, 4088, 4089, 4095, 4096, 4097, 8184, 8192, 3, 0, 1, 70000, 5, 4080})
-      sizes.push_back(s);
-    for (int i = 0; i < 40; ++i) sizes.push_back(1 + (i * 53) % 300);
-    exchange(p, sizes, 1 << 20, kMaxRequests);
+    std::vector<std::vector<unsigned char>> out(sizes.size());
+    for (size_t m = 0; m < sizes.size(); ++m) {
+      out[m].resize(sizes[m]);
+      for (size_t i = 0; i < sizes[m]; ++i)
+        out[m][i] = static_cast<unsigned char>(m * 13 + i * 5 + 7);
+    }
+    for (size_t first = 0; first < sizes.size(); first += kMaxRequests) {
+      const size_t last = std::min(sizes.size(), first + kMaxRequests);
+      // The batch's sends, to the end (about 110 KB in all: the sockets' buffers hold it).
+      std::vector<Request*> sreq;
+      for (size_t m = first; m < last; ++m) {
+        Request* r = nullptr;
+        ASSERT_TRUE(p.send->isend(out[m].data(), sizes[m], 0, nullptr, &r).isOk());
+        ASSERT_NE(r, nullptr);
+        sreq.push_back(r);
+      }
+      auto deadline = Clock::now() + std::chrono::seconds(10);
+      for (Request* r : sreq) {
+        bool done = false;
+        size_t size = 0;
+        while (!done) {
+          ASSERT_LT(Clock::now(), deadline) << "a send did not finish before any receive";
+          ASSERT_TRUE(p.send->test(r, &done, &size).isOk());
+        }
+      }
+      // Then the receives, one at a time.
+      for (size_t m = first; m < last; ++m) {
+        std::vector<unsigned char> in(1 << 17, 0xee);
+        void* data = in.data();
+        size_t capacity = in.size();
+        int tag = 0;
+        MemHandle mh = nullptr;
+        Request* r = nullptr;
+        ASSERT_TRUE(p.recv->irecv(1, &data, &capacity, &tag, &mh, &r).isOk());
+        ASSERT_NE(r, nullptr);
+        bool done = false;
+        size_t size = 0;
+        while (!done) {
+          ASSERT_LT(Clock::now(), deadline) << "message " << m;
+          ASSERT_TRUE(p.recv->test(r, &done, &size).isOk());
+        }
+        ASSERT_EQ(size, sizes[m]) << "message " << m;
+        if (size > 0) {
+          ASSERT_EQ(std::memcmp(in.data(), out[m].data(), size), 0) << "message " << m;
+        }
+        EXPECT_EQ(in[size], 0xee) << "message " << m << " wrote past its end";
+      }
+    }
   }
 }
 

@@ -259,10 +259,13 @@ class SocketComm {
       const size_t hdr = k == 0 ? sizeof(uint64_t) : 0;
       if (!sending_) {
         if (k == 0 && s.done < hdr) {
-          LOOM_ASSIGN_OR_RETURN(
-              size_t got, recvSome(k, reinterpret_cast<char*>(&r.header) + s.done, hdr - s.done));
-          s.done += got;
-          if (s.done < hdr) return Status::ok();
+          // (A size may straddle the end of the read-ahead: then read on.)
+          while (s.done < hdr) {
+            LOOM_ASSIGN_OR_RETURN(
+                size_t got, recvSome(k, reinterpret_cast<char*>(&r.header) + s.done, hdr - s.done));
+            if (got == 0) return Status::ok();
+            s.done += got;
+          }
           if (r.header > r.capacity) {
             return errorf(Code::kInvalidUsage,
                           "%s sent a %llu-byte message into a %zu-byte receive (the ranks "
