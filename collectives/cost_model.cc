@@ -4,6 +4,8 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "collectives/tuner.h"
+
 namespace loom::collectives::model {
 
 namespace {
@@ -40,6 +42,8 @@ struct Sum {
     if (interBytes > 0 && f.inter.gbps > 0) t = std::max(t, interBytes / f.inter.bytesPerUs());
     e.bandwidthUs += t;
   }
+  // Bytes one rank sends through the network backend (Estimate::netBytes).
+  void net(double rankBytes) { e.netBytes += rankBytes; }
   Estimate done(bool built) {
     e.us = e.latencyUs + e.bandwidthUs;
     e.built = built;
@@ -60,6 +64,7 @@ Estimate ring(const Fabric& f, Algo a, double S, int turns) {
   s.steps(turns * (n - 1) - inter, inter);
   const double perRank = turns * double(n - 1) / n * S;
   s.bytes(f.ranksPerHost > 1 ? perRank : 0, H > 1 ? perRank : 0);
+  s.net(perRank);
   return s.done(true);
 }
 
@@ -134,6 +139,7 @@ Estimate tree(const Fabric& f, double S) {
   s.steps(2 * low, 2 * (depth - low));
   const double inter = f.hosts > 1 ? treeHostCrossings(n, f.ranksPerHost, false) * S / 2 : 0;
   s.bytes(f.ranksPerHost > 1 ? 2 * S : 0, inter);
+  s.net(2 * S);
   return s.done(true);
 }
 
@@ -148,6 +154,7 @@ Estimate direct(const Fabric& f, Algo a, double perPeer, int phases, bool built)
   const double intraBytes = phases * (G - 1) * perPeer;
   const double interBytes = phases * double(G) * (n - G) * perPeer;
   s.bytes(intraBytes, interBytes);
+  s.net(phases * double(n - 1) * perPeer);
   return s.done(built);
 }
 
@@ -160,6 +167,7 @@ Estimate doubling(const Fabric& f, double S) {
   s.steps(low, high);
   s.e.bandwidthUs += low > 0 && f.intra.gbps > 0 ? low * S / f.intra.bytesPerUs() : 0;
   s.e.bandwidthUs += high > 0 && f.inter.gbps > 0 ? high * G * S / f.inter.bytesPerUs() : 0;
+  s.net((low + high) * S);
   return s.done(true);
 }
 
@@ -209,8 +217,37 @@ Estimate sequence(std::initializer_list<Estimate> passes) {
     out.latencyUs += p.latencyUs;
     out.bandwidthUs += p.bandwidthUs;
     out.steps += p.steps;
+    out.stageUs += p.stageUs;  // (each pass staged already: netBytes stays 0)
   }
   return out;
+}
+
+// GPU buffers over a staged network path (Fabric::stage): the kernels copy every byte a rank
+// sends or receives through host memory, a piece at a time on each of the call's lanes,
+// while the wire carries the pieces before. The two overlap, so the bandwidth term becomes
+// the slower of the wire and the copies, plus, for each step, the first piece's copy or
+// wire time (whichever is shorter), which nothing overlaps: a pipeline of k pieces a step
+// takes (k - 1) x max(copy, wire) + copy + wire. `bytes` as estimate() takes them.
+void staged(CollType type, size_t bytes, const Fabric& f, Estimate* e) {
+  const Staging& st = f.stage;
+  if (!st.on() || e->netBytes <= 0 || e->steps <= 0 || !(f.gpuNetwork || (f.gpu && f.hosts > 1)))
+    return;
+  const int n = f.nranks();
+  const int lanes = netLanes(type, bytes, n, st.maxLanes);
+  const double rate = st.rate(lanes) * 1e3;  // bytes per us, every lane together
+  const LinkCost& link = f.hosts > 1 ? f.inter : f.intra;
+  const double wire = link.bytesPerUs();
+  if (rate <= 0 || wire <= 0) return;
+  const double laneStep = e->netBytes / e->steps / lanes;  // one lane's bytes a step
+  // (The executor cuts an all-gather's or reduce-scatter's pieces from a rank's block.)
+  const bool blocked = type == CollType::kAllGather || type == CollType::kReduceScatter;
+  const size_t cut = (blocked ? bytes / size_t(n) : bytes) / size_t(lanes);
+  const double piece = std::min(laneStep, double(netPieceBytes(type, cut, n, st.slotBytes)));
+  const double copy = piece / (rate / lanes), carried = piece / (wire / lanes);
+  const double before = e->bandwidthUs;
+  e->bandwidthUs = std::max(before, e->netBytes / rate) + e->steps * std::min(copy, carried);
+  e->stageUs += e->bandwidthUs - before;
+  e->us = e->latencyUs + e->bandwidthUs;
 }
 
 // Split rail: reduce-scatter inside each host, then ranksPerHost rings across hosts at
@@ -298,7 +335,10 @@ Estimate hierarchicalAllToAll(const Fabric& f, double S) {
   remote.steps(0, 1);
   remote.e.latencyUs += (n - G - 1) * f.messageUs;
   remote.bytes(0, double(G) * (n - G) * block);
-  return sequence({meshEstimate(CollType::kAllToAll, G * block, f), remote.done(true)});
+  remote.net((n - G) * block);
+  Estimate network = remote.done(true);
+  staged(CollType::kAllToAll, static_cast<size_t>(S), f, &network);
+  return sequence({meshEstimate(CollType::kAllToAll, G * block, f), network});
 }
 
 Estimate chain(const Fabric& f, Algo a, double S, bool built) {
@@ -307,6 +347,7 @@ Estimate chain(const Fabric& f, Algo a, double S, bool built) {
   const int inter = H > 1 ? H - 1 : 0;
   s.steps(n - 1 - inter, inter);
   s.bytes(f.ranksPerHost > 1 ? S : 0, H > 1 ? S : 0);
+  s.net(S);
   return s.done(built);
 }
 
@@ -320,6 +361,7 @@ Estimate rootedTree(const Fabric& f, double S, bool built) {
   const double moved = n > 2 ? 2 * S : S;
   const double inter = f.hosts > 1 ? treeHostCrossings(n, f.ranksPerHost, true) * S : 0;
   s.bytes(f.ranksPerHost > 1 ? moved : 0, inter);
+  s.net(moved);
   return s.done(built);
 }
 
@@ -360,7 +402,9 @@ const char* algoName(Algo a) {
   return "?";
 }
 
-bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* out) {
+namespace {
+
+bool unstagedEstimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* out) {
   const int n = f.nranks();
   const double S = static_cast<double>(bytes);
   if (n <= 1) {
@@ -459,6 +503,26 @@ bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* ou
   return false;
 }
 
+}  // namespace
+
+double Staging::rate(int lanes) const {
+  constexpr int kCounts[4] = {1, 2, 4, 8};
+  lanes = std::clamp(lanes, 1, 8);
+  for (int i = 0; i < 3; ++i) {
+    if (lanes <= kCounts[i + 1]) {
+      const double t = double(lanes - kCounts[i]) / (kCounts[i + 1] - kCounts[i]);
+      return gbps[i] + t * (gbps[i + 1] - gbps[i]);
+    }
+  }
+  return gbps[3];
+}
+
+bool estimate(CollType type, Algo a, size_t bytes, const Fabric& f, Estimate* out) {
+  if (!unstagedEstimate(type, a, bytes, f, out)) return false;
+  staged(type, bytes, f, out);
+  return true;
+}
+
 std::vector<Estimate> estimates(CollType type, size_t bytes, const Fabric& f) {
   std::vector<Estimate> out;
   for (Algo a : kAllAlgos) {
@@ -522,6 +586,13 @@ Fabric gpuFabric(int hosts, int gpusPerHost, double intraGbps, double nicGbps, N
     // sockets) and 8 us a further message of a step, on the same 2 us a call.
     f.inter = {29.0, nicGbps};
     if (hosts > 1) f.messageUs = 8.0;
+    // Each GPU's kernels copy through page-locked host memory: 1, 2, 4 and 8 blocks writing
+    // and reading 1 MiB pieces at once, one process on one H100 (bench/gpu_staging_probe,
+    // 2026-12-06 15:05 UTC).
+    f.stage.gbps[0] = 5.8;
+    f.stage.gbps[1] = 11.3;
+    f.stage.gbps[2] = 17.5;
+    f.stage.gbps[3] = 22.8;
   }
   f.gpu = true;
   f.intraName = "nvlink";

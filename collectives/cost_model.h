@@ -7,7 +7,9 @@
 //   time = base + sum over the algorithm's steps of that step's link latency
 //               + the bytes that cross the busiest link / that link's bandwidth
 // with the steps and bytes of the algorithm's schedule, and the links of the fabric: one
-// class between ranks of one host, one across hosts.
+// class between ranks of one host, one across hosts. GPU buffers staged through host memory
+// on their way to the network (Staging) pay the slower of the wire and those copies, and
+// each step's first piece.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +25,21 @@ struct LinkCost {
   double latencyUs = 0;  // per step: the wire, the software of both ends, a wake-up
   double gbps = 0;       // GB/s (10^9 bytes per second), one direction
   double bytesPerUs() const { return gbps * 1e3; }
+};
+
+// GPU buffers staged through host memory on their way to and from the network (the socket
+// and ucx backends without GPUDirect RDMA): each rank's kernel writes every byte it sends
+// into page-locked host memory and reads every byte it receives from there, one CUDA block
+// per lane of the call (collectives/tuner.h netLanes), a piece (netPieceBytes) at a time.
+struct Staging {
+  // GB/s each way of 1, 2, 4 and 8 blocks writing and reading at once, while every rank of
+  // the machine does the same (bench/gpu_staging_probe); all 0: nothing is staged.
+  double gbps[4] = {};
+  int maxLanes = 4;                    // LOOM_NET_LANES
+  size_t slotBytes = size_t(1) << 20;  // a piece fills one slot at most
+  bool on() const { return gbps[0] > 0; }
+  // GB/s each way of `lanes` blocks (1 to 8; linear between the measured counts).
+  double rate(int lanes) const;
 };
 
 // The cluster as the model sees it: `hosts` alike, each with `ranksPerHost` ranks.
@@ -47,6 +64,8 @@ struct Fabric {
   // The tree all-reduce joins the hosts with one rank each and chains each host's ranks
   // (hostTreeAllReduce: host buffers); otherwise it is one tree over all ranks in order.
   bool hostTree = false;
+  // GPU buffers over sockets: the staging through host memory (not set: none).
+  Staging stage;
   std::string intraName = "shm";
   std::string interName = "tcp";
 
@@ -79,6 +98,12 @@ struct Estimate {
   double bandwidthUs = 0;  // of which: bytes over bandwidth
   int steps = 0;
   bool built = true;  // loom has this algorithm for this collective and memory kind
+  // The bytes one rank sends through the network backend (and about as many it receives):
+  // what a staged path (Fabric::stage) copies through host memory.
+  double netBytes = 0;
+  // Of bandwidthUs: what the staging added (Fabric::stage), where the kernels' copies are
+  // slower than the wire, and each step's first piece, which the wire cannot overlap.
+  double stageUs = 0;
 };
 
 // One algorithm's estimate; false where it does not apply to this collective or fabric

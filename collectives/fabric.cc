@@ -44,6 +44,9 @@ Fabric fabricOf(const topology::Graph& graph, const FabricOptions& o, std::strin
     // NVSwitch or direct, else PCIe), as the topology's links give it.
     const double intra = gpus > 1 ? graph.gpuToGpu(0, 1).bw : 0;
     f = gpuFabric(o.hosts, perHost, intra, net, path);
+    if (o.stageGiven && path == NetPath::kSockets) {
+      for (int i = 0; i < 4; ++i) f.stage.gbps[i] = o.stageGbps[i];
+    }
     std::snprintf(line, sizeof(line),
                   "GPU buffers: %d GPU(s) a host, %.4g GB/s between GPUs (%s); %.4g GB/s of "
                   "network per host (%s), over %s",

@@ -15,6 +15,10 @@ struct FabricOptions {
   int ranksPerHost = 0;     // 0: one per GPU of the topology, or 1 where it has none
   bool hostMemory = false;  // host buffers even where the topology has GPUs
   double netGbps = 0;       // > 0: the network bandwidth per host (GB/s), instead of the NICs'
+  // GPU buffers over sockets: these staging rates (Staging::gbps; all 0: none) instead of
+  // the ones measured on our machines.
+  bool stageGiven = false;
+  double stageGbps[4] = {};
 };
 
 // `why` (optional) receives one line on where each term came from.

@@ -423,6 +423,16 @@ size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes) 
   return piece;
 }
 
+int netLanes(CollType type, size_t bytes, int nranks, int maxLanes) {
+  // Each lane at least kMinLaneBytes of each ring step: smaller ones cost more in flags and
+  // proxy round trips than they gain in parallel copies.
+  constexpr size_t kMinLaneBytes = 256 * 1024;
+  if (type == CollType::kAllToAll) return 1;
+  const size_t stepBytes = bytes / static_cast<size_t>(std::max(1, nranks));
+  return static_cast<int>(
+      std::clamp<size_t>(stepBytes / kMinLaneBytes, 1, static_cast<size_t>(std::max(1, maxLanes))));
+}
+
 Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
   const int r = req.rank, n = req.nranks;
   // The chains of host buffers follow the topology's ring (each host's ranks together,

@@ -99,6 +99,13 @@ TunerChoice chooseDeviceHier(CollType type, size_t bytes, const model::Fabric* f
 // of at least 256 KiB (or the slot). `bytes` is one lane's share.
 size_t netPieceBytes(CollType type, size_t bytes, int nranks, size_t slotBytes);
 
+// The lanes (independent parts, each with its own connections and CUDA block) of a
+// collective on device buffers over the network, at most `maxLanes` (LOOM_NET_LANES): one
+// for all-to-all; else one for each 256 KiB of a ring step (all-reduce, broadcast, reduce:
+// a rank's share of the buffer; all-gather, reduce-scatter: a rank's block). `bytes` as
+// the model counts them.
+int netLanes(CollType type, size_t bytes, int nranks, int maxLanes);
+
 Schedule buildSchedule(const CollRequest& req, Algorithm algo);
 
 // The algorithm (as the cost model names it) that the tuner would take, with nothing

@@ -42,7 +42,8 @@ void usage(FILE* out) {
   std::fprintf(
       out,
       "usage: loom-model [--topo-file FILE | --sysfs-root DIR] [-N HOSTS] [-g RANKS_PER_HOST]\n"
-      "                  [--host-memory] [--net-gbps X] [-c COLL] [-b MIN] [-e MAX] [-f FACTOR]\n"
+      "                  [--host-memory] [--net-gbps X] [--stage-gbps A,B,C,D] [-c COLL] [-b MIN] "
+      "[-e MAX] [-f FACTOR]\n"
       "                  [--csv] [--scale FILE.csv]\n"
       "  --topo-file FILE   a topology XML (NCCL's format) instead of detecting this machine\n"
       "  --sysfs-root DIR   detect against a recorded tree\n"
@@ -50,6 +51,11 @@ void usage(FILE* out) {
       "  -g N               ranks per host (default: one per GPU, 1 without GPUs)\n"
       "  --host-memory      host buffers even where there are GPUs\n"
       "  --net-gbps X       network bandwidth per host in GB/s, instead of its NICs' total\n"
+      "  --stage-gbps A,B,C,D\n"
+      "                     GPU buffers over sockets: the rate (GB/s each way) at which 1, 2, 4\n"
+      "                     and 8 blocks of a rank's kernel copy through host memory while\n"
+      "                     every rank does (bench/gpu_staging_probe), instead of the measured\n"
+      "                     defaults; 0: no staging\n"
       "  -c COLL            all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall\n"
       "                     or all (default)\n"
       "  -b, -e, -f         sizes in bytes from MIN to MAX by FACTOR (8 B to 1 GiB by 8)\n"
@@ -63,6 +69,26 @@ bool parseSize(const char* text, size_t* out) {
   const auto v = loom::settings::parseAmount(text, "", true);
   if (v) *out = v->value;
   return v.has_value();
+}
+
+// "A,B,C,D" (GB/s of 1, 2, 4 and 8 blocks, each at least the one before), or "0": none.
+bool parseStage(const char* text, model::FabricOptions* o) {
+  o->stageGiven = true;
+  if (std::string(text) == "0") {
+    for (double& g : o->stageGbps) g = 0;
+    return true;
+  }
+  const char* at = text;
+  for (int i = 0; i < 4; ++i) {
+    char* end = nullptr;
+    errno = 0;
+    const double g = std::strtod(at, &end);
+    if (end == at || errno || !(g > 0) || (i > 0 && g < o->stageGbps[i - 1])) return false;
+    o->stageGbps[i] = g;
+    if (*end != (i < 3 ? ',' : '\0')) return false;
+    at = end + 1;
+  }
+  return true;
 }
 
 bool parseArgs(int argc, char** argv, Args* a) {
@@ -101,6 +127,14 @@ bool parseArgs(int argc, char** argv, Args* a) {
       a->fabric.netGbps = std::strtod(v, &end);
       if (*end || !(a->fabric.netGbps > 0)) {
         std::fprintf(stderr, "loom-model: --net-gbps %s: not a bandwidth above 0\n", v);
+        return false;
+      }
+    } else if (k == "--stage-gbps") {
+      if (!parseStage(v, &a->fabric)) {
+        std::fprintf(stderr,
+                     "loom-model: --stage-gbps %s: four rates from 0 (GB/s for 1, 2, 4 and 8 "
+                     "blocks, rising), or 0\n",
+                     v);
         return false;
       }
     } else if (k == "-b" || k == "-e") {

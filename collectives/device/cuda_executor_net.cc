@@ -52,7 +52,12 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
   o.lanes = static_cast<int>(settings::get(settings::kNetLanes));
   o.proxySpinUs = settings::get(settings::kProxySpinUs);
   o.pdl = settings::get(settings::kNetPdl);
-  if (context_.fabric) o.fabric = model::netExecutorFabric(*context_.fabric, /*rail=*/false);
+  if (context_.fabric) {
+    o.fabric = model::netExecutorFabric(*context_.fabric, /*rail=*/false);
+    // The staging term cuts calls as this executor will.
+    o.fabric->stage.maxLanes = o.lanes;
+    o.fabric->stage.slotBytes = o.slotBytes;
+  }
   // LOOM_CHUNK_BYTES: pieces of that size (at least 4 KiB, a multiple of 64 bytes; 0: the
   // tuner's rule).
   if (const settings::Amount chunk = settings::get(settings::kChunkBytes); !chunk.isAuto()) {

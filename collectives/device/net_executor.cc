@@ -385,18 +385,11 @@ Status NetExecutor::launch(const Plan& plan, const NetCall& call, cudaStream_t s
 
 Result<NetExecutor::Ready> NetExecutor::readyCollective(CollRequest& req, const AlgoRequest& algo) {
   const size_t bytes = req.count * req.elemSize;
-  // Lanes for every collective but all-to-all, each with at least kMinLaneBytes of each
-  // ring step (all-reduce: a rank's share of the buffer; all-gather and reduce-scatter: a
-  // rank's block, which is `count`; broadcast and reduce stream the whole buffer, so the
-  // same rule as all-reduce keeps them from splitting small ones).
-  constexpr size_t kMinLaneBytes = 256 * 1024;
+  // (All-gather and reduce-scatter: `count` is a rank's block; the rule counts the whole.)
   const bool blocked = req.type == CollType::kAllGather || req.type == CollType::kReduceScatter;
-  const size_t stepBytes = blocked ? bytes : bytes / static_cast<size_t>(std::max(1, req.nranks));
   Ready r;
-  r.lanes =
-      req.type == CollType::kAllToAll
-          ? 1
-          : static_cast<int>(std::clamp<size_t>(stepBytes / kMinLaneBytes, 1, options_.lanes));
+  r.lanes = netLanes(req.type, blocked ? bytes * static_cast<size_t>(req.nranks) : bytes,
+                     req.nranks, options_.lanes);
   const size_t piece = options_.pieceBytes > 0 ? options_.pieceBytes
                                                : netPieceBytes(req.type, bytes / r.lanes,
                                                                req.nranks, options_.slotBytes);

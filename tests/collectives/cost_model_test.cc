@@ -324,6 +324,82 @@ TEST(CostModel, NetworkExecutorFabric) {
   }
 }
 
+// GPU buffers over sockets are staged through host memory (Fabric::stage): the rate of
+// 1, 2, 4 and 8 blocks, linear between them; the lanes a call takes (netLanes, the
+// executor's rule); and the bandwidth term as the slower of the wire and the copies plus
+// each step's first piece. RDMA and host buffers are not staged.
+TEST(CostModel, StagingRateAndLanes) {
+  Staging s;
+  EXPECT_FALSE(s.on());
+  s.gbps[0] = 4;
+  s.gbps[1] = 8;
+  s.gbps[2] = 12;
+  s.gbps[3] = 20;
+  EXPECT_DOUBLE_EQ(s.rate(1), 4);
+  EXPECT_DOUBLE_EQ(s.rate(3), 10);
+  EXPECT_DOUBLE_EQ(s.rate(6), 16);
+  EXPECT_DOUBLE_EQ(s.rate(8), 20);
+  EXPECT_DOUBLE_EQ(s.rate(64), 20);
+  EXPECT_DOUBLE_EQ(s.rate(0), 4);
+  EXPECT_EQ(netLanes(CollType::kAllReduce, 8, 2, 4), 1);
+  EXPECT_EQ(netLanes(CollType::kAllReduce, 1 << 20, 2, 4), 2);  // 512 KiB a step
+  EXPECT_EQ(netLanes(CollType::kAllReduce, 16 << 20, 2, 4), 4);
+  EXPECT_EQ(netLanes(CollType::kAllReduce, 16 << 20, 2, 8), 8);
+  EXPECT_EQ(netLanes(CollType::kAllGather, 3 << 20, 3, 8), 4);  // 1 MiB blocks
+  EXPECT_EQ(netLanes(CollType::kAllToAll, 1 << 30, 4, 8), 1);
+}
+
+TEST(CostModel, StagingPricesTheCopiesThroughHostMemory) {
+  Fabric sockets = gpuFabric(2, 1, 0, 10, NetPath::kSockets);
+  ASSERT_TRUE(sockets.stage.on());
+  const Fabric rdma = gpuFabric(2, 1, 0, 10, NetPath::kRdma);
+  EXPECT_FALSE(rdma.stage.on());
+  EXPECT_FALSE(hostMemoryFabric(2, 1, 1).stage.on());
+  Fabric bare = sockets;
+  bare.stage = Staging{};
+  // 2 hosts, ring all-reduce of 16 MiB: 2 steps, each rank sends 16 MiB, 4 lanes, pieces
+  // of 1 MiB (each lane's 2 MiB of a step in two).
+  sockets.stage.gbps[0] = 2;
+  sockets.stage.gbps[1] = 3;
+  sockets.stage.gbps[2] = 5;  // slower than the 10 GB/s wire
+  sockets.stage.gbps[3] = 6;
+  const size_t S = 16 << 20;
+  Estimate staged, unstaged;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kRing, S, sockets, &staged));
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kRing, S, bare, &unstaged));
+  EXPECT_DOUBLE_EQ(staged.netBytes, double(S));
+  EXPECT_DOUBLE_EQ(unstaged.stageUs, 0);
+  const double piece = 1 << 20;
+  const double copy = piece / (5e3 / 4), wire = piece / (10e3 / 4);
+  EXPECT_NEAR(staged.bandwidthUs, S / 5e3 + 2 * std::min(copy, wire), 1e-6);
+  EXPECT_NEAR(staged.stageUs, staged.bandwidthUs - unstaged.bandwidthUs, 1e-6);
+  EXPECT_DOUBLE_EQ(staged.latencyUs, unstaged.latencyUs);
+  // Faster copies than the wire: the wire's time and the first pieces.
+  for (double& g : sockets.stage.gbps) g *= 10;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kRing, S, sockets, &staged));
+  EXPECT_NEAR(staged.bandwidthUs, unstaged.bandwidthUs + 2 * std::min(piece / (50e3 / 4), wire),
+              1e-6);
+  // Never faster than unstaged, and slower as the copies slow, for every collective and size.
+  for (CollType t : kTypes) {
+    for (size_t b = 8; b <= (size_t(1) << 28); b *= 16) {
+      Fabric slow = sockets;
+      for (double& g : slow.stage.gbps) g /= 20;
+      for (const Estimate& e : estimates(t, b, bare)) {
+        Estimate fast, slowE;
+        ASSERT_TRUE(estimate(t, e.algo, b, sockets, &fast));
+        ASSERT_TRUE(estimate(t, e.algo, b, slow, &slowE));
+        EXPECT_GE(fast.us, e.us - 1e-9) << algoName(e.algo) << " " << b;
+        EXPECT_GE(slowE.us, fast.us - 1e-9) << algoName(e.algo) << " " << b;
+      }
+    }
+  }
+  // The in-host mesh forms cross no network: not staged.
+  const Fabric host = gpuFabric(1, 8, 450, 10, NetPath::kSockets);
+  Estimate mesh;
+  ASSERT_TRUE(estimate(CollType::kAllReduce, Algo::kMeshTwoShot, S, host, &mesh));
+  EXPECT_DOUBLE_EQ(mesh.stageUs, 0);
+}
+
 TEST(CostModel, FabricOfADgxTopology) {
   auto r = topology::readXmlFile(std::string(LOOM_FIXTURES) + "/dgx_h100.xml");
   ASSERT_TRUE(r.isOk()) << r.status().message();
