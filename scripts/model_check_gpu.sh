@@ -6,13 +6,16 @@
 # then 4), all on GPU 0, each claiming a host of its own (LOOM_HOST_ID, NCCL_TESTS_DEVICE=0),
 # so every byte between them goes over loopback TCP, under CUDA MPS (started here where the
 # machine has it). For each host count: the bare-socket probe (scripts/bench/tcp_ring_probe,
-# with as many sockets and threads per peer as loom's socket backend) gives the network's rate, loom-model --net-gbps at that rate predicts every algorithm, and
+# with as many sockets and threads per peer as loom's socket backend) gives the network's
+# rate, and bench/gpu_staging_probe run by HOSTS processes at once the rate at which each
+# one's kernels copy through host memory (they share the GPU's link, as ranks on one GPU
+# do); loom-model --net-gbps and --stage-gbps at those rates predicts every algorithm, and
 # all_reduce_perf times each one forced (LOOM_ALGO ring, tree, direct, doubling, oneshot) and
 # the tuner's own choice, 8 B to 16 MiB, -c 1. Writes OUTDIR/model_check_gpu.md (measured
 # against predicted, scripts/model_table.py) and the raw CSV and logs.
 #
-# PREFIX is an install tree built with MPI whose bin/ holds tcp_ring_probe (or a compiler
-# is on PATH). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# PREFIX is an install tree built with MPI whose bin/ holds gpu_staging_probe and
+# tcp_ring_probe (or a compiler is on PATH for the latter). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -u
 prefix=$(cd "${1:?usage: model_check_gpu.sh PREFIX OUTDIR [HOSTS...]}" && pwd)
 out=${2:?usage: model_check_gpu.sh PREFIX OUTDIR [HOSTS...]}
@@ -46,8 +49,23 @@ for n in "${hosts[@]}"; do
   # The probe's last line gives the ring's busbw-equivalent rate: "... X GB/s ...".
   gbps=$(tail -n 1 "$out/probe_$n.log" | grep -oE '[0-9.]+ GB/s' | tail -n 1 | cut -d' ' -f1)
   [[ -n $gbps ]] || { echo "model_check_gpu: no rate from the probe:"; cat "$out/probe_$n.log"; exit 1; }
-  rates+="$n hosts ${gbps} GB/s; "
-  "$bin/loom-model" -N "$n" -g 1 --net-gbps "$gbps" -c all_reduce -b 8 -e 16M -f 8 --csv |
+  # The staging rates: n probes at once, each 1, 2, 4 and 8 blocks writing and reading
+  # 1 MiB pieces at once; the mean over the processes of each block count.
+  at=$(( $(date +%s) + 5 ))
+  for ((i = 0; i < n; ++i)); do
+    "$bin/gpu_staging_probe" --blocks 1,2,4,8 --pieces 1048576 --at "$at" --csv \
+      > "$out/stage_${n}_$i.csv" 2>&1 &
+  done
+  wait
+  stage=$(cat "$out"/stage_"${n}"_*.csv | awk -F, '$1 != "device" && $1 !~ /^#/ && NF == 6 {
+      sum[$2] += $6; cnt[$2]++ }
+    END { if (cnt[1] && cnt[2] && cnt[4] && cnt[8])
+            printf "%.2f,%.2f,%.2f,%.2f", sum[1]/cnt[1], sum[2]/cnt[2], sum[4]/cnt[4], sum[8]/cnt[8] }')
+  [[ -n $stage ]] || { echo "model_check_gpu: no staging rates:"; cat "$out"/stage_"${n}"_*.csv; exit 1; }
+  # (Each at least the one before, as loom-model takes them.)
+  stage=$(echo "$stage" | awk -F, '{ m = 0; for (i = 1; i <= 4; ++i) { if ($i > m) m = $i; printf "%s%.2f", (i > 1 ? "," : ""), m } }')
+  rates+="$n hosts ${gbps} GB/s, staging ${stage} GB/s; "
+  "$bin/loom-model" -N "$n" -g 1 --net-gbps "$gbps" --stage-gbps "$stage" -c all_reduce -b 8 -e 16M -f 8 --csv |
     tail -n +2 >> "$predicted"
   for algo in ring tree direct doubling oneshot default; do
     ((n == 2)) && [[ $algo == tree ]] && continue
@@ -71,7 +89,8 @@ done
 desc="Processes as hosts on one GPU ($(nvidia-smi -L 2>/dev/null | head -n 1 | cut -d'(' -f1)), "
 desc+="$(nproc) cores, under CUDA MPS; every byte over loopback TCP. $(date -u '+%Y-%m-%d %H:%M UTC'). "
 desc+="all_reduce_perf -b 8 -e 16M -f 8 -c 1 -n 20 -w 5, float sum, out-of-place time per call. "
-desc+="The model's network rate is the bare-socket probe's (tcp_ring_probe -n N -s $socks -b 64M -p 1M): ${rates}"
+desc+="The model's network rate is the bare-socket probe's (tcp_ring_probe -n N -s $socks -b 64M -p 1M), "
+desc+="its staging rates (1, 2, 4, 8 blocks) gpu_staging_probe's (N at once, --pieces 1048576, both ways at once): ${rates}"
 desc+="Each cell: measured / predicted µs (prediction error). \`default\`: LOOM_ALGO unset, the "
 desc+="tuner's choice. Written by scripts/model_check_gpu.sh."
 python3 "$here/model_table.py" "$measured" "$predicted" gpu \
