@@ -387,28 +387,43 @@ Schedule doublingAllReduce(int r, int n, size_t count, size_t piece) {
   Schedule s;
   s.reduces = true;
   s.inputCount = s.outputCount = count;
-  // One piece at a time, and the send of a round in a phase before its receive: the
-  // receive overwrites the output that the send reads from round 1 on, and a FIFO never
-  // holds more than two pieces of one connection, so bounded FIFOs cannot deadlock.
-  for (size_t base = 0; base < count; base += piece) {
-    const size_t bc = std::min(piece, count - base);
-    for (int mask = 1; mask < n; mask <<= 1) {
-      const bool first = mask == 1;
-      Step send;
-      send.src = first ? in(base) : out(base);
-      send.srcPartial = !first;
-      send.count = bc;
-      send.sendTo(r ^ mask);
-      s.phases.push_back(single(send));
-      Step recv;
-      recv.src = send.src;
-      recv.srcPartial = !first;
-      recv.count = bc;
-      recv.recvFrom(r ^ mask);
-      recv.dst = out(base);
-      recv.final = 2 * mask >= n;
-      s.phases.push_back(single(recv));
+  // The rounds pipeline over the pieces: round j sends piece p in phase p + 2j and
+  // receives it in phase p + 2j + 1, so each phase sends a piece while the piece before
+  // arrives, in every round at once. A send of round j reads the output that round j - 1
+  // received a phase earlier, and a receive overwrites it only in the phase after its own
+  // round's send. A rank waits only on what its peers sent in earlier phases, and a
+  // connection holds a few pieces at most, so bounded FIFOs cannot deadlock. One piece:
+  // send, then receive, round after round.
+  piece = std::max<size_t>(piece, 1);
+  const size_t pieces = (count + piece - 1) / piece;
+  int rounds = 0;
+  while ((1 << rounds) < n) ++rounds;
+  const size_t nphases = std::max<size_t>(pieces, 1) + 2 * static_cast<size_t>(rounds) - 1;
+  for (size_t t = 0; t < nphases; ++t) {
+    Phase phase;
+    for (int j = 0; j < rounds; ++j) {
+      const int mask = 1 << j;
+      const bool first = j == 0;
+      const size_t lag = 2 * static_cast<size_t>(j);
+      // This round's receive of the piece it sent a phase ago, then its send of the next.
+      for (int recvs = 1; recvs >= 0; --recvs) {
+        if (t < lag + recvs || t - lag - recvs >= pieces) continue;
+        const size_t base = (t - lag - recvs) * piece;
+        Step st;
+        st.src = first ? in(base) : out(base);
+        st.srcPartial = !first;
+        st.count = std::min(piece, count - base);
+        if (recvs) {
+          st.recvFrom(r ^ mask);
+          st.dst = out(base);
+          st.final = 2 * mask >= n;
+        } else {
+          st.sendTo(r ^ mask);
+        }
+        phase.push_back(st);
+      }
     }
+    if (!phase.empty()) s.phases.push_back(std::move(phase));
   }
   return s;
 }
