@@ -73,22 +73,29 @@ for n in "${hosts[@]}"; do
     env_algo=()
     [[ $algo != default ]] && env_algo=(-x LOOM_ALGO="$algo")
     log=$out/allreduce_${n}_$algo.log
-    timeout 180 "${mpi[@]}" "${env_algo[@]}" -np "$n" bash -c \
-      'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x \
-      "$bin/all_reduce_perf" -b 8 -e 16M -f 8 -c 1 -n 20 -w 5 > "$log" 2>&1 || {
-      status=1
-      echo "model_check_gpu: $n hosts, $algo failed:"
-      tail -n 5 "$log"
-    }
+    : > "$log"
+    # Up to 256 KiB, 200 calls a size (20 let one slow call move a 30 us mean by 15 %);
+    # from 2 MiB, 20.
+    for sweep in "8 256K 200 20" "2M 16M 20 5"; do
+      read -r b e iters warm <<< "$sweep"
+      timeout 180 "${mpi[@]}" "${env_algo[@]}" -np "$n" bash -c \
+        'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x \
+        "$bin/all_reduce_perf" -b "$b" -e "$e" -f 8 -c 1 -n "$iters" -w "$warm" >> "$log" 2>&1 || {
+        status=1
+        echo "model_check_gpu: $n hosts, $algo, $b to $e failed:"
+        tail -n 5 "$log"
+      }
+    done
     # Rows: size count type redop root time algbw busbw #wrong ...: out-of-place time.
-    awk -v a="$algo" -v n="$n" '/^ +[0-9]+ +[0-9]+ / { printf "%s,%s,%s,%s,20,%s\n", a, n, $1, $6, $9 }' \
+    awk -v a="$algo" -v n="$n" '/^ +[0-9]+ +[0-9]+ / {
+        printf "%s,%s,%s,%s,%d,%s\n", a, n, $1, $6, ($1 <= 262144 ? 200 : 20), $9 }' \
       "$log" >> "$measured"
     echo "model_check_gpu: $n hosts, $algo done"
   done
 done
 desc="Processes as hosts on one GPU ($(nvidia-smi -L 2>/dev/null | head -n 1 | cut -d'(' -f1)), "
 desc+="$(nproc) cores, under CUDA MPS; every byte over loopback TCP. $(date -u '+%Y-%m-%d %H:%M UTC'). "
-desc+="all_reduce_perf -b 8 -e 16M -f 8 -c 1 -n 20 -w 5, float sum, out-of-place time per call. "
+desc+="all_reduce_perf -c 1 -f 8, -b 8 -e 256K -n 200 -w 20 and -b 2M -e 16M -n 20 -w 5, float sum, out-of-place time per call. "
 desc+="The model's network rate is the bare-socket probe's (tcp_ring_probe -n N -s $socks -b 64M -p 1M), "
 desc+="its staging rates (1, 2, 4, 8 blocks) gpu_staging_probe's (N at once, --pieces 1048576, both ways at once): ${rates}"
 desc+="Each cell: measured / predicted µs (prediction error). \`default\`: LOOM_ALGO unset, the "
