@@ -188,6 +188,24 @@ std::vector<Schedule> netLaneSchedules(const CollRequest& req, Algorithm algo, i
     s.outputCount = req.count * (blocked && blockedBuffer == Buffer::kOutput ? req.nranks : 1);
     out.push_back(std::move(s));
   }
+  // A lane takes a block for each step of its fullest phase, and every lane's blocks run
+  // at once: where they would be more than kNetMaxBlocks (recursive doubling's pipelined
+  // rounds on many ranks, the direct forms with 8 lanes), as many lanes as fit.
+  uint32_t blocks = 0, widest = 1;
+  for (const Schedule& s : out) {
+    uint32_t lane = 1;
+    for (const Phase& ph : s.phases) {
+      lane = std::max<uint32_t>(
+          lane, static_cast<uint32_t>(std::count_if(ph.begin(), ph.end(),
+                                                    [](const Step& st) { return st.count > 0; })));
+    }
+    blocks += lane;
+    widest = std::max(widest, lane);
+  }
+  if (blocks > kNetMaxBlocks) {
+    return netLaneSchedules(req, algo,
+                            std::max<int>(1, std::min<int>(lanes - 1, kNetMaxBlocks / widest)));
+  }
   return out;
 }
 

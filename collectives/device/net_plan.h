@@ -103,7 +103,8 @@ Schedule netSchedule(const CollRequest& req, Algorithm algo);
 // The same in `lanes` lanes where the collective's buffers are one contiguous range on
 // every rank (all-reduce, broadcast, reduce): lane l takes part l of the elements, its
 // parts starting on 16-byte boundaries; one lane otherwise, or when there is less than
-// one 16-byte vector per lane.
+// one 16-byte vector per lane; fewer lanes where theirs would take more than
+// kNetMaxBlocks blocks at once.
 std::vector<Schedule> netLaneSchedules(const CollRequest& req, Algorithm algo, int lanes);
 
 // A connection of a plan: to (or from) `peer`, of lane `lane`.

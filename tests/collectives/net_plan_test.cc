@@ -139,6 +139,32 @@ TEST(NetPlan, OneShotOverTheNetworkOnThreeAndFourRanks) {
   }
 }
 
+// Lanes whose blocks would be more than a kernel takes run as fewer lanes: recursive
+// doubling's pipelined rounds take 2 log2(n) blocks a lane, the direct forms 2n - 1.
+TEST(NetPlan, LanesFitTheBlockLimit) {
+  struct Want {
+    Algorithm algo;
+    int n;
+  };
+  for (const Want& w : {Want{Algorithm::kDoubling, 32}, Want{Algorithm::kDoubling, 64},
+                        Want{Algorithm::kDoubling, 4}, Want{Algorithm::kDirect, 5}}) {
+    for (int lanes : {4, 8}) {
+      const size_t piece = 1 << 14;
+      const CollRequest req = request(CollType::kAllReduce, 1, w.n, size_t{64} << 20, 0, piece);
+      const std::vector<Schedule> s = netLaneSchedules(req, w.algo, lanes);
+      ASSERT_FALSE(s.empty());
+      EXPECT_LE(s.size(), size_t(lanes));
+      auto plan = makeNetPlan(s, piece);
+      ASSERT_TRUE(plan.isOk()) << algorithmName(w.algo) << " n=" << w.n << " lanes=" << lanes
+                               << ": " << plan.status().message();
+      const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
+      EXPECT_LE(h->blocks, kNetMaxBlocks);
+      // Where every lane fits, every lane stays.
+      if (w.n == 4) EXPECT_EQ(s.size(), size_t(lanes));
+    }
+  }
+}
+
 // Every rank adds the inputs in rank order: its own at its rank among the others'.
 TEST(NetPlan, OneShotAddsInRankOrderOnEveryRank) {
   for (int n : {2, 3, 4}) {
