@@ -227,7 +227,10 @@ Estimate sequence(std::initializer_list<Estimate> passes) {
 // while the wire carries the pieces before. The two overlap, so the bandwidth term becomes
 // the slower of the wire and the copies, plus, for each step, the first piece's copy or
 // wire time (whichever is shorter), which nothing overlaps: a pipeline of k pieces a step
-// takes (k - 1) x max(copy, wire) + copy + wire. `bytes` as estimate() takes them.
+// takes (k - 1) x max(copy, wire) + copy + wire. A step is taken as those two stages: the
+// pass that reads a received piece also writes the next step's send, and the last step's
+// copy out of host memory is left out. The wire is one rank's share of its host's NICs.
+// `bytes` as estimate() takes them.
 void staged(CollType type, size_t bytes, const Fabric& f, Estimate* e) {
   const Staging& st = f.stage;
   if (!st.on() || e->netBytes <= 0 || e->steps <= 0 || !(f.gpuNetwork || (f.gpu && f.hosts > 1)))
@@ -235,8 +238,8 @@ void staged(CollType type, size_t bytes, const Fabric& f, Estimate* e) {
   const int n = f.nranks();
   const int lanes = netLanes(type, bytes, n, st.maxLanes);
   const double rate = st.rate(lanes) * 1e3;  // bytes per us, every lane together
-  const LinkCost& link = f.hosts > 1 ? f.inter : f.intra;
-  const double wire = link.bytesPerUs();
+  const double wire =
+      f.hosts > 1 ? f.inter.bytesPerUs() / std::max(1, f.ranksPerHost) : f.intra.bytesPerUs();
   if (rate <= 0 || wire <= 0) return;
   const double laneStep = e->netBytes / e->steps / lanes;  // one lane's bytes a step
   // (The executor cuts an all-gather's or reduce-scatter's pieces from a rank's block.)

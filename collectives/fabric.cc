@@ -55,7 +55,20 @@ Fabric fabricOf(const topology::Graph& graph, const FabricOptions& o, std::strin
                   o.netGbps > 0 ? "as given" : (std::to_string(nics) + " NIC(s)").c_str(),
                   path == NetPath::kRdma ? "RDMA" : "sockets");
   }
-  if (why) *why = line;
+  if (why) {
+    *why = line;
+    if (f.stage.on()) {
+      char staging[160];
+      std::snprintf(staging, sizeof(staging),
+                    "; staged through host memory at %.3g, %.3g, %.3g, %.3g GB/s each way (1, "
+                    "2, 4, 8 blocks%s)",
+                    f.stage.gbps[0], f.stage.gbps[1], f.stage.gbps[2], f.stage.gbps[3],
+                    o.stageGiven ? ", as given" : "");
+      *why += staging;
+    } else if (o.stageGiven && o.stageGbps[0] > 0) {
+      *why += "; --stage-gbps ignored: only GPU buffers over sockets are staged";
+    }
+  }
   return f;
 }
 

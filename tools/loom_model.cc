@@ -12,6 +12,7 @@
 //                                        the host count, 2 to 4096 (scripts/plot_model.py
 //                                        draws it)
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -83,7 +84,8 @@ bool parseStage(const char* text, model::FabricOptions* o) {
     char* end = nullptr;
     errno = 0;
     const double g = std::strtod(at, &end);
-    if (end == at || errno || !(g > 0) || (i > 0 && g < o->stageGbps[i - 1])) return false;
+    if (end == at || errno || !(g > 0) || !std::isfinite(g) || (i > 0 && g < o->stageGbps[i - 1]))
+      return false;
     o->stageGbps[i] = g;
     if (*end != (i < 3 ? ',' : '\0')) return false;
     at = end + 1;

@@ -55,7 +55,7 @@ Status CudaExecutor::initNetwork(transport::SetupChannel& bootstrap,
   if (context_.fabric) {
     o.fabric = model::netExecutorFabric(*context_.fabric, /*rail=*/false);
     // The staging term cuts calls as this executor will.
-    o.fabric->stage.maxLanes = o.lanes;
+    o.fabric->stage.maxLanes = std::clamp<int>(o.lanes, 1, int(kNetMaxLanes));
     o.fabric->stage.slotBytes = o.slotBytes;
   }
   // LOOM_CHUNK_BYTES: pieces of that size (at least 4 KiB, a multiple of 64 bytes; 0: the
