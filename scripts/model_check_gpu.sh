@@ -29,6 +29,10 @@ export NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$prefix/lib:${LD_LIBRARY_PATH:-}"
 bin=$prefix/bin
 source "$here/lib/gpu_hosts.sh"
+[[ -x $bin/gpu_staging_probe ]] || {
+  echo "model_check_gpu: no $bin/gpu_staging_probe (a build with CUDA installs it: cmake --install)"
+  exit 1
+}
 loom_start_mps
 probe=$(loom_ring_probe "$bin" "$out" "$here") || exit 1
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
@@ -53,7 +57,7 @@ for n in "${hosts[@]}"; do
   # 1 MiB pieces at once; the mean over the processes of each block count.
   at=$(( $(date +%s) + 5 ))
   for ((i = 0; i < n; ++i)); do
-    "$bin/gpu_staging_probe" --blocks 1,2,4,8 --pieces 1048576 --at "$at" --csv \
+    timeout 120 "$bin/gpu_staging_probe" --blocks 1,2,4,8 --pieces 1048576 --at "$at" --csv \
       > "$out/stage_${n}_$i.csv" 2>&1 &
   done
   wait
