@@ -274,20 +274,23 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
   const int thread = state_.thread;
   const int libIndex = static_cast<int>(lib);
   setWhere(job_, Phase::kPrepare, libIndex, totalBytes_, inPlace ? 1 : 0);
+  // Every wait for the other ranks says so to the -T watchdog first.
+  auto barrier = [&] {
+    setWhere(job_, Phase::kBarrier);
+    team.barrier(thread);
+  };
   if (o_.check > 0) prepareData(test, inPlace, kWarmSeed, /*poison=*/false);
   // prepareData waits for the whole device (cudaDeviceSynchronize): with -t, a thread still
   // there while another's rank has launched a call would wait for that call's kernel, which
   // waits for this thread's rank, which never launches (every hierarchical form, and the
   // flat one where one process holds ranks that exchange data, hung so on one H100).
-  setWhere(job_, Phase::kBarrier);
-  team.barrier(thread);
+  barrier();
 
   setWhere(job_, Phase::kLaunch);
   startColl(test, lib, inPlace, 0);  // sync
   setWhere(job_, Phase::kWait);
   completeColl(lib);
-  setWhere(job_, Phase::kBarrier);
-  team.barrier(thread);
+  barrier();
   setWhere(job_, Phase::kLaunch);
 
   // -G: the timed calls are captured into one graph per rank and the clock starts when
@@ -320,8 +323,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
       execs.push_back(nullptr);
       LOOM_PERF_CHECK(job_, mem.instantiate(captured[i], &execs.back()));
     }
-    setWhere(job_, Phase::kBarrier);
-    team.barrier(thread);
+    barrier();
     setWhere(job_, Phase::kLaunch);
     start = std::chrono::steady_clock::now();
     for (int l = 0; l < o_.graphLaunches; ++l) {
@@ -344,8 +346,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
 
   const Bandwidth bw =
       computeBandwidth(*job_.spec, counts_.paramCount, typeSize_, sec, job_.nranks);
-  setWhere(job_, Phase::kBarrier);
-  team.barrier(thread);
+  barrier();
 
   Measurement m;
   m.timeUsec = reportedSec * 1.0e6;
@@ -358,8 +359,7 @@ Measurement Bench::benchTime(const TestCase& test, size_t lib, bool inPlace) {
       const uint64_t seed = static_cast<uint64_t>(rep_) * 1000 + static_cast<uint64_t>(c);
       setWhere(job_, Phase::kPrepare);
       prepareData(test, inPlace, seed, /*poison=*/true);
-      setWhere(job_, Phase::kBarrier);
-      team.barrier(thread);  // as above
+      barrier();  // as above
       setWhere(job_, Phase::kCheck);
       startColl(test, lib, inPlace, 0);
       completeColl(lib);
