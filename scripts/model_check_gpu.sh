@@ -11,8 +11,11 @@
 # one's kernels copy through host memory (they share the GPU's link, as ranks on one GPU
 # do); loom-model --net-gbps and --stage-gbps at those rates predicts every algorithm, and
 # all_reduce_perf times each one forced (LOOM_ALGO ring, tree, direct, doubling, oneshot) and
-# the tuner's own choice, 8 B to 16 MiB, -c 1. Writes OUTDIR/model_check_gpu.md (measured
-# against predicted, scripts/model_table.py) and the raw CSV and logs.
+# the tuner's own choice, 8 B to 16 MiB, -c 1, in ROUNDS rounds (default 2: every form once,
+# then every form again), each form's time the best of its rounds: a launch on a machine
+# shared by several "hosts" can run 25 % slower than the one before it, which decided
+# between forms a few microseconds apart. Writes OUTDIR/model_check_gpu.md (measured against
+# predicted, scripts/model_table.py) and the raw CSV and logs.
 #
 # PREFIX is an install tree built with MPI whose bin/ holds gpu_staging_probe and
 # tcp_ring_probe (or a compiler is on PATH for the latter). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -71,35 +74,37 @@ for n in "${hosts[@]}"; do
   rates+="$n hosts ${gbps} GB/s, staging ${stage} GB/s; "
   "$bin/loom-model" -N "$n" -g 1 --net-gbps "$gbps" --stage-gbps "$stage" -c all_reduce -b 8 -e 16M -f 8 --csv |
     tail -n +2 >> "$predicted"
-  for algo in ring tree direct doubling oneshot default; do
-    ((n == 2)) && [[ $algo == tree ]] && continue
-    ((n & (n - 1))) && [[ $algo == doubling ]] && continue
-    env_algo=()
-    [[ $algo != default ]] && env_algo=(-x LOOM_ALGO="$algo")
-    log=$out/allreduce_${n}_$algo.log
-    : > "$log"
-    # Up to 256 KiB, 200 calls a size (20 let one slow call move a 30 us mean by 15 %);
-    # from 2 MiB, 20.
-    for sweep in "8 256K 200 20" "2M 16M 20 5"; do
-      read -r b e iters warm <<< "$sweep"
-      timeout 180 "${mpi[@]}" "${env_algo[@]}" -np "$n" bash -c \
-        'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x \
-        "$bin/all_reduce_perf" -b "$b" -e "$e" -f 8 -c 1 -n "$iters" -w "$warm" >> "$log" 2>&1 || {
-        status=1
-        echo "model_check_gpu: $n hosts, $algo, $b to $e failed:"
-        tail -n 5 "$log"
-      }
+  for ((round = 1; round <= ${ROUNDS:-2}; ++round)); do
+    for algo in ring tree direct doubling oneshot default; do
+      ((n == 2)) && [[ $algo == tree ]] && continue
+      ((n & (n - 1))) && [[ $algo == doubling ]] && continue
+      env_algo=()
+      [[ $algo != default ]] && env_algo=(-x LOOM_ALGO="$algo")
+      log=$out/allreduce_${n}_${algo}_r$round.log
+      : > "$log"
+      # Up to 256 KiB, 200 calls a size (20 let one slow call move a 30 us mean by 15 %);
+      # from 2 MiB, 20.
+      for sweep in "8 256K 200 20" "2M 16M 20 5"; do
+        read -r b e iters warm <<< "$sweep"
+        timeout 180 "${mpi[@]}" "${env_algo[@]}" -np "$n" bash -c \
+          'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x \
+          "$bin/all_reduce_perf" -b "$b" -e "$e" -f 8 -c 1 -n "$iters" -w "$warm" >> "$log" 2>&1 || {
+          status=1
+          echo "model_check_gpu: $n hosts, $algo, $b to $e failed:"
+          tail -n 5 "$log"
+        }
+      done
+      # Rows: size count type redop root time algbw busbw #wrong ...: out-of-place time.
+      awk -v a="$algo" -v n="$n" '/^ +[0-9]+ +[0-9]+ / {
+          printf "%s,%s,%s,%s,%d,%s\n", a, n, $1, $6, ($1 <= 262144 ? 200 : 20), $9 }' \
+        "$log" >> "$measured"
+      echo "model_check_gpu: $n hosts, $algo, round $round done"
     done
-    # Rows: size count type redop root time algbw busbw #wrong ...: out-of-place time.
-    awk -v a="$algo" -v n="$n" '/^ +[0-9]+ +[0-9]+ / {
-        printf "%s,%s,%s,%s,%d,%s\n", a, n, $1, $6, ($1 <= 262144 ? 200 : 20), $9 }' \
-      "$log" >> "$measured"
-    echo "model_check_gpu: $n hosts, $algo done"
   done
 done
 desc="Processes as hosts on one GPU ($(nvidia-smi -L 2>/dev/null | head -n 1 | cut -d'(' -f1)), "
 desc+="$(nproc) cores, under CUDA MPS; every byte over loopback TCP. $(date -u '+%Y-%m-%d %H:%M UTC'). "
-desc+="all_reduce_perf -c 1 -f 8, -b 8 -e 256K -n 200 -w 20 and -b 2M -e 16M -n 20 -w 5, float sum, out-of-place time per call. "
+desc+="all_reduce_perf -c 1 -f 8, -b 8 -e 256K -n 200 -w 20 and -b 2M -e 16M -n 20 -w 5, float sum, out-of-place time per call, the best of ${ROUNDS:-2} rounds (every form once a round). "
 desc+="The model's network rate is the bare-socket probe's (tcp_ring_probe -n N -s $socks -b 64M -p 1M), "
 desc+="its staging rates (1, 2, 4, 8 blocks) gpu_staging_probe's (N at once, --pieces 1048576, both ways at once): ${rates}"
 desc+="Each cell: measured / predicted µs (prediction error). \`default\`: LOOM_ALGO unset, the "
