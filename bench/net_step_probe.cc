@@ -13,7 +13,7 @@
 //       the backend's alone); with DEPTH 1, the mean time of one step is its latency.
 //
 // Threads per connection as loom takes them (LOOM_SOCKET_NTHREADS, default 4); with
-// LOOM_NET=ucx, UCX's UCP instead (LOOM_UCX_LANES lanes, 4 where unset, as GPU buffers take).
+// LOOM_NET=ucx, UCX's UCP instead (LOOM_UCX_LANES lanes, 2 where unset, as GPU buffers take).
 // Prints the mean, median, 90th and 99th percentiles of the step in microseconds.
 #include <strings.h>
 

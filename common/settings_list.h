@@ -175,7 +175,7 @@
   X(kTuning, kNsocksPerthread, "LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", kInt, "1", "", \
     "sockets per TCP connection (1 measured best over loopback; more may pay on fast NICs)") \
   X(kTuning, kUcxLanes, "LOOM_UCX_LANES", nullptr, kCount, "auto", "auto", \
-    "UCX workers per connection (at most 16; auto: 1 for host buffers, 4 for GPU buffers): " \
+    "UCX workers per connection (at most 16; auto: 1 for host buffers, 2 for GPU buffers): " \
     "lane 0, moved by the proxy thread, carries the sizes and every message under 64 KiB; a " \
     "larger one is cut into a part per further lane, each with a thread of its own (1: the " \
     "proxy moves everything)") \

@@ -4,8 +4,9 @@
 # The ucx network backend (transports/net/ucx) against the socket backend and NVIDIA's NCCL
 # on one GPU machine: processes as hosts, all on GPU 0 (LOOM_HOST_ID / NCCL_HOSTID per
 # process, NCCL_TESTS_DEVICE=0), under CUDA MPS where the machine has it, all_reduce_perf
-# -b 16M -e 128M -f 8 -c 1 (GPU buffers, float sum). Each configuration below runs once per
-# round, the rounds one after another, so that a drift of the machine shows in every row:
+# -b 16M -e 128M -f 8 -c 1 (GPU buffers, float sum), on 2 and 4 hosts. Each configuration
+# runs once per round, the rounds one after another, so that a drift of the machine shows in
+# every row. CONFIGS (default "socket ucx") picks them, in this order:
 #   socket           LOOM_NET=socket (the baseline; this one also times NCCL: --compare nccl)
 #   ucx              LOOM_NET=ucx with the machine's UCX and loom's defaults
 #   ucxc_staged, ucxc_direct   where UCX_CUDA names a UCX built with CUDA
@@ -13,12 +14,10 @@
 #                    and handed to UCX as they are (UCX_TLS=tcp,cuda_copy)
 #   ucx_lane0        LOOM_UCX_LANE0_PART=1: lane 0 carries a part of each large message too
 #   ucx_spin         LOOM_UCX_SPIN_US=200: lane threads progress 200 us before they sleep
-#   ucx_lane0_spin   both
 #   ucx_put          UCX_RNDV_SCHEME=put_zcopy (tcp writes from and reads into the buffers)
-#   ucx_lanes8       LOOM_UCX_LANES=8 with the spin
-# Then 4 hosts: socket, ucx and ucx_lane0_spin, once. Writes OUTDIR/ucx_check_gpu.md (16
-# and 128 MiB busbw of each run, and the ratio of ucx's to the socket backend's of the same
-# round) and the logs.
+#   ucx_lanesN       LOOM_UCX_LANES=N
+# Writes OUTDIR/ucx_check_gpu.md (16 and 128 MiB busbw of each run, and the ratio of ucx's
+# to the socket backend's of the same round and host count) and the logs.
 #
 # PREFIX is an install tree built with MPI (cmake --install build --prefix PREFIX).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). RUN_LIMIT: seconds per run (default 90).
@@ -84,26 +83,24 @@ one() {  # HOSTS ROUND NAME ENV... (then the binary's arguments follow the env)
 }
 ar=("$bin/all_reduce_perf" "${sizes[@]}")
 configs() {  # HOSTS ROUND
-  local np=$1 r=$2
-  one "$np" "$r" socket LOOM_NET=socket "${ar[@]}" --compare nccl
-  one "$np" "$r" ucx LOOM_NET=ucx "${ar[@]}"
-  if [ -n "${UCX_CUDA:-}" ]; then
-    local lib="LD_LIBRARY_PATH=$UCX_CUDA/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
-    one "$np" "$r" ucxc_staged "$lib" LOOM_NET=ucx UCX_TLS=tcp "${ar[@]}"
-    one "$np" "$r" ucxc_direct "$lib" LOOM_NET=ucx UCX_TLS=tcp,cuda_copy "${ar[@]}"
-  fi
-  one "$np" "$r" ucx_lane0 LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}"
-  one "$np" "$r" ucx_spin LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}"
-  one "$np" "$r" ucx_lane0_spin LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 LOOM_UCX_SPIN_US=200 "${ar[@]}"
-  one "$np" "$r" ucx_put LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}"
-  one "$np" "$r" ucx_lanes8 LOOM_NET=ucx LOOM_UCX_LANES=8 LOOM_UCX_SPIN_US=200 "${ar[@]}"
+  local np=$1 r=$2 c lib="LD_LIBRARY_PATH=${UCX_CUDA:-}/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+  for c in ${CONFIGS:-socket ucx}; do
+    case $c in
+      socket) one "$np" "$r" socket LOOM_NET=socket "${ar[@]}" --compare nccl ;;
+      ucx) one "$np" "$r" ucx LOOM_NET=ucx "${ar[@]}" ;;
+      ucxc_staged) [ -n "${UCX_CUDA:-}" ] && one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp "${ar[@]}" ;;
+      ucxc_direct) [ -n "${UCX_CUDA:-}" ] && one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp,cuda_copy "${ar[@]}" ;;
+      ucx_lane0) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}" ;;
+      ucx_spin) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}" ;;
+      ucx_put) one "$np" "$r" "$c" LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}" ;;
+      ucx_lanes[0-9]*) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_LANES="${c#ucx_lanes}" "${ar[@]}" ;;
+      *) echo "ucx_check_gpu: no configuration $c"; exit 2 ;;
+    esac
+  done
 }
-for r in $(seq 1 "$rounds"); do configs 2 "$r"; done
-one 4 1 socket LOOM_NET=socket "${ar[@]}" --compare nccl
-one 4 1 ucx LOOM_NET=ucx "${ar[@]}"
-one 4 1 ucx_lane0_spin LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 LOOM_UCX_SPIN_US=200 "${ar[@]}"
+for r in $(seq 1 "$rounds"); do configs 2 "$r"; configs 4 "$r"; done
 {
   echo
   echo "busbw in GB/s, out of place; wrong: loom's -c 1 counts, out of place and in place added."
-  echo "Command: scripts/ucx_check_gpu.sh PREFIX OUTDIR $rounds${UCX_CUDA:+ (UCX_CUDA=$UCX_CUDA)}"
+  echo "Command: CONFIGS=\"${CONFIGS:-socket ucx}\" scripts/ucx_check_gpu.sh PREFIX OUTDIR $rounds${UCX_CUDA:+ (UCX_CUDA=$UCX_CUDA)}"
 } >> "$report"

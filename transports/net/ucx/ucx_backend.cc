@@ -47,13 +47,16 @@
 namespace loom::transport::net::ucx {
 namespace {
 
-// LOOM_UCX_LANES auto. GPU buffers through the proxy: 4, on one H200 machine (16 cores),
-// 2 processes as hosts, all_reduce 16 MiB, 2026-12-03 (docs/perf/ucx.md): 1 lane 1.3-1.8
-// GB/s busbw, 4 lanes 2.4-5.7. Host buffers: 1 (a lane thread each beside the caller's own
-// copies; 2 processes over loopback on the 2-core development machine, all_reduce of host
-// buffers with 256 KiB tcp segments, three runs, 2026-12-05: 16 MiB 6.9-7.9 ms with 1
+// LOOM_UCX_LANES auto. GPU buffers through the proxy: 2. The executor already spreads a
+// large call over up to 4 connections (its lanes), each with lanes of its own here. One H100
+// machine (16 cores), 2 processes as hosts, all_reduce of GPU buffers, 2026-12-06 17:24-17:33
+// UTC, with the tcp segments UCX 1.16 takes (docs/perf/ucx.md), mean busbw at 16 and 128 MiB:
+// 2 lanes (4 runs) 5.33 and 5.97 GB/s, 3 lanes (2 runs) 5.14 and 6.03, 4 lanes (7 runs) 4.20
+// and 4.83. Host buffers: 1 (a lane thread each beside the caller's
+// own copies; 2 processes over loopback on the 2-core development machine, all_reduce of
+// host buffers with 256 KiB tcp segments, three runs, 2026-12-05: 16 MiB 6.9-7.9 ms with 1
 // lane, 16.7-19.0 with 2, 25.6-26.8 with 4).
-constexpr int kGpuLanes = 4;
+constexpr int kGpuLanes = 2;
 
 constexpr uint64_t kHandleMagic = 0x3178637568c6f6full;  // "loomucx1" (roughly)
 constexpr uint64_t kHelloMagic = 0x6f6c6c6568786375ull;  // "ucxhello"
@@ -574,24 +577,21 @@ Result<Opened> open() {
   // UCX's tcp transport moves 8 KiB (send) and 64 KiB (receive) per system call by
   // default. 2 processes as hosts on an H200 machine (16 cores), all_reduce 16 MiB of GPU
   // buffers, 4 lanes, 2026-12-03: 64 KiB/8 KiB 3.1 GB/s busbw (one lane: 0.76), 256 KiB
-  // 5.7, 1 MiB 3.1. The user's UCX_TCP_* settings win. UCX 1.13 (Debian 12) takes these two
-  // from its environment only: set through ucp_config_modify, every worker warns "invalid
-  // configurations" and keeps its defaults (2 processes over loopback, 16 MiB of host
-  // buffers, 2026-12-05: 36.8 ms as set here, 24.7 ms with the variables in the
-  // environment); UCX 1.16 takes them. Before 1.16 loom leaves them and says so.
-  const bool modifiable = major > 1 || (major == 1 && minor >= 16);
-  for (const char* name : {"TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE"}) {
-    if (std::getenv((std::string("UCX_") + name).c_str())) continue;
-    if (!modifiable) {
-      LOOM_INFO(kNet,
-                "net/ucx: UCX %u.%u takes UCX_%s only from the environment: set it to %s (with "
-                "the receive side's too) for larger TCP segments than UCX's default",
-                major, minor, name, kTcpSegment);
-      continue;
-    }
-    ucs_status_t m = u->configModify(config, name, kTcpSegment);
+  // 5.7, 1 MiB 3.1. The user's UCX_TCP_* settings win. ucp_config_modify keeps a name it
+  // does not know as a UCP setting and hands it to each transport's table; up to UCX 1.16
+  // those tables match the name without the transport's prefix ("TX_SEG_SIZE"), from 1.17
+  // with it ("TCP_TX_SEG_SIZE"). A name no table takes is dropped with a warning ("invalid
+  // configurations") on every worker: UCX 1.16.0 on an H100 machine, 2026-12-06, with the
+  // prefixed names, carried 1 MiB steps at 3.4-4.2 GB/s where UCX 1.19.1 with them carried
+  // 8.8-9.1 (bench/net_step_probe, 4 lanes). Only the tcp transport has these two names.
+  const bool prefixed = major > 1 || (major == 1 && minor >= 17);
+  for (const char* name : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
+    const std::string full = std::string("TCP_") + name;
+    if (std::getenv(("UCX_" + full).c_str())) continue;
+    ucs_status_t m = u->configModify(config, prefixed ? full.c_str() : name, kTcpSegment);
     if (m != UCS_OK) {
-      LOOM_INFO(kNet, "net/ucx: UCX_%s=%s not applied: %s", name, kTcpSegment, u->statusString(m));
+      LOOM_INFO(kNet, "net/ucx: UCX_%s=%s not applied: %s", full.c_str(), kTcpSegment,
+                u->statusString(m));
     }
   }
   // A UCX built with CUDA, with cuda_copy in UCX_TLS, probes on each context's first
@@ -601,16 +601,11 @@ Result<Opened> open() {
   // run and wait for that very connection, so the connect stalled until LOOM_TIMEOUT_MS
   // (processes as hosts on an H100, UCX 1.19.1, 2026-12-06; the fragments in host memory
   // need no probe). The user's UCX_RNDV_FRAG_MEM_TYPES wins (from the environment; one in
-  // UCX's configuration file is overridden).
-  if (!std::getenv("UCX_RNDV_FRAG_MEM_TYPES")) {
-    if (!modifiable) {
-      LOOM_INFO(kNet,
-                "net/ucx: UCX %u.%u: loom leaves UCX_RNDV_FRAG_MEM_TYPES as it is; with a UCX "
-                "built with CUDA and cuda_copy in UCX_TLS, set it to host (a connection may "
-                "otherwise stall while GPU kernels run)",
-                major, minor);
-    } else if (ucs_status_t m = u->configModify(config, "RNDV_FRAG_MEM_TYPES", "host");
-               m != UCS_OK) {
+  // UCX's configuration file is overridden). The setting came with UCX 1.18; before, its
+  // one fragment type (UCX_RNDV_FRAG_MEM_TYPE) defaults to host.
+  const bool fragTypes = major > 1 || (major == 1 && minor >= 18);
+  if (fragTypes && !std::getenv("UCX_RNDV_FRAG_MEM_TYPES")) {
+    if (ucs_status_t m = u->configModify(config, "RNDV_FRAG_MEM_TYPES", "host"); m != UCS_OK) {
       LOOM_INFO(kNet,
                 "net/ucx: UCX_RNDV_FRAG_MEM_TYPES=host not applied: %s (with cuda_copy in "
                 "UCX_TLS, connections may stall while GPU kernels run)",
