@@ -183,6 +183,10 @@
     "microseconds a ucx lane thread keeps progressing its worker after its last movement " \
     "before it sleeps in poll() (0: sleeps at once; spinning threads take cores from the " \
     "copies where there are few)") \
+  X(kTuning, kUcxPrepost, "LOOM_UCX_PREPOST", nullptr, kBool, "no", "", \
+    "a receiving ucx connection of 2 lanes posts lane 1's receive of a message when it posts " \
+    "the message, while the last message was large, instead of once lane 0 has read its " \
+    "size (a guess: a small one's receive is cancelled)") \
   X(kTuning, kUcxLane0Part, "LOOM_UCX_LANE0_PART", nullptr, kBool, "no", "", \
     "lane 0 carries a part of every message of 64 KiB and more beside its size, as the " \
     "further lanes do (no: only the size, so the proxy's thread never waits on a large part); " \

@@ -6,7 +6,8 @@
 # process, NCCL_TESTS_DEVICE=0), under CUDA MPS where the machine has it, all_reduce_perf
 # -b 16M -e 128M -f 8 -c 1 (GPU buffers, float sum), on 2 and 4 hosts. Each configuration
 # runs once per round, the rounds one after another, so that a drift of the machine shows in
-# every row. CONFIGS (default "socket ucx") picks them, in this order:
+# every row. CONFIGS (default "socket ucx") picks them and their order (the ratios to the
+# socket backend need socket first):
 #   socket           LOOM_NET=socket (the baseline; this one also times NCCL: --compare nccl)
 #   ucx              LOOM_NET=ucx with the machine's UCX and loom's defaults
 #   ucxc_staged, ucxc_direct   where UCX_CUDA names a UCX built with CUDA
@@ -15,7 +16,8 @@
 #   ucx_lane0        LOOM_UCX_LANE0_PART=1: lane 0 carries a part of each large message too
 #   ucx_spin         LOOM_UCX_SPIN_US=200: lane threads progress 200 us before they sleep
 #   ucx_put          UCX_RNDV_SCHEME=put_zcopy (tcp writes from and reads into the buffers)
-#   ucx_lanesN       LOOM_UCX_LANES=N
+#   ucx_prepost      LOOM_UCX_PREPOST=1: lane 1's receive posted with the message
+#   ucx_lanesN       LOOM_UCX_LANES=N (N a whole number)
 # Writes OUTDIR/ucx_check_gpu.md (16 and 128 MiB busbw of each run, and the ratio of ucx's
 # to the socket backend's of the same round and host count) and the logs.
 #
@@ -88,16 +90,27 @@ configs() {  # HOSTS ROUND
     case $c in
       socket) one "$np" "$r" socket LOOM_NET=socket "${ar[@]}" --compare nccl ;;
       ucx) one "$np" "$r" ucx LOOM_NET=ucx "${ar[@]}" ;;
-      ucxc_staged) [ -n "${UCX_CUDA:-}" ] && one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp "${ar[@]}" ;;
-      ucxc_direct) [ -n "${UCX_CUDA:-}" ] && one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp,cuda_copy "${ar[@]}" ;;
+      ucxc_staged) one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp "${ar[@]}" ;;
+      ucxc_direct) one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp,cuda_copy "${ar[@]}" ;;
       ucx_lane0) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}" ;;
       ucx_spin) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}" ;;
       ucx_put) one "$np" "$r" "$c" LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}" ;;
-      ucx_lanes[0-9]*) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_LANES="${c#ucx_lanes}" "${ar[@]}" ;;
-      *) echo "ucx_check_gpu: no configuration $c"; exit 2 ;;
+      ucx_prepost) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_PREPOST=1 "${ar[@]}" ;;
+      ucx_lanes*) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_LANES="${c#ucx_lanes}" "${ar[@]}" ;;
     esac
   done
 }
+# Every name is checked before the first run.
+for c in ${CONFIGS:-socket ucx}; do
+  case $c in
+    socket | ucx | ucx_lane0 | ucx_spin | ucx_put | ucx_prepost) ;;
+    ucxc_staged | ucxc_direct)
+      [ -n "${UCX_CUDA:-}" ] || { echo "ucx_check_gpu: $c needs UCX_CUDA (a UCX built with CUDA)"; exit 2; } ;;
+    ucx_lanes*)
+      [[ ${c#ucx_lanes} =~ ^[0-9]+$ ]] || { echo "ucx_check_gpu: $c: ucx_lanesN takes a whole number"; exit 2; } ;;
+    *) echo "ucx_check_gpu: no configuration $c (see the head of this script)"; exit 2 ;;
+  esac
+done
 for r in $(seq 1 "$rounds"); do configs 2 "$r"; configs 4 "$r"; done
 {
   echo

@@ -3,8 +3,9 @@
 # loopback on this machine, without loom: PAIRS ucx_perftest tag_bw streams at once (one
 # server and one client process each, the client sending BYTES-sized tagged messages).
 # A 2-host ring over L lanes runs 2L such streams (L each way), and
-# `tcp_ring_probe -n 2 -s L` is the bare-socket figure beside it. Prints each stream's MB/s
-# and their sum. UCX's variables (UCX_TLS, UCX_NET_DEVICES, segment sizes)
+# `tcp_ring_probe -n 2 -s L` is the bare-socket figure beside it. Prints each stream's GB/s
+# (10^9 bytes: ucx_perftest's "MB/s" are 2^20 bytes) and their sum; the sum assumes the
+# streams ran at the same time (each runs for ITERS messages). UCX's variables (UCX_TLS, UCX_NET_DEVICES, segment sizes)
 # pass through; UCX_TLS defaults to tcp and UCX_NET_DEVICES to lo. ucx_perftest is taken
 # from PATH (Debian's and Ubuntu's ucx-utils, or a UCX built by scripts/build_ucx_cuda.sh).
 set -u
@@ -26,7 +27,8 @@ for ((i = 0; i < pairs; ++i)); do
   # -f's line: iterations, latency 50 %ile, average, overall, MB/s average, overall, ...
   mbs=$(awk 'NF == 8 && $1 ~ /^[0-9]+$/ { v = $6 } END { if (v != "") print v }' "$dir/c$i")
   [ -n "$mbs" ] || { echo "ucx_pairs_probe: stream $i gave no result:"; cat "$dir/c$i" "$dir/s$i"; exit 1; }
-  echo "stream $i: $mbs MB/s"
-  total=$(awk -v a="$total" -v b="$mbs" 'BEGIN { print a + b }')
+  gbs=$(awk -v b="$mbs" 'BEGIN { printf "%.3f", b * 1048576 / 1e9 }')
+  echo "stream $i: $gbs GB/s"
+  total=$(awk -v a="$total" -v b="$gbs" 'BEGIN { printf "%.3f", a + b }')
 done
-echo "ucx_pairs_probe: $pairs streams of $bytes-byte messages, UCX_TLS=$UCX_TLS: $total MB/s in all"
+echo "ucx_pairs_probe: $pairs streams of $bytes-byte messages, UCX_TLS=$UCX_TLS: $total GB/s in all"

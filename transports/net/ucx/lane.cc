@@ -175,11 +175,12 @@ void Lane::finishPost(LaneRequest* r, ucs_status_ptr_t sp) {
   ++posted_;
 }
 
-Status Lane::post(void* data, size_t size, uint64_t* header, LaneRequest** request) {
+Status Lane::post(void* data, size_t size, uint64_t* header, LaneRequest** request, ucp_tag_t tag) {
   *request = nullptr;
   LOOM_TRY(usable());
   LaneRequest* r = slot();
   if (!r) return Status::ok();
+  r->tag = tag == kLaneTag ? r->seq : tag;
   ucp_request_param_t p{};
   const void* buffer = data;
   size_t count = size;
@@ -195,13 +196,13 @@ Status Lane::post(void* data, size_t size, uint64_t* header, LaneRequest** reque
   ucs_status_ptr_t sp;
   if (sending_) {
     r->size = size;
-    sp = u_.tagSendNbx(ep_, buffer, count, r->seq, &p);
+    sp = u_.tagSendNbx(ep_, buffer, count, r->tag, &p);
   } else {
     r->capacity = size;
     // Always a request: UCX 1.13 leaves recv_info unset when a receive completes at once
     // from its unexpected queue (its size would be lost).
     p.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    sp = u_.tagRecvNbx(worker_, const_cast<void*>(buffer), count, r->seq, ~ucp_tag_t{0}, &p);
+    sp = u_.tagRecvNbx(worker_, const_cast<void*>(buffer), count, r->tag, ~ucp_tag_t{0}, &p);
   }
   finishPost(r, sp);
   *request = r;
@@ -226,6 +227,12 @@ Status Lane::test(LaneRequest* r, bool* done, size_t* size) {
     r->ucx = nullptr;
     r->status = s;
   }
+  if (r->cancelled && r->status == UCS_ERR_CANCELED) {
+    *done = true;
+    *size = 0;
+    ++freed_;
+    return Status::ok();
+  }
   if (r->status == UCS_ERR_MESSAGE_TRUNCATED) {
     return errorf(Code::kInvalidUsage,
                   "net/ucx: %s sent a message larger than the %zu-byte receive (the ranks "
@@ -241,6 +248,12 @@ Status Lane::test(LaneRequest* r, bool* done, size_t* size) {
   *size = sending_ ? r->size : r->info.length - (r->header ? sizeof(uint64_t) : 0);
   ++freed_;
   return Status::ok();
+}
+
+void Lane::cancel(LaneRequest* r) {
+  if (sending_ || r->cancelled) return;
+  r->cancelled = true;
+  if (r->ucx) u_.requestCancel(worker_, r->ucx);
 }
 
 Status Lane::usable() {

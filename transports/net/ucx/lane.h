@@ -1,6 +1,7 @@
 // One lane of a ucx connection: a UCP worker of its own (and, sending, an endpoint to the
-// peer's lane), its messages in order (message i of the lane is tag i), and, on lane 0,
-// the connection's heartbeat socket. A lane is used by one thread at a time.
+// peer's lane), its messages in order (message i of the lane is tag i, unless the caller
+// names the tag), and, on lane 0, the connection's heartbeat socket. A lane is used by one
+// thread at a time.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -54,6 +55,8 @@ struct LaneRequest {
   size_t size = 0;      // a send: its data bytes
   size_t capacity = 0;  // a receive: the data buffer's size
   uint64_t seq = 0;
+  ucp_tag_t tag = 0;
+  bool cancelled = false;  // cancel() asked UCX to drop this receive
 };
 
 class Lane {
@@ -76,11 +79,17 @@ class Lane {
   Result<bool> setupDone();
 
   // Posts the lane's next message: `size` bytes at `data` (a receive: at most), after the
-  // 8 bytes at `header` where that is not null. *request stays null when the lane has
-  // kMaxRequests in flight.
-  Status post(void* data, size_t size, uint64_t* header, LaneRequest** request);
-  // In the order posted. *size: the data bytes sent or received (the header excluded).
+  // 8 bytes at `header` where that is not null, with tag `tag` (the lane's message number
+  // where it is kLaneTag). *request stays null when the lane has kMaxRequests in flight.
+  static constexpr ucp_tag_t kLaneTag = ~ucp_tag_t{0};
+  Status post(void* data, size_t size, uint64_t* header, LaneRequest** request,
+              ucp_tag_t tag = kLaneTag);
+  // In the order posted. *size: the data bytes sent or received (the header excluded); a
+  // cancelled receive that nothing matched is done with *size 0.
   Status test(LaneRequest* r, bool* done, size_t* size);
+  // Asks UCX to drop receive `r` (one posted for a message that will not come); test() then
+  // finds it done.
+  void cancel(LaneRequest* r);
   // Lane 0, while the caller waits on the other lanes: has the peer gone?
   Status heartbeat();
   void shutdown();

@@ -33,6 +33,7 @@ Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending,
       lane0Part_(settings::get(settings::kUcxLane0Part)),
       spinNs_(static_cast<int64_t>(
           std::min<uint64_t>(settings::get(settings::kUcxSpinUs).orAuto(0), 1000000) * 1000)),
+      prepost_(!sending_ && nlanes_ == 2 && !lane0Part_ && settings::get(settings::kUcxPrepost)),
       helpers_(new Helper[lanes_.size()]) {
   for (int k = 1; k < nlanes_; ++k) {
     helpers_[k].wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -77,6 +78,8 @@ void Striped::partRange(size_t total, int k, size_t* begin, size_t* end) const {
 }
 
 uint64_t Striped::oldestInUse() const {
+  // Pre-posting: lane 1's thread still reads the entries of messages from holdSeq on.
+  if (prepost_) return std::min(freed_, helpers_[1].holdSeq.load(std::memory_order_acquire));
   // A helper holds the slot of the oldest large message it has not finished.
   uint64_t oldest = freed_;
   const uint64_t large = largePosted_.load(std::memory_order_relaxed);
@@ -127,6 +130,12 @@ Status Striped::post(void* data, size_t size, Request** request) {
   LOOM_TRY(lanes_[0]->post(m.data + b, e - b, &m.header, &m.head));
   if (!m.head) return Status::ok();
   posted_ = seq + 1;
+  if (prepost_) {
+    Recv& r = recvs_[seq % kMaxRequests];
+    r = Recv{m.data, size, lastLarge_ && size >= kMinPart};
+    recvPosted_.store(seq + 1, std::memory_order_release);
+    if (r.prepost) wakeHelpers();
+  }
   // The helpers take a send's parts at once, a receive's once its size is known (test).
   if (sending_ && nlanes_ > 1 && size >= kMinPart) publishLarge(m);
   *request = reinterpret_cast<Request*>(&m);
@@ -161,10 +170,25 @@ Status Striped::test(Request* request, bool* done, size_t* size) {
                       "net/ucx: %s sent %zu bytes on lane 0 of a %zu-byte message",
                       lanes_[0]->peer().c_str(), got, m->size);
       }
-      if (nlanes_ > 1 && m->size >= kMinPart) publishLarge(*m);
+      if (prepost_) {
+        // Lane 1's thread posts the part's receive now where it did not at once, or
+        // cancels the one it did for a small message.
+        const bool large = m->size >= kMinPart;
+        sizes_[m->seq % kMaxRequests] = m->size;
+        headerKnown_.store(m->seq + 1, std::memory_order_release);
+        lastLarge_ = large;
+        if (large || recvs_[m->seq % kMaxRequests].prepost) wakeHelpers();
+      } else if (nlanes_ > 1 && m->size >= kMinPart) {
+        publishLarge(*m);
+      }
     }
   }
-  if (nlanes_ > 1 && m->size >= kMinPart) {
+  if (prepost_ && m->size >= kMinPart &&
+      helpers_[1].doneSeq.load(std::memory_order_acquire) <= m->seq) {
+    LOOM_TRY(helperError(1));
+    return lanes_[0]->heartbeat();  // still waiting on lane 1: has the peer gone?
+  }
+  if (!prepost_ && nlanes_ > 1 && m->size >= kMinPart) {
     for (int k = 1; k < nlanes_; ++k) {
       if (helpers_[k].done.load(std::memory_order_acquire) > m->large) continue;
       LOOM_TRY(helperError(k));
@@ -196,6 +220,10 @@ void Striped::stopped(int k, Status st) {
 // flight, and sleeps in poll() when a round moved nothing: on its wake-up descriptor,
 // and on the worker's event descriptor while parts are in flight.
 void Striped::helperMain(int k) {
+  if (prepost_) {
+    prepostMain();
+    return;
+  }
   Lane& lane = *lanes_[k];
   Helper& me = helpers_[k];
   auto efd = lane.eventFd();
@@ -223,7 +251,7 @@ void Striped::helperMain(int k) {
       partRange(m.size, k, &b, &e);
       LaneRequest* r = nullptr;
       if (b < e) {
-        Status st = lane.post(m.data + b, e - b, nullptr, &r);
+        Status st = lane.post(m.data + b, e - b, nullptr, &r, m.seq);
         if (!st) {
           stopped(k, st);
           return;
@@ -264,14 +292,110 @@ void Striped::helperMain(int k) {
       lane.progress();
       continue;
     }
-    pollfd fds[2] = {{me.wakeFd, POLLIN, 0}, {*efd, POLLIN, 0}};
-    nfds_t n = 1;
-    if (!inFlight.empty()) {
-      if (lane.arm() == UCS_ERR_BUSY) continue;  // events wait: progress them first
-      n = 2;
+    helperWait(k, *efd, !inFlight.empty());
+  }
+}
+
+void Striped::helperWait(int k, int efd, bool armed) {
+  pollfd fds[2] = {{helpers_[k].wakeFd, POLLIN, 0}, {efd, POLLIN, 0}};
+  nfds_t n = 1;
+  if (armed) {
+    if (lanes_[k]->arm() == UCS_ERR_BUSY) return;  // events wait: progress them first
+    n = 2;
+  }
+  // The timeout is only a safety net: every change that matters wakes the poll.
+  ::poll(fds, n, 100);
+}
+
+// Lane 1's thread of a pre-posting receive: takes the messages in order, posting a part's
+// receive over the whole buffer at once where the caller guessed large, and otherwise once
+// lane 0 has read the size (none for a small message); finishes them in order, cancelling
+// a guess that the size proved wrong.
+void Striped::prepostMain() {
+  Lane& lane = *lanes_[1];
+  Helper& me = helpers_[1];
+  auto efd = lane.eventFd();
+  if (!efd) {
+    stopped(1, efd.status());
+    return;
+  }
+  struct Part {
+    uint64_t seq;
+    LaneRequest* r;
+    bool guessed;  // posted before the size was known
+    bool finished = false;
+    size_t got = 0;
+  };
+  std::deque<Part> inFlight;
+  uint64_t next = 0;  // the next message to take
+  Clock::time_point lastMove = Clock::now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    uint64_t drained = 0;
+    while (::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
     }
-    // The timeout is only a safety net: every change that matters wakes the poll.
-    ::poll(fds, n, 100);
+    bool moved = false;
+    const uint64_t posted = recvPosted_.load(std::memory_order_acquire);
+    while (next < posted) {
+      const Recv e = recvs_[next % kMaxRequests];
+      size_t size = e.capacity;
+      if (!e.prepost) {
+        if (next >= headerKnown_.load(std::memory_order_acquire)) break;  // its size first
+        size = sizes_[next % kMaxRequests];
+      }
+      if (e.prepost || size >= kMinPart) {
+        LaneRequest* r = nullptr;
+        Status st = lane.post(e.data, size, nullptr, &r, next);
+        if (!st) {
+          stopped(1, st);
+          return;
+        }
+        if (!r) break;  // the lane is full: test first
+        inFlight.push_back({next, r, e.prepost});
+      }
+      ++next;
+      moved = true;
+    }
+    while (!inFlight.empty()) {
+      Part& p = inFlight.front();
+      const bool known = p.seq < headerKnown_.load(std::memory_order_acquire);
+      const size_t size = known ? sizes_[p.seq % kMaxRequests] : 0;
+      if (p.guessed && known && size < kMinPart) lane.cancel(p.r);  // a small one after all
+      if (!p.finished) {
+        bool done = false;
+        Status st = lane.test(p.r, &done, &p.got);
+        if (!st) {
+          stopped(1, st);
+          return;
+        }
+        if (!done) break;
+        p.finished = true;
+        moved = true;
+      }
+      if (!known) break;  // here before lane 0's size: wait for it
+      if (size >= kMinPart) {
+        if (p.got != size) {
+          stopped(1, errorf(Code::kRemoteError,
+                            "net/ucx: %s sent %zu bytes on lane 1 of a %zu-byte message",
+                            lane.peer().c_str(), p.got, size));
+          return;
+        }
+        me.doneSeq.store(p.seq + 1, std::memory_order_release);
+      }
+      inFlight.pop_front();
+      moved = true;
+    }
+    me.holdSeq.store(inFlight.empty() ? next : inFlight.front().seq, std::memory_order_release);
+    if (moved) {
+      if (spinNs_ > 0) lastMove = Clock::now();
+      continue;
+    }
+    if (spinNs_ > 0 && Clock::now() - lastMove < std::chrono::nanoseconds(spinNs_)) {
+      lane.progress();
+      continue;
+    }
+    // Armed while a receive waits on UCX (not while a finished one waits for its size:
+    // the caller wakes this thread when it reads one).
+    helperWait(1, *efd, !inFlight.empty() && !inFlight.front().finished);
   }
 }
 

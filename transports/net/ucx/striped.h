@@ -6,7 +6,11 @@
 // one message (UCX progresses a worker on one thread at a time), and sleeps in poll() on
 // its worker's event descriptor and a wake-up descriptor of its own when nothing moves
 // (spinning threads would outnumber the cores with a few hosts per machine), after
-// LOOM_UCX_SPIN_US of progressing in vain where that is set.
+// LOOM_UCX_SPIN_US of progressing in vain where that is set. A lane past 0 tags a message's
+// part with the message's number. With LOOM_UCX_PREPOST, a receiving connection of 2 lanes
+// posts lane 1's receive (the whole buffer) as soon as the message is posted while the last
+// message was large, so that the part's rendezvous needs no wait for lane 0's size; the
+// helper cancels it when the size says the message was small.
 #pragma once
 
 #include <atomic>
@@ -54,12 +58,18 @@ class Striped {
   };
   struct Helper {
     std::atomic<uint64_t> done{0};  // large messages this lane has finished its part of
-    Status error;                   // why it stopped (under errorMutex_)
-    int wakeFd = -1;                // an eventfd: work for it, or the end
+    // Pre-posting (lane 1 of a receive): every message before doneSeq whose part it took
+    // is finished; it still reads the entries of messages from holdSeq on.
+    std::atomic<uint64_t> doneSeq{0};
+    std::atomic<uint64_t> holdSeq{0};
+    Status error;     // why it stopped (under errorMutex_)
+    int wakeFd = -1;  // an eventfd: work for it, or the end
     std::thread thread;
   };
 
   void helperMain(int k);
+  void prepostMain();                           // helperMain of lane 1 of a pre-posting receive
+  void helperWait(int k, int efd, bool armed);  // sleeps until there may be work
   void partRange(size_t total, int k, size_t* begin, size_t* end) const;
   uint64_t oldestInUse() const;
   void wakeHelpers();
@@ -74,6 +84,19 @@ class Striped {
   const int nlanes_;
   const bool lane0Part_;  // LOOM_UCX_LANE0_PART
   const int64_t spinNs_;  // LOOM_UCX_SPIN_US
+  const bool prepost_;    // LOOM_UCX_PREPOST on a receive of 2 lanes
+  // Pre-posting: what the caller posted (message i at recvs_[i % kMaxRequests], recvPosted_
+  // of them), and the sizes lane 0 has read (headerKnown_ of them, in order).
+  struct Recv {
+    char* data = nullptr;
+    size_t capacity = 0;
+    bool prepost = false;  // lane 1's receive at once (the last message was large)
+  };
+  Recv recvs_[kMaxRequests];
+  std::atomic<uint64_t> recvPosted_{0};
+  size_t sizes_[kMaxRequests] = {};
+  std::atomic<uint64_t> headerKnown_{0};
+  bool lastLarge_ = false;  // the caller's: the last size lane 0 read was of a large message
   Message msgs_[kMaxRequests];
   uint64_t posted_ = 0;  // messages posted (the caller's)
   // The messages with parts on the lanes past 0 (a send's once posted, a receive's once

@@ -575,15 +575,14 @@ Result<Opened> open() {
                   u->statusString(s));
   }
   // UCX's tcp transport moves 8 KiB (send) and 64 KiB (receive) per system call by
-  // default. 2 processes as hosts on an H200 machine (16 cores), all_reduce 16 MiB of GPU
-  // buffers, 4 lanes, 2026-12-03: 64 KiB/8 KiB 3.1 GB/s busbw (one lane: 0.76), 256 KiB
-  // 5.7, 1 MiB 3.1. The user's UCX_TCP_* settings win. ucp_config_modify keeps a name it
-  // does not know as a UCP setting and hands it to each transport's table; up to UCX 1.16
+  // default. One H100 machine (16 cores), 1 MiB steps through a proxy over 4 lanes
+  // (bench/net_step_probe), UCX 1.16.0, 2026-12-06: 3.4-4.2 GB/s with UCX's sizes, 8.0-8.6
+  // with 256 KiB, the socket backend 7.8-9.7 (docs/perf/ucx.md). The user's UCX_TCP_*
+  // variables win (one in UCX's configuration file does not). ucp_config_modify keeps a name
+  // it does not know as a UCP setting and hands it to each transport's table; up to UCX 1.16
   // those tables match the name without the transport's prefix ("TX_SEG_SIZE"), from 1.17
   // with it ("TCP_TX_SEG_SIZE"). A name no table takes is dropped with a warning ("invalid
-  // configurations") on every worker: UCX 1.16.0 on an H100 machine, 2026-12-06, with the
-  // prefixed names, carried 1 MiB steps at 3.4-4.2 GB/s where UCX 1.19.1 with them carried
-  // 8.8-9.1 (bench/net_step_probe, 4 lanes). Only the tcp transport has these two names.
+  // configurations") on every worker. Only the tcp transport has these two names.
   const bool prefixed = major > 1 || (major == 1 && minor >= 17);
   for (const char* name : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) {
     const std::string full = std::string("TCP_") + name;
