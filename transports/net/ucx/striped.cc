@@ -284,19 +284,19 @@ void Striped::helperMain(int k) {
       me.done.store(large + 1, std::memory_order_release);
       moved = true;
     }
-    if (moved) {
-      if (spinNs_ > 0) lastMove = Clock::now();
-      continue;
-    }
-    if (spinNs_ > 0 && Clock::now() - lastMove < std::chrono::nanoseconds(spinNs_)) {
-      lane.progress();
-      continue;
-    }
-    helperWait(k, *efd, !inFlight.empty());
+    afterRound(k, *efd, moved, !inFlight.empty(), &lastMove);
   }
 }
 
-void Striped::helperWait(int k, int efd, bool armed) {
+void Striped::afterRound(int k, int efd, bool moved, bool armed, Clock::time_point* lastMove) {
+  if (moved) {
+    if (spinNs_ > 0) *lastMove = Clock::now();
+    return;
+  }
+  if (spinNs_ > 0 && Clock::now() - *lastMove < std::chrono::nanoseconds(spinNs_)) {
+    lanes_[k]->progress();
+    return;
+  }
   pollfd fds[2] = {{helpers_[k].wakeFd, POLLIN, 0}, {efd, POLLIN, 0}};
   nfds_t n = 1;
   if (armed) {
@@ -385,17 +385,9 @@ void Striped::prepostMain() {
       moved = true;
     }
     me.holdSeq.store(inFlight.empty() ? next : inFlight.front().seq, std::memory_order_release);
-    if (moved) {
-      if (spinNs_ > 0) lastMove = Clock::now();
-      continue;
-    }
-    if (spinNs_ > 0 && Clock::now() - lastMove < std::chrono::nanoseconds(spinNs_)) {
-      lane.progress();
-      continue;
-    }
     // Armed while a receive waits on UCX (not while a finished one waits for its size:
     // the caller wakes this thread when it reads one).
-    helperWait(1, *efd, !inFlight.empty() && !inFlight.front().finished);
+    afterRound(1, *efd, moved, !inFlight.empty() && !inFlight.front().finished, &lastMove);
   }
 }
 

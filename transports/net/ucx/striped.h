@@ -68,8 +68,11 @@ class Striped {
   };
 
   void helperMain(int k);
-  void prepostMain();                           // helperMain of lane 1 of a pre-posting receive
-  void helperWait(int k, int efd, bool armed);  // sleeps until there may be work
+  void prepostMain();  // helperMain of lane 1 of a pre-posting receive
+  // After a round of lane k's thread: on at once where it moved something, progressing
+  // within LOOM_UCX_SPIN_US of its last move, and otherwise asleep until there may be work
+  // (on the worker's events too where `armed`).
+  void afterRound(int k, int efd, bool moved, bool armed, Clock::time_point* lastMove);
   void partRange(size_t total, int k, size_t* begin, size_t* end) const;
   uint64_t oldestInUse() const;
   void wakeHelpers();
