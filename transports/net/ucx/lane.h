@@ -1,6 +1,7 @@
 // One lane of a ucx connection: a UCP worker of its own (and, sending, an endpoint to the
 // peer's lane), its messages in order (message i of the lane is tag i, unless the caller
-// names the tag), and, on lane 0, the connection's heartbeat socket. A lane is used by one
+// names the tag, as Striped does past lane 0), and, on lane 0, the connection's heartbeat
+// socket. A lane is used by one
 // thread at a time.
 #pragma once
 

@@ -111,7 +111,8 @@ Status Striped::post(void* data, size_t size, Request** request) {
   *request = nullptr;
   const uint64_t seq = posted_;
   if (seq - oldestInUse() >= static_cast<uint64_t>(kMaxRequests)) {
-    wakeHelpers();  // a helper still on a large message holds the slot
+    if (prepost_) LOOM_TRY(helperError(1));  // lane 1's thread has stopped: say why
+    wakeHelpers();                           // a helper still on a large message holds the slot
     return Status::ok();
   }
   Message& m = msgs_[seq % kMaxRequests];
@@ -177,7 +178,12 @@ Status Striped::test(Request* request, bool* done, size_t* size) {
         sizes_[m->seq % kMaxRequests] = m->size;
         headerKnown_.store(m->seq + 1, std::memory_order_release);
         lastLarge_ = large;
-        if (large || recvs_[m->seq % kMaxRequests].prepost) wakeHelpers();
+        // (And before small ones fill the window behind it: it steps over them.)
+        const uint64_t held = helpers_[1].holdSeq.load(std::memory_order_acquire);
+        if (large || recvs_[m->seq % kMaxRequests].prepost ||
+            m->seq + 1 - held >= static_cast<uint64_t>(kMaxRequests / 2)) {
+          wakeHelpers();
+        }
       } else if (nlanes_ > 1 && m->size >= kMinPart) {
         publishLarge(*m);
       }
@@ -359,7 +365,9 @@ void Striped::prepostMain() {
       Part& p = inFlight.front();
       const bool known = p.seq < headerKnown_.load(std::memory_order_acquire);
       const size_t size = known ? sizes_[p.seq % kMaxRequests] : 0;
-      if (p.guessed && known && size < kMinPart) lane.cancel(p.r);  // a small one after all
+      if (p.guessed && known && size < kMinPart && !p.finished) {
+        lane.cancel(p.r);  // a small one after all
+      }
       if (!p.finished) {
         bool done = false;
         Status st = lane.test(p.r, &done, &p.got);
@@ -371,7 +379,16 @@ void Striped::prepostMain() {
         p.finished = true;
         moved = true;
       }
-      if (!known) break;  // here before lane 0's size: wait for it
+      if (!known) {
+        lane.progress();  // the later parts move on while this one waits for its size
+        break;
+      }
+      if (size < kMinPart && p.got != 0) {
+        stopped(1, errorf(Code::kRemoteError,
+                          "net/ucx: %s sent %zu bytes on lane 1 of a %zu-byte message",
+                          lane.peer().c_str(), p.got, size));
+        return;
+      }
       if (size >= kMinPart) {
         if (p.got != size) {
           stopped(1, errorf(Code::kRemoteError,
@@ -385,9 +402,11 @@ void Striped::prepostMain() {
       moved = true;
     }
     me.holdSeq.store(inFlight.empty() ? next : inFlight.front().seq, std::memory_order_release);
-    // Armed while a receive waits on UCX (not while a finished one waits for its size:
-    // the caller wakes this thread when it reads one).
-    afterRound(1, *efd, moved, !inFlight.empty() && !inFlight.front().finished, &lastMove);
+    // Armed while a receive waits on UCX (a finished one waiting for its size is woken by
+    // the caller when it reads the size).
+    bool waiting = false;  // a receive still waits on UCX
+    for (const Part& q : inFlight) waiting = waiting || !q.finished;
+    afterRound(1, *efd, moved, waiting, &lastMove);
   }
 }
 

@@ -42,7 +42,8 @@ class Striped {
   Status test(Request* request, bool* done, size_t* size);
   void shutdown();
   // Nothing in flight: every message posted has been tested done (with its parts on the
-  // other lanes), so no lane reads or writes a caller's buffer any more.
+  // other lanes), so no lane reads or writes a caller's buffer any more. (A pre-posting
+  // receive may still hold a cancelled guess, which writes nothing; only sends ask.)
   bool idle() const { return posted_ == freed_; }
 
  private:

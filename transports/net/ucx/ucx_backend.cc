@@ -4,8 +4,9 @@
 // each a UCP worker of its own used by one thread (UCS_THREAD_MODE_SERIALIZED, no lock
 // contended): lane 0 is moved by the proxy's calls, the others by a thread each
 // (striped.h), so a large message is carried by several cores, as the socket backend's
-// helper threads carry theirs. Message i of a lane is tag i: UCX matches them exactly,
-// eager or rendezvous as it chooses by size.
+// helper threads carry theirs. Message i of lane 0 is tag i, and a part on a further lane
+// has its message's number as tag: UCX matches them exactly, eager or rendezvous as it
+// chooses by size.
 //
 // Set-up: listen() opens a TCP listening socket and puts its address and a random nonce in
 // the handle. The sender connects and says hello (magic, communicator hash, nonce, rank);
@@ -59,7 +60,9 @@ namespace {
 constexpr int kGpuLanes = 2;
 
 constexpr uint64_t kHandleMagic = 0x3178637568c6f6full;  // "loomucx1" (roughly)
-constexpr uint64_t kHelloMagic = 0x6f6c6c6568786375ull;  // "ucxhello"
+// "ucxhell2": since the parts on lanes past 0 took their message's number as tag, a peer
+// of the older tagging is refused at connect instead of hanging on its first large part.
+constexpr uint64_t kHelloMagic = 0x326c6c6568786375ull;
 constexpr uint32_t kMaxReply = 1 << 22;  // the lanes' UCP addresses: a few hundred bytes each
 constexpr char kReadyByte = 'R';
 constexpr const char* kTcpSegment = "256k";
