@@ -84,33 +84,36 @@ one() {  # HOSTS ROUND NAME ENV... (then the binary's arguments follow the env)
     "$log".loom.*.log 2>/dev/null | sort -u | head -3
 }
 ar=("$bin/all_reduce_perf" "${sizes[@]}")
+# config NAME: the variables (and, for socket, the extra argument) of configuration NAME
+# in the array cfg; 1 with a message where there is none.
+config() {
+  local lib="LD_LIBRARY_PATH=${UCX_CUDA:-}/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+  case $1 in
+    socket) cfg=(LOOM_NET=socket "${ar[@]}" --compare nccl) ;;
+    ucx) cfg=(LOOM_NET=ucx "${ar[@]}") ;;
+    ucxc_staged | ucxc_direct)
+      [ -n "${UCX_CUDA:-}" ] || { echo "ucx_check_gpu: $1 needs UCX_CUDA (a UCX built with CUDA)"; return 1; }
+      local tls=tcp
+      [ "$1" = ucxc_direct ] && tls=tcp,cuda_copy
+      cfg=("$lib" LOOM_NET=ucx "UCX_TLS=$tls" "${ar[@]}") ;;
+    ucx_lane0) cfg=(LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}") ;;
+    ucx_spin) cfg=(LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}") ;;
+    ucx_put) cfg=(LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}") ;;
+    ucx_prepost) cfg=(LOOM_NET=ucx LOOM_UCX_PREPOST=1 "${ar[@]}") ;;
+    ucx_lanes*)
+      [[ ${1#ucx_lanes} =~ ^[0-9]+$ ]] || { echo "ucx_check_gpu: $1: ucx_lanesN takes a whole number"; return 1; }
+      cfg=(LOOM_NET=ucx LOOM_UCX_LANES="${1#ucx_lanes}" "${ar[@]}") ;;
+    *) echo "ucx_check_gpu: no configuration $1 (see the head of this script)"; return 1 ;;
+  esac
+}
 configs() {  # HOSTS ROUND
-  local np=$1 r=$2 c lib="LD_LIBRARY_PATH=${UCX_CUDA:-}/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+  local np=$1 r=$2 c
   for c in ${CONFIGS:-socket ucx}; do
-    case $c in
-      socket) one "$np" "$r" socket LOOM_NET=socket "${ar[@]}" --compare nccl ;;
-      ucx) one "$np" "$r" ucx LOOM_NET=ucx "${ar[@]}" ;;
-      ucxc_staged) one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp "${ar[@]}" ;;
-      ucxc_direct) one "$np" "$r" "$c" "$lib" LOOM_NET=ucx UCX_TLS=tcp,cuda_copy "${ar[@]}" ;;
-      ucx_lane0) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_LANE0_PART=1 "${ar[@]}" ;;
-      ucx_spin) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_SPIN_US=200 "${ar[@]}" ;;
-      ucx_put) one "$np" "$r" "$c" LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}" ;;
-      ucx_prepost) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_PREPOST=1 "${ar[@]}" ;;
-      ucx_lanes*) one "$np" "$r" "$c" LOOM_NET=ucx LOOM_UCX_LANES="${c#ucx_lanes}" "${ar[@]}" ;;
-    esac
+    config "$c" && one "$np" "$r" "$c" "${cfg[@]}"
   done
 }
 # Every name is checked before the first run.
-for c in ${CONFIGS:-socket ucx}; do
-  case $c in
-    socket | ucx | ucx_lane0 | ucx_spin | ucx_put | ucx_prepost) ;;
-    ucxc_staged | ucxc_direct)
-      [ -n "${UCX_CUDA:-}" ] || { echo "ucx_check_gpu: $c needs UCX_CUDA (a UCX built with CUDA)"; exit 2; } ;;
-    ucx_lanes*)
-      [[ ${c#ucx_lanes} =~ ^[0-9]+$ ]] || { echo "ucx_check_gpu: $c: ucx_lanesN takes a whole number"; exit 2; } ;;
-    *) echo "ucx_check_gpu: no configuration $c (see the head of this script)"; exit 2 ;;
-  esac
-done
+for c in ${CONFIGS:-socket ucx}; do config "$c" || exit 2; done
 for r in $(seq 1 "$rounds"); do configs 2 "$r"; configs 4 "$r"; done
 {
   echo

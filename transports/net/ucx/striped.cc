@@ -404,8 +404,8 @@ void Striped::prepostMain() {
     me.holdSeq.store(inFlight.empty() ? next : inFlight.front().seq, std::memory_order_release);
     // Armed while a receive waits on UCX (a finished one waiting for its size is woken by
     // the caller when it reads the size).
-    bool waiting = false;  // a receive still waits on UCX
-    for (const Part& q : inFlight) waiting = waiting || !q.finished;
+    // (Only the front can have finished: the parts finish in order.)
+    const bool waiting = inFlight.size() > 1 || (!inFlight.empty() && !inFlight.front().finished);
     afterRound(1, *efd, moved, waiting, &lastMove);
   }
 }
