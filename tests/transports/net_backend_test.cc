@@ -283,6 +283,62 @@ TEST_P(Net, UcxPrepostedPartsOverTwoLanes) {
   }
 }
 
+// A send that test() has called done reaches the peer while the sender calls nothing more:
+// the sender's last test may come while the backend still holds bytes of it (UCX's tcp
+// transport finishes a send it has copied into its own buffer, and writes what the socket
+// did not take only as its worker progresses). For ucx small socket buffers, so that the
+// socket takes only part of each send, and copied sends at every size
+// (UCX_ZCOPY_THRESH=inf; by default UCX sends from the caller's buffer from some kilobytes,
+// and finishes such a send only once the socket has taken all of it); one message on lane
+// 0 (1 lane), and one cut into parts over 3 lane threads (4 lanes).
+TEST_P(Net, SendCalledDoneArrivesWithoutMoreCalls) {
+  struct Case {
+    const char* lanes;
+    size_t size;
+  };
+  if (gUcx) {
+    setenv("UCX_TCP_SNDBUF", "16k", 1);
+    setenv("UCX_TCP_RCVBUF", "16k", 1);
+    setenv("UCX_ZCOPY_THRESH", "inf", 1);
+  }
+  for (const Case c : {Case{"1", 200000}, Case{"4", 262144}}) {
+    ScopedSetting lanes(settings::kUcxLanes, c.lanes);
+    Pair p;
+    connectPair(&p, [](const Handle&) {});
+    std::vector<unsigned char> out(c.size), in(c.size, 0xee);
+    for (size_t i = 0; i < c.size; ++i) out[i] = static_cast<unsigned char>(i * 13 + 5);
+    Request *sreq = nullptr, *rreq = nullptr;
+    void* data = in.data();
+    size_t capacity = c.size;
+    int tag = 0;
+    MemHandle mh = nullptr;
+    ASSERT_TRUE(p.recv->irecv(1, &data, &capacity, &tag, &mh, &rreq).isOk());
+    ASSERT_NE(rreq, nullptr);
+    bool sent = false, recvd = false;
+    size_t size = 0;
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (!recvd) {
+      ASSERT_LT(Clock::now(), deadline)
+          << (sent ? "the send was done, its message never came" : "the send never finished");
+      if (!sreq) {  // (ib takes a send once the receiver's clear-to-send has come)
+        ASSERT_TRUE(p.send->isend(out.data(), c.size, 0, nullptr, &sreq).isOk());
+      } else if (!sent) {
+        Status st = p.send->test(sreq, &sent, &size);  // the sender's last call once done
+        ASSERT_TRUE(st.isOk()) << st.message();
+      }
+      Status st = p.recv->test(rreq, &recvd, &size);
+      ASSERT_TRUE(st.isOk()) << st.message();
+    }
+    ASSERT_EQ(size, c.size);
+    EXPECT_EQ(std::memcmp(in.data(), out.data(), c.size), 0);
+  }
+  if (gUcx) {
+    unsetenv("UCX_TCP_SNDBUF");
+    unsetenv("UCX_TCP_RCVBUF");
+    unsetenv("UCX_ZCOPY_THRESH");
+  }
+}
+
 TEST(NetSocket, HelperThreads) {
   ScopedSetting t(settings::kSocketNthreads, "2");
   ScopedSetting s(settings::kNsocksPerthread, "2");

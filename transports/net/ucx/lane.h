@@ -97,7 +97,7 @@ class Lane {
 
   Socket& socket() { return heartbeat_; }
   int socketFd() const { return heartbeat_.fd(); }
-  void progress() { u_.workerProgress(worker_); }
+  unsigned progress() { return u_.workerProgress(worker_); }  // events it handled
   // The worker's event descriptor, readable when it has work once armed; arm() says
   // UCS_ERR_BUSY when it has work now (progress first).
   Result<int> eventFd();

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/settings.h"
 
 namespace loom::transport::net::ucx {
@@ -25,7 +26,7 @@ int64_t threadCpuNs() {
 }  // namespace
 
 Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending,
-                 std::shared_ptr<UcpContext> ucp)
+                 std::shared_ptr<UcpContext> ucp, std::shared_ptr<Sweeper> sweeper)
     : lanes_(std::move(lanes)),
       ucp_(std::move(ucp)),
       sending_(sending),
@@ -34,7 +35,8 @@ Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending,
       spinNs_(static_cast<int64_t>(
           std::min<uint64_t>(settings::get(settings::kUcxSpinUs).orAuto(0), 1000000) * 1000)),
       prepost_(!sending_ && nlanes_ == 2 && !lane0Part_ && settings::get(settings::kUcxPrepost)),
-      helpers_(new Helper[lanes_.size()]) {
+      helpers_(new Helper[lanes_.size()]),
+      sweeper_(sending ? std::move(sweeper) : nullptr) {
   for (int k = 1; k < nlanes_; ++k) {
     helpers_[k].wakeFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (helpers_[k].wakeFd < 0) {
@@ -46,9 +48,21 @@ Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending,
       ucp_->addThreadCpuNs(threadCpuNs());
     });
   }
+  if (sweeper_) {
+    auto efd = lanes_[0]->eventFd();
+    if (efd) {
+      lane0Fd_ = *efd;
+      sweeper_->join(this);
+    } else {
+      LOOM_WARN(kNet, "net/ucx: no sweeper for the connection to %s: %s", lanes_[0]->peer().c_str(),
+                efd.status().message().c_str());
+      sweeper_.reset();
+    }
+  }
 }
 
 Striped::~Striped() {
+  if (sweeper_) sweeper_->leave(this);
   stop_.store(true, std::memory_order_release);
   wakeHelpers();
   for (int k = 1; k < nlanes_; ++k) {
@@ -109,6 +123,8 @@ void Striped::wakeHelpers() {
 
 Status Striped::post(void* data, size_t size, Request** request) {
   *request = nullptr;
+  std::unique_lock<std::mutex> lane0(lane0Mutex_, std::defer_lock);
+  if (sweeper_) lane0.lock();
   const uint64_t seq = posted_;
   if (seq - oldestInUse() >= static_cast<uint64_t>(kMaxRequests)) {
     if (prepost_) LOOM_TRY(helperError(1));  // lane 1's thread has stopped: say why
@@ -146,6 +162,8 @@ Status Striped::post(void* data, size_t size, Request** request) {
 Status Striped::test(Request* request, bool* done, size_t* size) {
   auto* m = reinterpret_cast<Message*>(request);
   *done = false;
+  std::unique_lock<std::mutex> lane0(lane0Mutex_, std::defer_lock);
+  if (sweeper_) lane0.lock();
   if (m->seq != freed_) {
     return errorf(Code::kInternalError, "net/ucx: requests to %s tested out of order",
                   lanes_[0]->peer().c_str());
@@ -205,6 +223,14 @@ Status Striped::test(Request* request, bool* done, size_t* size) {
   *size = m->size;
   ++freed_;
   return Status::ok();
+}
+
+Striped::Sweep Striped::sweep() {
+  std::unique_lock<std::mutex> lane0(lane0Mutex_, std::try_to_lock);
+  if (!lane0.owns_lock()) return Sweep::kSoon;
+  for (int i = 0; i < 64 && lanes_[0]->progress() != 0; ++i) {
+  }
+  return lanes_[0]->arm() == UCS_ERR_BUSY ? Sweep::kAgain : Sweep::kDone;
 }
 
 void Striped::shutdown() {
@@ -290,7 +316,10 @@ void Striped::helperMain(int k) {
       me.done.store(large + 1, std::memory_order_release);
       moved = true;
     }
-    afterRound(k, *efd, moved, !inFlight.empty(), &lastMove);
+    // A send's worker may hold bytes of a part it has finished (sweeper.h says why): it
+    // is progressed on each wake-up and slept on armed, even with nothing in flight.
+    if (sending_ && inFlight.empty()) lane.progress();
+    afterRound(k, *efd, moved, sending_ || !inFlight.empty(), &lastMove);
   }
 }
 

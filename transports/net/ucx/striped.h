@@ -11,6 +11,11 @@
 // posts lane 1's receive (the whole buffer) as soon as the message is posted while the last
 // message was large, so that the part's rendezvous needs no wait for lane 0's size; the
 // helper cancels it when the size says the message was small.
+//
+// A send comm's lanes keep moving between the caller's calls and after its last message:
+// a lane thread keeps its worker armed and progresses it on its events while nothing is in
+// flight, and the backend's sweeper (sweeper.h) does so for lane 0, which only the caller's
+// calls move otherwise.
 #pragma once
 
 #include <atomic>
@@ -22,6 +27,7 @@
 #include "common/status.h"
 #include "transports/net/net.h"
 #include "transports/net/ucx/lane.h"
+#include "transports/net/ucx/sweeper.h"
 
 namespace loom::transport::net::ucx {
 
@@ -30,8 +36,10 @@ inline constexpr int kMaxLanes = 16;
 
 class Striped {
  public:
-  // `ucp` collects the CPU time of the lane threads when they end.
-  Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending, std::shared_ptr<UcpContext> ucp);
+  // `ucp` collects the CPU time of the lane threads when they end; `sweeper` (a send's)
+  // moves lane 0 when the caller has nothing left to test.
+  Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending, std::shared_ptr<UcpContext> ucp,
+          std::shared_ptr<Sweeper> sweeper = nullptr);
   ~Striped();
   Striped(const Striped&) = delete;
   Striped& operator=(const Striped&) = delete;
@@ -45,6 +53,14 @@ class Striped {
   // other lanes), so no lane reads or writes a caller's buffer any more. (A pre-posting
   // receive may still hold a cancelled guess, which writes nothing; only sends ask.)
   bool idle() const { return posted_ == freed_; }
+
+  // Lane 0's worker's event descriptor where the sweeper watches it (a send's), else -1.
+  int lane0Fd() const { return lane0Fd_; }
+  // The sweeper's thread, when that descriptor is readable: progresses lane 0 and arms its
+  // worker again (kDone), unless its caller is in a call (kSoon) or events still wait
+  // (kAgain: at once again).
+  enum class Sweep { kDone, kSoon, kAgain };
+  Sweep sweep();
 
  private:
   struct Message {
@@ -113,6 +129,11 @@ class Striped {
   std::unique_ptr<Helper[]> helpers_;  // index k for lane k (0 unused)
   std::atomic<bool> stop_{false};
   std::mutex errorMutex_;
+  // A send's lane 0 between the caller's calls and the sweeper's: the caller holds it in
+  // post() and test(), the sweeper in sweep().
+  std::shared_ptr<Sweeper> sweeper_;
+  std::mutex lane0Mutex_;
+  int lane0Fd_ = -1;
 };
 
 }  // namespace loom::transport::net::ucx

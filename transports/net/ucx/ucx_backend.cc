@@ -42,6 +42,7 @@
 #include "transports/net/ucx/closer.h"
 #include "transports/net/ucx/lane.h"
 #include "transports/net/ucx/striped.h"
+#include "transports/net/ucx/sweeper.h"
 #include "transports/net/ucx/ucp_calls.h"
 #include "transports/net/ucx/ucx.h"
 
@@ -535,7 +536,8 @@ class UcxBackend final : public Backend {
     LOOM_ASSIGN_OR_RETURN(size_t n, s.lanes[0]->socket().sendSome(&kReadyByte, 1, what.c_str()));
     if (n == 0) return Status::ok();
     *comm = std::make_unique<UcxSend>(
-        std::make_unique<Striped>(std::move(s.lanes), /*sending=*/true, ucp_), ucp_, closer_);
+        std::make_unique<Striped>(std::move(s.lanes), /*sending=*/true, ucp_, sweeper_), ucp_,
+        closer_);
     return Status::ok();
   }
 
@@ -555,6 +557,7 @@ class UcxBackend final : public Backend {
   std::shared_ptr<UcpContext> ucp_;
   // Shared with the send comms, which may outlive the backend.
   std::shared_ptr<Closer> closer_ = std::make_shared<Closer>();
+  std::shared_ptr<Sweeper> sweeper_ = std::make_shared<Sweeper>();
   std::vector<NetInterface> ifs_;
   std::mutex mutex_;  // rng_, stages_, lastStage_
   std::mt19937_64 rng_;
