@@ -12,10 +12,10 @@
 // message was large, so that the part's rendezvous needs no wait for lane 0's size; the
 // helper cancels it when the size says the message was small.
 //
-// A send comm's lanes keep moving between the caller's calls and after its last message:
-// a lane thread keeps its worker armed and progresses it on its events while nothing is in
-// flight, and the backend's sweeper (sweeper.h) does so for lane 0, which only the caller's
-// calls move otherwise.
+// A send comm's lanes keep moving after the caller's last message: a lane thread keeps its
+// worker armed and progresses it on its events while nothing is in flight, and the
+// backend's sweeper (sweeper.h) does so for lane 0, which only the caller's calls move
+// otherwise.
 #pragma once
 
 #include <atomic>
@@ -57,8 +57,8 @@ class Striped {
   // Lane 0's worker's event descriptor where the sweeper watches it (a send's), else -1.
   int lane0Fd() const { return lane0Fd_; }
   // The sweeper's thread, when that descriptor is readable: progresses lane 0 and arms its
-  // worker again (kDone), unless its caller is in a call (kSoon) or events still wait
-  // (kAgain: at once again).
+  // worker again (kDone), unless its caller has messages in flight or is in a call
+  // (kSoon: its tests move lane 0), or events still wait (kAgain: at once again).
   enum class Sweep { kDone, kSoon, kAgain };
   Sweep sweep();
 
@@ -133,6 +133,7 @@ class Striped {
   // post() and test(), the sweeper in sweep().
   std::shared_ptr<Sweeper> sweeper_;
   std::mutex lane0Mutex_;
+  std::atomic<bool> callerIdle_{true};  // nothing in flight: every message posted is done
   int lane0Fd_ = -1;
 };
 

@@ -1,12 +1,12 @@
 #include "transports/net/ucx/sweeper.h"
 
-#include <poll.h>
+#include <pthread.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <cstdint>
 #include <cstring>
 #include <exception>
 
@@ -17,11 +17,13 @@ namespace loom::transport::net::ucx {
 
 namespace {
 
-// A comm whose caller was in a call when its descriptor woke the sweeper: left out of the
-// poll (its descriptor stays readable) for this long, then looked at again.
-constexpr int kSoonMs = 1;
-// Rounds of a comm whose worker still has events after it was progressed and armed.
+// A comm whose caller had messages in flight (or was in a call) when its descriptor woke
+// the sweeper: left out of the epoll set (its descriptor stays readable) for this long.
+constexpr int kRestMs = 1;
+// Sweeps of a comm whose worker still has events after it was progressed and armed, before
+// it rests instead.
 constexpr int kAgainRounds = 8;
+constexpr int kMaxEvents = 64;
 
 }  // namespace
 
@@ -29,81 +31,103 @@ Sweeper::~Sweeper() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
-  }
-  wake();
-  if (thread_.joinable()) thread_.join();
-  if (const int fd = wakeFd_.load(); fd >= 0) ::close(fd);
-}
-
-void Sweeper::join(Striped* comm) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    comms_.push_back(comm);
-    if (!thread_.joinable() && !failed_) {
-      const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-      if (fd < 0) {
-        LOOM_WARN(kNet, "net/ucx: the sweeper's eventfd: %s", std::strerror(errno));
-      } else {
-        try {
-          wakeFd_.store(fd, std::memory_order_release);
-          thread_ = std::thread([this, fd] { run(fd); });
-        } catch (const std::exception& e) {
-          LOOM_WARN(kNet, "net/ucx: the sweeper thread did not start: %s", e.what());
-          wakeFd_.store(-1, std::memory_order_release);
-          ::close(fd);
-        }
-      }
-      // Without it, a send whose bytes UCX still held at the caller's last test waits for
-      // the caller's next call on that connection.
-      failed_ = !thread_.joinable();
+    const uint64_t one = 1;
+    if (wakeFd_ >= 0 && ::write(wakeFd_, &one, sizeof(one)) < 0) {
+      // Full (never): the thread is awake anyway.
     }
   }
-  wake();
+  if (thread_.joinable()) thread_.join();
+  if (wakeFd_ >= 0) ::close(wakeFd_);
+  if (epollFd_ >= 0) ::close(epollFd_);
+}
+
+bool Sweeper::join(Striped* comm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!thread_.joinable()) {
+    // Started with the first comm; tried again with the next where that failed.
+    if (epollFd_ < 0) epollFd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (wakeFd_ < 0) wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    if (epollFd_ < 0 || wakeFd_ < 0 ||
+        (epoll_ctl(epollFd_, EPOLL_CTL_ADD, wakeFd_, &ev) != 0 && errno != EEXIST)) {
+      LOOM_WARN(kNet, "net/ucx: the sweeper's descriptors: %s", std::strerror(errno));
+      return false;
+    }
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::exception& e) {
+      LOOM_WARN(kNet, "net/ucx: the sweeper thread did not start: %s", e.what());
+      return false;
+    }
+  }
+  comms_.insert(comm);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.ptr = comm;
+  if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, comm->lane0Fd(), &ev) != 0) {
+    LOOM_WARN(kNet, "net/ucx: epoll_ctl for the sweeper: %s", std::strerror(errno));
+    comms_.erase(comm);
+    return false;
+  }
+  return true;
 }
 
 void Sweeper::leave(Striped* comm) {
   std::lock_guard<std::mutex> lock(mutex_);
-  comms_.erase(std::remove(comms_.begin(), comms_.end(), comm), comms_.end());
-  // (Its descriptor may be in the poll of the moment: it is looked up again before use.)
+  if (comms_.erase(comm) == 0) return;
+  epoll_ctl(epollFd_, EPOLL_CTL_DEL, comm->lane0Fd(), nullptr);
+  // (An event of it that epoll already returned is dropped: it is no longer in comms_.)
 }
 
-void Sweeper::wake() {
-  const uint64_t one = 1;
-  const int fd = wakeFd_.load(std::memory_order_acquire);
-  if (fd >= 0 && ::write(fd, &one, sizeof(one)) < 0) {
-    // Full (never: the thread drains it each round): it is awake anyway.
+bool Sweeper::watch(Striped* comm) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.ptr = comm;
+  return epoll_ctl(epollFd_, EPOLL_CTL_MOD, comm->lane0Fd(), &ev) == 0;
+}
+
+int64_t Sweeper::cpuNs() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!thread_.joinable()) return 0;
+  clockid_t clock;
+  timespec ts{};
+  if (pthread_getcpuclockid(thread_.native_handle(), &clock) != 0 ||
+      clock_gettime(clock, &ts) != 0) {
+    return 0;
   }
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-void Sweeper::run(int wakeFd) {
-  std::vector<pollfd> fds;
-  std::vector<Striped*> polled, resting;
+void Sweeper::run() {
+  epoll_event events[kMaxEvents];
+  std::vector<Striped*> resting;
   for (;;) {
-    fds.assign(1, pollfd{wakeFd, POLLIN, 0});
-    polled.assign(1, nullptr);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stop_) return;
-      for (Striped* comm : comms_) {
-        if (std::find(resting.begin(), resting.end(), comm) != resting.end()) continue;
-        fds.push_back(pollfd{comm->lane0Fd(), POLLIN, 0});
-        polled.push_back(comm);
-      }
-    }
-    const int timeout = resting.empty() ? -1 : kSoonMs;
-    resting.clear();
-    if (::poll(fds.data(), fds.size(), timeout) <= 0) continue;
-    uint64_t drained = 0;
-    while (::read(wakeFd, &drained, sizeof(drained)) > 0) {
-    }
+    const int n = epoll_wait(epollFd_, events, kMaxEvents, resting.empty() ? -1 : kRestMs);
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      Striped* comm = polled[i];
-      if (std::find(comms_.begin(), comms_.end(), comm) == comms_.end()) continue;  // left
+    if (stop_) return;
+    // The rested ones are watched again (what is ready among them wakes the next wait).
+    for (Striped* comm : resting) {
+      if (comms_.count(comm) != 0) watch(comm);
+    }
+    resting.clear();
+    for (int i = 0; i < n; ++i) {
+      auto* comm = static_cast<Striped*>(events[i].data.ptr);
+      if (comm == nullptr) {
+        uint64_t drained = 0;
+        while (::read(wakeFd_, &drained, sizeof(drained)) > 0) {
+        }
+        continue;
+      }
+      if (comms_.count(comm) == 0) continue;  // it left meanwhile
       Striped::Sweep r = comm->sweep();
       for (int k = 1; k < kAgainRounds && r == Striped::Sweep::kAgain; ++k) r = comm->sweep();
-      if (r == Striped::Sweep::kSoon) resting.push_back(comm);
+      if (r == Striped::Sweep::kDone) {
+        watch(comm);
+      } else {
+        resting.push_back(comm);  // its caller moves it, or events still wait: soon again
+      }
     }
   }
 }

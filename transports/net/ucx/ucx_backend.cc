@@ -360,11 +360,12 @@ class UcxBackend final : public Backend {
       : ctx_(ctx), ucp_(std::move(ucp)), ifs_(std::move(ifs)), rng_(seed()) {}
 
   const char* name() const override { return "ucx"; }
-  // The lane threads of the connections closed so far. Waits for the send connections the
-  // closer still holds (closer.h: up to 1 s a lane), whose threads count once they end.
+  // The lane threads of the connections closed so far, and the sweeper's. Waits for the
+  // send connections the closer still holds (closer.h: up to 1 s a lane), whose threads
+  // count once they end.
   double threadCpuSeconds() const override {
     closer_->drain();
-    return ucp_->threadCpuNs() * 1e-9;
+    return (ucp_->threadCpuNs() + sweeper_->cpuNs()) * 1e-9;
   }
   int devices() const override { return static_cast<int>(ifs_.size()); }
 
