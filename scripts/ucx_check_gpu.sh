@@ -17,7 +17,8 @@
 #   ucx_spin         LOOM_UCX_SPIN_US=200: lane threads progress 200 us before they sleep
 #   ucx_put          UCX_RNDV_SCHEME=put_zcopy (tcp writes from and reads into the buffers)
 #   ucx_prepost      LOOM_UCX_PREPOST=1: lane 1's receive posted with the message
-#   ucx_lanesN       LOOM_UCX_LANES=N (N a whole number)
+#   ucx_lanesN       LOOM_UCX_LANES=N (N a whole number); ucx_lanesN_netM also
+#                    LOOM_NET_LANES=M (fewer executor lanes, more UCX lanes each)
 # Writes OUTDIR/ucx_check_gpu.md (16 and 128 MiB busbw of each run, and the ratio of ucx's
 # to the socket backend's of the same round and host count) and the logs.
 #
@@ -101,8 +102,11 @@ config() {
     ucx_put) cfg=(LOOM_NET=ucx UCX_RNDV_SCHEME=put_zcopy "${ar[@]}") ;;
     ucx_prepost) cfg=(LOOM_NET=ucx LOOM_UCX_PREPOST=1 "${ar[@]}") ;;
     ucx_lanes*)
-      [[ ${1#ucx_lanes} =~ ^[0-9]+$ ]] || { echo "ucx_check_gpu: $1: ucx_lanesN takes a whole number"; return 1; }
-      cfg=(LOOM_NET=ucx LOOM_UCX_LANES="${1#ucx_lanes}" "${ar[@]}") ;;
+      [[ ${1#ucx_lanes} =~ ^([0-9]+)(_net([0-9]+))?$ ]] ||
+        { echo "ucx_check_gpu: $1: ucx_lanesN or ucx_lanesN_netM (whole numbers)"; return 1; }
+      cfg=(LOOM_NET=ucx LOOM_UCX_LANES="${BASH_REMATCH[1]}")
+      [ -n "${BASH_REMATCH[3]}" ] && cfg+=(LOOM_NET_LANES="${BASH_REMATCH[3]}")
+      cfg+=("${ar[@]}") ;;
     *) echo "ucx_check_gpu: no configuration $1 (see the head of this script)"; return 1 ;;
   esac
 }
