@@ -1,8 +1,7 @@
 // One lane of a ucx connection: a UCP worker of its own (and, sending, an endpoint to the
 // peer's lane), its messages in order (message i of the lane is tag i, unless the caller
 // names the tag, as Striped does past lane 0), and, on lane 0, the connection's heartbeat
-// socket. A lane is used by one
-// thread at a time.
+// socket. A lane is used by one thread at a time.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -97,7 +96,9 @@ class Lane {
 
   Socket& socket() { return heartbeat_; }
   int socketFd() const { return heartbeat_.fd(); }
-  unsigned progress() { return u_.workerProgress(worker_); }  // events it handled
+  void progress() { u_.workerProgress(worker_); }
+  // Progress rounds until one moves nothing (at most kDrainRounds).
+  void drain();
   // The worker's event descriptor, readable when it has work once armed; arm() says
   // UCS_ERR_BUSY when it has work now (progress first).
   Result<int> eventFd();
@@ -105,7 +106,6 @@ class Lane {
   const std::string& peer() const { return what_; }
 
  private:
-  void drain();
   LaneRequest* slot();
   void finishPost(LaneRequest* r, ucs_status_ptr_t sp);
   Status usable();

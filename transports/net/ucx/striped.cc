@@ -235,8 +235,7 @@ Striped::Sweep Striped::sweep() {
   if (!callerIdle_.load(std::memory_order_acquire)) return Sweep::kSoon;
   std::unique_lock<std::mutex> lane0(lane0Mutex_, std::try_to_lock);
   if (!lane0.owns_lock()) return Sweep::kSoon;
-  for (int i = 0; i < 16 && lanes_[0]->progress() != 0; ++i) {
-  }
+  lanes_[0]->drain();
   return lanes_[0]->arm() == UCS_ERR_BUSY ? Sweep::kAgain : Sweep::kDone;
 }
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <vector>
 
 #include "common/log.h"
 #include "transports/net/ucx/striped.h"
@@ -63,10 +64,7 @@ bool Sweeper::join(Striped* comm) {
     }
   }
   comms_.insert(comm);
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLONESHOT;
-  ev.data.ptr = comm;
-  if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, comm->lane0Fd(), &ev) != 0) {
+  if (!watch(comm, EPOLL_CTL_ADD)) {
     LOOM_WARN(kNet, "net/ucx: epoll_ctl for the sweeper: %s", std::strerror(errno));
     comms_.erase(comm);
     return false;
@@ -81,11 +79,11 @@ void Sweeper::leave(Striped* comm) {
   // (An event of it that epoll already returned is dropped: it is no longer in comms_.)
 }
 
-bool Sweeper::watch(Striped* comm) {
+bool Sweeper::watch(Striped* comm, int op) {
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLONESHOT;
   ev.data.ptr = comm;
-  return epoll_ctl(epollFd_, EPOLL_CTL_MOD, comm->lane0Fd(), &ev) == 0;
+  return epoll_ctl(epollFd_, op, comm->lane0Fd(), &ev) == 0;
 }
 
 int64_t Sweeper::cpuNs() {

@@ -16,12 +16,12 @@
 // sleeps through steady traffic there.
 #pragma once
 
-#include <atomic>
+#include <sys/epoll.h>
+
 #include <cstdint>
 #include <mutex>
 #include <thread>
 #include <unordered_set>
-#include <vector>
 
 namespace loom::transport::net::ucx {
 
@@ -44,7 +44,9 @@ class Sweeper {
 
  private:
   void run();
-  bool watch(Striped* comm);  // (under mutex_) its descriptor back in the epoll set
+  // (Under mutex_) `comm`'s descriptor into the epoll set (EPOLL_CTL_ADD), or back into it
+  // after an event or a rest (EPOLL_CTL_MOD), for one event.
+  bool watch(Striped* comm, int op = EPOLL_CTL_MOD);
 
   std::mutex mutex_;  // all below, and the thread's use of each comm
   std::unordered_set<Striped*> comms_;
