@@ -9,6 +9,8 @@
 # every row. CONFIGS (default "socket ucx") picks them and their order (the ratios to the
 # socket backend need socket first):
 #   socket           LOOM_NET=socket (the baseline; this one also times NCCL: --compare nccl)
+#   socket_netM      LOOM_NET=socket with LOOM_NET_LANES=M (M executor lanes; its ratio is
+#                    to the plain socket row, as every other row's)
 #   ucx              LOOM_NET=ucx with the machine's UCX and loom's defaults
 #   ucxc_staged, ucxc_direct   where UCX_CUDA names a UCX built with CUDA
 #                    (scripts/build_ucx_cuda.sh): that UCX, GPU buffers staged (UCX_TLS=tcp)
@@ -91,6 +93,9 @@ config() {
   local lib="LD_LIBRARY_PATH=${UCX_CUDA:-}/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
   case $1 in
     socket) cfg=(LOOM_NET=socket "${ar[@]}" --compare nccl) ;;
+    socket_net*)
+      [[ ${1#socket_net} =~ ^[0-9]+$ ]] || { echo "ucx_check_gpu: $1: socket_netM (a whole number)"; return 1; }
+      cfg=(LOOM_NET=socket LOOM_NET_LANES="${1#socket_net}" "${ar[@]}") ;;
     ucx) cfg=(LOOM_NET=ucx "${ar[@]}") ;;
     ucxc_staged | ucxc_direct)
       [ -n "${UCX_CUDA:-}" ] || { echo "ucx_check_gpu: $1 needs UCX_CUDA (a UCX built with CUDA)"; return 1; }
