@@ -10,7 +10,8 @@
 //       transfer takes the FIFO: every step a full slot of BYTES, as many in flight as
 //       the FIFO's 8 slots allow (DEPTH: at most that many), and the bytes per second of
 //       the whole run (the slots' bytes are written once, so the figure is the proxy's and
-//       the backend's alone); with DEPTH 1, the mean time of one step is its latency.
+//       the backend's alone), and the CPU time the proxy and the backend's threads took for
+//       it, in nanoseconds a byte; with DEPTH 1, the mean time of one step is its latency.
 //
 // Threads per connection as loom takes them (LOOM_SOCKET_NTHREADS, default 4); with
 // LOOM_NET=ucx, UCX's UCP instead (LOOM_UCX_LANES lanes, 2 where unset, as GPU buffers take).
@@ -104,9 +105,9 @@ bool arrived(const Fifo& f, uint64_t seq, uint64_t bytes, char* out) {
 
 // The stream: the send FIFO kept full of BYTES-sized steps, the receive FIFO drained; each
 // step's first and last 8 bytes carry its number (the rest is a pattern written once).
-// `name` and `threads` say which backend and how many threads or lanes, for the report.
-int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t bytes,
-           uint32_t depth, const char* name, const char* threads) {
+// Returns the run's seconds, or a negative number after saying what went wrong.
+double stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t bytes,
+              uint32_t depth) {
   for (uint32_t k = 0; k < send.nslots; ++k) {
     for (uint64_t b = 0; b < bytes; ++b) send.slot(k)[b] = static_cast<char>(0x5a ^ (b * 7));
   }
@@ -133,7 +134,7 @@ int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t
       if (head != 0x1000 + received || tail != head) {
         std::fprintf(stderr, "net_step_probe: step %llu arrived wrong\n",
                      (unsigned long long)received);
-        return 1;
+        return -1;
       }
       storeRelease(&recv.header->done, ++received);
       idle = false;
@@ -141,18 +142,12 @@ int stream(Proxy& proxy, const Fifo& send, const Fifo& recv, int steps, uint64_t
     if (idle) {
       if (Status st = proxy.firstError(); !st) {
         std::fprintf(stderr, "net_step_probe: %s\n", st.message().c_str());
-        return 1;
+        return -1;
       }
       std::this_thread::yield();  // the proxy and the backend's threads need the cores
     }
   }
-  const double s = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf(
-      "net_step_probe: %s, %d steps of %llu B, at most %u in flight, in %.3f s: %.2f GB/s, "
-      "%.1f us a step (threads/lanes %s)\n",
-      name, steps, (unsigned long long)bytes, depth, s, double(bytes) * steps / s / 1e9,
-      s * 1e6 / steps, threads ? threads : "(default)");
-  return 0;
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 }  // namespace
@@ -188,6 +183,7 @@ int main(int argc, char** argv) {
   }
   std::vector<double> us;
   us.reserve(steps);
+  double seconds = 0, proxyCpu = 0;  // the stream's
   {
     Proxy proxy(0, 5000);
     for (int k = 0; k <= idle; ++k) {
@@ -198,9 +194,12 @@ int main(int argc, char** argv) {
     const Fifo& recv = fifos[1]->fifo;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (bytes > 8) {
-      return stream(proxy, send, recv, steps, bytes, depth, ucx ? "ucx" : "socket", threads);
+      const double before = proxy.cpuSeconds();  // (it polled while the connections settled)
+      seconds = stream(proxy, send, recv, steps, bytes, depth);
+      if (seconds < 0) return 1;
+      proxyCpu = proxy.cpuSeconds() - before;
     }
-    for (int i = 0; i < steps; ++i) {
+    for (int i = 0; bytes == 8 && i < steps; ++i) {
       const uint64_t value = 0x1000 + uint64_t(i);
       uint64_t got = 0;
       const auto start = Clock::now();
@@ -220,6 +219,20 @@ int main(int argc, char** argv) {
       }
       storeRelease(&recv.header->done, uint64_t(i) + 1);
     }
+  }
+  if (bytes > 8) {
+    // The proxy has ended, and with it the connections: every backend thread has counted
+    // its CPU time (the ucx send connections' flushes are waited for).
+    const double helpers = (*backend)->threadCpuSeconds();
+    const double moved = double(bytes) * steps;
+    std::printf(
+        "net_step_probe: %s, %d steps of %llu B, at most %u in flight, in %.3f s: %.2f GB/s, "
+        "%.1f us a step (threads/lanes %s); CPU: the proxy %.3f s, the backend's threads "
+        "%.3f s, %.2f ns a byte\n",
+        ucx ? "ucx" : "socket", steps, (unsigned long long)bytes, depth, seconds,
+        moved / seconds / 1e9, seconds * 1e6 / steps, threads ? threads : "(default)", proxyCpu,
+        helpers, (proxyCpu + helpers) * 1e9 / moved);
+    return 0;
   }
   double sum = 0;
   for (double v : us) sum += v;
