@@ -277,9 +277,10 @@ void Striped::helperMain(int k) {
   std::deque<Part> inFlight;
   uint64_t next = 0;  // the next large message to take
   Clock::time_point lastMove = Clock::now();
+  bool woken = true;  // the wake-up descriptor may hold a count: drain it
   while (!stop_.load(std::memory_order_acquire)) {
     uint64_t drained = 0;
-    while (::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
+    while (woken && ::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
     }
     bool moved = false;
     while (next < largePosted_.load(std::memory_order_acquire)) {
@@ -325,27 +326,28 @@ void Striped::helperMain(int k) {
     // A send's worker may hold bytes of a part it has finished (sweeper.h says why): it
     // is progressed on each wake-up and slept on armed, even with nothing in flight.
     if (sending_ && inFlight.empty()) lane.progress();
-    afterRound(k, *efd, moved, sending_ || !inFlight.empty(), &lastMove);
+    woken = afterRound(k, *efd, moved, sending_ || !inFlight.empty(), &lastMove);
   }
 }
 
-void Striped::afterRound(int k, int efd, bool moved, bool armed, Clock::time_point* lastMove) {
+bool Striped::afterRound(int k, int efd, bool moved, bool armed, Clock::time_point* lastMove) {
   if (moved) {
     if (spinNs_ > 0) *lastMove = Clock::now();
-    return;
+    return false;
   }
   if (spinNs_ > 0 && Clock::now() - *lastMove < std::chrono::nanoseconds(spinNs_)) {
     lanes_[k]->progress();
-    return;
+    return false;
   }
   pollfd fds[2] = {{helpers_[k].wakeFd, POLLIN, 0}, {efd, POLLIN, 0}};
   nfds_t n = 1;
   if (armed) {
-    if (lanes_[k]->arm() == UCS_ERR_BUSY) return;  // events wait: progress them first
+    if (lanes_[k]->arm() == UCS_ERR_BUSY) return false;  // events wait: progress them first
     n = 2;
   }
-  // The timeout is only a safety net: every change that matters wakes the poll.
-  ::poll(fds, n, 100);
+  // The timeout is only a safety net: every change that matters wakes the poll. (A count
+  // left in the wake-up descriptor by a busy round makes this poll return at once.)
+  return ::poll(fds, n, 100) > 0 && fds[0].revents != 0;
 }
 
 // Lane 1's thread of a pre-posting receive: takes the messages in order, posting a part's
@@ -370,9 +372,10 @@ void Striped::prepostMain() {
   std::deque<Part> inFlight;
   uint64_t next = 0;  // the next message to take
   Clock::time_point lastMove = Clock::now();
+  bool woken = true;  // the wake-up descriptor may hold a count: drain it
   while (!stop_.load(std::memory_order_acquire)) {
     uint64_t drained = 0;
-    while (::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
+    while (woken && ::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
     }
     bool moved = false;
     const uint64_t posted = recvPosted_.load(std::memory_order_acquire);
@@ -441,7 +444,7 @@ void Striped::prepostMain() {
     // the caller when it reads the size).
     // (Only the front can have finished: the parts finish in order.)
     const bool waiting = inFlight.size() > 1 || (!inFlight.empty() && !inFlight.front().finished);
-    afterRound(1, *efd, moved, waiting, &lastMove);
+    woken = afterRound(1, *efd, moved, waiting, &lastMove);
   }
 }
 

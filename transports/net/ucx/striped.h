@@ -88,8 +88,9 @@ class Striped {
   void prepostMain();  // helperMain of lane 1 of a pre-posting receive
   // After a round of lane k's thread: on at once where it moved something, progressing
   // within LOOM_UCX_SPIN_US of its last move, and otherwise asleep until there may be work
-  // (on the worker's events too where `armed`).
-  void afterRound(int k, int efd, bool moved, bool armed, Clock::time_point* lastMove);
+  // (on the worker's events too where `armed`). True where it slept and woke: the next
+  // round drains the wake-up descriptor (busy rounds leave it: a read() each saved).
+  bool afterRound(int k, int efd, bool moved, bool armed, Clock::time_point* lastMove);
   void partRange(size_t total, int k, size_t* begin, size_t* end) const;
   uint64_t oldestInUse() const;
   void wakeHelpers();
