@@ -264,9 +264,10 @@ TEST(NetSocket, ThreeSocketsStriped) {
 // small ones longer than the window between them, and single ones either way, so that
 // guesses go right and wrong; windows of 8 and of kMaxRequests. (Not with the sends a
 // window ahead of the receives: a large ucx send ends only once its receive is posted.)
-// Runs of large messages (parts on the lanes past 0), runs of small ones that fill the
-// window behind them, and single ones of either kind between.
-std::vector<size_t> mixedRuns() {
+TEST_P(Net, UcxPrepostedPartsOverTwoLanes) {
+  if (!gUcx) GTEST_SKIP() << "a ucx setting";
+  ScopedSetting lanes(settings::kUcxLanes, "2");
+  ScopedSetting prepost(settings::kUcxPrepost, "1");
   std::vector<size_t> sizes;
   for (int run = 0; run < 3; ++run) {
     for (int i = 0; i < 12; ++i) sizes.push_back((1 << 20) - 64 * i - run);
@@ -276,30 +277,10 @@ std::vector<size_t> mixedRuns() {
     sizes.push_back(200000);
     sizes.push_back(0);
   }
-  return sizes;
-}
-
-TEST_P(Net, UcxPrepostedPartsOverTwoLanes) {
-  if (!gUcx) GTEST_SKIP() << "a ucx setting";
-  ScopedSetting lanes(settings::kUcxLanes, "2");
-  ScopedSetting prepost(settings::kUcxPrepost, "1");
   for (int depth : {8, kMaxRequests}) {
     Pair p;
     connectPair(&p, [](const Handle&) {});
-    exchange(p, mixedRuns(), 1 << 20, depth);
-  }
-}
-
-// A receive reads the sizes of the messages behind the one it waits on, and its lane
-// threads post their parts before that one has come: every message still arrives whole
-// and in order, on 2 lanes and on 4 (3 lane threads).
-TEST_P(Net, UcxPartsPostedAheadOverLanes) {
-  if (!gUcx) GTEST_SKIP() << "a ucx setting";
-  for (const char* n : {"2", "4"}) {
-    ScopedSetting lanes(settings::kUcxLanes, n);
-    Pair p;
-    connectPair(&p, [](const Handle&) {});
-    exchange(p, mixedRuns(), 1 << 20, kMaxRequests);
+    exchange(p, sizes, 1 << 20, depth);
   }
 }
 

@@ -171,23 +171,45 @@ Status Striped::test(Request* request, bool* done, size_t* size) {
     return errorf(Code::kInternalError, "net/ucx: requests to %s tested out of order",
                   lanes_[0]->peer().c_str());
   }
-  // A receive reads ahead: every later message's lane-0 part that has come (in order, as
-  // lane 0 takes its tests), so that the other lanes post those messages' parts while this
-  // one is still on its way, not one message at a time.
-  if (!sending_) {
-    while (headsRead_ < posted_) {
-      bool headDone = false;
-      LOOM_TRY(readHead(msgs_[headsRead_ % kMaxRequests], &headDone));
-      if (!headDone) break;
-      ++headsRead_;
-    }
-  } else if (!m->headDone) {
+  if (!m->headDone) {
     bool headDone = false;
     size_t got = 0;
     LOOM_TRY(lanes_[0]->test(m->head, &headDone, &got));
-    m->headDone = headDone;
+    if (!headDone) return Status::ok();
+    m->headDone = true;
+    if (!sending_) {
+      m->size = m->header;
+      if (m->size > m->capacity) {
+        return errorf(Code::kInvalidUsage,
+                      "net/ucx: %s sent a %llu-byte message into a %zu-byte receive (the ranks "
+                      "disagree on the operation, or on LOOM_BUFFSIZE)",
+                      lanes_[0]->peer().c_str(), (unsigned long long)m->size, m->capacity);
+      }
+      size_t b, e;
+      partRange(m->size, 0, &b, &e);
+      if (got != e - b) {
+        return errorf(Code::kRemoteError,
+                      "net/ucx: %s sent %zu bytes on lane 0 of a %zu-byte message",
+                      lanes_[0]->peer().c_str(), got, m->size);
+      }
+      if (prepost_) {
+        // Lane 1's thread posts the part's receive now where it did not at once, or
+        // cancels the one it did for a small message.
+        const bool large = m->size >= kMinPart;
+        sizes_[m->seq % kMaxRequests] = m->size;
+        headerKnown_.store(m->seq + 1, std::memory_order_release);
+        lastLarge_ = large;
+        // (And before small ones fill the window behind it: it steps over them.)
+        const uint64_t held = helpers_[1].holdSeq.load(std::memory_order_acquire);
+        if (large || recvs_[m->seq % kMaxRequests].prepost ||
+            m->seq + 1 - held >= static_cast<uint64_t>(kMaxRequests / 2)) {
+          wakeHelpers();
+        }
+      } else if (nlanes_ > 1 && m->size >= kMinPart) {
+        publishLarge(*m);
+      }
+    }
   }
-  if (!m->headDone) return Status::ok();
   if (prepost_ && m->size >= kMinPart &&
       helpers_[1].doneSeq.load(std::memory_order_acquire) <= m->seq) {
     LOOM_TRY(helperError(1));
@@ -204,43 +226,6 @@ Status Striped::test(Request* request, bool* done, size_t* size) {
   *size = m->size;
   ++freed_;
   if (sweeper_ && posted_ == freed_) callerIdle_.store(true, std::memory_order_release);
-  return Status::ok();
-}
-
-Status Striped::readHead(Message& m, bool* done) {
-  size_t got = 0;
-  LOOM_TRY(lanes_[0]->test(m.head, done, &got));
-  if (!*done) return Status::ok();
-  m.headDone = true;
-  m.size = m.header;
-  if (m.size > m.capacity) {
-    return errorf(Code::kInvalidUsage,
-                  "net/ucx: %s sent a %llu-byte message into a %zu-byte receive (the ranks "
-                  "disagree on the operation, or on LOOM_BUFFSIZE)",
-                  lanes_[0]->peer().c_str(), (unsigned long long)m.size, m.capacity);
-  }
-  size_t b, e;
-  partRange(m.size, 0, &b, &e);
-  if (got != e - b) {
-    return errorf(Code::kRemoteError, "net/ucx: %s sent %zu bytes on lane 0 of a %zu-byte message",
-                  lanes_[0]->peer().c_str(), got, m.size);
-  }
-  if (prepost_) {
-    // Lane 1's thread posts the part's receive now where it did not at once, or cancels
-    // the one it did for a small message.
-    const bool large = m.size >= kMinPart;
-    sizes_[m.seq % kMaxRequests] = m.size;
-    headerKnown_.store(m.seq + 1, std::memory_order_release);
-    lastLarge_ = large;
-    // (And before small ones fill the window behind it: it steps over them.)
-    const uint64_t held = helpers_[1].holdSeq.load(std::memory_order_acquire);
-    if (large || recvs_[m.seq % kMaxRequests].prepost ||
-        m.seq + 1 - held >= static_cast<uint64_t>(kMaxRequests / 2)) {
-      wakeHelpers();
-    }
-  } else if (nlanes_ > 1 && m.size >= kMinPart) {
-    publishLarge(m);
-  }
   return Status::ok();
 }
 

@@ -96,9 +96,6 @@ class Striped {
   void wakeHelpers();
   // The caller's thread: message `m` has parts on the other lanes; the helpers may take it.
   void publishLarge(Message& m);
-  // A receive: tests message m's lane-0 part (its size, and all of a small message) and,
-  // once it has come, checks the size and hands a large message's parts to the lanes.
-  Status readHead(Message& m, bool* done);
   Status helperError(int k);
   void stopped(int k, Status st);
 
@@ -122,8 +119,7 @@ class Striped {
   std::atomic<uint64_t> headerKnown_{0};
   bool lastLarge_ = false;  // the caller's: the last size lane 0 read was of a large message
   Message msgs_[kMaxRequests];
-  uint64_t posted_ = 0;     // messages posted (the caller's)
-  uint64_t headsRead_ = 0;  // a receive: messages whose lane-0 part readHead found done
+  uint64_t posted_ = 0;  // messages posted (the caller's)
   // The messages with parts on the lanes past 0 (a send's once posted, a receive's once
   // lane 0 has read its size), in order: the helpers take only these, so that small
   // messages never wait for, or wake, a helper. large_[i % kMaxRequests] is the i-th's
