@@ -23,6 +23,13 @@ int64_t threadCpuNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// Empties a lane thread's wake-up descriptor (an eventfd: one read() takes the whole count).
+void drainWakeFd(int fd) {
+  uint64_t count = 0;
+  while (::read(fd, &count, sizeof(count)) > 0) {
+  }
+}
+
 }  // namespace
 
 Striped::Striped(std::vector<std::unique_ptr<Lane>> lanes, bool sending,
@@ -279,9 +286,7 @@ void Striped::helperMain(int k) {
   Clock::time_point lastMove = Clock::now();
   bool woken = true;  // the wake-up descriptor may hold a count: drain it
   while (!stop_.load(std::memory_order_acquire)) {
-    uint64_t drained = 0;
-    while (woken && ::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
-    }
+    if (woken) drainWakeFd(me.wakeFd);
     bool moved = false;
     while (next < largePosted_.load(std::memory_order_acquire)) {
       const uint64_t seq = large_[next % kMaxRequests];
@@ -374,9 +379,7 @@ void Striped::prepostMain() {
   Clock::time_point lastMove = Clock::now();
   bool woken = true;  // the wake-up descriptor may hold a count: drain it
   while (!stop_.load(std::memory_order_acquire)) {
-    uint64_t drained = 0;
-    while (woken && ::read(me.wakeFd, &drained, sizeof(drained)) > 0) {
-    }
+    if (woken) drainWakeFd(me.wakeFd);
     bool moved = false;
     const uint64_t posted = recvPosted_.load(std::memory_order_acquire);
     while (next < posted) {
