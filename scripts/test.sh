@@ -14,7 +14,8 @@
 # a test failed. .ci/run calls this script.
 #
 # Environment: LOOM_JOBS (build and ctest jobs, default 2), LOOM_TEST_TIMEOUT (seconds per
-# test, default 300; the sanitizer passes allow twice that), BUILD_DIR (default build),
+# test, default 300; the sanitizer passes allow twice that and run LOOM_TEST_SWEEP=short,
+# see tests/support/sweep.h), BUILD_DIR (default build),
 # ASAN_BUILD_DIR (default build-asan), TSAN_BUILD_DIR (default build-tsan).
 set -euo pipefail
 # shellcheck source=scripts/lib/common.sh
@@ -92,7 +93,7 @@ else
 fi
 
 # sanitizer_pass NAME DIR [CMAKE ARGS...]: builds DIR without CUDA or benchmarks and runs
-# the cpu-labelled tests there, with twice the timeout.
+# the cpu-labelled tests there, with twice the timeout and LOOM_TEST_SWEEP=short.
 sanitizer_pass() {
   local name="$1" dir="$2" b0=$SECONDS
   shift 2
@@ -100,7 +101,10 @@ sanitizer_pass() {
     -DLOOM_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" &&
     loom_build "$dir"; then
     summary+=("$name build $(loom_duration $((SECONDS - b0)))")
-    run_ctest "$name cpu tests" "$dir" $((TIMEOUT * 2)) -L cpu
+    # The pure-function sweeps ran in full in pass 1; here a sample of their cases
+    # (tests/support/sweep.h).
+    LOOM_TEST_SWEEP="${LOOM_TEST_SWEEP:-short}" \
+      run_ctest "$name cpu tests" "$dir" $((TIMEOUT * 2)) -L cpu
   else
     summary+=("$name: BUILD FAILED")
     failed=1

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/sweep.h"
+
 namespace loom::collectives::device {
 namespace {
 
@@ -49,8 +51,12 @@ void checkPlan(size_t count, size_t es, int nranks, int root, size_t maxChunk) {
 }
 
 TEST(ChunkPlan, AllReduceSegmentsCoverEveryElementOnce) {
+  // A sample with LOOM_TEST_SWEEP=short (tests/support/sweep.h).
+  const bool all = !loom::test::shortSweep();
   for (int n : {1, 2, 3, 7, 8}) {
+    if (!all && n == 7) continue;
     for (size_t es : {1, 2, 4, 8}) {
+      if (!all && es == 2) continue;
       for (size_t count : {size_t{0}, size_t{1}, size_t{13}, size_t{70001}, size_t{1} << 20,
                            (size_t{5} << 20) + 3}) {
         for (size_t maxChunk :
@@ -380,7 +386,9 @@ TEST(ChunkProgram, EveryRankCountAndCallSequenceEndsRight) {
   const size_t slotElems = 8192;  // 64 KiB of int64: the smallest chunk
   for (int n : {2, 3, 4, 7, 8}) {
     for (int slots : {2, 4}) {
-      for (uint64_t seed = 1; seed <= 6; ++seed) {
+      // Two seeds with LOOM_TEST_SWEEP=short (tests/support/sweep.h).
+      const uint64_t seeds = loom::test::shortSweep() ? 2 : 6;
+      for (uint64_t seed = 1; seed <= seeds; ++seed) {
         SCOPED_TRACE(testing::Message() << n << " ranks, " << slots << " slots, seed " << seed);
         Simulation sim(n, slots, slotElems, seed * 7919 + n, 2, 300001);
         std::mt19937_64 rng(seed);
