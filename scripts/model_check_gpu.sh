@@ -15,7 +15,9 @@
 # then every form again), each form's time the best of its rounds: a launch on a machine
 # shared by several "hosts" can run 25 % slower than the one before it, which decided
 # between forms a few microseconds apart. Writes OUTDIR/model_check_gpu.md (measured against
-# predicted, scripts/model_table.py) and the raw CSV and logs.
+# predicted, scripts/model_table.py) and the raw CSV and logs; and
+# OUTDIR/model_check_gpu_loaded.md, the same times priced at the socket and staging rates
+# measured while both run (the probes side by side), with the direct pattern's socket rate.
 #
 # PREFIX is an install tree built with MPI whose bin/ holds gpu_staging_probe and
 # tcp_ring_probe (or a compiler is on PATH for the latter). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -43,8 +45,11 @@ mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PAT
 measured=$out/measured_gpu.csv
 predicted=$out/predicted_gpu.csv
 echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
+predicted_loaded=$out/predicted_gpu_loaded.csv
 echo "coll,hosts,ranks_per_host,bytes,algo,us,busbw_gbps,built,picked,tuner" > "$predicted"
+cp "$predicted" "$predicted_loaded"
 rates=""
+loaded=""
 status=0
 # As many sockets (each with a thread) per peer as loom's socket backend uses for GPU
 # buffers: LOOM_SOCKET_NTHREADS (4 where unset) x LOOM_NSOCKS_PERTHREAD (1).
@@ -74,6 +79,40 @@ for n in "${hosts[@]}"; do
   rates+="$n hosts ${gbps} GB/s, staging ${stage} GB/s; "
   "$bin/loom-model" -N "$n" -g 1 --net-gbps "$gbps" --stage-gbps "$stage" -c all_reduce -b 8 -e 16M -f 8 --csv |
     tail -n +2 >> "$predicted"
+  # The same rates while both run, as a collective's copies and its sockets do: they share
+  # the host's memory and cores. The ring probe runs again and again (5 rounds a run) while
+  # the staging probes measure; the mean of its runs is the loaded network rate. And the
+  # bare sockets with every process sending to every other (the direct form's traffic).
+  # Logged, and priced in a table of their own (model_check_gpu_loaded.md); the main table
+  # keeps the rates measured alone.
+  "$probe" -n "$n" -s "$socks" -d -b 64M -p 1M -w 3 -i 10 > "$out/probe_direct_$n.log" 2>&1
+  direct_gbps=$(tail -n 1 "$out/probe_direct_$n.log" | grep -oE '[0-9.]+ GB/s' | tail -n 1 | cut -d' ' -f1)
+  rm -f "$out/loaded_done"
+  ( while [[ ! -e $out/loaded_done ]]; do
+      "$probe" -n "$n" -s "$socks" -b 64M -p 1M -w 1 -i 5 2>&1 | tail -n 1
+    done ) > "$out/probe_loaded_$n.log" &
+  ringpid=$!
+  at=$(( $(date +%s) + 5 ))
+  for ((i = 0; i < n; ++i)); do
+    timeout 120 "$bin/gpu_staging_probe" --blocks 1,2,4,8 --pieces 1048576 --at "$at" --csv \
+      > "$out/stage_loaded_${n}_$i.csv" 2>&1 &
+    pids[i]=$!
+  done
+  for ((i = 0; i < n; ++i)); do wait "${pids[i]}"; done
+  touch "$out/loaded_done"
+  wait "$ringpid"
+  loaded_gbps=$(grep -oE '[0-9.]+ GB/s$' "$out/probe_loaded_$n.log" | awk '{ s += $1; c++ } END { if (c) printf "%.2f", s / c }')
+  loaded_stage=$(cat "$out"/stage_loaded_"${n}"_*.csv | awk -F, '$1 != "device" && $1 !~ /^#/ && NF == 6 {
+      sum[$2] += $6; cnt[$2]++ }
+    END { if (cnt[1] && cnt[2] && cnt[4] && cnt[8])
+            printf "%.2f,%.2f,%.2f,%.2f", sum[1]/cnt[1], sum[2]/cnt[2], sum[4]/cnt[4], sum[8]/cnt[8] }' |
+    awk -F, '{ m = 0; for (i = 1; i <= 4; ++i) { if ($i > m) m = $i; printf "%s%.2f", (i > 1 ? "," : ""), m } }')
+  loaded+="$n hosts: bare sockets each to every other ${direct_gbps:-?} GB/s alone; while both run, "
+  loaded+="the ring ${loaded_gbps:-?} GB/s and staging ${loaded_stage:-?} GB/s; "
+  if [[ -n $loaded_gbps && -n $loaded_stage ]]; then
+    "$bin/loom-model" -N "$n" -g 1 --net-gbps "$loaded_gbps" --stage-gbps "$loaded_stage" -c all_reduce \
+      -b 8 -e 16M -f 8 --csv | tail -n +2 >> "$predicted_loaded"
+  fi
   for ((round = 1; round <= ${ROUNDS:-2}; ++round)); do
     for algo in ring tree direct doubling oneshot default; do
       ((n == 2)) && [[ $algo == tree ]] && continue
@@ -113,4 +152,11 @@ python3 "$here/model_table.py" "$measured" "$predicted" gpu \
   "The cost model against measured all-reduces of GPU buffers across hosts" "$desc" \
   > "$out/model_check_gpu.md" || status=1
 echo "model_check_gpu: wrote $out/model_check_gpu.md"
+if (($(wc -l < "$predicted_loaded") > 1)); then
+  python3 "$here/model_table.py" "$measured" "$predicted_loaded" gpu \
+    "The same measurements priced at the rates measured while copies and sockets both run" \
+    "The measured times of model_check_gpu.md. The model's rates: ${loaded}Written by scripts/model_check_gpu.sh." \
+    > "$out/model_check_gpu_loaded.md" || status=1
+  echo "model_check_gpu: wrote $out/model_check_gpu_loaded.md"
+fi
 exit $status
