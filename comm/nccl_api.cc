@@ -811,8 +811,9 @@ ncclResult_t rootedP2p(const char* fn, const void* sendbuff, void* recvbuff, siz
     }
     const size_t block = count * esz;
     // In place (NCCL's rule): the root's own block is already where it belongs.
-    const char* rootBlock =
-        static_cast<const char*>(gather ? recvbuff : sendbuff) + static_cast<size_t>(root) * block;
+    // (A rank other than the root may pass null for the buffer it does not use.)
+    const char* base = static_cast<const char*>(gather ? recvbuff : sendbuff);
+    const char* rootBlock = base ? base + static_cast<size_t>(root) * block : nullptr;
     const bool inPlace = rank == root && (gather ? sendbuff : recvbuff) == rootBlock;
     loom::comm::groupStart();
     ncclResult_t rc = ncclSuccess;

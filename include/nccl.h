@@ -169,7 +169,12 @@ typedef enum {
   ncclBfloat16 = 9,
   ncclFloat8e4m3 = 10,
   ncclFloat8e5m2 = 11,
-  ncclNumTypes = 12
+  ncclNumTypes = 12,
+  /* Not a type: these give the enum int's whole range, so that any value a C caller passes
+   * is one C++ code may hold (loom answers those outside 0 to ncclNumTypes - 1 with
+   * ncclInvalidArgument), as ncclMaxRedOp does for ncclRedOp_t. */
+  loomDataTypeRangeMin = -0x7fffffff - 1,
+  loomDataTypeRangeMax = 0x7fffffff
 } ncclDataType_t;
 
 /* Where the scalar of ncclRedOpCreatePreMulSum lives. */
