@@ -14,8 +14,8 @@ LOOM_JOBS="${LOOM_JOBS:-2}"
 # Debian/Ubuntu packages the scripts need. A tool counts as present when its command is on
 # PATH however it was installed (a pip cmake, say). ccache (faster rebuilds), iproute2
 # (interfaces in the summary; network-namespace tests skip without it) and clang (the
-# ThreadSanitizer pass of scripts/test.sh) are optional: when they cannot be installed the
-# scripts go on without them.
+# sanitizer passes of scripts/test.sh: TSan needs it, ASan+UBSan falls back to GCC) are
+# optional: when they cannot be installed the scripts go on without them.
 LOOM_PACKAGES=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev
   libpugixml-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin libibverbs-dev libucx-dev iproute2 clang)
 LOOM_OPTIONAL_PACKAGES=" ccache iproute2 clang "
