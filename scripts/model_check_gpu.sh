@@ -42,6 +42,31 @@ loom_start_mps
 probe=$(loom_ring_probe "$bin" "$out" "$here") || exit 1
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE
      -x NCCL_TESTS_DEVICE=0)
+# staging_probes N STEM: the staging rates of N probes at once (as N ranks on one GPU), each
+# 1, 2, 4 and 8 blocks writing and reading 1 MiB pieces at once, into OUT/STEM_i.csv; waits
+# for those probes only.
+staging_probes() {
+  local n=$1 stem=$2 at i
+  local -a pids=()
+  at=$(( $(date +%s) + 5 ))
+  for ((i = 0; i < n; ++i)); do
+    timeout 120 "$bin/gpu_staging_probe" --blocks 1,2,4,8 --pieces 1048576 --at "$at" --csv \
+      > "$out/${stem}_$i.csv" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+}
+# stage_rates STEM: from OUT/STEM_*.csv, the mean over the processes of each block count's
+# rate, each at least the one before (as loom-model takes them); empty if one is missing.
+stage_rates() {
+  cat "$out"/"$1"_*.csv | awk -F, '$1 != "device" && $1 !~ /^#/ && NF == 6 {
+      sum[$2] += $6; cnt[$2]++ }
+    END { if (!(cnt[1] && cnt[2] && cnt[4] && cnt[8])) exit
+          m = 0
+          for (i = 1; i <= 8; i *= 2) {
+            r = sum[i] / cnt[i]; if (r > m) m = r
+            printf "%s%.2f", (i > 1 ? "," : ""), m } }'
+}
 measured=$out/measured_gpu.csv
 predicted=$out/predicted_gpu.csv
 echo "label,nranks,bytes,us_per_call,calls,wrong" > "$measured"
@@ -61,21 +86,9 @@ for n in "${hosts[@]}"; do
   # The probe's last line gives the ring's busbw-equivalent rate: "... X GB/s ...".
   gbps=$(tail -n 1 "$out/probe_$n.log" | grep -oE '[0-9.]+ GB/s' | tail -n 1 | cut -d' ' -f1)
   [[ -n $gbps ]] || { echo "model_check_gpu: no rate from the probe:"; cat "$out/probe_$n.log"; exit 1; }
-  # The staging rates: n probes at once, each 1, 2, 4 and 8 blocks writing and reading
-  # 1 MiB pieces at once; the mean over the processes of each block count.
-  at=$(( $(date +%s) + 5 ))
-  for ((i = 0; i < n; ++i)); do
-    timeout 120 "$bin/gpu_staging_probe" --blocks 1,2,4,8 --pieces 1048576 --at "$at" --csv \
-      > "$out/stage_${n}_$i.csv" 2>&1 &
-  done
-  wait
-  stage=$(cat "$out"/stage_"${n}"_*.csv | awk -F, '$1 != "device" && $1 !~ /^#/ && NF == 6 {
-      sum[$2] += $6; cnt[$2]++ }
-    END { if (cnt[1] && cnt[2] && cnt[4] && cnt[8])
-            printf "%.2f,%.2f,%.2f,%.2f", sum[1]/cnt[1], sum[2]/cnt[2], sum[4]/cnt[4], sum[8]/cnt[8] }')
+  staging_probes "$n" "stage_$n"
+  stage=$(stage_rates "stage_$n")
   [[ -n $stage ]] || { echo "model_check_gpu: no staging rates:"; cat "$out"/stage_"${n}"_*.csv; exit 1; }
-  # (Each at least the one before, as loom-model takes them.)
-  stage=$(echo "$stage" | awk -F, '{ m = 0; for (i = 1; i <= 4; ++i) { if ($i > m) m = $i; printf "%s%.2f", (i > 1 ? "," : ""), m } }')
   rates+="$n hosts ${gbps} GB/s, staging ${stage} GB/s; "
   "$bin/loom-model" -N "$n" -g 1 --net-gbps "$gbps" --stage-gbps "$stage" -c all_reduce -b 8 -e 16M -f 8 --csv |
     tail -n +2 >> "$predicted"
@@ -92,21 +105,11 @@ for n in "${hosts[@]}"; do
       "$probe" -n "$n" -s "$socks" -b 64M -p 1M -w 1 -i 5 2>&1 | tail -n 1
     done ) > "$out/probe_loaded_$n.log" &
   ringpid=$!
-  at=$(( $(date +%s) + 5 ))
-  for ((i = 0; i < n; ++i)); do
-    timeout 120 "$bin/gpu_staging_probe" --blocks 1,2,4,8 --pieces 1048576 --at "$at" --csv \
-      > "$out/stage_loaded_${n}_$i.csv" 2>&1 &
-    pids[i]=$!
-  done
-  for ((i = 0; i < n; ++i)); do wait "${pids[i]}"; done
+  staging_probes "$n" "stage_loaded_$n"
   touch "$out/loaded_done"
   wait "$ringpid"
   loaded_gbps=$(grep -oE '[0-9.]+ GB/s$' "$out/probe_loaded_$n.log" | awk '{ s += $1; c++ } END { if (c) printf "%.2f", s / c }')
-  loaded_stage=$(cat "$out"/stage_loaded_"${n}"_*.csv | awk -F, '$1 != "device" && $1 !~ /^#/ && NF == 6 {
-      sum[$2] += $6; cnt[$2]++ }
-    END { if (cnt[1] && cnt[2] && cnt[4] && cnt[8])
-            printf "%.2f,%.2f,%.2f,%.2f", sum[1]/cnt[1], sum[2]/cnt[2], sum[4]/cnt[4], sum[8]/cnt[8] }' |
-    awk -F, '{ m = 0; for (i = 1; i <= 4; ++i) { if ($i > m) m = $i; printf "%s%.2f", (i > 1 ? "," : ""), m } }')
+  loaded_stage=$(stage_rates "stage_loaded_$n")
   loaded+="$n hosts: bare sockets each to every other ${direct_gbps:-?} GB/s alone; while both run, "
   loaded+="the ring ${loaded_gbps:-?} GB/s and staging ${loaded_stage:-?} GB/s; "
   if [[ -n $loaded_gbps && -n $loaded_stage ]]; then

@@ -93,6 +93,10 @@ else
   failed=1
 fi
 
+# The sanitizer passes build with clang where it is present (TSan must).
+have_clang() { command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; }
+clang_compilers=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+
 # sanitizer_pass NAME DIR [CMAKE ARGS...]: builds DIR without CUDA or benchmarks and runs
 # the cpu-labelled tests there, with twice the timeout and LOOM_TEST_SWEEP=short.
 sanitizer_pass() {
@@ -119,10 +123,10 @@ if ((quick == 0)); then
   # Leaks inside Open MPI's own libraries are not ours; everything else is reported.
   export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$LOOM_ROOT/scripts/sanitizers/lsan.supp:print_suppressions=0}"
   # intercept_tls_get_addr=0: the sanitizer runtime (GCC 12's, and LLVM's of the same age)
-  # guesses the bounds of a dlopen'ed library's
-  # thread-local block from a glibc 2.19 header when the block starts 16 bytes past a page,
-  # reads garbage on glibc 2.36, and the leak check at exit dies on it ("Tracer caught
-  # signal 11" after "DTLS ... at 0x434-0x3000001536"). The plugin tests dlopen
+  # guesses the bounds of a dlopen'ed library's thread-local block from a glibc 2.19 header
+  # when the block starts 16 bytes past a page, reads garbage on glibc 2.36, and the leak
+  # check at exit dies on it ("Tracer caught signal 11" after "DTLS ... at
+  # 0x434-0x3000001536"). The plugin tests dlopen
   # libnccl-net-loom.so, whose logging touches such a block: 24 of 25 runs of
   # plugin_hosts_loopback_4 died so under load with verbose logging, 0 of 15 with this set.
   # The threads' static TLS, and the heap through glibc's DTV, are still scanned.
@@ -132,9 +136,7 @@ if ((quick == 0)); then
   # GCC 12 took 10.5, and its UndefinedBehaviorSanitizer checks more (loads of enum values,
   # arithmetic on null pointers).
   asan_compilers=()
-  if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
-    asan_compilers=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
-  fi
+  have_clang && asan_compilers=("${clang_compilers[@]}")
   sanitizer_pass "asan+ubsan" "$ASAN_BUILD_DIR" -DLOOM_SANITIZE=address,undefined \
     "${asan_compilers[@]}"
 else
@@ -146,10 +148,9 @@ fi
 if ((quick == 0)); then
   echo
   echo "== pass 3: ThreadSanitizer build in $TSAN_BUILD_DIR, tests labelled cpu"
-  if command -v clang++ >/dev/null 2>&1 && command -v clang >/dev/null 2>&1; then
+  if have_clang; then
     export TSAN_OPTIONS="${TSAN_OPTIONS:-second_deadlock_stack=1}"
-    sanitizer_pass "tsan" "$TSAN_BUILD_DIR" -DLOOM_SANITIZE=thread \
-      -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+    sanitizer_pass "tsan" "$TSAN_BUILD_DIR" -DLOOM_SANITIZE=thread "${clang_compilers[@]}"
   else
     loom_log "clang++ not found: skipping the ThreadSanitizer pass (apt-get install clang)"
     summary+=("tsan: skipped (no clang++)")
