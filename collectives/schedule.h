@@ -34,6 +34,13 @@ inline constexpr int kMaxStepPeers = 3;
 // One-shot all-reduce (every rank sends its whole buffer to every other) is used, and
 // honoured when LOOM_ALGO forces it, only while bytes * (ranks - 1) stays under this.
 inline constexpr size_t kOneShotMaxBytes = 96 * 1024;
+// All-reduce of GPU buffers over the network on 2 ranks: recursive doubling (one exchange
+// of the whole buffer) up to this many bytes, the ring (two hops of half of it) above.
+// Processes as hosts on an H100 under MPS, one forced against the other (2026-12-06 and
+// 2026-12-07, docs/decisions.md): doubling 98-136 us against the ring's 110-158 from 128
+// to 192 KiB and ahead in three model checks at 256 KiB (143-160 against 153-163); the
+// ring 178-221 us against 203-270 at 320 and 384 KiB.
+inline constexpr size_t kTwoRankDoublingMaxBytes = 256 * 1024;
 // All-gather of GPU buffers over the network: the direct form (every block to every peer
 // in one step) on 3 ranks at every size, on 4 up to this many bytes a rank, the ring above
 // and on more ranks. Processes as hosts on an H100 under MPS (2026-12-06 08:17, two rounds,

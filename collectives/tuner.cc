@@ -319,6 +319,13 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
         "small message, few ranks: one-shot (every input to every rank, added in rank order)";
     return c;
   }
+  if (req.type == CollType::kAllReduce && n == 2 && c.algo == Algorithm::kRing &&
+      req.count * req.elemSize <= kTwoRankDoublingMaxBytes && forced.allows(AlgoName::kDoubling)) {
+    c.algo = Algorithm::kDoubling;
+    c.reason =
+        "2 ranks, up to 256 KiB: recursive doubling (one exchange, where the ring takes two)";
+    return c;
+  }
   if (c.algo != Algorithm::kOneShot) return c;
   if (n > 1 && (n & (n - 1)) == 0) {
     c.algo = Algorithm::kDoubling;

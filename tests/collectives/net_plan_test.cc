@@ -139,6 +139,25 @@ TEST(NetPlan, OneShotOverTheNetworkOnThreeAndFourRanks) {
   }
 }
 
+// An all-reduce over the network on 2 ranks: recursive doubling up to
+// kTwoRankDoublingMaxBytes, the ring above; LOOM_ALGO keeps the say. Not on more ranks.
+TEST(NetPlan, TwoRanksTakeRecursiveDoublingUpTo256KiB) {
+  auto pick = [](int n, size_t bytes, const char* algo) {
+    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, bytes / 4, 0, 1000),
+                                *AlgoRequest::parse(algo));
+    EXPECT_TRUE(c.isOk());
+    return c.isOk() ? c->algo : Algorithm::kOneShot;
+  };
+  EXPECT_EQ(pick(2, 128 * 1024, ""), Algorithm::kDoubling);
+  EXPECT_EQ(pick(2, kTwoRankDoublingMaxBytes, ""), Algorithm::kDoubling);
+  EXPECT_EQ(pick(2, kTwoRankDoublingMaxBytes + 4, ""), Algorithm::kRing);
+  EXPECT_EQ(pick(2, 128 * 1024, "ring"), Algorithm::kRing);
+  EXPECT_EQ(pick(2, 128 * 1024, "^doubling"), Algorithm::kRing);
+  EXPECT_EQ(pick(2, kTwoRankDoublingMaxBytes + 4, "doubling"), Algorithm::kDoubling);
+  EXPECT_NE(pick(4, 128 * 1024, ""), Algorithm::kDoubling);
+  EXPECT_NE(pick(8, 128 * 1024, ""), Algorithm::kDoubling);
+}
+
 // Lanes whose blocks would be more than a kernel takes run as fewer lanes: recursive
 // doubling's pipelined rounds take 2 log2(n) blocks a lane, the direct forms 2n - 1.
 TEST(NetPlan, LanesFitTheBlockLimit) {
@@ -160,7 +179,9 @@ TEST(NetPlan, LanesFitTheBlockLimit) {
       const auto* h = reinterpret_cast<const NetPlanHeader*>(plan->data());
       EXPECT_LE(h->blocks, kNetMaxBlocks);
       // Where every lane fits, every lane stays.
-      if (w.n == 4) EXPECT_EQ(s.size(), size_t(lanes));
+      if (w.n == 4) {
+        EXPECT_EQ(s.size(), size_t(lanes));
+      }
     }
   }
 }
