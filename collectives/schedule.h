@@ -41,6 +41,14 @@ inline constexpr size_t kOneShotMaxBytes = 96 * 1024;
 // to 192 KiB and ahead in three model checks at 256 KiB (143-160 against 153-163); the
 // ring 178-221 us against 203-270 at 320 and 384 KiB.
 inline constexpr size_t kTwoRankDoublingMaxBytes = 256 * 1024;
+// All-reduce of GPU buffers over the network on 4 ranks: the direct form (reduce-scatter
+// and all-gather, each one step with every peer) up to this many bytes, the ring above.
+// Processes as hosts on an H100 under MPS, each forced against the other (2026-12-07 07:42,
+// two rounds, docs/perf/crosshost.md): level at 2 MiB (1090-1125 us against 1084-1256),
+// the ring ahead at 4 MiB (1556-1835 against 1804-1904), 8 MiB (2588-2796 against
+// 3254-3458) and 16 MiB (5045-5554 against 6107-6373), as in four checks before at 16 MiB.
+// On 3 ranks the direct form stays at every size (not yet measured against the ring there).
+inline constexpr size_t kDirectAllReduceMaxBytes4 = 2 * 1024 * 1024;
 // All-gather of GPU buffers over the network: the direct form (every block to every peer
 // in one step) on 3 ranks at every size, on 4 up to this many bytes a rank, the ring above
 // and on more ranks. Processes as hosts on an H100 under MPS (2026-12-06 08:17, two rounds,

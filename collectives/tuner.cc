@@ -306,14 +306,13 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   req.device = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
   const int n = req.nranks;
-  // A small all-reduce on 3 or 4 ranks: one hop with every peer (oneShotAllReduce), where
-  // recursive doubling and the direct form take two. On 2 ranks doubling is that one
-  // exchange already.
+  // A small all-reduce on 3 ranks: one hop with every peer (oneShotAllReduce), where the
+  // direct form takes two. On 4 ranks recursive doubling (two exchanges of the whole
+  // buffer, one peer each) stays ahead of one-shot's three peers at once, and on 2 it is
+  // that one exchange already; LOOM_ALGO=oneshot runs it on 3 or 4.
   const bool small = req.count * req.elemSize * size_t(std::max(1, n - 1)) <= kOneShotMaxBytes;
   if (req.type == CollType::kAllReduce && small && n > 2 && n - 1 <= kMaxStepPeers &&
-      forced.allows(AlgoName::kOneShot) &&
-      (c.algo == Algorithm::kOneShot ||
-       (c.algo == Algorithm::kDoubling && !forced.names(AlgoName::kDoubling)))) {
+      forced.allows(AlgoName::kOneShot) && c.algo == Algorithm::kOneShot) {
     c.algo = Algorithm::kOneShot;
     c.reason =
         "small message, few ranks: one-shot (every input to every rank, added in rank order)";
@@ -324,6 +323,14 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
     c.algo = Algorithm::kDoubling;
     c.reason =
         "2 ranks, up to 256 KiB: recursive doubling (one exchange, where the ring takes two)";
+    return c;
+  }
+  if (req.type == CollType::kAllReduce && n == 4 && c.algo == Algorithm::kDirect &&
+      req.count * req.elemSize > kDirectAllReduceMaxBytes4 && !forced.names(AlgoName::kDirect) &&
+      forced.allows(AlgoName::kRing)) {
+    c.algo = Algorithm::kRing;
+    c.reason =
+        "4 ranks, more than 2 MiB: ring (the direct form's 3 connections at once fall behind)";
     return c;
   }
   if (c.algo != Algorithm::kOneShot) return c;

@@ -114,15 +114,19 @@ TEST(NetPlan, SplitPutsTheKthUseOfAConnectionInSubPhaseK) {
   EXPECT_EQ(recvs, (std::vector<NetLink>{{1, 0}}));
 }
 
-// A small all-reduce over the network: one-shot on 3 and 4 ranks (by default and forced),
-// recursive doubling on 2 (one exchange either way), never one-shot beyond 4 (a step has
-// at most kMaxStepPeers peers); LOOM_ALGO=doubling still gets doubling.
-TEST(NetPlan, OneShotOverTheNetworkOnThreeAndFourRanks) {
+// A small all-reduce over the network: one-shot on 3 ranks by default and on 3 and 4 when
+// forced, recursive doubling on 2 and 4 (one exchange on 2; on 4 two, one peer each), never
+// one-shot beyond 4 (a step has at most kMaxStepPeers peers); LOOM_ALGO=doubling still
+// gets doubling.
+TEST(NetPlan, OneShotOverTheNetworkOnThreeRanks) {
   for (int n : {2, 3, 4, 5, 8}) {
     const bool fits = n == 3 || n == 4;
     auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), AlgoRequest());
     ASSERT_TRUE(c.isOk());
-    EXPECT_EQ(c->algo == Algorithm::kOneShot, fits) << n;
+    EXPECT_EQ(c->algo == Algorithm::kOneShot, n == 3) << n;
+    if (n == 4) {
+      EXPECT_EQ(c->algo, Algorithm::kDoubling);
+    }
     auto f = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
                                 *AlgoRequest::parse("oneshot"));
     ASSERT_TRUE(f.isOk());
@@ -156,6 +160,22 @@ TEST(NetPlan, TwoRanksTakeRecursiveDoublingUpTo256KiB) {
   EXPECT_EQ(pick(2, kTwoRankDoublingMaxBytes + 4, "doubling"), Algorithm::kDoubling);
   EXPECT_NE(pick(4, 128 * 1024, ""), Algorithm::kDoubling);
   EXPECT_NE(pick(8, 128 * 1024, ""), Algorithm::kDoubling);
+}
+
+TEST(NetPlan, FourRanksTakeTheRingAbove2MiB) {
+  auto pick = [](int n, size_t bytes, const char* algo) {
+    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, bytes / 4, 0, 1000),
+                                *AlgoRequest::parse(algo));
+    EXPECT_TRUE(c.isOk());
+    return c.isOk() ? c->algo : Algorithm::kOneShot;
+  };
+  EXPECT_EQ(pick(4, 1024 * 1024, ""), Algorithm::kDirect);
+  EXPECT_EQ(pick(4, kDirectAllReduceMaxBytes4, ""), Algorithm::kDirect);
+  EXPECT_EQ(pick(4, kDirectAllReduceMaxBytes4 + 4, ""), Algorithm::kRing);
+  EXPECT_EQ(pick(4, 128u << 20, ""), Algorithm::kRing);
+  EXPECT_EQ(pick(4, 16u << 20, "direct"), Algorithm::kDirect);
+  EXPECT_EQ(pick(4, 16u << 20, "^ring"), Algorithm::kDirect);
+  EXPECT_EQ(pick(3, 16u << 20, ""), Algorithm::kDirect);
 }
 
 // Lanes whose blocks would be more than a kernel takes run as fewer lanes: recursive
