@@ -3,8 +3,8 @@
 
 The markdown table of scripts/model_check.sh: for each host count and size, every
 algorithm's measured time beside the cost model's prediction, the tuner's own choice
-(LOOM_ALGO unset) against the measured fastest, and a summary of how far the model is
-off. TITLE and DESCRIPTION replace the host-memory heading and its paragraph (the GPU
+(LOOM_ALGO unset) against the measured fastest, the form the tuner takes (loom-model's
+`tuner` column) at its forced time, and a summary of how far the model is off. TITLE and DESCRIPTION replace the host-memory heading and its paragraph (the GPU
 check, scripts/model_check_gpu.sh). Standard library only."""
 import csv
 import sys
@@ -32,6 +32,7 @@ def main():
             measured[key] = min(us, measured.get(key, us))
             wrong += int(row["wrong"])
     predicted = {}  # (ranks, bytes, algo) -> (us, built, picked)
+    tuner = {}  # (ranks, bytes) -> the algorithm the tuner takes (loom-model's `tuner` column)
     per_host = {}  # ranks -> ranks per host
     colls = set()
     with open(predicted_path) as f:
@@ -44,6 +45,8 @@ def main():
             colls.add(row["coll"])
             predicted[(n, int(row["bytes"]), algo)] = (
                 float(row["us"]), row["built"] == "1", row["picked"] == "1")
+            if row.get("tuner") == "1":
+                tuner[(n, int(row["bytes"]))] = algo
     algos = ["ring", "tree", "chain", "direct", "doubling", "oneshot", "hier"]
     hosts = sorted({k[0] for k in measured})
     sizes = sorted({k[1] for k in measured})
@@ -65,12 +68,14 @@ def main():
     errors_big = []  # |error| of every prediction from 1 MiB
     tuner_ok = tuner_all = 0
     model_ok = model_all = 0
+    form_ok = form_all = 0  # the tuner's form at its forced time, as the model's pick is judged
     for h in hosts:
         cols = [a for a in algos if any((h, b, a) in measured for b in sizes)]
         g = per_host.get(h, 1)
         print(f"## {h // g} hosts x {g} ranks\n" if g > 1 else f"## {h} hosts\n")
-        print("| size | " + " | ".join(cols) + " | default | fastest measured | default within 10 % | model's pick |")
-        print("| --- | " + " | ".join("---" for _ in cols) + " | --- | --- | --- | --- |")
+        print("| size | " + " | ".join(cols) + " | default | fastest measured | default within 10 % "
+              "| tuner's form | model's pick |")
+        print("| --- | " + " | ".join("---" for _ in cols) + " | --- | --- | --- | --- | --- |")
         for b in sizes:
             cells = []
             times = {}
@@ -96,13 +101,17 @@ def main():
                 tuner_all += 1
                 tuner_ok += ok
                 within = "yes" if ok else f"**no** ({d / times[fastest]:.2f} ×)"
+            form = tuner.get((h, b), "")
+            if form in times:
+                form_all += 1
+                form_ok += times[form] <= times[fastest] * 1.10
             pick = [a for a in cols if predicted.get((h, b, a), (0, False, False))[2]]
             pick = pick[0] if pick else ""
             if pick and times:
                 model_all += 1
                 model_ok += times.get(pick, float("inf")) <= times[fastest] * 1.10
             print(f"| {size_text(b)} | " + " | ".join(cells) +
-                  f" | {'' if d is None else f'{d:.4g}'} | {fastest} | {within} | {pick} |")
+                  f" | {'' if d is None else f'{d:.4g}'} | {fastest} | {within} | {form} | {pick} |")
         print()
     print("## Summary\n")
     if errors_big:
@@ -110,6 +119,9 @@ def main():
         print(f"- Predictions from 1 MiB within 25 % of measured: {inside} of {len(errors_big)} "
               f"(largest error {max(errors_big) * 100:.0f} %).")
     print(f"- The tuner's choice within 10 % of the measured fastest: {tuner_ok} of {tuner_all}.")
+    if form_all:
+        print(f"- The tuner's form at its own forced time (as the model's pick is judged) within "
+              f"10 % of the measured fastest: {form_ok} of {form_all}.")
     print(f"- The model's fastest within 10 % of the measured fastest: {model_ok} of {model_all}.")
 
 
