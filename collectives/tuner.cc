@@ -313,7 +313,6 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   const bool small = req.count * req.elemSize * size_t(std::max(1, n - 1)) <= kOneShotMaxBytes;
   if (req.type == CollType::kAllReduce && small && n > 2 && n - 1 <= kMaxStepPeers &&
       forced.allows(AlgoName::kOneShot) && c.algo == Algorithm::kOneShot) {
-    c.algo = Algorithm::kOneShot;
     c.reason =
         "small message, few ranks: one-shot (every input to every rank, added in rank order)";
     return c;
@@ -325,6 +324,8 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
         "2 ranks, up to 256 KiB: recursive doubling (one exchange, where the ring takes two)";
     return c;
   }
+  // 4 ranks above 2 MiB: the ring, where the direct form was chosen (not where LOOM_ALGO
+  // names direct, alone or in a list).
   if (req.type == CollType::kAllReduce && n == 4 && c.algo == Algorithm::kDirect &&
       req.count * req.elemSize > kDirectAllReduceMaxBytes4 && !forced.names(AlgoName::kDirect) &&
       forced.allows(AlgoName::kRing)) {
@@ -334,15 +335,22 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
     return c;
   }
   if (c.algo != Algorithm::kOneShot) return c;
-  if (n > 1 && (n & (n - 1)) == 0) {
+  // One-shot over the network runs on 3 or 4 ranks only: the next form LOOM_ALGO leaves in.
+  if (n > 1 && (n & (n - 1)) == 0 && forced.allows(AlgoName::kDoubling)) {
     c.algo = Algorithm::kDoubling;
     c.reason = "small message (one-shot over the network takes 3 or 4 ranks): recursive doubling";
-  } else if (n - 1 <= kMaxStepPeers) {
+  } else if (n - 1 <= kMaxStepPeers && forced.allows(AlgoName::kDirect)) {
     c.algo = Algorithm::kDirect;
     c.reason = "small message (one-shot over the network takes 3 or 4 ranks): direct";
+  } else if (!forced.allows(AlgoName::kRing) && n > 2 && forced.allows(AlgoName::kTree)) {
+    c.algo = Algorithm::kTree;
+    c.reason = "small message (one-shot over the network takes 3 or 4 ranks): tree";
   } else {
     c.algo = Algorithm::kRing;
-    c.reason = "small message (one-shot over the network takes 3 or 4 ranks): ring";
+    c.reason = forced.allows(AlgoName::kRing)
+                   ? "small message (one-shot over the network takes 3 or 4 ranks): ring"
+                   : "ring (one-shot over the network takes 3 or 4 ranks; LOOM_ALGO leaves "
+                     "nothing else that runs here)";
   }
   return c;
 }

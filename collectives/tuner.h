@@ -74,10 +74,12 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
 Result<TunerChoice> chooseAlgorithm(const CollRequest& req, const std::string& forced);
 
 // The algorithm of a collective on device buffers over the network (the GPU network
-// executor, collectives/device/net_executor.h): as chooseAlgorithm over sockets, but
-// never the one-shot all-reduce, whose gathered inputs would need scratch memory on the
-// GPU: recursive doubling where the rank count is a power of two, else direct for up to
-// kMaxStepPeers + 1 ranks, else the ring.
+// executor, collectives/device/net_executor.h): as chooseAlgorithm over sockets, with the
+// rules measured for GPU buffers: the one-shot all-reduce only on 3 ranks (4 where
+// LOOM_ALGO names it; beyond, recursive doubling where the rank count is a power of two,
+// else direct for up to kMaxStepPeers + 1 ranks, else the ring), recursive doubling on 2
+// ranks up to kTwoRankDoublingMaxBytes, and on 4 ranks the ring instead of the direct form
+// above kDirectAllReduceMaxBytes4 (collectives/schedule.h).
 Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& forced);
 
 // GPU buffers across hosts of several GPUs each (collectives/device/cuda_executor_hier.cc):

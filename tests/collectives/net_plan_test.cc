@@ -176,6 +176,27 @@ TEST(NetPlan, FourRanksTakeTheRingAbove2MiB) {
   EXPECT_EQ(pick(4, 16u << 20, "direct"), Algorithm::kDirect);
   EXPECT_EQ(pick(4, 16u << 20, "^ring"), Algorithm::kDirect);
   EXPECT_EQ(pick(3, 16u << 20, ""), Algorithm::kDirect);
+  EXPECT_EQ(pick(4, 16u << 20, "direct,ring"), Algorithm::kDirect);  // names direct: kept
+  EXPECT_NE(pick(4, 16u << 20, "^direct"), Algorithm::kDirect);
+  EXPECT_NE(pick(5, 16u << 20, ""), Algorithm::kDirect);
+  EXPECT_NE(pick(8, 16u << 20, ""), Algorithm::kDirect);
+}
+
+// Past 4 ranks a small all-reduce over the network cannot take the one-shot: the next
+// form LOOM_ALGO leaves in, never one it leaves out.
+TEST(NetPlan, SmallMessagesBeyondFourRanksKeepLoomAlgosExclusions) {
+  auto pick = [](int n, const char* algo) {
+    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
+                                *AlgoRequest::parse(algo));
+    EXPECT_TRUE(c.isOk());
+    return c.isOk() ? c->algo : Algorithm::kOneShot;
+  };
+  EXPECT_EQ(pick(8, ""), Algorithm::kDoubling);
+  EXPECT_NE(pick(8, "^doubling"), Algorithm::kDoubling);
+  EXPECT_EQ(pick(5, "^ring"), Algorithm::kTree);
+  EXPECT_EQ(pick(6, "oneshot"), Algorithm::kRing);  // nothing else left: the ring runs
+  EXPECT_EQ(pick(4, "^doubling"), Algorithm::kOneShot);
+  EXPECT_EQ(pick(4, "oneshot"), Algorithm::kOneShot);
 }
 
 // Lanes whose blocks would be more than a kernel takes run as fewer lanes: recursive

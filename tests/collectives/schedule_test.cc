@@ -695,7 +695,7 @@ TEST(Tuner, HierarchicalAllReduceWhereTheModelPricesItLower) {
 // What loom-model prints as the tuner's pick is the tuner's own choice, rules included:
 // host buffers across hosts of two ranks take the hierarchical form for large messages
 // and recursive doubling for small ones (a rule, whatever the model says); GPU buffers
-// across hosts never the one-shot; GPUs of one host are the mesh planner's to decide.
+// across hosts the one-shot on 3 ranks only; GPUs of one host are the mesh planner's to decide.
 TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   const model::Fabric host = model::hostMemoryFabric(4, 2, 0.125);
   model::Algo a{};
