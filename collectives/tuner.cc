@@ -306,11 +306,12 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   req.device = true;
   LOOM_ASSIGN_OR_RETURN(TunerChoice c, chooseAlgorithm(req, forced));
   const int n = req.nranks;
+  const size_t bytes = req.count * req.elemSize;
   // A small all-reduce on 3 ranks: one hop with every peer (oneShotAllReduce), where the
   // direct form takes two. On 4 ranks recursive doubling (two exchanges of the whole
   // buffer, one peer each) stays ahead of one-shot's three peers at once, and on 2 it is
   // that one exchange already; LOOM_ALGO=oneshot runs it on 3 or 4.
-  const bool small = req.count * req.elemSize * size_t(std::max(1, n - 1)) <= kOneShotMaxBytes;
+  const bool small = bytes * size_t(std::max(1, n - 1)) <= kOneShotMaxBytes;
   if (req.type == CollType::kAllReduce && small && n > 2 && n - 1 <= kMaxStepPeers &&
       forced.allows(AlgoName::kOneShot) && c.algo == Algorithm::kOneShot) {
     c.reason =
@@ -318,7 +319,7 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
     return c;
   }
   if (req.type == CollType::kAllReduce && n == 2 && c.algo == Algorithm::kRing &&
-      req.count * req.elemSize <= kTwoRankDoublingMaxBytes && forced.allows(AlgoName::kDoubling)) {
+      bytes <= kTwoRankDoublingMaxBytes && forced.allows(AlgoName::kDoubling)) {
     c.algo = Algorithm::kDoubling;
     c.reason =
         "2 ranks, up to 256 KiB: recursive doubling (one exchange, where the ring takes two)";
@@ -327,7 +328,7 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
   // 4 ranks above 2 MiB: the ring, where the direct form was chosen (not where LOOM_ALGO
   // names direct, alone or in a list).
   if (req.type == CollType::kAllReduce && n == 4 && c.algo == Algorithm::kDirect &&
-      req.count * req.elemSize > kDirectAllReduceMaxBytes4 && !forced.names(AlgoName::kDirect) &&
+      bytes > kDirectAllReduceMaxBytes4 && !forced.names(AlgoName::kDirect) &&
       forced.allows(AlgoName::kRing)) {
     c.algo = Algorithm::kRing;
     c.reason =

@@ -90,9 +90,8 @@ for n in "${hosts[@]}"; do
   : > "$out/probe_$n.log"
   runs=()
   for ((r = 0; r < ${PROBE_ROUNDS:-3}; ++r)); do
-    "$probe" -n "$n" -s "$socks" -b 64M -p 1M -w 3 -i 10 > "$out/probe_${n}_$r.log" 2>&1
-    cat "$out/probe_${n}_$r.log" >> "$out/probe_$n.log"
-    g=$(tail -n 1 "$out/probe_${n}_$r.log" | grep -oE '[0-9.]+ GB/s' | tail -n 1 | cut -d' ' -f1)
+    g=$("$probe" -n "$n" -s "$socks" -b 64M -p 1M -w 3 -i 10 2>&1 | tee -a "$out/probe_$n.log" |
+      tail -n 1 | grep -oE '[0-9.]+ GB/s' | tail -n 1 | cut -d' ' -f1)
     [[ -n $g ]] && runs+=("$g")
   done
   ((${#runs[@]} > 0)) || { echo "model_check_gpu: no rate from the probe:"; cat "$out/probe_$n.log"; exit 1; }

@@ -4,8 +4,9 @@
 The markdown table of scripts/model_check.sh: for each host count and size, every
 algorithm's measured time beside the cost model's prediction, the tuner's own choice
 (LOOM_ALGO unset) against the measured fastest, the form the tuner takes (loom-model's
-`tuner` column) at its forced time, and a summary of how far the model is off. TITLE and DESCRIPTION replace the host-memory heading and its paragraph (the GPU
-check, scripts/model_check_gpu.sh). Standard library only."""
+`tuner` column) at its forced time, and a summary of how far the model is off. TITLE and
+DESCRIPTION replace the host-memory heading and its paragraph (the GPU check,
+scripts/model_check_gpu.sh). Standard library only."""
 import csv
 import sys
 from collections import defaultdict

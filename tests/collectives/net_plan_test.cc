@@ -143,60 +143,54 @@ TEST(NetPlan, OneShotOverTheNetworkOnThreeRanks) {
   }
 }
 
+// The tuner's choice for `type` of `count` elements over the network on n ranks with
+// LOOM_ALGO `algo` (kOneShot, after a failed expectation, where it gives an error).
+Algorithm netPick(CollType type, int n, size_t count, const char* algo) {
+  auto c = chooseNetAlgorithm(request(type, 0, n, count, 0, 1000), *AlgoRequest::parse(algo));
+  EXPECT_TRUE(c.isOk());
+  return c.isOk() ? c->algo : Algorithm::kOneShot;
+}
+// The same for an all-reduce of `bytes` (floats).
+Algorithm allReducePick(int n, size_t bytes, const char* algo) {
+  return netPick(CollType::kAllReduce, n, bytes / 4, algo);
+}
+
 // An all-reduce over the network on 2 ranks: recursive doubling up to
 // kTwoRankDoublingMaxBytes, the ring above; LOOM_ALGO keeps the say. Not on more ranks.
 TEST(NetPlan, TwoRanksTakeRecursiveDoublingUpTo256KiB) {
-  auto pick = [](int n, size_t bytes, const char* algo) {
-    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, bytes / 4, 0, 1000),
-                                *AlgoRequest::parse(algo));
-    EXPECT_TRUE(c.isOk());
-    return c.isOk() ? c->algo : Algorithm::kOneShot;
-  };
-  EXPECT_EQ(pick(2, 128 * 1024, ""), Algorithm::kDoubling);
-  EXPECT_EQ(pick(2, kTwoRankDoublingMaxBytes, ""), Algorithm::kDoubling);
-  EXPECT_EQ(pick(2, kTwoRankDoublingMaxBytes + 4, ""), Algorithm::kRing);
-  EXPECT_EQ(pick(2, 128 * 1024, "ring"), Algorithm::kRing);
-  EXPECT_EQ(pick(2, 128 * 1024, "^doubling"), Algorithm::kRing);
-  EXPECT_EQ(pick(2, kTwoRankDoublingMaxBytes + 4, "doubling"), Algorithm::kDoubling);
-  EXPECT_NE(pick(4, 128 * 1024, ""), Algorithm::kDoubling);
-  EXPECT_NE(pick(8, 128 * 1024, ""), Algorithm::kDoubling);
+  EXPECT_EQ(allReducePick(2, 128 * 1024, ""), Algorithm::kDoubling);
+  EXPECT_EQ(allReducePick(2, kTwoRankDoublingMaxBytes, ""), Algorithm::kDoubling);
+  EXPECT_EQ(allReducePick(2, kTwoRankDoublingMaxBytes + 4, ""), Algorithm::kRing);
+  EXPECT_EQ(allReducePick(2, 128 * 1024, "ring"), Algorithm::kRing);
+  EXPECT_EQ(allReducePick(2, 128 * 1024, "^doubling"), Algorithm::kRing);
+  EXPECT_EQ(allReducePick(2, kTwoRankDoublingMaxBytes + 4, "doubling"), Algorithm::kDoubling);
+  EXPECT_NE(allReducePick(4, 128 * 1024, ""), Algorithm::kDoubling);
+  EXPECT_NE(allReducePick(8, 128 * 1024, ""), Algorithm::kDoubling);
 }
 
 TEST(NetPlan, FourRanksTakeTheRingAbove2MiB) {
-  auto pick = [](int n, size_t bytes, const char* algo) {
-    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, bytes / 4, 0, 1000),
-                                *AlgoRequest::parse(algo));
-    EXPECT_TRUE(c.isOk());
-    return c.isOk() ? c->algo : Algorithm::kOneShot;
-  };
-  EXPECT_EQ(pick(4, 1024 * 1024, ""), Algorithm::kDirect);
-  EXPECT_EQ(pick(4, kDirectAllReduceMaxBytes4, ""), Algorithm::kDirect);
-  EXPECT_EQ(pick(4, kDirectAllReduceMaxBytes4 + 4, ""), Algorithm::kRing);
-  EXPECT_EQ(pick(4, 128u << 20, ""), Algorithm::kRing);
-  EXPECT_EQ(pick(4, 16u << 20, "direct"), Algorithm::kDirect);
-  EXPECT_EQ(pick(4, 16u << 20, "^ring"), Algorithm::kDirect);
-  EXPECT_EQ(pick(3, 16u << 20, ""), Algorithm::kDirect);
-  EXPECT_EQ(pick(4, 16u << 20, "direct,ring"), Algorithm::kDirect);  // names direct: kept
-  EXPECT_NE(pick(4, 16u << 20, "^direct"), Algorithm::kDirect);
-  EXPECT_NE(pick(5, 16u << 20, ""), Algorithm::kDirect);
-  EXPECT_NE(pick(8, 16u << 20, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(4, 1024 * 1024, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(4, kDirectAllReduceMaxBytes4, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(4, kDirectAllReduceMaxBytes4 + 4, ""), Algorithm::kRing);
+  EXPECT_EQ(allReducePick(4, 128u << 20, ""), Algorithm::kRing);
+  EXPECT_EQ(allReducePick(4, 16u << 20, "direct"), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(4, 16u << 20, "^ring"), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(3, 16u << 20, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(4, 16u << 20, "direct,ring"), Algorithm::kDirect);  // names direct: kept
+  EXPECT_NE(allReducePick(4, 16u << 20, "^direct"), Algorithm::kDirect);
+  EXPECT_NE(allReducePick(5, 16u << 20, ""), Algorithm::kDirect);
+  EXPECT_NE(allReducePick(8, 16u << 20, ""), Algorithm::kDirect);
 }
 
 // Past 4 ranks a small all-reduce over the network cannot take the one-shot: the next
 // form LOOM_ALGO leaves in, never one it leaves out.
 TEST(NetPlan, SmallMessagesBeyondFourRanksKeepLoomAlgosExclusions) {
-  auto pick = [](int n, const char* algo) {
-    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
-                                *AlgoRequest::parse(algo));
-    EXPECT_TRUE(c.isOk());
-    return c.isOk() ? c->algo : Algorithm::kOneShot;
-  };
-  EXPECT_EQ(pick(8, ""), Algorithm::kDoubling);
-  EXPECT_NE(pick(8, "^doubling"), Algorithm::kDoubling);
-  EXPECT_EQ(pick(5, "^ring"), Algorithm::kTree);
-  EXPECT_EQ(pick(6, "oneshot"), Algorithm::kRing);  // nothing else left: the ring runs
-  EXPECT_EQ(pick(4, "^doubling"), Algorithm::kOneShot);
-  EXPECT_EQ(pick(4, "oneshot"), Algorithm::kOneShot);
+  EXPECT_EQ(allReducePick(8, 8, ""), Algorithm::kDoubling);
+  EXPECT_NE(allReducePick(8, 8, "^doubling"), Algorithm::kDoubling);
+  EXPECT_EQ(allReducePick(5, 8, "^ring"), Algorithm::kTree);
+  EXPECT_EQ(allReducePick(6, 8, "oneshot"), Algorithm::kRing);  // nothing else left: the ring runs
+  EXPECT_EQ(allReducePick(4, 8, "^doubling"), Algorithm::kOneShot);
+  EXPECT_EQ(allReducePick(4, 8, "oneshot"), Algorithm::kOneShot);
 }
 
 // Lanes whose blocks would be more than a kernel takes run as fewer lanes: recursive
@@ -258,9 +252,7 @@ TEST(NetPlan, SmallAllGatherAndReduceScatterAreDirectOnFewRanks) {
     const size_t small = (gather ? kDirectAllGatherMaxBytes : kDirectReduceScatterMaxBytes) / 4;
     const size_t large = small + 1;
     auto pick = [type](int n, size_t count, const char* algo) {
-      auto c = chooseNetAlgorithm(request(type, 0, n, count, 0, 1000), *AlgoRequest::parse(algo));
-      EXPECT_TRUE(c.isOk());
-      return c.isOk() ? c->algo : Algorithm::kOneShot;
+      return netPick(type, n, count, algo);
     };
     const int t = static_cast<int>(type);
     for (int n : {3, 4}) {
