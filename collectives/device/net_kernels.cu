@@ -212,6 +212,15 @@ __device__ void releaseRecv(const NetContext& c, int link, uint64_t seq) {
   storeRelease(&c.recvFifos[link].header->done, seq + 1);
 }
 
+// The same for a small message, whose words every thread has copied into shared memory
+// before the block's barrier: those loads are done (their values are in shared memory), so
+// nothing the proxy writes to the slot after it sees `done` can reach them, and the
+// release needs no system fence (which held the kernel's end about 1 us on an H100).
+__device__ void releaseSmallRecv(const NetContext& c, int link, uint64_t seq) {
+  vstore(c.counters[link].consumed, seq + 1);
+  *reinterpret_cast<volatile uint64_t*>(&c.recvFifos[link].header->done) = seq + 1;
+}
+
 // Every block of a lane waits here between its phases (their steps may read what
 // earlier ones wrote). False when the kernel failed meanwhile.
 __device__ bool laneBarrier(const NetContext& c, int lane, unsigned blocks) {
@@ -269,6 +278,59 @@ struct StepRun {
       case Buffer::kOutput: return static_cast<char*>(a.out) + offset * sizeof(S);
       case Buffer::kAbsolute: return reinterpret_cast<char*>(offset);
       default: return nullptr;
+    }
+  }
+
+  // A piece of at most kFifoSmallBytes, combined as reduceCopy would (the same sources in
+  // the same order, the pre-op on this rank's own, the post-op at the end, rounding at each
+  // step; a single source without either is copied bit for bit) but with every pointer in a
+  // register or shared memory: reduceCopy's Io lives in local memory, and building it, the
+  // call and reading it back took 2.6-3.0 us for 8 bytes on an H100 (2026-12-07), most of
+  // a small step's work.
+  __device__ void combineTiny(const NetStep& st, const char* src, char* dst,
+                              const char* const* recv, char* const* send, uint64_t elems,
+                              bool placed) const {
+    using C = typename E::Compute;
+    const bool useRecv = reduces || !src;
+    const bool preSrc = reduces && !st.srcPartial;
+    const bool post = reduces && st.final != 0;
+    const int nsrc = (src ? 1 : 0) + (useRecv ? st.nrecv : 0);
+    if (nsrc == 0 || (!dst && st.nsend == 0)) return;
+    // One source and nothing to apply: which one.
+    const S* only = nullptr;
+    if (nsrc == 1 && !post) {
+      if (src && !preSrc) only = reinterpret_cast<const S*>(src);
+      if (!src) only = reinterpret_cast<const S*>(recv[0]);
+    }
+    for (uint64_t i = threadIdx.x; i < elems; i += blockDim.x) {
+      S v;
+      if (only) {
+        v = only[i];
+      } else {
+        C acc{};
+        bool any = false;
+        auto add = [&](C x) {
+          acc = any ? rounded<E>(op.combine(acc, x)) : x;
+          any = true;
+        };
+        auto addSrc = [&] {
+          C x = E::load(reinterpret_cast<const S*>(src)[i]);
+          if (preSrc) x = rounded<E>(op.pre(x));
+          add(x);
+        };
+        if (src && !placed) addSrc();
+        if (useRecv) {
+          for (int j = 0; j < st.nrecv; ++j) {
+            if (placed && j == st.srcAt) addSrc();
+            add(E::load(reinterpret_cast<const S*>(recv[j])[i]));
+          }
+        }
+        if (placed && st.srcAt == st.nrecv) addSrc();
+        if (post) acc = op.post(acc);
+        v = E::store(acc);
+      }
+      if (dst) reinterpret_cast<S*>(dst)[i] = v;
+      for (int j = 0; j < st.nsend; ++j) reinterpret_cast<S*>(send[j])[i] = v;
     }
   }
 
@@ -340,31 +402,35 @@ struct StepRun {
         // so (its system fence then overlaps the first warps' reduction).
         if (threadIdx.x == blockDim.x - 1) {
           for (int j = 0; j < st.nrecv; ++j) {
-            if (smallRecvs & (1u << j)) releaseRecv(c, base + st.recvPeers[j], recvSeq[j]);
+            if (smallRecvs & (1u << j)) releaseSmallRecv(c, base + st.recvPeers[j], recvSeq[j]);
           }
         }
       }
-      Io io;
       const char* src = st.srcBuffer ? at(st.srcBuffer, st.srcOffset) + first * sizeof(S) : nullptr;
       char* dst = st.dstBuffer ? at(st.dstBuffer, st.dstOffset) + first * sizeof(S) : nullptr;
       // The source first, or at st.srcAt among what arrived (a rank-ordered sum).
       const bool placed = reduces && src && st.srcAt <= st.nrecv;
-      auto addSrc = [&] {
-        if (reduces && !st.srcPartial) io.preMask |= 1u << io.nsrc;
-        io.srcs[io.nsrc++] = src;
-      };
-      if (src && !placed) addSrc();
-      if (reduces || !src) {
-        for (int j = 0; j < st.nrecv; ++j) {
-          if (placed && j == st.srcAt) addSrc();
-          io.srcs[io.nsrc++] = recv[j];
+      if (tiny) {
+        combineTiny(st, src, dst, recv, send, elems, placed);
+      } else {
+        Io io;
+        auto addSrc = [&] {
+          if (reduces && !st.srcPartial) io.preMask |= 1u << io.nsrc;
+          io.srcs[io.nsrc++] = src;
+        };
+        if (src && !placed) addSrc();
+        if (reduces || !src) {
+          for (int j = 0; j < st.nrecv; ++j) {
+            if (placed && j == st.srcAt) addSrc();
+            io.srcs[io.nsrc++] = recv[j];
+          }
         }
+        if (placed && st.srcAt == st.nrecv) addSrc();
+        io.post = reduces && st.final != 0;
+        if (dst) io.dsts[io.ndst++] = dst;
+        for (int j = 0; j < st.nsend; ++j) io.dsts[io.ndst++] = send[j];
+        if (io.nsrc > 0 && io.ndst > 0 && elems > 0) reduceCopy<E>(io, op, elems);
       }
-      if (placed && st.srcAt == st.nrecv) addSrc();
-      io.post = reduces && st.final != 0;
-      if (dst) io.dsts[io.ndst++] = dst;
-      for (int j = 0; j < st.nsend; ++j) io.dsts[io.ndst++] = send[j];
-      if (io.nsrc > 0 && io.ndst > 0 && elems > 0) reduceCopy<E>(io, op, elems);
       trace(10);
       __syncthreads();
       for (int j = 0; j < st.nsend; ++j) {
@@ -404,6 +470,7 @@ __global__ void __launch_bounds__(512)
   const NetPhase* phases = netPhases(plan) + L.firstPhase;
   const NetStep* steps = netSteps(plan);
   const bool reduces = plan->reduces != 0;
+  const uint64_t pieceElems = plan->pieceElems;
   // Launched with programmatic dependent launch (launchNet), this kernel may start while
   // the stream's previous kernel ends. Until griddepcontrol.wait it reads only what no
   // kernel writes: its parameters, its plan and the FIFO table (written before the
@@ -413,12 +480,24 @@ __global__ void __launch_bounds__(512)
   // (later phases read theirs when they come), and thread 0 fetches the start of its
   // first step's source into L2 (not L1, which the previous kernel's writes would not
   // reach: L2 is where they land).
+  // The first two phases' steps are read into registers here too: after the wait every
+  // load goes out to L2 (or the parameter bank's memory) again, and the phase and its step
+  // are two dependent loads there (2.2 us between the wait and the step's start on an
+  // H100, 2026-12-07, against 0.8 from the step's start to its send slot).
   uint32_t fifoSmall[kHintPhases] = {};
-  for (uint32_t p = 0; p < L.nphases && p < kHintPhases; ++p) {
-    if (b < phases[p].nsteps) fifoSmall[p] = smallFifos(c, steps[phases[p].firstStep + b]);
+  NetStep early0, early1;
+  const bool has0 = L.nphases > 0 && b < phases[0].nsteps;
+  const bool has1 = L.nphases > 1 && b < phases[1].nsteps;
+  if (has0) {
+    early0 = steps[phases[0].firstStep + b];
+    fifoSmall[0] = smallFifos(c, early0);
   }
-  if (L.nphases > 0 && b < phases[0].nsteps) {
-    const NetStep& st0 = steps[phases[0].firstStep + b];
+  if (has1) {
+    early1 = steps[phases[1].firstStep + b];
+    fifoSmall[1] = smallFifos(c, early1);
+  }
+  if (has0) {
+    const NetStep& st0 = early0;
     const char* src = nullptr;
     switch (static_cast<Buffer>(st0.srcBuffer)) {
       case Buffer::kInput:
@@ -443,12 +522,11 @@ __global__ void __launch_bounds__(512)
   if (a.red == RedKind::kPreMulSum) op.scalar = scalarFor<E>(a.scalar, a.scalarDevice);
   StepRun<E> run{c, a, op, reduces};
   for (uint32_t p = 0; p < L.nphases; ++p) {
-    const NetPhase ph = phases[p];
     traceSetPhase(p);
-    if (b < ph.nsteps) {
-      const NetStep st = steps[ph.firstStep + b];
-      const uint32_t hint = p < kHintPhases ? fifoSmall[p] : smallFifos(c, st);
-      if (!run.run(st, plan->pieceElems, hint)) break;
+    if (p == 0 ? has0 : p == 1 ? has1 : b < phases[p].nsteps) {
+      const NetStep st = p == 0 ? early0 : p == 1 ? early1 : steps[phases[p].firstStep + b];
+      const uint32_t hint = p == 0 ? fifoSmall[0] : p == 1 ? fifoSmall[1] : smallFifos(c, st);
+      if (!run.run(st, pieceElems, hint)) break;
     }
     if (p + 1 < L.nphases && L.blocks > 1 && !laneBarrier(c, lane, L.blocks)) break;
   }

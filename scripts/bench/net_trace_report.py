@@ -56,7 +56,10 @@ def stat(name, values):
     if not v:
         return
     n = len(v)
-    print(f"  {name:44s} median {v[n // 2]:7.2f}  p10 {v[n // 10]:7.2f}  p90 {v[9 * n // 10]:7.2f}")
+    # The mean too: where the GPU's timer ticks coarsely, a median of short stages rounds
+    # to a tick; the mean over many kernels, whose phases against the tick vary, does not.
+    print(f"  {name:44s} median {v[n // 2]:7.2f}  mean {sum(v) / n:7.2f}  p10 {v[n // 10]:7.2f}"
+          f"  p90 {v[9 * n // 10]:7.2f}")
 
 
 def by_kernel(records):

@@ -42,9 +42,11 @@ TEST_P(OverTheNetwork, EveryCollectiveTypeAndOp) {
 }
 
 // NaN, +-Inf and +-0 through max and min (common/minmax.h): the host's answer on every rank.
+// 200 elements: pieces of at most 1 KiB for the 1- to 4-byte types (the kernel's small-piece
+// combine, combineTiny).
 TEST_P(OverTheNetwork, MaxMinOnSpecialValues) {
   NETWORK_RANKS(R);
-  for (size_t count : {size_t{4099}, (size_t{1} << 20) + 5}) {
+  for (size_t count : {size_t{200}, size_t{4099}, (size_t{1} << 20) + 5}) {
     EXPECT_EQ(maxMinOnSpecialValues(R, count), 0u) << "count " << count;
   }
 }
