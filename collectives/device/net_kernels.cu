@@ -212,15 +212,6 @@ __device__ void releaseRecv(const NetContext& c, int link, uint64_t seq) {
   storeRelease(&c.recvFifos[link].header->done, seq + 1);
 }
 
-// The same for a small message, whose words every thread has copied into shared memory
-// before the block's barrier: those loads are done (their values are in shared memory), so
-// nothing the proxy writes to the slot after it sees `done` can reach them, and the
-// release needs no system fence (which held the kernel's end about 1 us on an H100).
-__device__ void releaseSmallRecv(const NetContext& c, int link, uint64_t seq) {
-  vstore(c.counters[link].consumed, seq + 1);
-  *reinterpret_cast<volatile uint64_t*>(&c.recvFifos[link].header->done) = seq + 1;
-}
-
 // Every block of a lane waits here between its phases (their steps may read what
 // earlier ones wrote). False when the kernel failed meanwhile.
 __device__ bool laneBarrier(const NetContext& c, int lane, unsigned blocks) {
@@ -402,7 +393,7 @@ struct StepRun {
         // so (its system fence then overlaps the first warps' reduction).
         if (threadIdx.x == blockDim.x - 1) {
           for (int j = 0; j < st.nrecv; ++j) {
-            if (smallRecvs & (1u << j)) releaseSmallRecv(c, base + st.recvPeers[j], recvSeq[j]);
+            if (smallRecvs & (1u << j)) releaseRecv(c, base + st.recvPeers[j], recvSeq[j]);
           }
         }
       }
