@@ -274,10 +274,11 @@ struct StepRun {
 
   // A piece of at most kFifoSmallBytes, combined as reduceCopy would (the same sources in
   // the same order, the pre-op on this rank's own, the post-op at the end, rounding at each
-  // step; a single source without either is copied bit for bit) but with every pointer in a
-  // register or shared memory: reduceCopy's Io lives in local memory, and building it, the
-  // call and reading it back took 2.6-3.0 us for 8 bytes on an H100 (2026-12-07), most of
-  // a small step's work.
+  // step; a single source without either is copied bit for bit, where reduceCopy's tail
+  // goes through E::load and E::store, which may change a NaN's bits) but with every
+  // pointer in a register or shared memory: reduceCopy's Io lives in local memory and it is
+  // not inlined, and building the Io, the call and reading it back took 2.6-3.1 us for 8
+  // bytes on an H100 (2026-12-07; 1.0 us with this), most of a small step's work.
   __device__ void combineTiny(const NetStep& st, const char* src, char* dst,
                               const char* const* recv, char* const* send, uint64_t elems,
                               bool placed) const {
@@ -471,10 +472,13 @@ __global__ void __launch_bounds__(512)
   // (later phases read theirs when they come), and thread 0 fetches the start of its
   // first step's source into L2 (not L1, which the previous kernel's writes would not
   // reach: L2 is where they land).
-  // The first two phases' steps are read into registers here too: after the wait every
-  // load goes out to L2 (or the parameter bank's memory) again, and the phase and its step
-  // are two dependent loads there (2.2 us between the wait and the step's start on an
-  // H100, 2026-12-07, against 0.8 from the step's start to its send slot).
+  // The first two phases' steps are copied here too (onto the thread's stack: run()
+  // indexes their peers, so they do not stay in registers). Read after the wait, the phase
+  // and then its step took 2.3 us between the wait and the step's start (trace events 12
+  // to 13; one H100, 2026-12-07), 1.3 us read from the copies; the reads before the wait
+  // took 1.3 us longer, hidden where this kernel starts early (programmatic dependent
+  // launch, the default) and not otherwise. Why the reads after the wait were that slow
+  // (L1 emptied by the wait, say) is not established.
   uint32_t fifoSmall[kHintPhases] = {};
   NetStep early0, early1;
   const bool has0 = L.nphases > 0 && b < phases[0].nsteps;

@@ -43,7 +43,8 @@ TEST_P(OverTheNetwork, EveryCollectiveTypeAndOp) {
 
 // NaN, +-Inf and +-0 through max and min (common/minmax.h): the host's answer on every rank.
 // 200 elements: pieces of at most 1 KiB for the 1- to 4-byte types (the kernel's small-piece
-// combine, combineTiny).
+// combine, combineTiny); every pair of special values on 2 ranks, but on 3 and 4 the last
+// ranks' values are the list's first few there (all NaN for the 4th rank).
 TEST_P(OverTheNetwork, MaxMinOnSpecialValues) {
   NETWORK_RANKS(R);
   for (size_t count : {size_t{200}, size_t{4099}, (size_t{1} << 20) + 5}) {
