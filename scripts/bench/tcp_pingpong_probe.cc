@@ -2,8 +2,9 @@
 // processes, both spinning on non-blocking sockets (what loom's proxy does): 8 bytes there
 // and back, many times, and half the round trip printed as the one-way time. With
 // TWO_SOCKETS=1 each direction has a connection of its own, as NCCL's and loom's network
-// transports have it: the receiver then acknowledges every message in a packet of its own,
-// inside its recv() call, where with one connection the reply carries the acknowledgement.
+// transports have it (which costs more, presumably because the receiver then acknowledges
+// every message in a packet of its own, inside its recv() call, where with one connection
+// the reply carries the acknowledgement).
 //
 //   c++ -O2 -std=c++17 -o tcp_pingpong_probe tcp_pingpong_probe.cc
 //   tcp_pingpong_probe [ROUND_TRIPS [TWO_SOCKETS]]
