@@ -114,35 +114,6 @@ TEST(NetPlan, SplitPutsTheKthUseOfAConnectionInSubPhaseK) {
   EXPECT_EQ(recvs, (std::vector<NetLink>{{1, 0}}));
 }
 
-// A small all-reduce over the network: one-shot on 3 ranks by default and on 3 and 4 when
-// forced, recursive doubling on 2 and 4 (one exchange on 2; on 4 two, one peer each), never
-// one-shot beyond 4 (a step has at most kMaxStepPeers peers); LOOM_ALGO=doubling still
-// gets doubling.
-TEST(NetPlan, OneShotOverTheNetworkOnThreeRanks) {
-  for (int n : {2, 3, 4, 5, 8}) {
-    const bool fits = n == 3 || n == 4;
-    auto c = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000), AlgoRequest());
-    ASSERT_TRUE(c.isOk());
-    EXPECT_EQ(c->algo == Algorithm::kOneShot, n == 3) << n;
-    if (n == 4) {
-      EXPECT_EQ(c->algo, Algorithm::kDoubling);
-    }
-    auto f = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
-                                *AlgoRequest::parse("oneshot"));
-    ASSERT_TRUE(f.isOk());
-    EXPECT_EQ(f->algo == Algorithm::kOneShot, fits) << n;
-    auto d = chooseNetAlgorithm(request(CollType::kAllReduce, 0, n, 2, 0, 1000),
-                                *AlgoRequest::parse("doubling"));
-    ASSERT_TRUE(d.isOk());
-    EXPECT_NE(d->algo, Algorithm::kOneShot) << n;
-    // Past the small-message bound: not one-shot.
-    auto big = chooseNetAlgorithm(
-        request(CollType::kAllReduce, 0, n, kOneShotMaxBytes / 4 + 1, 0, 1000), AlgoRequest());
-    ASSERT_TRUE(big.isOk());
-    EXPECT_NE(big->algo, Algorithm::kOneShot) << n;
-  }
-}
-
 // The tuner's choice for `type` of `count` elements over the network on n ranks with
 // LOOM_ALGO `algo` (kOneShot, after a failed expectation, where it gives an error).
 Algorithm netPick(CollType type, int n, size_t count, const char* algo) {
@@ -153,6 +124,24 @@ Algorithm netPick(CollType type, int n, size_t count, const char* algo) {
 // The same for an all-reduce of `bytes` (floats).
 Algorithm allReducePick(int n, size_t bytes, const char* algo) {
   return netPick(CollType::kAllReduce, n, bytes / 4, algo);
+}
+
+// A small all-reduce over the network: one-shot on 3 ranks by default and on 3 and 4 when
+// forced, recursive doubling on 2 and 4 (one exchange on 2; on 4 two, one peer each), never
+// one-shot beyond 4 (a step has at most kMaxStepPeers peers); LOOM_ALGO=doubling still
+// gets doubling.
+TEST(NetPlan, OneShotOverTheNetworkOnThreeRanks) {
+  for (int n : {2, 3, 4, 5, 8}) {
+    const Algorithm byDefault = allReducePick(n, 8, "");
+    EXPECT_EQ(byDefault == Algorithm::kOneShot, n == 3) << n;
+    if (n == 4) {
+      EXPECT_EQ(byDefault, Algorithm::kDoubling);
+    }
+    EXPECT_EQ(allReducePick(n, 8, "oneshot") == Algorithm::kOneShot, n == 3 || n == 4) << n;
+    EXPECT_NE(allReducePick(n, 8, "doubling"), Algorithm::kOneShot) << n;
+    // Past the small-message bound: not one-shot.
+    EXPECT_NE(allReducePick(n, kOneShotMaxBytes + 4, ""), Algorithm::kOneShot) << n;
+  }
 }
 
 // An all-reduce over the network on 2 ranks: recursive doubling up to
