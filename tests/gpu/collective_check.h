@@ -342,10 +342,14 @@ inline size_t everyCollectiveTypeAndOp(Ranks& R) {
 // Max and min on special values (common/minmax.h's rule: NaN from either side gives NaN,
 // -0 is below +0), every floating type, all-reduce, reduce-scatter and reduce, checked
 // against the host kernels (loom::reduce, which follow the same rule) on every rank, and
-// the all-reduce's result bitwise equal on every rank. Element i of rank r holds value
-// number (i / 8^r) % 8 of the list below, so each of its 8^n combinations (up to 4 ranks)
-// appears. `count` past the small-message forms too. Returns the wrong values found.
-inline size_t maxMinOnSpecialValues(Ranks& R, size_t count) {
+// the all-reduce's result bitwise equal on every rank. kCounting: element i of rank r holds
+// value number (i / 8^r) % 8 of the list below, so each of its 8^n combinations (up to 4
+// ranks) appears once `count` reaches 8^n. kMixed: a hash of (i, r) picks the value, so
+// every rank's value changes from element to element (a short count still mixes them all).
+// `count` past the small-message forms too. Returns the wrong values found.
+enum class SpecialPattern { kCounting, kMixed };
+inline size_t maxMinOnSpecialValues(Ranks& R, size_t count,
+                                    SpecialPattern pattern = SpecialPattern::kCounting) {
   const double nan = std::nan(""), inf = HUGE_VAL;
   const double vals[] = {nan, inf, -inf, 0.0, -0.0, 1.0, -1.0, 2.5};
   const int n = R.n();
@@ -362,8 +366,16 @@ inline size_t maxMinOnSpecialValues(Ranks& R, size_t count) {
           in[r].resize(inCount * es);
           size_t stride = 1;
           for (int q = 0; q < r; ++q) stride *= 8;
-          for (size_t i = 0; i < inCount; ++i)
-            loom::storeFromDouble(t, in[r].data(), i, vals[(i / stride) % 8]);
+          for (size_t i = 0; i < inCount; ++i) {
+            uint64_t pick = (i / stride) % 8;
+            if (pattern == SpecialPattern::kMixed) {
+              uint64_t z = i * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(r + 1);
+              z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+              z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+              pick = (z ^ (z >> 31)) % 8;
+            }
+            loom::storeFromDouble(t, in[r].data(), i, vals[pick]);
+          }
         }
         // The reference: rank order on the host.
         std::vector<char> want = in[0];

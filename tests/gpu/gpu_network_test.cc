@@ -43,13 +43,15 @@ TEST_P(OverTheNetwork, EveryCollectiveTypeAndOp) {
 
 // NaN, +-Inf and +-0 through max and min (common/minmax.h): the host's answer on every rank.
 // 200 elements: pieces of at most 1 KiB for the 1- to 4-byte types (the kernel's small-piece
-// combine, combineTiny); every pair of special values on 2 ranks, but on 3 and 4 the last
-// ranks' values are the list's first few there (all NaN for the 4th rank).
+// combine, combineTiny). The counting pattern covers every pair of special values on 2 ranks
+// only (on 3 and 4 the last ranks' values are the list's first few within 200 elements); the
+// mixed pattern varies every rank's value from element to element.
 TEST_P(OverTheNetwork, MaxMinOnSpecialValues) {
   NETWORK_RANKS(R);
   for (size_t count : {size_t{200}, size_t{4099}, (size_t{1} << 20) + 5}) {
     EXPECT_EQ(maxMinOnSpecialValues(R, count), 0u) << "count " << count;
   }
+  EXPECT_EQ(maxMinOnSpecialValues(R, 200, SpecialPattern::kMixed), 0u) << "count 200, mixed";
 }
 
 TEST_P(OverTheNetwork, LargeCountsAndUnalignedBuffers) {
@@ -107,8 +109,12 @@ TEST_P(OverTheNetwork, PreMulSumHostAndDeviceScalars) {
         NCCL_OK(
             ncclRedOpCreatePreMulSum(&ops[r], s, static_cast<ncclDataType_t>(t), res, R.comms[r]));
       }
+      // 1 and 200 elements: pieces of at most 1 KiB (the kernel's small-piece combine).
       for (Coll c : {Coll::kAllReduce, Coll::kReduceScatter, Coll::kReduce}) {
-        EXPECT_EQ(runAndCheck(R, c, t, ops[0], 4099, false, 0, onDevice), 0u) << collName(c);
+        for (size_t count : {size_t{1}, size_t{200}, size_t{4099}}) {
+          EXPECT_EQ(runAndCheck(R, c, t, ops[0], count, false, 0, onDevice), 0u)
+              << collName(c) << " count " << count;
+        }
       }
       for (int r = 0; r < n; ++r) {
         ncclRedOpDestroy(ops[r], R.comms[r]);
