@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <tuple>
+#include <utility>
 
 #include "collectives/device/net_plan.h"
 #include "common/cuda_probe.h"
@@ -284,20 +286,43 @@ Status NetExecutor::connect(const std::vector<NetLink>& sends, const std::vector
     LOOM_TRY(cudaStatus(cudaStreamSynchronize(uploadStream_), "cudaStreamSynchronize"));
     return f;
   };
-  // Each lane's connection between two ranks is its own, and so are its handles.
+  // Each lane's connection between two ranks is its own, and so are its handles. Where a
+  // lane needs both directions with a peer now, they are offered one connection (pairWith:
+  // a small message's reply then carries the acknowledgement of what it answers).
+  std::map<std::pair<int, int>, transport::net::PairDialers> pairs;  // by (lane, peer)
+  if (backend_->duplex()) {
+    for (const NetLink& l : needRecv) {
+      const bool both = std::any_of(needSend.begin(), needSend.end(), [&](const NetLink& s) {
+        return s.lane == l.lane && s.peer == l.peer;
+      });
+      if (!both || l.peer == options_.rank) continue;
+      LOOM_ASSIGN_OR_RETURN(
+          transport::net::PairDialers d,
+          transport::net::pairWith(*backend_, dev_, options_.rank, l.peer, laneExchange(l.lane)));
+      pairs.emplace(std::make_pair(l.lane, l.peer), std::move(d));
+    }
+  }
   for (const NetLink& l : needRecv) {
     transport::net::SlotMemory where;
     LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, recvTable_, &where));
-    LOOM_ASSIGN_OR_RETURN(transport::net::RecvDialer dial,
-                          transport::net::listenFor(*backend_, dev_, l.peer, laneExchange(l.lane)));
+    transport::net::RecvDialer dial;
+    if (auto it = pairs.find({l.lane, l.peer}); it != pairs.end()) {
+      dial = it->second.recv;
+    } else {
+      LOOM_ASSIGN_OR_RETURN(
+          dial, transport::net::listenFor(*backend_, dev_, l.peer, laneExchange(l.lane)));
+    }
     proxy_->addRecv(std::move(dial), f, options_.timeoutMs, std::move(where));
     recvConnected_[l.lane * n + l.peer] = true;
   }
   for (const NetLink& l : needSend) {
     transport::net::SlotMemory where;
     LOOM_ASSIGN_OR_RETURN(transport::net::Fifo f, fifoFor(l, sendTable_, &where));
-    proxy_->addSend(transport::net::dialTo(*backend_, dev_, l.peer, laneExchange(l.lane)), f,
-                    options_.timeoutMs, std::move(where));
+    auto it = pairs.find({l.lane, l.peer});
+    proxy_->addSend(it != pairs.end()
+                        ? it->second.send
+                        : transport::net::dialTo(*backend_, dev_, l.peer, laneExchange(l.lane)),
+                    f, options_.timeoutMs, std::move(where));
     sendConnected_[l.lane * n + l.peer] = true;
   }
   LOOM_INFO(kInit, "rank %d: network connections under way: %zu send, %zu receive", options_.rank,

@@ -1,5 +1,6 @@
 #include "transports/net/connect.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,6 +63,113 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
   });
 }
 
+namespace {
+
+// The state both dialers of a pair share; whichever the proxy calls moves it on.
+struct Pair {
+  Backend* backend = nullptr;
+  const HandleExchange* exchange = nullptr;
+  int dev = 0;
+  int peer = -1;
+  bool lower = false;                    // this rank dials where the two pair
+  std::unique_ptr<ListenComm> listener;  // ours: the peer dials it, unless we pair and dial
+  Handle theirs;                         // the peer's listener
+  bool haveHandle = false;
+  bool paired = false;  // both offered: one connection (once haveHandle)
+  std::unique_ptr<SendComm> send;
+  std::unique_ptr<RecvComm> recv;
+  bool sendGiven = false, recvGiven = false;
+  Status failed;
+  Clock::time_point nextCheck = Clock::now() + std::chrono::seconds(1);
+
+  ~Pair() {
+    if (haveHandle) backend->cancelConnect(&theirs);  // a no-op once connected
+  }
+
+  Status advance() {
+    if (!failed.isOk()) return failed;
+    Status st = step();
+    if (!st) failed = st;
+    return st;
+  }
+
+  Status step() {
+    const std::string who = "rank " + std::to_string(peer);
+    if (!haveHandle) {
+      auto got = exchange->tryRecv(peer, &theirs);
+      if (!got) return got.status().withContext("receiving the connection handle of " + who);
+      haveHandle = *got;
+      paired = haveHandle && theirs.data[kPairOfferByte] == 1;
+    }
+    // The peer's connection to our listener (made whenever it is not ours to dial), which
+    // may arrive before its handle does.
+    if (!recv && !recvGiven && listener && !(paired && lower)) {
+      Status st = listener->accept(&recv);
+      if (!st) return st.withContext("accepting the connection from " + who);
+      if (recv) listener.reset();
+    }
+    if (haveHandle && !send && !sendGiven && !(paired && !lower)) {
+      Status st = backend->connect(dev, &theirs, peer, &send);
+      if (!st) return st.withContext("connecting to " + who);
+    }
+    if (paired) {
+      if (lower && send && !recv && !recvGiven) {
+        LOOM_ASSIGN_OR_RETURN(recv, send->reverse());
+        listener.reset();  // the peer does not dial it
+      }
+      if (!lower && recv && !send && !sendGiven) {
+        LOOM_ASSIGN_OR_RETURN(send, recv->reverse());
+      }
+    }
+    if ((!send && !sendGiven) || (!recv && !recvGiven))
+      LOOM_TRY(checkPeer(*exchange, peer, &nextCheck));
+    return Status::ok();
+  }
+};
+
+}  // namespace
+
+Result<PairDialers> pairWith(Backend& backend, int dev, int self, int peer,
+                             const HandleExchange& exchange) {
+  if (!backend.duplex() || peer == self) {
+    return errorf(Code::kInternalError, "pairWith: rank %d with rank %d on the %s backend", self,
+                  peer, backend.name());
+  }
+  auto pair = std::make_shared<Pair>();
+  pair->backend = &backend;
+  pair->exchange = &exchange;
+  pair->dev = dev;
+  pair->peer = peer;
+  pair->lower = self < peer;
+  Handle h;
+  LOOM_TRY(backend.listen(dev, &h, &pair->listener));
+  h.data[kPairOfferByte] = 1;
+  LOOM_TRY(exchange.send(peer, h).withContext("sending the connection handle to rank " +
+                                              std::to_string(peer)));
+  PairDialers d;
+  d.send = [pair](std::unique_ptr<SendComm>* comm) -> Status {
+    *comm = nullptr;
+    LOOM_TRY(pair->advance());
+    if (pair->send) {
+      *comm = std::move(pair->send);
+      pair->sendGiven = true;
+    }
+    return Status::ok();
+  };
+  d.recv = [pair](std::unique_ptr<RecvComm>* comm) -> Status {
+    *comm = nullptr;
+    LOOM_TRY(pair->advance());
+    // Not before the mode is known: the higher rank's send comm comes from this one.
+    if (pair->recv && pair->haveHandle &&
+        (!pair->paired || pair->lower || pair->send || pair->sendGiven)) {
+      *comm = std::move(pair->recv);
+      pair->recvGiven = true;
+    }
+    return Status::ok();
+  };
+  return d;
+}
+
 Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>& sendPeers,
                     const std::vector<int>& recvPeers, const HandleExchange& exchange,
                     const Deadline& deadline, Connections* out) {
@@ -91,13 +199,36 @@ Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>&
     return true;
   };
   ex.peerAlive = exchange.peerAlive;
+  // A peer in both lists: a pair, where the backend can (its dialers go in both lists).
+  std::map<int, PairDialers> pairs;
+  if (backend.duplex()) {
+    for (int p : recvPeers) {
+      if (p == self || pairs.count(p) ||
+          std::find(sendPeers.begin(), sendPeers.end(), p) == sendPeers.end()) {
+        continue;
+      }
+      LOOM_ASSIGN_OR_RETURN(pairs[p], pairWith(backend, dev, self, p, ex));
+    }
+  }
   std::vector<RecvDialer> accepts;
+  std::map<int, int> seen;  // a peer named twice: its later entries connect on their own
   for (int p : recvPeers) {
+    if (pairs.count(p) && seen[p]++ == 0) {
+      accepts.push_back(pairs[p].recv);
+      continue;
+    }
     LOOM_ASSIGN_OR_RETURN(RecvDialer d, listenFor(backend, dev, p, ex));
     accepts.push_back(std::move(d));
   }
+  seen.clear();
   std::vector<SendDialer> dials;
-  for (int p : sendPeers) dials.push_back(dialTo(backend, dev, p, ex));
+  for (int p : sendPeers) {
+    if (pairs.count(p) && seen[p]++ == 0) {
+      dials.push_back(pairs[p].send);
+      continue;
+    }
+    dials.push_back(dialTo(backend, dev, p, ex));
+  }
   size_t left = sendPeers.size() + recvPeers.size();
   while (left > 0) {
     const size_t before = left;

@@ -40,6 +40,20 @@ Result<RecvDialer> listenFor(Backend& backend, int dev, int peer, const HandleEx
 // The sending end of a connection to `peer`: waits for its handle, then connects.
 SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exchange);
 
+// Both directions between this rank (`self`) and `peer` != self, for a backend that says
+// duplex(): listens and sends the handle now, marked as an offer to pair (its
+// kPairOfferByte). Where the peer's handle carries the offer too, the two make one
+// connection: the lower rank dials, and each end takes the other direction from its comm's
+// reverse(). Where it does not (the peer needs one direction only now), each direction
+// gets a connection of its own, as listenFor and dialTo make them; the handles travel as
+// theirs do either way. Each dialer gives its comm once the peer's handle has arrived.
+struct PairDialers {
+  SendDialer send;
+  RecvDialer recv;
+};
+Result<PairDialers> pairWith(Backend& backend, int dev, int self, int peer,
+                             const HandleExchange& exchange);
+
 struct Connections {
   std::vector<std::unique_ptr<SendComm>> sends;  // in the order of sendPeers
   std::vector<std::unique_ptr<RecvComm>> recvs;  // in the order of recvPeers
@@ -47,7 +61,8 @@ struct Connections {
 
 // Makes the connections now: a collective call, every peer named must make the matching
 // one (its recvPeers hold this rank where our sendPeers hold it, and the other way).
-// `self` names this rank: a connection to itself exchanges its handle locally.
+// `self` names this rank: a connection to itself exchanges its handle locally. A peer in
+// both lists is offered a pair (pairWith) where the backend is duplex().
 Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>& sendPeers,
                     const std::vector<int>& recvPeers, const HandleExchange& exchange,
                     const Deadline& deadline, Connections* out);

@@ -20,6 +20,13 @@
 
 namespace loom::transport::net {
 
+Result<std::unique_ptr<RecvComm>> SendComm::reverse() {
+  return Status(Code::kInternalError, "this network backend's connections go one way only");
+}
+Result<std::unique_ptr<SendComm>> RecvComm::reverse() {
+  return Status(Code::kInternalError, "this network backend's connections go one way only");
+}
+
 namespace {
 
 // The built backends, for the messages that list them.

@@ -34,6 +34,8 @@ namespace loom::transport::net {
 
 inline constexpr size_t kHandleBytes = 128;  // NCCL_NET_HANDLE_MAXSIZE
 inline constexpr int kMaxRequests = 32;      // NCCL_NET_MAX_REQUESTS
+// The byte of a duplex backend's handle that connect.cc uses (Backend::duplex()).
+inline constexpr size_t kPairOfferByte = kHandleBytes - 1;
 
 // What a receiver passes to its sender. Opaque to everyone but the backend.
 struct Handle {
@@ -75,6 +77,8 @@ inline Status noDmaBuf() {
   return Status(Code::kInvalidUsage, "this network backend does not register dma-buf");
 }
 
+class RecvComm;
+
 class SendComm {
  public:
   virtual ~SendComm() = default;
@@ -94,6 +98,9 @@ class SendComm {
   virtual Status test(Request* request, bool* done, size_t* size) = 0;
   // Makes every request fail and tells the peer (abort; a later test() reports it).
   virtual void shutdown() = 0;
+  // Backends whose connections carry both directions (Backend::duplex()): the receiving
+  // end of this connection, for what the listener's side sends back. At most once.
+  virtual Result<std::unique_ptr<RecvComm>> reverse();
 };
 
 class RecvComm {
@@ -119,6 +126,8 @@ class RecvComm {
     return Status::ok();
   }
   virtual void shutdown() = 0;
+  // As SendComm's: the sending end of this connection, towards the dialer. At most once.
+  virtual Result<std::unique_ptr<SendComm>> reverse();
 };
 
 class ListenComm {
@@ -155,6 +164,10 @@ class Backend {
                          std::unique_ptr<SendComm>* comm) = 0;
   // Gives up a connect() that has not completed (frees what it kept in `handle`).
   virtual void cancelConnect(Handle* handle) {}
+  // Whether a connection carries messages both ways (the comms' reverse()): two ranks
+  // that need both directions then make one connection, not two (transports/net/
+  // connect.h). Such a backend leaves the last byte of its handles (kPairOfferByte) zero.
+  virtual bool duplex() const { return false; }
   // CPU seconds used so far by threads the backend runs itself (the socket backend's
   // helpers; those that ended count too), for the proxy's CPU report. ucx's waits for the
   // send connections it is still closing (their threads count once they end).

@@ -7,6 +7,13 @@
 // test() moves socket 0's bytes (a small message never waits for another thread to wake)
 // and, without helper threads, the others' too.
 //
+// A connection carries messages both ways (duplex()): the listener's side sends back on
+// the same sockets (the comms' reverse()), each direction with its own requests, helper
+// threads and socket-0 framing, so two ranks that exchange make one connection, not two.
+// On loopback one TCP connection both ways moved an 8-byte ping-pong in 3.5 us one way
+// against 6.9 with a connection each way (scripts/bench/tcp_pingpong_probe.cc, one H100
+// machine, 2026-12-07): a reply carries the acknowledgement of what it answers.
+//
 // Set-up: listen() opens a listening socket of its own and puts its address, a random
 // nonce and the socket count in the handle. The sender's sockets each say hello (magic,
 // communicator hash, nonce, index, rank) first; the listener gives every connection that
@@ -60,7 +67,10 @@ struct SocketHandle {
   int32_t rank;         // the listener's
   ConnectStage* stage;  // the sender's state between connect() calls (null as sent)
 };
-static_assert(sizeof(SocketHandle) <= kHandleBytes);
+static_assert(sizeof(SocketHandle) <= kPairOfferByte, "the last byte is connect.cc's");
+
+// A connection's sockets, shared by the comms of its two directions; closed with the last.
+using SharedSockets = std::shared_ptr<std::vector<Socket>>;
 
 struct Hello {
   uint64_t magic;
@@ -121,13 +131,14 @@ namespace {
 // (k - 1) % threads == t.
 class SocketComm {
  public:
-  SocketComm(std::vector<Socket> socks, bool sending, int peer, const Helpers& helpers)
+  SocketComm(SharedSockets socks, bool sending, int peer, const Helpers& helpers)
       : sending_(sending),
         what_(peerName(peer)),
-        nsocks_(socks.size()),
-        socks_(new Sock[socks.size()]),
+        nsocks_(socks->size()),
+        owned_(std::move(socks)),
+        socks_(new Sock[nsocks_]),
         cpuNs_(helpers.cpuNs) {
-    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = std::move(socks[k]);
+    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = &(*owned_)[k];
     const int threads = std::clamp(helpers.count, 0, static_cast<int>(nsocks_) - 1);
     // Before any helper starts: they read both.
     for (int t = 0; t < threads; ++t) {
@@ -212,7 +223,7 @@ class SocketComm {
   }
 
   void shutdown() {
-    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock.shutdown();
+    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock->shutdown();
   }
 
  private:
@@ -222,7 +233,7 @@ class SocketComm {
   static constexpr uint64_t kClaimed = uint64_t{1} << 63;
   static uint64_t seqOf(uint64_t v) { return v & ~kClaimed; }
   struct Sock {
-    Socket sock;
+    Socket* sock = nullptr;        // in owned_
     std::atomic<uint64_t> seq{0};  // the request this socket works on (kClaimed: started)
     size_t done = 0;               // bytes of that request's (header and) part moved
     Status error;  // why it stopped (written by its mover; helpers: under errorMutex_)
@@ -302,7 +313,7 @@ class SocketComm {
   Result<size_t> sendPart(Sock& s, const Request& r, size_t hdr, size_t begin, size_t end) {
     if (s.done >= hdr) {
       const size_t at = begin + (s.done - hdr);
-      return s.sock.sendSome(r.data + at, end - at, what_.c_str());
+      return s.sock->sendSome(r.data + at, end - at, what_.c_str());
     }
     uint64_t h = r.size;
     iovec iov[2] = {{reinterpret_cast<char*>(&h) + s.done, hdr - s.done},
@@ -311,7 +322,7 @@ class SocketComm {
     msg.msg_iov = iov;
     msg.msg_iovlen = 2;
     while (true) {
-      ssize_t n = ::sendmsg(s.sock.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t n = ::sendmsg(s.sock->fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n >= 0) return static_cast<size_t>(n);
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
@@ -325,11 +336,11 @@ class SocketComm {
   // reads are served from that buffer while it holds anything.
   Result<size_t> recvSome(size_t k, void* p, size_t bytes) {
     Sock& s = socks_[k];
-    if (k != 0) return s.sock.recvSome(p, bytes, what_.c_str());
+    if (k != 0) return s.sock->recvSome(p, bytes, what_.c_str());
     if (aheadAt_ == aheadEnd_) {
-      if (bytes >= kReadAhead) return s.sock.recvSome(p, bytes, what_.c_str());
+      if (bytes >= kReadAhead) return s.sock->recvSome(p, bytes, what_.c_str());
       if (!ahead_) ahead_ = std::make_unique<char[]>(kReadAhead);
-      LOOM_ASSIGN_OR_RETURN(size_t got, s.sock.recvSome(ahead_.get(), kReadAhead, what_.c_str()));
+      LOOM_ASSIGN_OR_RETURN(size_t got, s.sock->recvSome(ahead_.get(), kReadAhead, what_.c_str()));
       aheadAt_ = 0;
       aheadEnd_ = got;
     }
@@ -362,7 +373,7 @@ class SocketComm {
         const uint64_t seq = seqOf(socks_[k].seq.load(std::memory_order_relaxed));
         if (seq >= posted_.load(std::memory_order_acquire)) continue;
         if (!sending_ && k != 0 && headers_.load(std::memory_order_acquire) <= seq) continue;
-        fds.push_back({socks_[k].sock.fd(), static_cast<short>(sending_ ? POLLOUT : POLLIN), 0});
+        fds.push_back({socks_[k].sock->fd(), static_cast<short>(sending_ ? POLLOUT : POLLIN), 0});
       }
       // The timeout is only a safety net: every change that matters wakes the poll.
       ::poll(fds.data(), fds.size(), 100);
@@ -461,6 +472,7 @@ class SocketComm {
   const bool sending_;
   const std::string what_;
   const size_t nsocks_;
+  const SharedSockets owned_;      // with the other direction's comm, where it has one
   std::unique_ptr<Sock[]> socks_;  // fixed once helpers run
   // Receive, socket 0: bytes read ahead of the request that wanted them (recvSome).
   static constexpr size_t kReadAhead = 4096;
@@ -481,8 +493,11 @@ class SocketComm {
 
 class SocketSend final : public SendComm {
  public:
-  SocketSend(std::vector<Socket> socks, int peer, const Helpers& helpers)
-      : comm_(std::move(socks), true, peer, helpers) {}
+  SocketSend(SharedSockets socks, int peer, const Helpers& helpers)
+      : socks_(socks),
+        peer_(peer),
+        helpers_(helpers),
+        comm_(std::move(socks), true, peer, helpers) {}
   Result<MemHandle> regMr(void*, size_t, MemType type) override { return registration(type); }
   Status deregMr(MemHandle) override { return Status::ok(); }
   Status isend(const void* data, size_t size, int, MemHandle, Request** request) override {
@@ -491,6 +506,7 @@ class SocketSend final : public SendComm {
   }
   Status test(Request* r, bool* done, size_t* size) override { return comm_.test(r, done, size); }
   void shutdown() override { comm_.shutdown(); }
+  Result<std::unique_ptr<RecvComm>> reverse() override;
 
   static Result<MemHandle> registration(MemType type) {
     if (type != MemType::kHost) {
@@ -500,13 +516,19 @@ class SocketSend final : public SendComm {
   }
 
  private:
+  SharedSockets socks_;  // null once reverse() gave them to the other direction too
+  int peer_;
+  Helpers helpers_;
   SocketComm comm_;
 };
 
 class SocketRecv final : public RecvComm {
  public:
-  SocketRecv(std::vector<Socket> socks, int peer, const Helpers& helpers)
-      : comm_(std::move(socks), false, peer, helpers) {}
+  SocketRecv(SharedSockets socks, int peer, const Helpers& helpers)
+      : socks_(socks),
+        peer_(peer),
+        helpers_(helpers),
+        comm_(std::move(socks), false, peer, helpers) {}
   Result<MemHandle> regMr(void*, size_t, MemType type) override {
     return SocketSend::registration(type);
   }
@@ -520,10 +542,22 @@ class SocketRecv final : public RecvComm {
   }
   Status test(Request* r, bool* done, size_t* sizes) override { return comm_.test(r, done, sizes); }
   void shutdown() override { comm_.shutdown(); }
+  Result<std::unique_ptr<SendComm>> reverse() override {
+    if (!socks_) return errorf(Code::kInternalError, "net/socket: a connection reversed twice");
+    return std::unique_ptr<SendComm>(new SocketSend(std::move(socks_), peer_, helpers_));
+  }
 
  private:
+  SharedSockets socks_;  // null once reverse() gave them to the other direction too
+  int peer_;
+  Helpers helpers_;
   SocketComm comm_;
 };
+
+Result<std::unique_ptr<RecvComm>> SocketSend::reverse() {
+  if (!socks_) return errorf(Code::kInternalError, "net/socket: a connection reversed twice");
+  return std::unique_ptr<RecvComm>(new SocketRecv(std::move(socks_), peer_, helpers_));
+}
 
 class SocketListen final : public ListenComm {
  public:
@@ -546,8 +580,8 @@ class SocketListen final : public ListenComm {
     for (const auto& s : slots_) {
       if (!s.isOpen()) return Status::ok();
     }
-    std::vector<Socket> socks;
-    for (auto& s : slots_) socks.push_back(std::move(s));
+    auto socks = std::make_shared<std::vector<Socket>>();
+    for (auto& s : slots_) socks->push_back(std::move(s));
     *comm = std::make_unique<SocketRecv>(std::move(socks), peerRank_, helpers_);
     return Status::ok();
   }
@@ -592,7 +626,11 @@ struct ConnectStage {
 class SocketBackend final : public Backend {
  public:
   SocketBackend(const Context& ctx, std::vector<NetInterface> ifs, int nsocks, int threads)
-      : ctx_(ctx), ifs_(std::move(ifs)), nsocks_(nsocks), rng_(std::random_device{}()) {
+      : ctx_(ctx),
+        ifs_(std::move(ifs)),
+        nsocks_(nsocks),
+        duplex_(settings::get(settings::kSocketDuplex)),
+        rng_(std::random_device{}()) {
     helpers_.count = threads;
   }
   double threadCpuSeconds() const override {
@@ -600,6 +638,7 @@ class SocketBackend final : public Backend {
   }
 
   const char* name() const override { return "socket"; }
+  bool duplex() const override { return duplex_; }
   int devices() const override { return static_cast<int>(ifs_.size()); }
 
   Status properties(int dev, Properties* p) const override {
@@ -730,8 +769,8 @@ class SocketBackend final : public Backend {
       }
     }
     if (!all) return Status::ok();
-    std::vector<Socket> socks;
-    for (auto& p : stage.socks) socks.push_back(std::move(p.sock));
+    auto socks = std::make_shared<std::vector<Socket>>();
+    for (auto& p : stage.socks) socks->push_back(std::move(p.sock));
     *comm = std::make_unique<SocketSend>(std::move(socks), peerRank, helpers_);
     return Status::ok();
   }
@@ -755,6 +794,7 @@ class SocketBackend final : public Backend {
   Context ctx_;
   std::vector<NetInterface> ifs_;
   int nsocks_;
+  bool duplex_;  // LOOM_SOCKET_DUPLEX
   Helpers helpers_;
   std::mutex rngMutex_;
   std::mt19937_64 rng_;
