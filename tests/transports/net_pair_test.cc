@@ -185,6 +185,7 @@ void bothWays(std::array<Rank, 2>& ranks) {
 
 // The socket count per connection LOOM_SOCKET_NTHREADS x LOOM_NSOCKS_PERTHREAD gives.
 constexpr int kSocks = 4;
+constexpr int kBothWays = 2 * kSocks - 1;  // the sockets of a connection both ways
 
 TEST(NetPair, BothOfferedMakeOneConnection) {
   settings::ScopedSetting threads(settings::kSocketNthreads, std::to_string(kSocks));
@@ -193,8 +194,9 @@ TEST(NetPair, BothOfferedMakeOneConnection) {
   ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
   const int before = openSockets();
   ASSERT_NO_FATAL_FAILURE(pairBoth(ranks));
-  // Each end of the one connection holds its sockets; the listeners are gone.
-  EXPECT_EQ(openSockets() - before, 2 * kSocks);
+  // Each end of the one connection holds its sockets (socket 0 both ways, the others one
+  // way each: 2 x kSocks - 1); the listeners are gone.
+  EXPECT_EQ(openSockets() - before, 2 * kBothWays);
   bothWays(ranks);
 }
 
@@ -220,8 +222,9 @@ TEST(NetPair, OfferedByOneSideOnlyMakesTwoConnections) {
     SendDialer dial = dialTo(*b.backend, 0, offers, b.exchange);
     ASSERT_NO_FATAL_FAILURE(
         drive({p->send, dial}, {&a.send, &b.send}, {p->recv, *listen}, {&a.recv, &b.recv}));
-    // Two connections, and the listener that listenFor's dialer holds while it lives.
-    EXPECT_EQ(openSockets() - before, 4 * kSocks + 1);
+    // Two connections (the one to the side that offered with the sockets of the way back,
+    // unused), and the listener that listenFor's dialer holds while it lives.
+    EXPECT_EQ(openSockets() - before, 2 * kBothWays + 2 * kSocks + 1);
     bothWays(ranks);
   }
 }
@@ -246,7 +249,7 @@ TEST(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
                          Deadline::afterMs(10000), &c[0]);
     other.join();
     ASSERT_TRUE(st[0].isOk() && st[1].isOk()) << st[0].message() << st[1].message();
-    EXPECT_EQ(openSockets() - before, (duplex[0] == '1' ? 2 : 4) * kSocks)
+    EXPECT_EQ(openSockets() - before, duplex[0] == '1' ? 2 * kBothWays : 4 * kSocks)
         << "LOOM_SOCKET_DUPLEX=" << duplex;
     for (int r = 0; r < 2; ++r) {
       ranks[r].send = std::move(c[r].sends[0]);
@@ -254,6 +257,22 @@ TEST(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
     }
     bothWays(ranks);
   }
+}
+
+// A connection made without the offer has no way back: reverse() says so.
+TEST(NetPair, NoWayBackWithoutTheOffer) {
+  Mailbox mail;
+  std::array<Rank, 2> ranks;
+  ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
+  auto listen = listenFor(*ranks[0].backend, 0, 1, ranks[0].exchange);
+  ASSERT_TRUE(listen.isOk());
+  SendDialer dial = dialTo(*ranks[1].backend, 0, 0, ranks[1].exchange);
+  ASSERT_NO_FATAL_FAILURE(drive({dial}, {&ranks[1].send}, {*listen}, {&ranks[0].recv}));
+  auto back = ranks[1].send->reverse();
+  EXPECT_EQ(back.status().code(), Code::kInternalError);
+  auto forth = ranks[0].recv->reverse();
+  EXPECT_EQ(forth.status().code(), Code::kInternalError);
+  ASSERT_NO_FATAL_FAILURE(oneWay(*ranks[1].send, *ranks[0].recv, 5));
 }
 
 // The peer needs one direction now and the other in a later call (a group of sends, then

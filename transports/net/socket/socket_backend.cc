@@ -7,12 +7,16 @@
 // test() moves socket 0's bytes (a small message never waits for another thread to wake)
 // and, without helper threads, the others' too.
 //
-// A connection carries messages both ways (duplex()): the listener's side sends back on
-// the same sockets (the comms' reverse()), each direction with its own requests, helper
-// threads and socket-0 framing, so two ranks that exchange make one connection, not two.
-// On loopback one TCP connection both ways moved an 8-byte ping-pong in 3.5 us one way
-// against 6.9 with a connection each way (scripts/bench/tcp_pingpong_probe.cc, one H100
-// machine, 2026-12-07): a reply carries the acknowledgement of what it answers.
+// A connection may carry messages both ways (duplex()): where the listener's handle offers
+// it (kPairOfferByte, set by transports/net/connect.cc), the sender dials n - 1 further
+// sockets for the way back, and the comms' reverse() sends on socket 0 and those. Socket 0,
+// the sizes and every small message, is shared by the two directions, each with its own
+// requests and framing: a small reply then carries the acknowledgement of what it answers
+// (on loopback one TCP connection both ways moved an 8-byte ping-pong in 3.5 us one way
+// against 6.9 with a connection each way: scripts/bench/tcp_pingpong_probe.cc, one H100
+// machine, 2026-12-07). The large parts keep sockets of their own per direction: a TCP
+// socket copies in and out under one lock, and 4-host all-reduces of 128 MiB whose
+// sockets all carried both directions ran at 0.10-0.85 x the busbw of a connection each way.
 //
 // Set-up: listen() opens a listening socket of its own and puts its address, a random
 // nonce and the socket count in the handle. The sender's sockets each say hello (magic,
@@ -70,7 +74,16 @@ struct SocketHandle {
 static_assert(sizeof(SocketHandle) <= kPairOfferByte, "the last byte is connect.cc's");
 
 // A connection's sockets, shared by the comms of its two directions; closed with the last.
+// n sockets one way; 2n - 1 both ways: 0 to n - 1 the dialer's direction, then 0 and n
+// to 2n - 2 the way back.
 using SharedSockets = std::shared_ptr<std::vector<Socket>>;
+
+// The sockets of one direction of a connection of n per direction.
+std::vector<Socket*> directionOf(std::vector<Socket>& all, size_t n, bool back) {
+  std::vector<Socket*> v;
+  for (size_t k = 0; k < n; ++k) v.push_back(&all[k == 0 || !back ? k : n - 1 + k]);
+  return v;
+}
 
 struct Hello {
   uint64_t magic;
@@ -78,6 +91,8 @@ struct Hello {
   uint64_t nonce;
   int32_t index;
   int32_t rank;
+  int32_t total;  // sockets the sender dials: n, or 2n - 1 for both ways
+  int32_t pad;
 };
 
 // The bytes of a `total`-byte message that socket k of n carries.
@@ -131,14 +146,16 @@ namespace {
 // (k - 1) % threads == t.
 class SocketComm {
  public:
-  SocketComm(SharedSockets socks, bool sending, int peer, const Helpers& helpers)
+  // `socks`: this direction's sockets, in `owned`.
+  SocketComm(SharedSockets owned, std::vector<Socket*> socks, bool sending, int peer,
+             const Helpers& helpers)
       : sending_(sending),
         what_(peerName(peer)),
-        nsocks_(socks->size()),
-        owned_(std::move(socks)),
+        nsocks_(socks.size()),
+        owned_(std::move(owned)),
         socks_(new Sock[nsocks_]),
         cpuNs_(helpers.cpuNs) {
-    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = &(*owned_)[k];
+    for (size_t k = 0; k < nsocks_; ++k) socks_[k].sock = socks[k];
     const int threads = std::clamp(helpers.count, 0, static_cast<int>(nsocks_) - 1);
     // Before any helper starts: they read both.
     for (int t = 0; t < threads; ++t) {
@@ -491,13 +508,16 @@ class SocketComm {
   Status failed_;  // set by fail(): the caller's thread only
 };
 
+// A connection of `n` sockets a direction, all of them in `socks` (n or 2n - 1); `back`:
+// this comm is the way back (a reverse()).
 class SocketSend final : public SendComm {
  public:
-  SocketSend(SharedSockets socks, int peer, const Helpers& helpers)
-      : socks_(socks),
+  SocketSend(SharedSockets socks, size_t n, bool back, int peer, const Helpers& helpers)
+      : socks_(back ? nullptr : socks),
+        n_(n),
         peer_(peer),
         helpers_(helpers),
-        comm_(std::move(socks), true, peer, helpers) {}
+        comm_(socks, directionOf(*socks, n, back), true, peer, helpers) {}
   Result<MemHandle> regMr(void*, size_t, MemType type) override { return registration(type); }
   Status deregMr(MemHandle) override { return Status::ok(); }
   Status isend(const void* data, size_t size, int, MemHandle, Request** request) override {
@@ -508,6 +528,15 @@ class SocketSend final : public SendComm {
   void shutdown() override { comm_.shutdown(); }
   Result<std::unique_ptr<RecvComm>> reverse() override;
 
+  // Whether the connection of `socks` has a way back (the listener offered it) that no
+  // reverse() has taken yet.
+  static Status reversible(const SharedSockets& socks, size_t n) {
+    if (!socks || socks->size() != 2 * n - 1) {
+      return errorf(Code::kInternalError, "net/socket: a connection with no way back reversed");
+    }
+    return Status::ok();
+  }
+
   static Result<MemHandle> registration(MemType type) {
     if (type != MemType::kHost) {
       return errorf(Code::kInternalError, "the socket backend moves host memory only");
@@ -517,6 +546,7 @@ class SocketSend final : public SendComm {
 
  private:
   SharedSockets socks_;  // null once reverse() gave them to the other direction too
+  size_t n_;
   int peer_;
   Helpers helpers_;
   SocketComm comm_;
@@ -524,11 +554,12 @@ class SocketSend final : public SendComm {
 
 class SocketRecv final : public RecvComm {
  public:
-  SocketRecv(SharedSockets socks, int peer, const Helpers& helpers)
-      : socks_(socks),
+  SocketRecv(SharedSockets socks, size_t n, bool back, int peer, const Helpers& helpers)
+      : socks_(back ? nullptr : socks),
+        n_(n),
         peer_(peer),
         helpers_(helpers),
-        comm_(std::move(socks), false, peer, helpers) {}
+        comm_(socks, directionOf(*socks, n, back), false, peer, helpers) {}
   Result<MemHandle> regMr(void*, size_t, MemType type) override {
     return SocketSend::registration(type);
   }
@@ -543,20 +574,21 @@ class SocketRecv final : public RecvComm {
   Status test(Request* r, bool* done, size_t* sizes) override { return comm_.test(r, done, sizes); }
   void shutdown() override { comm_.shutdown(); }
   Result<std::unique_ptr<SendComm>> reverse() override {
-    if (!socks_) return errorf(Code::kInternalError, "net/socket: a connection reversed twice");
-    return std::unique_ptr<SendComm>(new SocketSend(std::move(socks_), peer_, helpers_));
+    LOOM_TRY(SocketSend::reversible(socks_, n_));
+    return std::unique_ptr<SendComm>(new SocketSend(std::move(socks_), n_, true, peer_, helpers_));
   }
 
  private:
   SharedSockets socks_;  // null once reverse() gave them to the other direction too
+  size_t n_;
   int peer_;
   Helpers helpers_;
   SocketComm comm_;
 };
 
 Result<std::unique_ptr<RecvComm>> SocketSend::reverse() {
-  if (!socks_) return errorf(Code::kInternalError, "net/socket: a connection reversed twice");
-  return std::unique_ptr<RecvComm>(new SocketRecv(std::move(socks_), peer_, helpers_));
+  LOOM_TRY(reversible(socks_, n_));
+  return std::unique_ptr<RecvComm>(new SocketRecv(std::move(socks_), n_, true, peer_, helpers_));
 }
 
 class SocketListen final : public ListenComm {
@@ -567,7 +599,7 @@ class SocketListen final : public ListenComm {
         listener_(std::move(listener)),
         nonce_(nonce),
         helpers_(helpers),
-        slots_(nsocks),
+        nsocks_(nsocks),
         arrivals_(&listener_, sizeof(Hello), ctx.handshakeMs, "net/socket") {}
 
   Status accept(std::unique_ptr<RecvComm>* comm) override {
@@ -577,12 +609,13 @@ class SocketListen final : public ListenComm {
       if (!a) break;
       if (const char* why = place(*a)) arrivals_.drop(*a, why);
     }
+    if (slots_.empty()) return Status::ok();
     for (const auto& s : slots_) {
       if (!s.isOpen()) return Status::ok();
     }
     auto socks = std::make_shared<std::vector<Socket>>();
     for (auto& s : slots_) socks->push_back(std::move(s));
-    *comm = std::make_unique<SocketRecv>(std::move(socks), peerRank_, helpers_);
+    *comm = std::make_unique<SocketRecv>(std::move(socks), nsocks_, false, peerRank_, helpers_);
     return Status::ok();
   }
 
@@ -594,6 +627,10 @@ class SocketListen final : public ListenComm {
     if (h.magic != kHelloMagic) return "it spoke another protocol";
     if (h.commHash != ctx_.commHash) return "it belongs to another communicator";
     if (h.nonce != nonce_) return "it is meant for another connection";
+    // n sockets, or 2n - 1 with the way back; the first hello says which.
+    if (h.total != nsocks_ && h.total != 2 * nsocks_ - 1) return "it gave a bad socket count";
+    if (slots_.empty()) slots_.resize(h.total);
+    if (h.total != static_cast<int>(slots_.size())) return "it gave another socket count";
     if (h.index < 0 || h.index >= static_cast<int>(slots_.size()) || slots_[h.index].isOpen()) {
       return "it gave a bad socket index";
     }
@@ -606,7 +643,8 @@ class SocketListen final : public ListenComm {
   Socket listener_;
   uint64_t nonce_;
   Helpers helpers_;
-  std::vector<Socket> slots_;
+  int nsocks_;                 // a direction's
+  std::vector<Socket> slots_;  // sized by the first hello
   Arrivals arrivals_;
   int peerRank_ = -1;
 };
@@ -688,7 +726,9 @@ class SocketBackend final : public Backend {
     }
     if (!h.stage) {
       h.stage = new ConnectStage();
-      h.stage->socks.resize(h.nsocks);
+      // The listener offers the way back (transports/net/connect.cc): its sockets too.
+      const bool both = handle->data[kPairOfferByte] == 1;
+      h.stage->socks.resize(both ? 2 * h.nsocks - 1 : h.nsocks);
       h.stage->deadline =
           Clock::now() + std::chrono::milliseconds(settings::get(settings::kTimeoutMs));
       std::memcpy(handle->data, &h, sizeof(h));
@@ -757,7 +797,13 @@ class SocketBackend final : public Backend {
         p.connected = true;
       }
       if (p.sent < sizeof(Hello)) {
-        Hello hello{kHelloMagic, ctx_.commHash, h.nonce, static_cast<int32_t>(i), ctx_.rank};
+        Hello hello{kHelloMagic,
+                    ctx_.commHash,
+                    h.nonce,
+                    static_cast<int32_t>(i),
+                    ctx_.rank,
+                    static_cast<int32_t>(stage.socks.size()),
+                    0};
         LOOM_ASSIGN_OR_RETURN(size_t n,
                               p.sock.sendSome(reinterpret_cast<const char*>(&hello) + p.sent,
                                               sizeof(Hello) - p.sent, what.c_str()));
@@ -771,7 +817,7 @@ class SocketBackend final : public Backend {
     if (!all) return Status::ok();
     auto socks = std::make_shared<std::vector<Socket>>();
     for (auto& p : stage.socks) socks->push_back(std::move(p.sock));
-    *comm = std::make_unique<SocketSend>(std::move(socks), peerRank, helpers_);
+    *comm = std::make_unique<SocketSend>(std::move(socks), h.nsocks, false, peerRank, helpers_);
     return Status::ok();
   }
 
