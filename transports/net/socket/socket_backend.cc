@@ -14,13 +14,14 @@
 // requests and framing: a small reply then carries the acknowledgement of what it answers
 // (on loopback one TCP connection both ways moved an 8-byte ping-pong in 3.5 us one way
 // against 6.9 with a connection each way: scripts/bench/tcp_pingpong_probe.cc, one H100
-// machine, 2026-12-07). The large parts keep sockets of their own per direction: a TCP
-// socket copies in and out under one lock, and 4-host all-reduces of 128 MiB whose
-// sockets all carried both directions ran at 0.10-0.85 x the busbw of a connection each way.
+// machine, 2026-12-07). The large parts keep sockets of their own per direction: 4-host
+// all-reduces of 128 MiB whose sockets all carried both directions ran at 0.10-0.87 x the
+// busbw of a connection each way (presumably because a TCP socket's sends and receives
+// copy under one lock; not traced).
 //
 // Set-up: listen() opens a listening socket of its own and puts its address, a random
 // nonce and the socket count in the handle. The sender's sockets each say hello (magic,
-// communicator hash, nonce, index, rank) first; the listener gives every connection that
+// communicator hash, nonce, index, rank, how many it dials) first; the listener gives every connection that
 // arrives kHandshakeMs to do so, each on its own clock, and drops (and logs) one that
 // says anything else or nothing: a port scanner or a stranger costs nobody a wait.
 #include <fcntl.h>
