@@ -1,8 +1,10 @@
 // Both directions between two ranks on one connection (transports/net/connect.h pairWith,
 // the socket backend's reverse()): two ranks as threads of this process, handles through an
-// in-memory mailbox. One connection where both offer, two where only one does or where
-// LOOM_SOCKET_DUPLEX=0, the other direction arriving later, messages of every size class
-// both ways at once, and a peer that closes ending both directions with an error.
+// in-memory mailbox. One connection where both offer, two where only one does, where
+// LOOM_SOCKET_DUPLEX=0 or where connectPeers names a peer twice; the other direction
+// arriving later, or the peer dialing before it sends its own handle; messages of every
+// size class both ways at once; no way back without the offer; and a peer that closes
+// ending both directions with an error.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -119,6 +121,20 @@ void pairBoth(std::array<Rank, 2>& ranks) {
                                 {p0->recv, p1->recv}, {&ranks[0].recv, &ranks[1].recv}));
 }
 
+// connectPeers on both ranks at once, each naming the other `times` times in both lists.
+void connectBoth(std::array<Rank, 2>& ranks, int times, std::array<Connections, 2>* c) {
+  std::array<Status, 2> st;
+  auto connect = [&](int r) {
+    const std::vector<int> peers(times, 1 - r);
+    st[r] = connectPeers(*ranks[r].backend, 0, r, peers, peers, ranks[r].exchange,
+                         Deadline::afterMs(10000), &(*c)[r]);
+  };
+  std::thread other(connect, 1);
+  connect(0);
+  other.join();
+  ASSERT_TRUE(st[0].isOk() && st[1].isOk()) << st[0].message() << st[1].message();
+}
+
 // Messages of every size class from `from` to `to`, at most 4 in flight; every byte and
 // size checked. Runs on its own thread beside the other direction's.
 void oneWay(SendComm& send, RecvComm& recv, int seed) {
@@ -187,8 +203,14 @@ void bothWays(std::array<Rank, 2>& ranks) {
 constexpr int kSocks = 4;
 constexpr int kBothWays = 2 * kSocks - 1;  // the sockets of a connection both ways
 
-TEST(NetPair, BothOfferedMakeOneConnection) {
-  settings::ScopedSetting threads(settings::kSocketNthreads, std::to_string(kSocks));
+// Every test at kSocks sockets a direction, whatever the environment says.
+class NetPair : public ::testing::Test {
+ protected:
+  settings::ScopedSetting threads_{settings::kSocketNthreads, std::to_string(kSocks)};
+  settings::ScopedSetting perThread_{settings::kNsocksPerthread, "1"};
+};
+
+TEST_F(NetPair, BothOfferedMakeOneConnection) {
   Mailbox mail;
   std::array<Rank, 2> ranks;
   ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
@@ -200,8 +222,7 @@ TEST(NetPair, BothOfferedMakeOneConnection) {
   bothWays(ranks);
 }
 
-TEST(NetPair, OfferedByOneSideOnlyMakesTwoConnections) {
-  settings::ScopedSetting threads(settings::kSocketNthreads, std::to_string(kSocks));
+TEST_F(NetPair, OfferedByOneSideOnlyMakesTwoConnections) {
   Mailbox mail;
   std::array<Rank, 2> ranks;
   ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
@@ -222,17 +243,16 @@ TEST(NetPair, OfferedByOneSideOnlyMakesTwoConnections) {
     SendDialer dial = dialTo(*b.backend, 0, offers, b.exchange);
     ASSERT_NO_FATAL_FAILURE(
         drive({p->send, dial}, {&a.send, &b.send}, {p->recv, *listen}, {&a.recv, &b.recv}));
-    // Two connections (the one to the side that offered with the sockets of the way back,
-    // unused), and the listener that listenFor's dialer holds while it lives.
-    EXPECT_EQ(openSockets() - before, 2 * kBothWays + 2 * kSocks + 1);
+    // Two connections one way each, and the listener that listenFor's dialer holds while
+    // it lives.
+    EXPECT_EQ(openSockets() - before, 4 * kSocks + 1);
     bothWays(ranks);
   }
 }
 
 // connectPeers pairs a peer named in both lists, unless LOOM_SOCKET_DUPLEX=0 asks for a
 // connection each way.
-TEST(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
-  settings::ScopedSetting threads(settings::kSocketNthreads, std::to_string(kSocks));
+TEST_F(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
   for (const char* duplex : {"1", "0"}) {
     settings::ScopedSetting d(settings::kSocketDuplex, duplex);
     Mailbox mail;
@@ -240,15 +260,7 @@ TEST(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
     ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks, duplex[0] == '1'));
     const int before = openSockets();
     std::array<Connections, 2> c;
-    std::array<Status, 2> st;
-    std::thread other([&] {
-      st[1] = connectPeers(*ranks[1].backend, 0, 1, {0}, {0}, ranks[1].exchange,
-                           Deadline::afterMs(10000), &c[1]);
-    });
-    st[0] = connectPeers(*ranks[0].backend, 0, 0, {1}, {1}, ranks[0].exchange,
-                         Deadline::afterMs(10000), &c[0]);
-    other.join();
-    ASSERT_TRUE(st[0].isOk() && st[1].isOk()) << st[0].message() << st[1].message();
+    ASSERT_NO_FATAL_FAILURE(connectBoth(ranks, 1, &c));
     EXPECT_EQ(openSockets() - before, duplex[0] == '1' ? 2 * kBothWays : 4 * kSocks)
         << "LOOM_SOCKET_DUPLEX=" << duplex;
     for (int r = 0; r < 2; ++r) {
@@ -259,25 +271,68 @@ TEST(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
   }
 }
 
-// A connection made without the offer has no way back: reverse() says so.
-TEST(NetPair, NoWayBackWithoutTheOffer) {
+// A connection made without the offer has no way back: reverse() says so, with one socket
+// a direction (where both ways would also be one socket) and with several.
+TEST_F(NetPair, NoWayBackWithoutTheOffer) {
+  for (const char* threads : {"1", "4"}) {
+    settings::ScopedSetting t(settings::kSocketNthreads, threads);
+    Mailbox mail;
+    std::array<Rank, 2> ranks;
+    ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
+    auto listen = listenFor(*ranks[0].backend, 0, 1, ranks[0].exchange);
+    ASSERT_TRUE(listen.isOk());
+    SendDialer dial = dialTo(*ranks[1].backend, 0, 0, ranks[1].exchange);
+    ASSERT_NO_FATAL_FAILURE(drive({dial}, {&ranks[1].send}, {*listen}, {&ranks[0].recv}));
+    EXPECT_FALSE(ranks[1].send->twoWay() || ranks[0].recv->twoWay()) << threads << " threads";
+    EXPECT_EQ(ranks[1].send->reverse().status().code(), Code::kInternalError);
+    EXPECT_EQ(ranks[0].recv->reverse().status().code(), Code::kInternalError);
+    ASSERT_NO_FATAL_FAILURE(oneWay(*ranks[1].send, *ranks[0].recv, 5));
+  }
+}
+
+// The peer sends first and only then, in a later call, gets to its receive: the pair hands
+// over the receive connection the peer made at once, without the peer's handle (which comes
+// only with that later call), whether this rank is the lower or the higher one.
+TEST_F(NetPair, PeerDialsBeforeItListens) {
+  for (int pairs = 0; pairs < 2; ++pairs) {
+    const int other = 1 - pairs;
+    Mailbox mail;
+    std::array<Rank, 2> ranks;
+    ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
+    Rank& a = ranks[pairs];
+    Rank& b = ranks[other];
+    auto p = pairWith(*a.backend, 0, pairs, other, a.exchange);
+    ASSERT_TRUE(p.isOk());
+    SendDialer first = dialTo(*b.backend, 0, pairs, b.exchange);
+    ASSERT_NO_FATAL_FAILURE(drive({first}, {&b.send}, {p->recv}, {&a.recv}));
+    EXPECT_FALSE(b.send->twoWay()) << "the peer did not pair: one way";
+    ASSERT_NO_FATAL_FAILURE(oneWay(*b.send, *a.recv, 6));
+    auto later = listenFor(*b.backend, 0, pairs, b.exchange);
+    ASSERT_TRUE(later.isOk());
+    ASSERT_NO_FATAL_FAILURE(drive({p->send}, {&a.send}, {*later}, {&b.recv}));
+    bothWays(ranks);
+  }
+}
+
+// A peer named twice in connectPeers' lists is not paired (which dialer takes which handle
+// would depend on timing): two connections each way, each carrying its own messages.
+TEST_F(NetPair, ConnectPeersLeavesAPeerNamedTwiceUnpaired) {
   Mailbox mail;
   std::array<Rank, 2> ranks;
   ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
-  auto listen = listenFor(*ranks[0].backend, 0, 1, ranks[0].exchange);
-  ASSERT_TRUE(listen.isOk());
-  SendDialer dial = dialTo(*ranks[1].backend, 0, 0, ranks[1].exchange);
-  ASSERT_NO_FATAL_FAILURE(drive({dial}, {&ranks[1].send}, {*listen}, {&ranks[0].recv}));
-  auto back = ranks[1].send->reverse();
-  EXPECT_EQ(back.status().code(), Code::kInternalError);
-  auto forth = ranks[0].recv->reverse();
-  EXPECT_EQ(forth.status().code(), Code::kInternalError);
-  ASSERT_NO_FATAL_FAILURE(oneWay(*ranks[1].send, *ranks[0].recv, 5));
+  const int before = openSockets();
+  std::array<Connections, 2> c;
+  ASSERT_NO_FATAL_FAILURE(connectBoth(ranks, 2, &c));
+  EXPECT_EQ(openSockets() - before, 8 * kSocks);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_NO_FATAL_FAILURE(oneWay(*c[0].sends[i], *c[1].recvs[i], 7 + i));
+    ASSERT_NO_FATAL_FAILURE(oneWay(*c[1].sends[i], *c[0].recvs[i], 9 + i));
+  }
 }
 
 // The peer needs one direction now and the other in a later call (a group of sends, then
 // one of receives): the pair's receive waits for that later connection, unhurried.
-TEST(NetPair, TheOtherDirectionLater) {
+TEST_F(NetPair, TheOtherDirectionLater) {
   Mailbox mail;
   std::array<Rank, 2> ranks;
   ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
@@ -297,7 +352,7 @@ TEST(NetPair, TheOtherDirectionLater) {
 
 // A rank whose comms of the pair close: the other rank's receive and send both fail with
 // an error naming it (never a hang, never a made-up message).
-TEST(NetPair, PeerThatClosesFailsBothDirections) {
+TEST_F(NetPair, PeerThatClosesFailsBothDirections) {
   Mailbox mail;
   std::array<Rank, 2> ranks;
   ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
@@ -322,7 +377,7 @@ TEST(NetPair, PeerThatClosesFailsBothDirections) {
   EXPECT_FALSE(done);
   EXPECT_EQ(st.code(), Code::kRemoteError) << st.message();
   EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
-  // The send side: the peer's end is closed (a reset once a message reaches it).
+  // The send side: the failed receive shut the shared sockets, so sends fail too.
   std::vector<unsigned char> out(1 << 20, 0x3c);
   st = Status::ok();
   done = false;

@@ -57,6 +57,8 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
                                         std::to_string(peer));
       state->haveHandle = *got;
       if (!state->haveHandle) return checkPeer(exchange, peer, &state->nextCheck);
+      // A pair's offer: this dialer does not pair, so no way back.
+      if (state->backend->duplex()) state->handle.data[kPairOfferByte] = 0;
     }
     Status st = state->backend->connect(dev, &state->handle, peer, comm);
     return st ? st : st.withContext("connecting to rank " + std::to_string(peer));
@@ -75,10 +77,13 @@ struct Pair {
   std::unique_ptr<ListenComm> listener;  // ours: the peer dials it, unless we pair and dial
   Handle theirs;                         // the peer's listener
   bool haveHandle = false;
-  bool paired = false;  // both offered: one connection (once haveHandle)
+  // Both offered: one connection. Known from the peer's handle or, on the higher rank,
+  // from the connection the lower one made (twoWay()), whichever comes first.
+  bool paired = false;
   std::unique_ptr<SendComm> send;
   std::unique_ptr<RecvComm> recv;
-  bool sendGiven = false, recvGiven = false;
+  bool sendGiven = false;
+  bool recvGiven = false;
   Status failed;
   Clock::time_point nextCheck = Clock::now() + std::chrono::seconds(1);
 
@@ -94,37 +99,39 @@ struct Pair {
   }
 
   Status step() {
-    const std::string who = "rank " + std::to_string(peer);
     if (!haveHandle) {
       auto got = exchange->tryRecv(peer, &theirs);
-      if (!got) return got.status().withContext("receiving the connection handle of " + who);
+      if (!got) return got.status().withContext("receiving the connection handle of " + who());
       haveHandle = *got;
-      paired = haveHandle && theirs.data[kPairOfferByte] == 1;
+      if (haveHandle && theirs.data[kPairOfferByte] == 1) paired = true;
     }
-    // The peer's connection to our listener (made whenever it is not ours to dial), which
-    // may arrive before its handle does.
+    // The peer's connection to our listener, which may come before its handle: on the lower
+    // rank only from a peer that does not pair (one way), on the higher one either way.
     if (!recv && !recvGiven && listener && !(paired && lower)) {
       Status st = listener->accept(&recv);
-      if (!st) return st.withContext("accepting the connection from " + who);
-      if (recv) listener.reset();
+      if (!st) return st.withContext("accepting the connection from " + who());
+      if (recv) {
+        listener.reset();
+        if (!lower && recv->twoWay()) {
+          paired = true;
+          LOOM_ASSIGN_OR_RETURN(send, recv->reverse());
+        }
+      }
     }
     if (haveHandle && !send && !sendGiven && !(paired && !lower)) {
       Status st = backend->connect(dev, &theirs, peer, &send);
-      if (!st) return st.withContext("connecting to " + who);
-    }
-    if (paired) {
-      if (lower && send && !recv && !recvGiven) {
+      if (!st) return st.withContext("connecting to " + who());
+      if (send && paired) {
         LOOM_ASSIGN_OR_RETURN(recv, send->reverse());
         listener.reset();  // the peer does not dial it
-      }
-      if (!lower && recv && !send && !sendGiven) {
-        LOOM_ASSIGN_OR_RETURN(send, recv->reverse());
       }
     }
     if ((!send && !sendGiven) || (!recv && !recvGiven))
       LOOM_TRY(checkPeer(*exchange, peer, &nextCheck));
     return Status::ok();
   }
+
+  std::string who() const { return "rank " + std::to_string(peer); }
 };
 
 }  // namespace
@@ -159,9 +166,7 @@ Result<PairDialers> pairWith(Backend& backend, int dev, int self, int peer,
   d.recv = [pair](std::unique_ptr<RecvComm>* comm) -> Status {
     *comm = nullptr;
     LOOM_TRY(pair->advance());
-    // Not before the mode is known: the higher rank's send comm comes from this one.
-    if (pair->recv && pair->haveHandle &&
-        (!pair->paired || pair->lower || pair->send || pair->sendGiven)) {
+    if (pair->recv) {
       *comm = std::move(pair->recv);
       pair->recvGiven = true;
     }
@@ -199,35 +204,30 @@ Status connectPeers(Backend& backend, int dev, int self, const std::vector<int>&
     return true;
   };
   ex.peerAlive = exchange.peerAlive;
-  // A peer in both lists: a pair, where the backend can (its dialers go in both lists).
+  // A peer named once in each list: a pair, where the backend can. (One named more often
+  // is not paired: which of its dialers took which handle would then depend on timing.)
   std::map<int, PairDialers> pairs;
   if (backend.duplex()) {
     for (int p : recvPeers) {
-      if (p == self || pairs.count(p) ||
-          std::find(sendPeers.begin(), sendPeers.end(), p) == sendPeers.end()) {
-        continue;
+      if (p != self && std::count(recvPeers.begin(), recvPeers.end(), p) == 1 &&
+          std::count(sendPeers.begin(), sendPeers.end(), p) == 1) {
+        LOOM_ASSIGN_OR_RETURN(pairs[p], pairWith(backend, dev, self, p, ex));
       }
-      LOOM_ASSIGN_OR_RETURN(pairs[p], pairWith(backend, dev, self, p, ex));
     }
   }
   std::vector<RecvDialer> accepts;
-  std::map<int, int> seen;  // a peer named twice: its later entries connect on their own
   for (int p : recvPeers) {
-    if (pairs.count(p) && seen[p]++ == 0) {
-      accepts.push_back(pairs[p].recv);
+    if (auto it = pairs.find(p); it != pairs.end()) {
+      accepts.push_back(it->second.recv);
       continue;
     }
     LOOM_ASSIGN_OR_RETURN(RecvDialer d, listenFor(backend, dev, p, ex));
     accepts.push_back(std::move(d));
   }
-  seen.clear();
   std::vector<SendDialer> dials;
   for (int p : sendPeers) {
-    if (pairs.count(p) && seen[p]++ == 0) {
-      dials.push_back(pairs[p].send);
-      continue;
-    }
-    dials.push_back(dialTo(backend, dev, p, ex));
+    auto it = pairs.find(p);
+    dials.push_back(it != pairs.end() ? it->second.send : dialTo(backend, dev, p, ex));
   }
   size_t left = sendPeers.size() + recvPeers.size();
   while (left > 0) {

@@ -46,7 +46,9 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
 // connection: the lower rank dials, and each end takes the other direction from its comm's
 // reverse(). Where it does not (the peer needs one direction only now), each direction
 // gets a connection of its own, as listenFor and dialTo make them; the handles travel as
-// theirs do either way. Each dialer gives its comm once the peer's handle has arrived.
+// theirs do either way. Each dialer gives its comm as soon as it is connected (a peer that
+// dials before it sends its own handle is not kept waiting for it). Call the two dialers
+// from one thread (the proxy's): they share their state without a lock.
 struct PairDialers {
   SendDialer send;
   RecvDialer recv;

@@ -98,8 +98,10 @@ class SendComm {
   virtual Status test(Request* request, bool* done, size_t* size) = 0;
   // Makes every request fail and tells the peer (abort; a later test() reports it).
   virtual void shutdown() = 0;
-  // Backends whose connections carry both directions (Backend::duplex()): the receiving
-  // end of this connection, for what the listener's side sends back. At most once.
+  // Backends whose connections carry both directions (Backend::duplex()): whether this
+  // one does (its listener offered it), and its receiving end, for what the listener's
+  // side sends back (at most once).
+  virtual bool twoWay() const { return false; }
   virtual Result<std::unique_ptr<RecvComm>> reverse();
 };
 
@@ -126,7 +128,8 @@ class RecvComm {
     return Status::ok();
   }
   virtual void shutdown() = 0;
-  // As SendComm's: the sending end of this connection, towards the dialer. At most once.
+  // As SendComm's: the sending end of this connection, towards the dialer (at most once).
+  virtual bool twoWay() const { return false; }
   virtual Result<std::unique_ptr<SendComm>> reverse();
 };
 

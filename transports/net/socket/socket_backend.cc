@@ -7,9 +7,11 @@
 // test() moves socket 0's bytes (a small message never waits for another thread to wake)
 // and, without helper threads, the others' too.
 //
-// A connection may carry messages both ways (duplex()): where the listener's handle offers
-// it (kPairOfferByte, set by transports/net/connect.cc), the sender dials n - 1 further
-// sockets for the way back, and the comms' reverse() sends on socket 0 and those. Socket 0,
+// A connection may carry messages both ways (duplex()): where the handle it connects with
+// asks for it (kPairOfferByte, set by transports/net/connect.cc where both ends pair), the
+// sender dials n - 1 further sockets for the way back and says so in its hellos, and the
+// comms' reverse() send on socket 0 and those. A failure in either direction shuts the
+// sockets of both, and they close with the last comm of the two. Socket 0,
 // the sizes and every small message, is shared by the two directions, each with its own
 // requests and framing: a small reply then carries the acknowledgement of what it answers
 // (on loopback one TCP connection both ways moved an 8-byte ping-pong in 3.5 us one way
@@ -21,9 +23,9 @@
 //
 // Set-up: listen() opens a listening socket of its own and puts its address, a random
 // nonce and the socket count in the handle. The sender's sockets each say hello (magic,
-// communicator hash, nonce, index, rank, how many it dials) first; the listener gives every connection that
-// arrives kHandshakeMs to do so, each on its own clock, and drops (and logs) one that
-// says anything else or nothing: a port scanner or a stranger costs nobody a wait.
+// communicator hash, nonce, index, rank, how many it dials) first; the listener gives every
+// connection that arrives kHandshakeMs to do so, each on its own clock, and drops (and logs) one
+// that says anything else or nothing: a port scanner or a stranger costs nobody a wait.
 #include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -92,7 +94,7 @@ struct Hello {
   uint64_t nonce;
   int32_t index;
   int32_t rank;
-  int32_t total;  // sockets the sender dials: n, or 2n - 1 for both ways
+  int32_t back;  // 1: the sender dials the way back's sockets too (2n - 1 in all)
   int32_t pad;
 };
 
@@ -509,12 +511,13 @@ class SocketComm {
   Status failed_;  // set by fail(): the caller's thread only
 };
 
-// A connection of `n` sockets a direction, all of them in `socks` (n or 2n - 1); `back`:
-// this comm is the way back (a reverse()).
+// A connection of `n` sockets a direction, all of them in `socks` (2n - 1 where it is
+// `twoWay`, else n); `back`: this comm is the way back (a reverse()).
 class SocketSend final : public SendComm {
  public:
-  SocketSend(SharedSockets socks, size_t n, bool back, int peer, const Helpers& helpers)
-      : socks_(back ? nullptr : socks),
+  SocketSend(SharedSockets socks, size_t n, bool twoWay, bool back, int peer,
+             const Helpers& helpers)
+      : socks_(twoWay && !back ? socks : nullptr),
         n_(n),
         peer_(peer),
         helpers_(helpers),
@@ -527,13 +530,15 @@ class SocketSend final : public SendComm {
   }
   Status test(Request* r, bool* done, size_t* size) override { return comm_.test(r, done, size); }
   void shutdown() override { comm_.shutdown(); }
+  bool twoWay() const override { return socks_ != nullptr; }
   Result<std::unique_ptr<RecvComm>> reverse() override;
 
-  // Whether the connection of `socks` has a way back (the listener offered it) that no
-  // reverse() has taken yet.
-  static Status reversible(const SharedSockets& socks, size_t n) {
-    if (!socks || socks->size() != 2 * n - 1) {
-      return errorf(Code::kInternalError, "net/socket: a connection with no way back reversed");
+  // `socks` (a comm's own, null where the connection has no way back or a reverse() took
+  // it) can give the other direction.
+  static Status reversible(const SharedSockets& socks) {
+    if (!socks) {
+      return errorf(Code::kInternalError,
+                    "net/socket: reverse() of a connection with no way back, or a second one");
     }
     return Status::ok();
   }
@@ -546,7 +551,7 @@ class SocketSend final : public SendComm {
   }
 
  private:
-  SharedSockets socks_;  // null once reverse() gave them to the other direction too
+  SharedSockets socks_;  // for reverse(): null where there is no way back, or once given
   size_t n_;
   int peer_;
   Helpers helpers_;
@@ -555,8 +560,9 @@ class SocketSend final : public SendComm {
 
 class SocketRecv final : public RecvComm {
  public:
-  SocketRecv(SharedSockets socks, size_t n, bool back, int peer, const Helpers& helpers)
-      : socks_(back ? nullptr : socks),
+  SocketRecv(SharedSockets socks, size_t n, bool twoWay, bool back, int peer,
+             const Helpers& helpers)
+      : socks_(twoWay && !back ? socks : nullptr),
         n_(n),
         peer_(peer),
         helpers_(helpers),
@@ -574,13 +580,15 @@ class SocketRecv final : public RecvComm {
   }
   Status test(Request* r, bool* done, size_t* sizes) override { return comm_.test(r, done, sizes); }
   void shutdown() override { comm_.shutdown(); }
+  bool twoWay() const override { return socks_ != nullptr; }
   Result<std::unique_ptr<SendComm>> reverse() override {
-    LOOM_TRY(SocketSend::reversible(socks_, n_));
-    return std::unique_ptr<SendComm>(new SocketSend(std::move(socks_), n_, true, peer_, helpers_));
+    LOOM_TRY(SocketSend::reversible(socks_));
+    return std::unique_ptr<SendComm>(
+        new SocketSend(std::move(socks_), n_, true, true, peer_, helpers_));
   }
 
  private:
-  SharedSockets socks_;  // null once reverse() gave them to the other direction too
+  SharedSockets socks_;  // for reverse(): null where there is no way back, or once given
   size_t n_;
   int peer_;
   Helpers helpers_;
@@ -588,8 +596,9 @@ class SocketRecv final : public RecvComm {
 };
 
 Result<std::unique_ptr<RecvComm>> SocketSend::reverse() {
-  LOOM_TRY(reversible(socks_, n_));
-  return std::unique_ptr<RecvComm>(new SocketRecv(std::move(socks_), n_, true, peer_, helpers_));
+  LOOM_TRY(reversible(socks_));
+  return std::unique_ptr<RecvComm>(
+      new SocketRecv(std::move(socks_), n_, true, true, peer_, helpers_));
 }
 
 class SocketListen final : public ListenComm {
@@ -616,7 +625,8 @@ class SocketListen final : public ListenComm {
     }
     auto socks = std::make_shared<std::vector<Socket>>();
     for (auto& s : slots_) socks->push_back(std::move(s));
-    *comm = std::make_unique<SocketRecv>(std::move(socks), nsocks_, false, peerRank_, helpers_);
+    *comm =
+        std::make_unique<SocketRecv>(std::move(socks), nsocks_, back_, false, peerRank_, helpers_);
     return Status::ok();
   }
 
@@ -629,9 +639,12 @@ class SocketListen final : public ListenComm {
     if (h.commHash != ctx_.commHash) return "it belongs to another communicator";
     if (h.nonce != nonce_) return "it is meant for another connection";
     // n sockets, or 2n - 1 with the way back; the first hello says which.
-    if (h.total != nsocks_ && h.total != 2 * nsocks_ - 1) return "it gave a bad socket count";
-    if (slots_.empty()) slots_.resize(h.total);
-    if (h.total != static_cast<int>(slots_.size())) return "it gave another socket count";
+    if (h.back != 0 && h.back != 1) return "it gave a bad socket count";
+    if (slots_.empty()) {
+      back_ = h.back == 1;
+      slots_.resize(back_ ? 2 * nsocks_ - 1 : nsocks_);
+    }
+    if (back_ != (h.back == 1)) return "it gave another socket count";
     if (h.index < 0 || h.index >= static_cast<int>(slots_.size()) || slots_[h.index].isOpen()) {
       return "it gave a bad socket index";
     }
@@ -645,6 +658,7 @@ class SocketListen final : public ListenComm {
   uint64_t nonce_;
   Helpers helpers_;
   int nsocks_;                 // a direction's
+  bool back_ = false;          // the sender dials the way back too (the first hello says)
   std::vector<Socket> slots_;  // sized by the first hello
   Arrivals arrivals_;
   int peerRank_ = -1;
@@ -659,6 +673,7 @@ struct ConnectStage {
     Clock::time_point retryAt{};
   };
   std::vector<Pending> socks;
+  bool back = false;  // the way back's sockets too
   Clock::time_point deadline;
 };
 
@@ -727,9 +742,10 @@ class SocketBackend final : public Backend {
     }
     if (!h.stage) {
       h.stage = new ConnectStage();
-      // The listener offers the way back (transports/net/connect.cc): its sockets too.
-      const bool both = handle->data[kPairOfferByte] == 1;
-      h.stage->socks.resize(both ? 2 * h.nsocks - 1 : h.nsocks);
+      // The way back (transports/net/connect.cc sets the byte where both ends pair): its
+      // sockets too.
+      h.stage->back = handle->data[kPairOfferByte] == 1;
+      h.stage->socks.resize(h.stage->back ? 2 * h.nsocks - 1 : h.nsocks);
       h.stage->deadline =
           Clock::now() + std::chrono::milliseconds(settings::get(settings::kTimeoutMs));
       std::memcpy(handle->data, &h, sizeof(h));
@@ -798,13 +814,8 @@ class SocketBackend final : public Backend {
         p.connected = true;
       }
       if (p.sent < sizeof(Hello)) {
-        Hello hello{kHelloMagic,
-                    ctx_.commHash,
-                    h.nonce,
-                    static_cast<int32_t>(i),
-                    ctx_.rank,
-                    static_cast<int32_t>(stage.socks.size()),
-                    0};
+        Hello hello{kHelloMagic, ctx_.commHash,      h.nonce, static_cast<int32_t>(i),
+                    ctx_.rank,   stage.back ? 1 : 0, 0};
         LOOM_ASSIGN_OR_RETURN(size_t n,
                               p.sock.sendSome(reinterpret_cast<const char*>(&hello) + p.sent,
                                               sizeof(Hello) - p.sent, what.c_str()));
@@ -818,7 +829,8 @@ class SocketBackend final : public Backend {
     if (!all) return Status::ok();
     auto socks = std::make_shared<std::vector<Socket>>();
     for (auto& p : stage.socks) socks->push_back(std::move(p.sock));
-    *comm = std::make_unique<SocketSend>(std::move(socks), h.nsocks, false, peerRank, helpers_);
+    *comm = std::make_unique<SocketSend>(std::move(socks), h.nsocks, stage.back, false, peerRank,
+                                         helpers_);
     return Status::ok();
   }
 
