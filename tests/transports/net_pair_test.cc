@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,17 +55,31 @@ class Mailbox {
     ex.tryRecv = [this, r](int peer, Handle* h) -> Result<bool> {
       std::lock_guard<std::mutex> lock(mutex_);
       auto& q = mail_[{peer, r}];
-      if (q.empty()) return false;
+      if (q.empty() || held_.count({peer, r})) return false;
       *h = q.front();
       q.pop_front();
       return true;
     };
     return ex;
   }
+  // Handles from `from` to `to` wait (as one slow on the bootstrap would) while held.
+  void hold(int from, int to, bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (on) {
+      held_.insert({from, to});
+    } else {
+      held_.erase({from, to});
+    }
+  }
+  size_t waiting(int from, int to) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return mail_[{from, to}].size();
+  }
 
  private:
   std::mutex mutex_;
   std::map<std::pair<int, int>, std::deque<Handle>> mail_;
+  std::set<std::pair<int, int>> held_;
 };
 
 struct Rank {
@@ -269,6 +284,29 @@ TEST_F(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
     }
     bothWays(ranks);
   }
+}
+
+// The lower rank's handle reaches the higher one only after the lower rank's connection
+// did: the higher rank hands over its send comm only once it has taken that handle, so
+// that no later connection between the two finds it waiting and dials a closed listener.
+TEST_F(NetPair, TheLowerRanksHandleIsTakenWhenItsConnectionCameFirst) {
+  Mailbox mail;
+  std::array<Rank, 2> ranks;
+  ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
+  mail.hold(0, 1, true);
+  auto p0 = pairWith(*ranks[0].backend, 0, 0, 1, ranks[0].exchange);
+  auto p1 = pairWith(*ranks[1].backend, 0, 1, 0, ranks[1].exchange);
+  ASSERT_TRUE(p0.isOk() && p1.isOk());
+  ASSERT_NO_FATAL_FAILURE(drive({p0->send}, {&ranks[0].send}, {p1->recv}, {&ranks[1].recv}));
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(p1->send(&ranks[1].send).isOk());
+    ASSERT_FALSE(ranks[1].send) << "handed over before the peer's handle was taken";
+  }
+  mail.hold(0, 1, false);
+  ASSERT_NO_FATAL_FAILURE(drive({p1->send}, {&ranks[1].send}, {p0->recv}, {&ranks[0].recv}));
+  EXPECT_EQ(mail.waiting(0, 1), 0u);
+  EXPECT_EQ(mail.waiting(1, 0), 0u);
+  bothWays(ranks);
 }
 
 // A connection made without the offer has no way back: reverse() says so, with one socket

@@ -157,7 +157,9 @@ Result<PairDialers> pairWith(Backend& backend, int dev, int self, int peer,
   d.send = [pair](std::unique_ptr<SendComm>* comm) -> Status {
     *comm = nullptr;
     LOOM_TRY(pair->advance());
-    if (pair->send) {
+    // Not before the peer's handle is taken (it is on its way: the peer sent it before it
+    // dialed), so that no later connection between the two takes it for its own.
+    if (pair->send && pair->haveHandle) {
       *comm = std::move(pair->send);
       pair->sendGiven = true;
     }

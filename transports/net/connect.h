@@ -47,8 +47,10 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
 // reverse(). Where it does not (the peer needs one direction only now), each direction
 // gets a connection of its own, as listenFor and dialTo make them; the handles travel as
 // theirs do either way. Each dialer gives its comm as soon as it is connected (a peer that
-// dials before it sends its own handle is not kept waiting for it). Call the two dialers
-// from one thread (the proxy's): they share their state without a lock.
+// dials before it sends its own handle is not kept waiting for it), except that the higher
+// rank's send comm of a pair waits until it has taken the lower rank's handle (already on
+// its way), which no later connection may take for its own. Call the two dialers from one
+// thread (the proxy's): they share their state without a lock.
 struct PairDialers {
   SendDialer send;
   RecvDialer recv;
