@@ -89,15 +89,18 @@ struct Rank {
   std::unique_ptr<RecvComm> recv;  // from it
 };
 
-void makeRanks(Mailbox& mail, std::array<Rank, 2>* ranks, bool duplex = true) {
+// `duplex`: LOOM_SOCKET_DUPLEX of each rank, as its backend reads it when it is made.
+void makeRanks(Mailbox& mail, std::array<Rank, 2>* ranks,
+               std::array<bool, 2> duplex = {true, true}) {
   for (int r = 0; r < 2; ++r) {
+    settings::ScopedSetting d(settings::kSocketDuplex, duplex[r] ? "1" : "0");
     Context ctx;
     ctx.commHash = 0xd0b1e;
     ctx.rank = r;
     auto b = makeSocketBackend(ctx);
     ASSERT_TRUE(b.isOk()) << b.status().message();
     (*ranks)[r].backend = std::move(b).value();
-    ASSERT_EQ((*ranks)[r].backend->duplex(), duplex);
+    ASSERT_EQ((*ranks)[r].backend->duplex(), duplex[r]);
     (*ranks)[r].exchange = mail.exchangeFor(r);
   }
 }
@@ -272,7 +275,7 @@ TEST_F(NetPair, ConnectPeersPairsUnlessDuplexIsOff) {
     settings::ScopedSetting d(settings::kSocketDuplex, duplex);
     Mailbox mail;
     std::array<Rank, 2> ranks;
-    ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks, duplex[0] == '1'));
+    ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks, {duplex[0] == '1', duplex[0] == '1'}));
     const int before = openSockets();
     std::array<Connections, 2> c;
     ASSERT_NO_FATAL_FAILURE(connectBoth(ranks, 1, &c));
@@ -348,6 +351,33 @@ TEST_F(NetPair, PeerDialsBeforeItListens) {
     auto later = listenFor(*b.backend, 0, pairs, b.exchange);
     ASSERT_TRUE(later.isOk());
     ASSERT_NO_FATAL_FAILURE(drive({p->send}, {&a.send}, {*later}, {&b.recv}));
+    bothWays(ranks);
+  }
+}
+
+// One rank with LOOM_SOCKET_DUPLEX=0 beside one that pairs: the first sends in one call and
+// receives in a later one, dialing the pairing rank's handle (which carries the offer) one
+// way, so the pair does not take its connection for a shared one. Both orders of rank.
+TEST_F(NetPair, DuplexOffBesideAPair) {
+  for (int off = 0; off < 2; ++off) {
+    const int on = 1 - off;
+    Mailbox mail;
+    std::array<Rank, 2> ranks;
+    std::array<bool, 2> duplex;
+    duplex[off] = false;
+    duplex[on] = true;
+    ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks, duplex));
+    Rank& a = ranks[off];
+    Rank& b = ranks[on];
+    auto p = pairWith(*b.backend, 0, on, off, b.exchange);
+    ASSERT_TRUE(p.isOk());
+    SendDialer first = dialTo(*a.backend, 0, on, a.exchange);
+    ASSERT_NO_FATAL_FAILURE(drive({first}, {&a.send}, {p->recv}, {&b.recv}));
+    EXPECT_FALSE(a.send->twoWay());
+    ASSERT_NO_FATAL_FAILURE(oneWay(*a.send, *b.recv, 11));
+    auto later = listenFor(*a.backend, 0, on, a.exchange);
+    ASSERT_TRUE(later.isOk());
+    ASSERT_NO_FATAL_FAILURE(drive({p->send}, {&b.send}, {*later}, {&a.recv}));
     bothWays(ranks);
   }
 }

@@ -113,6 +113,7 @@ struct Pair {
       if (recv) {
         listener.reset();
         if (!lower && recv->twoWay()) {
+          if (send || sendGiven) return disagree();
           paired = true;
           LOOM_ASSIGN_OR_RETURN(send, recv->reverse());
         }
@@ -122,16 +123,26 @@ struct Pair {
       Status st = backend->connect(dev, &theirs, peer, &send);
       if (!st) return st.withContext("connecting to " + who());
       if (send && paired) {
+        if (recv || recvGiven) return disagree();
         LOOM_ASSIGN_OR_RETURN(recv, send->reverse());
         listener.reset();  // the peer does not dial it
       }
     }
-    if ((!send && !sendGiven) || (!recv && !recvGiven))
-      LOOM_TRY(checkPeer(*exchange, peer, &nextCheck));
+    const bool sendWaits = !sendGiven && !(send && haveHandle);
+    if (sendWaits || (!recv && !recvGiven)) LOOM_TRY(checkPeer(*exchange, peer, &nextCheck));
     return Status::ok();
   }
 
   std::string who() const { return "rank " + std::to_string(peer); }
+  // A connection from the peer that says it pairs where this end already has the
+  // direction it would give (the two made more than one connection each way on this
+  // exchange, which pairWith does not support): an error now rather than a lost comm.
+  Status disagree() const {
+    return errorf(Code::kInternalError,
+                  "%s and this rank disagree on whether they share one connection (more than "
+                  "one connection each way between them on one exchange)",
+                  who().c_str());
+  }
 };
 
 }  // namespace

@@ -50,7 +50,10 @@ SendDialer dialTo(Backend& backend, int dev, int peer, const HandleExchange& exc
 // dials before it sends its own handle is not kept waiting for it), except that the higher
 // rank's send comm of a pair waits until it has taken the lower rank's handle (already on
 // its way), which no later connection may take for its own. Call the two dialers from one
-// thread (the proxy's): they share their state without a lock.
+// thread (the proxy's): they share their state without a lock. Both ranks decide alike
+// where the two make at most one connection each way on `exchange` (the GPU executor's
+// lanes, connectPeers' peers named once); with more, a pair may take a handle meant for
+// another connection, and the disagreement ends in an error or the timeout.
 struct PairDialers {
   SendDialer send;
   RecvDialer recv;

@@ -742,9 +742,9 @@ class SocketBackend final : public Backend {
     }
     if (!h.stage) {
       h.stage = new ConnectStage();
-      // The way back (transports/net/connect.cc sets the byte where both ends pair): its
-      // sockets too.
-      h.stage->back = handle->data[kPairOfferByte] == 1;
+      // The way back (transports/net/connect.cc sets the byte where both ends pair; never
+      // with LOOM_SOCKET_DUPLEX=0 here, whatever the peer's setting): its sockets too.
+      h.stage->back = duplex_ && handle->data[kPairOfferByte] == 1;
       h.stage->socks.resize(h.stage->back ? 2 * h.nsocks - 1 : h.nsocks);
       h.stage->deadline =
           Clock::now() + std::chrono::milliseconds(settings::get(settings::kTimeoutMs));
