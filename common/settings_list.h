@@ -175,9 +175,10 @@
   X(kTuning, kNsocksPerthread, "LOOM_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", kInt, "1", "", \
     "sockets per TCP connection (1 measured best over loopback; more may pay on fast NICs)") \
   X(kTuning, kSocketDuplex, "LOOM_SOCKET_DUPLEX", nullptr, kBool, "1", "", \
-    "GPU buffers over sockets: two ranks that need both directions at once share one TCP " \
-    "connection, each direction on its own requests and threads (0: a connection each way, " \
-    "as NCCL's socket transport has it; a small message then costs its own acknowledgement)") \
+    "GPU buffers over sockets: two ranks that need both directions at once share one " \
+    "connection, whose first socket (sizes and messages under 64 KiB) carries both ways and " \
+    "the others one way each (0: a connection each way, as NCCL's socket transport has it; " \
+    "a small message then costs an acknowledgement of its own)") \
   X(kTuning, kUcxLanes, "LOOM_UCX_LANES", nullptr, kCount, "auto", "auto", \
     "UCX workers per connection (at most 16; auto: 1 for host buffers, 2 for GPU buffers): " \
     "lane 0, moved by the proxy thread, carries the sizes and every message under 64 KiB; a " \
