@@ -11,9 +11,9 @@
 // asks for it (kPairOfferByte, set by transports/net/connect.cc where both ends pair), the
 // sender dials n - 1 further sockets for the way back and says so in its hellos, and the
 // comms' reverse() send on socket 0 and those. A failure in either direction shuts the
-// sockets of both, and they close with the last comm of the two. Socket 0,
-// the sizes and every small message, is shared by the two directions, each with its own
-// requests and framing: a small reply then carries the acknowledgement of what it answers
+// sockets of both, and they close with the last comm of the two. Socket 0, the sizes and
+// every small message, is shared by the two directions, each with its own requests and
+// framing: a small reply then carries the acknowledgement of what it answers
 // (on loopback one TCP connection both ways moved an 8-byte ping-pong in 3.5 us one way
 // against 6.9 with a connection each way: scripts/bench/tcp_pingpong_probe.cc, one H100
 // machine, 2026-12-07). The large parts keep sockets of their own per direction: 4-host
@@ -511,17 +511,34 @@ class SocketComm {
   Status failed_;  // set by fail(): the caller's thread only
 };
 
-// A connection of `n` sockets a direction, all of them in `socks` (2n - 1 where it is
-// `twoWay`, else n); `back`: this comm is the way back (a reverse()).
+// The part of a connection of n sockets a direction that a comm moves: the one way of a
+// connection of n sockets, the dialer's way of one of 2n - 1 (which has a way back), or
+// its way back (a reverse()).
+enum class Way { kOnly, kThere, kBack };
+
+// What a comm keeps to give the other direction of its connection (reverse()).
+struct WayBack {
+  SharedSockets socks;  // null where the connection has none, or once taken
+  size_t n = 0;
+  int peer = -1;
+  Helpers helpers;
+
+  WayBack(const SharedSockets& all, size_t n, Way way, int peer, const Helpers& helpers)
+      : socks(way == Way::kThere ? all : nullptr), n(n), peer(peer), helpers(helpers) {}
+  Result<WayBack> take() {
+    if (!socks) {
+      return errorf(Code::kInternalError,
+                    "net/socket: reverse() of a connection with no way back, or a second one");
+    }
+    return std::move(*this);
+  }
+};
+
 class SocketSend final : public SendComm {
  public:
-  SocketSend(SharedSockets socks, size_t n, bool twoWay, bool back, int peer,
-             const Helpers& helpers)
-      : socks_(twoWay && !back ? socks : nullptr),
-        n_(n),
-        peer_(peer),
-        helpers_(helpers),
-        comm_(socks, directionOf(*socks, n, back), true, peer, helpers) {}
+  SocketSend(SharedSockets socks, size_t n, Way way, int peer, const Helpers& helpers)
+      : back_(socks, n, way, peer, helpers),
+        comm_(socks, directionOf(*socks, n, way == Way::kBack), true, peer, helpers) {}
   Result<MemHandle> regMr(void*, size_t, MemType type) override { return registration(type); }
   Status deregMr(MemHandle) override { return Status::ok(); }
   Status isend(const void* data, size_t size, int, MemHandle, Request** request) override {
@@ -530,18 +547,8 @@ class SocketSend final : public SendComm {
   }
   Status test(Request* r, bool* done, size_t* size) override { return comm_.test(r, done, size); }
   void shutdown() override { comm_.shutdown(); }
-  bool twoWay() const override { return socks_ != nullptr; }
+  bool twoWay() const override { return back_.socks != nullptr; }
   Result<std::unique_ptr<RecvComm>> reverse() override;
-
-  // `socks` (a comm's own, null where the connection has no way back or a reverse() took
-  // it) can give the other direction.
-  static Status reversible(const SharedSockets& socks) {
-    if (!socks) {
-      return errorf(Code::kInternalError,
-                    "net/socket: reverse() of a connection with no way back, or a second one");
-    }
-    return Status::ok();
-  }
 
   static Result<MemHandle> registration(MemType type) {
     if (type != MemType::kHost) {
@@ -551,22 +558,15 @@ class SocketSend final : public SendComm {
   }
 
  private:
-  SharedSockets socks_;  // for reverse(): null where there is no way back, or once given
-  size_t n_;
-  int peer_;
-  Helpers helpers_;
+  WayBack back_;
   SocketComm comm_;
 };
 
 class SocketRecv final : public RecvComm {
  public:
-  SocketRecv(SharedSockets socks, size_t n, bool twoWay, bool back, int peer,
-             const Helpers& helpers)
-      : socks_(twoWay && !back ? socks : nullptr),
-        n_(n),
-        peer_(peer),
-        helpers_(helpers),
-        comm_(socks, directionOf(*socks, n, back), false, peer, helpers) {}
+  SocketRecv(SharedSockets socks, size_t n, Way way, int peer, const Helpers& helpers)
+      : back_(socks, n, way, peer, helpers),
+        comm_(socks, directionOf(*socks, n, way == Way::kBack), false, peer, helpers) {}
   Result<MemHandle> regMr(void*, size_t, MemType type) override {
     return SocketSend::registration(type);
   }
@@ -580,25 +580,20 @@ class SocketRecv final : public RecvComm {
   }
   Status test(Request* r, bool* done, size_t* sizes) override { return comm_.test(r, done, sizes); }
   void shutdown() override { comm_.shutdown(); }
-  bool twoWay() const override { return socks_ != nullptr; }
+  bool twoWay() const override { return back_.socks != nullptr; }
   Result<std::unique_ptr<SendComm>> reverse() override {
-    LOOM_TRY(SocketSend::reversible(socks_));
-    return std::unique_ptr<SendComm>(
-        new SocketSend(std::move(socks_), n_, true, true, peer_, helpers_));
+    LOOM_ASSIGN_OR_RETURN(WayBack w, back_.take());
+    return std::unique_ptr<SendComm>(new SocketSend(w.socks, w.n, Way::kBack, w.peer, w.helpers));
   }
 
  private:
-  SharedSockets socks_;  // for reverse(): null where there is no way back, or once given
-  size_t n_;
-  int peer_;
-  Helpers helpers_;
+  WayBack back_;
   SocketComm comm_;
 };
 
 Result<std::unique_ptr<RecvComm>> SocketSend::reverse() {
-  LOOM_TRY(reversible(socks_));
-  return std::unique_ptr<RecvComm>(
-      new SocketRecv(std::move(socks_), n_, true, true, peer_, helpers_));
+  LOOM_ASSIGN_OR_RETURN(WayBack w, back_.take());
+  return std::unique_ptr<RecvComm>(new SocketRecv(w.socks, w.n, Way::kBack, w.peer, w.helpers));
 }
 
 class SocketListen final : public ListenComm {
@@ -625,8 +620,8 @@ class SocketListen final : public ListenComm {
     }
     auto socks = std::make_shared<std::vector<Socket>>();
     for (auto& s : slots_) socks->push_back(std::move(s));
-    *comm =
-        std::make_unique<SocketRecv>(std::move(socks), nsocks_, back_, false, peerRank_, helpers_);
+    *comm = std::make_unique<SocketRecv>(std::move(socks), nsocks_,
+                                         back_ ? Way::kThere : Way::kOnly, peerRank_, helpers_);
     return Status::ok();
   }
 
@@ -829,8 +824,8 @@ class SocketBackend final : public Backend {
     if (!all) return Status::ok();
     auto socks = std::make_shared<std::vector<Socket>>();
     for (auto& p : stage.socks) socks->push_back(std::move(p.sock));
-    *comm = std::make_unique<SocketSend>(std::move(socks), h.nsocks, stage.back, false, peerRank,
-                                         helpers_);
+    *comm = std::make_unique<SocketSend>(std::move(socks), h.nsocks,
+                                         stage.back ? Way::kThere : Way::kOnly, peerRank, helpers_);
     return Status::ok();
   }
 
