@@ -190,9 +190,7 @@ Estimate railEstimate(CollType type, double bytes, const Fabric& f) {
   bool any = false;
   for (Algo a : kAllAlgos) {
     Estimate e;
-    // Nor the chain reduce: GPU buffers keep the tree (chooseFlatAlgorithm).
-    if (a == Algo::kOneShot || (type == CollType::kReduce && a == Algo::kChain) ||
-        !estimate(type, a, static_cast<size_t>(bytes), rail, &e) || !e.built)
+    if (a == Algo::kOneShot || !estimate(type, a, static_cast<size_t>(bytes), rail, &e) || !e.built)
       continue;
     if (!any || e.us < best.us) best = e;
     any = true;
@@ -481,8 +479,7 @@ bool unstagedEstimate(CollType type, Algo a, size_t bytes, const Fabric& f, Esti
       switch (a) {
         case Algo::kMeshOneShot: *out = direct(f, a, S / (n - 1), 1, true); return true;
         case Algo::kTree: *out = rootedTree(f, S, true); return true;
-        // Built for host buffers (chainReduce); GPU buffers keep the tree.
-        case Algo::kChain: *out = chain(f, a, S, !f.gpu); return true;
+        case Algo::kChain: *out = chain(f, a, S, true); return true;
         case Algo::kHierarchical:
           if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
           *out = hierarchicalRooted(f, S, /*reduce=*/true);

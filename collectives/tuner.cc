@@ -251,20 +251,14 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       break;
     }
     case CollType::kReduce:
-      // The chain reduce has run on host buffers only: GPU buffers keep the tree (measured
-      // against NCCL on one H200, docs/perf/crosshost.md) until it is checked on a GPU,
-      // unless LOOM_ALGO names the chain (as before the chain existed, even where LOOM_ALGO
-      // leaves the tree out).
-      if (req.device && !forced.names(AlgoName::kChain)) {
-        c.algo = Algorithm::kTree;
-        c.reason = "reduce of GPU buffers: the binary tree";
-        break;
-      }
       // Each link of a pipelined chain carries the buffer once; the tree's inner ranks take
-      // in two buffers for one sent on, in log2(n) hops instead of n - 1. Network
-      // namespaces, 1 rank each, 1 Gb/s (docs/perf/cost_model.md, 2026-12-05): from 64 KiB
-      // at 4 and 8 hosts the chain took 0.37-0.50 of the tree's time; over shared memory
-      // (4 and 8 ranks, 64 KiB - 32 MiB) it was level or ahead.
+      // in two buffers for one sent on, in log2(n) hops instead of n - 1. Host buffers,
+      // network namespaces, 1 rank each, 1 Gb/s (docs/perf/cost_model.md, 2026-12-05): from
+      // 64 KiB at 4 and 8 hosts the chain took 0.37-0.50 of the tree's time; over shared
+      // memory (4 and 8 ranks, 64 KiB - 32 MiB) it was level or ahead. GPU buffers, processes
+      // as hosts on one H100 (docs/perf/crosshost.md, 2026-12-07): at 16 and 128 MiB on 3
+      // and 4 hosts the chain took 0.44-0.80 of the tree's time (at 2 MiB 0.81-1.18), and
+      // the model weighs the two there as well.
       chooseChainOrTree(CollType::kReduce, req, forced, bytes, &c);
       break;
     case CollType::kAllGather:

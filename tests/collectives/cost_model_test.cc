@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "collectives/fabric.h"
@@ -211,10 +212,11 @@ TEST(CostModel, GpuHierarchicalBroadcastAndReduceAddTheirPasses) {
   const Fabric f = dgx(4);
   const Fabric host = dgx(1);
   const Fabric rail = netExecutorFabric(f, /*rail=*/true);
-  // The rail's reduce keeps the tree on GPU buffers; its broadcast follows the tuner's rule
-  // (4 hosts: the chain at every size).
+  // The rail's reduce is the cheaper of chain and tree; its broadcast follows the tuner's
+  // rule (4 hosts: the chain at every size).
   auto railUs = [&](CollType t, size_t b) {
-    return us(t, t == CollType::kBroadcast ? Algo::kChain : Algo::kTree, b, rail);
+    if (t == CollType::kBroadcast) return us(t, Algo::kChain, b, rail);
+    return std::min(us(t, Algo::kChain, b, rail), us(t, Algo::kTree, b, rail));
   };
   for (CollType t : {CollType::kBroadcast, CollType::kReduce}) {
     const bool reduce = t == CollType::kReduce;

@@ -716,7 +716,7 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   ASSERT_TRUE(tunerPick(CollType::kAllReduce, 8, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kOneShot) << why;  // 3 ranks: one step with both peers
   ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));
-  EXPECT_EQ(a, model::Algo::kTree) << why;  // the chain reduce runs on host buffers only
+  EXPECT_EQ(a, model::Algo::kChain) << why;  // the model: the chain from 3 hosts at 4 MiB
   // GPU buffers across hosts of 8 GPUs: what the GPU executor asks (the hierarchical form
   // where the model prices it lower), else the network executor, on its fabric (every pair
   // of ranks through the network), at every size and host count.
@@ -805,7 +805,7 @@ TEST(Tuner, GpuHierarchicalFormWhereForcedOrPricedLower) {
 }
 
 // Reduce: the pipelined chain or the tree, as the cost model prices them; LOOM_ALGO picks
-// either. GPU buffers over the network keep the tree unless LOOM_ALGO names the chain.
+// either. GPU buffers over the network likewise, on the network executor's fabric.
 TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   CollRequest req;
   req.type = CollType::kReduce;
@@ -829,7 +829,7 @@ TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
   c = chooseNetAlgorithm(req, AlgoRequest{});
   ASSERT_TRUE(c.isOk());
-  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;
+  EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
   // LOOM_ALGO naming neither (an all-reduce form) leaves reduce to the model; ^chain
   // leaves the chain out.
   c = chooseAlgorithm(req, "direct");
@@ -842,12 +842,32 @@ TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   ASSERT_TRUE(onlyRing.isOk());
   c = chooseNetAlgorithm(req, *onlyRing);
   ASSERT_TRUE(c.isOk());
-  EXPECT_EQ(c->algo, Algorithm::kTree) << c->reason;  // as before the chain existed
+  EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;  // ring: the chain's alias
   auto onlyChain = AlgoRequest::parse("chain");
   ASSERT_TRUE(onlyChain.isOk());
   c = chooseNetAlgorithm(req, *onlyChain);
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
+  // GPU buffers across 3 and 4 hosts of one GPU over sockets: whichever the model prices
+  // lower on the executor's fabric, the chain at 16 MiB.
+  for (int hosts : {3, 4}) {
+    const model::Fabric g = model::gpuFabric(hosts, 1, 450, 50, model::NetPath::kSockets);
+    const model::Fabric executor = model::netExecutorFabric(g, /*rail=*/false);
+    req.nranks = hosts;
+    req.fabric = &executor;
+    for (size_t bytes : {size_t(8), size_t(32) << 10, size_t(2) << 20, size_t(16) << 20}) {
+      req.count = bytes / req.elemSize;
+      model::Estimate ce, te;
+      ASSERT_TRUE(model::estimate(CollType::kReduce, model::Algo::kChain, bytes, executor, &ce));
+      ASSERT_TRUE(model::estimate(CollType::kReduce, model::Algo::kTree, bytes, executor, &te));
+      EXPECT_TRUE(ce.built && te.built);
+      c = chooseNetAlgorithm(req, AlgoRequest{});
+      ASSERT_TRUE(c.isOk());
+      EXPECT_EQ(c->algo, te.us < ce.us ? Algorithm::kTree : Algorithm::kChain)
+          << hosts << " hosts, " << bytes << " B: " << c->text();
+      if (bytes == (size_t(16) << 20)) EXPECT_EQ(c->algo, Algorithm::kChain) << c->text();
+    }
+  }
 }
 
 // Broadcast: across hosts (a fabric given), host buffers take chain or tree by the model;
