@@ -34,7 +34,7 @@ struct CollRequest {
   // through the network stack (on one host: both ends of loopback TCP).
   bool network = false;
   // GPU buffers over the network (chooseNetAlgorithm sets it): broadcast keeps the rule
-  // measured there against NCCL, and reduce the tree, where host buffers ask the model.
+  // measured there against NCCL, where host buffers ask the model (reduce asks it for both).
   bool device = false;
   // The fabric the cost model prices (collectives/cost_model.h); nullptr: one class of
   // link between every pair of ranks.

@@ -849,7 +849,8 @@ TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
   ASSERT_TRUE(c.isOk());
   EXPECT_EQ(c->algo, Algorithm::kChain) << c->reason;
   // GPU buffers across 3 and 4 hosts of one GPU over sockets: whichever the model prices
-  // lower on the executor's fabric, the chain at 16 MiB.
+  // lower on the executor's fabric; the chain at 16 MiB, the tree for 8 B on 4 hosts
+  // (log2(n) hops against n - 1).
   for (int hosts : {3, 4}) {
     const model::Fabric g = model::gpuFabric(hosts, 1, 450, 50, model::NetPath::kSockets);
     const model::Fabric executor = model::netExecutorFabric(g, /*rail=*/false);
@@ -866,6 +867,7 @@ TEST(Tuner, ReduceTakesTheChainForLargeMessages) {
       EXPECT_EQ(c->algo, te.us < ce.us ? Algorithm::kTree : Algorithm::kChain)
           << hosts << " hosts, " << bytes << " B: " << c->text();
       if (bytes == (size_t(16) << 20)) EXPECT_EQ(c->algo, Algorithm::kChain) << c->text();
+      if (bytes == 8 && hosts == 4) EXPECT_EQ(c->algo, Algorithm::kTree) << c->text();
     }
   }
 }
