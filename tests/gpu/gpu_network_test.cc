@@ -89,10 +89,8 @@ TEST_P(OverTheNetwork, RecursiveDoublingInManyPieces) {
 // and rank count, so the default reaches only some of each. Every root, a piece and many,
 // in place and not, float sum, int max and average.
 TEST_P(OverTheNetwork, ReduceAsChainAndAsTree) {
-  REQUIRE_GPUS(1);
   for (const char* algo : {"chain", "tree"}) {
-    Ranks R(GetParam(), {{"LOOM_P2P_DISABLE", "1"}, {"LOOM_ALGO", algo}}, devices());
-    R.anyOrder = true;
+    NETWORK_RANKS(R, {"LOOM_ALGO", algo});
     for (int root = 0; root < R.n(); ++root) {
       for (size_t count : {size_t{1}, size_t{4099}, (size_t{2} << 20) + 3}) {
         EXPECT_EQ(runAndCheck(R, Coll::kReduce, DataType::kFloat32, ncclSum, count, false, 0, false,

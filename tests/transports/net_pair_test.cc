@@ -331,27 +331,33 @@ TEST_F(NetPair, NoWayBackWithoutTheOffer) {
   }
 }
 
-// The peer sends first and only then, in a later call, gets to its receive: the pair hands
-// over the receive connection the peer made at once, without the peer's handle (which comes
-// only with that later call), whether this rank is the lower or the higher one.
+// Rank `pairer` pairs; rank `dialer` sends first (dialTo) and only then, in a later call,
+// gets to its receive (listenFor). The pair hands over the receive connection the dialer
+// made at once, without the dialer's handle (which comes only with that later call), and
+// the dialer's connection stays one way.
+void dialsFirstThenListens(std::array<Rank, 2>& ranks, int pairer, int dialer, int seed) {
+  Rank& p = ranks[pairer];
+  Rank& d = ranks[dialer];
+  auto pair = pairWith(*p.backend, 0, pairer, dialer, p.exchange);
+  ASSERT_TRUE(pair.isOk());
+  SendDialer first = dialTo(*d.backend, 0, pairer, d.exchange);
+  ASSERT_NO_FATAL_FAILURE(drive({first}, {&d.send}, {pair->recv}, {&p.recv}));
+  EXPECT_FALSE(d.send->twoWay()) << "the dialer did not pair: one way";
+  ASSERT_NO_FATAL_FAILURE(oneWay(*d.send, *p.recv, seed));
+  auto later = listenFor(*d.backend, 0, pairer, d.exchange);
+  ASSERT_TRUE(later.isOk());
+  ASSERT_NO_FATAL_FAILURE(drive({pair->send}, {&p.send}, {*later}, {&d.recv}));
+  bothWays(ranks);
+}
+
+// Both ranks pair, and the peer dials before it listens: whether this rank is the lower or
+// the higher one.
 TEST_F(NetPair, PeerDialsBeforeItListens) {
-  for (int pairs = 0; pairs < 2; ++pairs) {
-    const int other = 1 - pairs;
+  for (int pairer = 0; pairer < 2; ++pairer) {
     Mailbox mail;
     std::array<Rank, 2> ranks;
     ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks));
-    Rank& a = ranks[pairs];
-    Rank& b = ranks[other];
-    auto p = pairWith(*a.backend, 0, pairs, other, a.exchange);
-    ASSERT_TRUE(p.isOk());
-    SendDialer first = dialTo(*b.backend, 0, pairs, b.exchange);
-    ASSERT_NO_FATAL_FAILURE(drive({first}, {&b.send}, {p->recv}, {&a.recv}));
-    EXPECT_FALSE(b.send->twoWay()) << "the peer did not pair: one way";
-    ASSERT_NO_FATAL_FAILURE(oneWay(*b.send, *a.recv, 6));
-    auto later = listenFor(*b.backend, 0, pairs, b.exchange);
-    ASSERT_TRUE(later.isOk());
-    ASSERT_NO_FATAL_FAILURE(drive({p->send}, {&a.send}, {*later}, {&b.recv}));
-    bothWays(ranks);
+    ASSERT_NO_FATAL_FAILURE(dialsFirstThenListens(ranks, pairer, 1 - pairer, 6));
   }
 }
 
@@ -367,18 +373,7 @@ TEST_F(NetPair, DuplexOffBesideAPair) {
     duplex[off] = false;
     duplex[on] = true;
     ASSERT_NO_FATAL_FAILURE(makeRanks(mail, &ranks, duplex));
-    Rank& a = ranks[off];
-    Rank& b = ranks[on];
-    auto p = pairWith(*b.backend, 0, on, off, b.exchange);
-    ASSERT_TRUE(p.isOk());
-    SendDialer first = dialTo(*a.backend, 0, on, a.exchange);
-    ASSERT_NO_FATAL_FAILURE(drive({first}, {&a.send}, {p->recv}, {&b.recv}));
-    EXPECT_FALSE(a.send->twoWay());
-    ASSERT_NO_FATAL_FAILURE(oneWay(*a.send, *b.recv, 11));
-    auto later = listenFor(*a.backend, 0, on, a.exchange);
-    ASSERT_TRUE(later.isOk());
-    ASSERT_NO_FATAL_FAILURE(drive({p->send}, {&b.send}, {*later}, {&a.recv}));
-    bothWays(ranks);
+    ASSERT_NO_FATAL_FAILURE(dialsFirstThenListens(ranks, on, off, 11));
   }
 }
 
