@@ -127,6 +127,10 @@ const char* algorithmName(Algorithm algo);
 
 struct Schedule {
   bool reduces = false;  // src goes through the pre-op and recv data is reduced
+  // The steps of each phase are listed in the order a rank may run them one at a time
+  // (the lagged trees' slots): where a phase must be split into sub-phases that run one
+  // after another (device/net_plan.h), no step goes before one listed ahead of it.
+  bool listedInOrder = false;
   std::vector<Phase> phases;
   // Elements the Input and Output buffers must hold on this rank.
   size_t inputCount = 0;
@@ -147,10 +151,12 @@ Schedule ringAllReduce(int rank, int n, size_t count, size_t piece,
 // Double binary tree. `lagResults`: the steps that take a block's result down are
 // ordered two blocks after its reduction (the roots reduce in one step and send the result
 // in another, ordered by Step::after), so that where one tree's reductions and the other's
-// results share a connection, a reduction does not wait there for a result. For executors
-// that run a phase's steps as they become ready, taking each shared connection in phase
-// order (the host executor); the GPU network plan, which splits such steps into
-// sub-phases, takes the plain order.
+// results share a connection, a reduction does not wait there for a result. Both executors
+// take it: the host executor runs a phase's steps as they become ready, each shared
+// connection in phase order; the GPU network plan splits the phase into sub-phases in the
+// listed order (Schedule::listedInOrder). Without the lag, each block's result follows its
+// reduction, and on a rank inner in one tree and a leaf in the other the second tree's
+// reduction waits for the first tree's result (the schedule tests keep that form).
 Schedule treeAllReduce(int rank, int n, size_t count, size_t piece, bool lagResults = false);
 // The double binary tree of host buffers on hosts of several ranks, as NCCL places its
 // trees: a double binary tree across the hosts between their local ranks 0, and inside each

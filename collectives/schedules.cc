@@ -846,6 +846,7 @@ Schedule treeAllReduceOver(int r, size_t count, size_t piece, bool lagResults,
     }
   }
   s.phases.push_back(slotted.phase(lag > 0));
+  s.listedInOrder = lag > 0;
   return s;
 }
 
@@ -948,6 +949,7 @@ Schedule hostTreeAllReduce(const Hierarchy& h, size_t count, size_t piece, bool 
     }
   }
   s.phases.push_back(slotted.phase(true));
+  s.listedInOrder = true;
   return s;
 }
 

@@ -471,7 +471,8 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
       // Host buffers on hosts of several ranks: the trees across the hosts, chains inside.
       if (algo == Algorithm::kTree && !req.device && req.hier)
         return hostTreeAllReduce(*req.hier, req.count, req.pieceElems, true);
-      return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems, !req.device)
+      return algo == Algorithm::kTree ? treeAllReduce(r, n, req.count, req.pieceElems,
+                                                      /*lagResults=*/true)
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kAllGather:
       if (algo == Algorithm::kDirect) return directAllGather(r, n, req.count);

@@ -22,18 +22,21 @@ Schedule splitByConnection(const Schedule& schedule) {
   out.reduces = schedule.reduces;
   out.inputCount = schedule.inputCount;
   out.outputCount = schedule.outputCount;
+  out.listedInOrder = schedule.listedInOrder;
   for (const Phase& phase : schedule.phases) {
     std::map<int, int> uses;  // connection -> steps of this phase that used it so far
     std::vector<Phase> subs;
     std::vector<int> subOf(phase.size(), -1);  // each step's sub-phase
+    int floor = 0;  // listedInOrder: the sub-phase of the step listed last
     for (size_t i = 0; i < phase.size(); ++i) {
       const Step& st = phase[i];
       if (st.count == 0) continue;
-      int sub = 0;
+      int sub = schedule.listedInOrder ? floor : 0;
       forConnections(st, [&](int c) { sub = std::max(sub, uses[c]); });
       // After the step whose results it reads (sub-phases run one after the other).
       if (st.after >= 0 && subOf[st.after] >= 0) sub = std::max(sub, subOf[st.after] + 1);
       forConnections(st, [&](int c) { uses[c] = sub + 1; });
+      floor = sub;
       if (static_cast<int>(subs.size()) <= sub) subs.resize(sub + 1);
       subOf[i] = sub;
       subs[sub].push_back(st);

@@ -112,6 +112,18 @@ TEST(NetPlan, SplitPutsTheKthUseOfAConnectionInSubPhaseK) {
   netPlanLinks(reinterpret_cast<const NetPlanHeader*>(plan->data()), &sends, &recvs);
   EXPECT_EQ(sends, (std::vector<NetLink>{{1, 0}, {2, 0}}));
   EXPECT_EQ(recvs, (std::vector<NetLink>{{1, 0}}));
+
+  // Listed in order: a step never goes into a sub-phase before one listed ahead of it.
+  // recv(1,5) and send(2,7) share no connection with send(1,10) but follow send(1,20) into
+  // sub-phase 1, and recv(1,6) goes on to sub-phase 2.
+  s.listedInOrder = true;
+  Schedule u = splitByConnection(s);
+  EXPECT_TRUE(u.listedInOrder);
+  ASSERT_EQ(u.phases.size(), 3u);
+  ASSERT_EQ(u.phases[0].size(), 1u);  // send(1,10)
+  ASSERT_EQ(u.phases[1].size(), 3u);  // send(1,20) recv(1,5) send(2,7)
+  ASSERT_EQ(u.phases[2].size(), 1u);  // recv(1,6)
+  EXPECT_EQ(u.phases[2][0].count, 6u);
 }
 
 // The tuner's choice for `type` of `count` elements over the network on n ranks with
@@ -735,6 +747,20 @@ TEST(NetPlanOverSockets, EveryCollectiveOnTwoToFourRanks) {
           runCollective(n, c.type, c.algo, count, root);
           if (HasFatalFailure()) return;
         }
+      }
+    }
+  }
+}
+
+// The tree all-reduce lists its steps in lagged order (results two blocks behind the
+// reductions): split for the kernel, a rank never runs a step before one listed ahead of
+// it, which the host executor's order proves free of deadlock. Many blocks, up to 8 ranks.
+TEST(NetPlanOverSockets, TreeAllReduceStreamsManyBlocks) {
+  for (int n : {3, 4, 5, 6, 8}) {
+    for (size_t count : {size_t(20011), size_t(3 * 4096 + 5)}) {
+      for (int lanes : {1, 2}) {
+        runCollective(n, CollType::kAllReduce, Algorithm::kTree, count, 0, lanes);
+        if (HasFatalFailure()) return;
       }
     }
   }

@@ -85,6 +85,21 @@ TEST_P(OverTheNetwork, RecursiveDoublingInManyPieces) {
   }
 }
 
+// The double binary tree forced (the cost model takes it only at many ranks), in many
+// pieces: both trees' reductions stream up while the results of two blocks before stream
+// down. On 2 ranks it is the ring.
+TEST_P(OverTheNetwork, TreeAllReduceInManyPieces) {
+  NETWORK_RANKS(R, {"LOOM_ALGO", "tree"}, {"LOOM_CHUNK_BYTES", "65536"});
+  for (size_t count : {size_t{1}, size_t{16383}, size_t{100003}, (size_t{4} << 20) + 7}) {
+    EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kFloat32, ncclSum, count, false, 0), 0u)
+        << "count " << count;
+    EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kInt32, ncclMax, count, true, 4), 0u)
+        << "count " << count << " in place";
+    EXPECT_EQ(runAndCheck(R, Coll::kAllReduce, DataType::kFloat16, ncclAvg, count, false, 2), 0u)
+        << "count " << count << ", avg";
+  }
+}
+
 // Reduce in both of its forms, forced: the cost model takes the chain or the tree by size
 // and rank count, so the default reaches only some of each. Every root, a piece and many,
 // in place and not, float sum, int max and average.
