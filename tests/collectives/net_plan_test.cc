@@ -176,11 +176,24 @@ TEST(NetPlan, FourRanksTakeTheRingAbove2MiB) {
   EXPECT_EQ(allReducePick(4, 128u << 20, ""), Algorithm::kRing);
   EXPECT_EQ(allReducePick(4, 16u << 20, "direct"), Algorithm::kDirect);
   EXPECT_EQ(allReducePick(4, 16u << 20, "^ring"), Algorithm::kDirect);
-  EXPECT_EQ(allReducePick(3, 16u << 20, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(3, 64u << 20, ""), Algorithm::kDirect);
   EXPECT_EQ(allReducePick(4, 16u << 20, "direct,ring"), Algorithm::kDirect);  // names direct: kept
   EXPECT_NE(allReducePick(4, 16u << 20, "^direct"), Algorithm::kDirect);
   EXPECT_NE(allReducePick(5, 16u << 20, ""), Algorithm::kDirect);
   EXPECT_NE(allReducePick(8, 16u << 20, ""), Algorithm::kDirect);
+}
+
+TEST(NetPlan, ThreeRanksTakeTheTreeFrom512KiBTo8MiB) {
+  EXPECT_EQ(allReducePick(3, 256 * 1024, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(3, kTreeAllReduceMinBytes3 - 4, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(3, kTreeAllReduceMinBytes3, ""), Algorithm::kTree);
+  EXPECT_EQ(allReducePick(3, 2u << 20, ""), Algorithm::kTree);
+  EXPECT_EQ(allReducePick(3, kTreeAllReduceMaxBytes3, ""), Algorithm::kTree);
+  EXPECT_EQ(allReducePick(3, kTreeAllReduceMaxBytes3 + 4, ""), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(3, 2u << 20, "direct"), Algorithm::kDirect);  // named: kept
+  EXPECT_EQ(allReducePick(3, 2u << 20, "^tree"), Algorithm::kDirect);
+  EXPECT_EQ(allReducePick(3, 2u << 20, "ring"), Algorithm::kRing);
+  EXPECT_EQ(allReducePick(4, 2u << 20, ""), Algorithm::kDirect);  // 4 ranks: their own rule
 }
 
 // Past 4 ranks a small all-reduce over the network cannot take the one-shot: the next
