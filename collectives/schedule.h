@@ -48,8 +48,8 @@ inline constexpr size_t kTwoRankDoublingMaxBytes = 256 * 1024;
 // the ring ahead at 4 MiB (1556-1835 against 1804-1904), 8 MiB (2588-2796 against
 // 3254-3458) and 16 MiB (5045-5554 against 6107-6373), as in four checks before at 16 MiB.
 // Measured on 4 hosts of one rank; the rule holds for any 4 ranks of a network executor.
-// On 3 ranks the direct form stays at every size: in the same call ahead at 1 and 4 MiB,
-// within 4 % of the ring at 16 and 64 MiB.
+// On 3 ranks the direct form, not the ring: in the same call ahead at 1 and 4 MiB, within
+// 4 % of the ring at 16 and 64 MiB (the tree takes 512 KiB to 8 MiB: below).
 inline constexpr size_t kDirectAllReduceMaxBytes4 = 2 * 1024 * 1024;
 // All-reduce of GPU buffers over the network on 3 ranks: the double binary tree (each
 // tree's root takes half the buffer from the other two and streams the result back) from
