@@ -755,7 +755,8 @@ RankLinks inOrderLinks(int tree, int rank, int n) {
 // the roots too: a root reduces in one step and sends the result down in another, at the
 // results' slot (Step::after orders the two). Two blocks: with FIFOs of two slots (the
 // fewest LOOM_STEPS allows) the schedule simulator found lags up to 4 safe and 5
-// deadlocking; at 8 network namespaces of 1 Gb/s (2026-12-05) 2 took the tree from 85 to
+// deadlocking (2026-12-05, when a root still reduced and sent in one step; not rechecked
+// since); at 8 network namespaces of 1 Gb/s (2026-12-05) 2 took the tree from 85 to
 // 80 ms at 4 MiB and 1.3-1.7 to 1.1 ms at 64 KiB, 4 about 2 % more.
 constexpr int kTreeLag = 2;
 

@@ -10,10 +10,10 @@
 // (for a group's Send/Recv calls, each on one connection: the k-th use of a connection in
 // sub-phase k, on both of its ends), and after the step it reads from (Step::after). A
 // schedule listed in order (Schedule::listedInOrder: the lagged trees) also keeps every
-// step in or after the sub-phase of the step listed before it: a rank then runs nothing
-// ahead of its listed order, which the peers' orders are built to meet. The host executor
-// instead lets such steps take turns on the connection; the schedule tests run every split
-// schedule for 1-64 ranks.
+// step in or after the sub-phase of the step listed before it: the split plan then
+// finishes wherever each rank running its steps one at a time in listed order would, which
+// such a schedule's order is built for. The host executor instead lets such steps take
+// turns on the connection; the schedule tests run every split schedule for 1-64 ranks.
 #pragma once
 
 #include <cstddef>

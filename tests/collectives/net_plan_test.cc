@@ -767,7 +767,8 @@ TEST(NetPlanOverSockets, EveryCollectiveOnTwoToFourRanks) {
 
 // The tree all-reduce lists its steps in lagged order (results two blocks behind the
 // reductions): split for the kernel, a rank never runs a step before one listed ahead of
-// it, which the host executor's order proves free of deadlock. Many blocks, up to 8 ranks.
+// it, and that order completes when each rank runs its steps one at a time. Many blocks,
+// up to 8 ranks.
 TEST(NetPlanOverSockets, TreeAllReduceStreamsManyBlocks) {
   for (int n : {3, 4, 5, 6, 8}) {
     for (size_t count : {size_t(20011), size_t(3 * 4096 + 5)}) {

@@ -319,8 +319,6 @@ void checkCase(const Case& cs, int n, size_t count, int root, bool split = false
 // Every case, rank count 1..64, count and root; `split` as checkCase takes it.
 void checkEveryCase(bool split) {
   for (const auto& cs : cases()) {
-    // The lagged tree is the host executor's form: the GPU network plan takes the plain one.
-    if (split && cs.name == std::string("TreeAllReduceLagged")) continue;
     for (int n : rankCounts()) {
       for (size_t count : countsFor(n)) {
         std::vector<int> roots = {0};
@@ -715,6 +713,10 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   const model::Fabric gpus = model::gpuFabric(3, 1, 450, 50, model::NetPath::kSockets);
   ASSERT_TRUE(tunerPick(CollType::kAllReduce, 8, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kOneShot) << why;  // 3 ranks: one step with both peers
+  ASSERT_TRUE(tunerPick(CollType::kAllReduce, 1 << 20, gpus, &a, &why));
+  EXPECT_EQ(a, model::Algo::kTree) << why;  // 3 ranks, 512 KiB to 8 MiB: the tree
+  ASSERT_TRUE(tunerPick(CollType::kAllReduce, 64 << 20, gpus, &a, &why));
+  EXPECT_EQ(a, model::Algo::kDirect) << why;
   ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kChain) << why;  // the model: the chain from 3 hosts at 4 MiB
   // GPU buffers across hosts of 8 GPUs: what the GPU executor asks (the hierarchical form
