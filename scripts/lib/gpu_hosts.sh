@@ -8,7 +8,11 @@
 #                                  runs CMD as NP processes under "${mpi[@]}" (the caller's
 #                                  mpirun command line), each claiming a host of its own
 #                                  (LOOM_HOST_ID / NCCL_HOSTID host<rank>) with its loom log
-#                                  in STEM.loom.<pid>.log, for at most LIMIT seconds
+#                                  in STEM.loom.<pid>.log, for at most LIMIT seconds. Where
+#                                  neither the caller's mpirun line nor the environment sets
+#                                  LOOM_TIMEOUT_MS, it is LIMIT - 10 s (half of LIMIT up to
+#                                  20 s), so a stalled call fails and its loom log says where
+#                                  every rank was, before the limit stops the processes
 #   loom_ring_probe BIN OUT HERE   the path of tcp_ring_probe: BIN/tcp_ring_probe where it
 #                                  was built beforehand, else compiled into OUT from
 #                                  HERE/bench/tcp_ring_probe.cc (HERE: the scripts folder)
@@ -38,6 +42,15 @@ loom_ring_probe() {
 loom_as_hosts() {
   local limit=$1 np=$2 stem=$3
   shift 3
-  timeout "$limit" "${mpi[@]}" -np "$np" -x LOOM_DEBUG_FILE="$stem.loom.%p.log" bash -c \
+  local extra=()
+  if [[ " ${mpi[*]} " != *LOOM_TIMEOUT_MS* && -z "${LOOM_TIMEOUT_MS:-}" ]]; then
+    extra=(-x "LOOM_TIMEOUT_MS=$((limit > 20 ? (limit - 10) * 1000 : limit * 500))")
+  fi
+  timeout "$limit" "${mpi[@]}" -np "$np" "${extra[@]}" -x LOOM_DEBUG_FILE="$stem.loom.%p.log" bash -c \
     'export LOOM_HOST_ID=host$OMPI_COMM_WORLD_RANK NCCL_HOSTID=host$OMPI_COMM_WORLD_RANK; exec "$@"' x "$@"
+  local rc=$?
+  if ((rc == 124)); then
+    echo "loom_as_hosts: stopped at the ${limit} s limit ($np processes; loom's logs: $stem.loom.*.log)" >&2
+  fi
+  return $rc
 }
