@@ -342,17 +342,17 @@ Estimate hierarchicalAllToAll(const Fabric& f, double S) {
   return sequence({meshEstimate(CollType::kAllToAll, G * block, f), network});
 }
 
-Estimate chain(const Fabric& f, Algo a, double S, bool built) {
+Estimate chain(const Fabric& f, Algo a, double S) {
   const int n = f.nranks(), H = f.hosts;
   Sum s(f, a);
   const int inter = H > 1 ? H - 1 : 0;
   s.steps(n - 1 - inter, inter);
   s.bytes(f.ranksPerHost > 1 ? S : 0, H > 1 ? S : 0);
   s.net(S);
-  return s.done(built);
+  return s.done(true);
 }
 
-Estimate rootedTree(const Fabric& f, double S, bool built) {
+Estimate rootedTree(const Fabric& f, double S) {
   const int n = f.nranks();
   const int depth = log2Ceil(n);
   const int low = std::min(depth, log2Ceil(f.ranksPerHost));
@@ -363,7 +363,7 @@ Estimate rootedTree(const Fabric& f, double S, bool built) {
   const double inter = f.hosts > 1 ? treeHostCrossings(n, f.ranksPerHost, true) * S : 0;
   s.bytes(f.ranksPerHost > 1 ? moved : 0, inter);
   s.net(moved);
-  return s.done(built);
+  return s.done(true);
 }
 
 }  // namespace
@@ -467,8 +467,8 @@ bool unstagedEstimate(CollType type, Algo a, size_t bytes, const Fabric& f, Esti
     case CollType::kBroadcast:
       switch (a) {
         case Algo::kMeshOneShot: *out = direct(f, a, S / (n - 1), 1, true); return true;
-        case Algo::kChain: *out = chain(f, a, S, true); return true;
-        case Algo::kTree: *out = rootedTree(f, S, true); return true;
+        case Algo::kChain: *out = chain(f, a, S); return true;
+        case Algo::kTree: *out = rootedTree(f, S); return true;
         case Algo::kHierarchical:
           if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
           *out = hierarchicalRooted(f, S, /*reduce=*/false);
@@ -478,8 +478,8 @@ bool unstagedEstimate(CollType type, Algo a, size_t bytes, const Fabric& f, Esti
     case CollType::kReduce:
       switch (a) {
         case Algo::kMeshOneShot: *out = direct(f, a, S / (n - 1), 1, true); return true;
-        case Algo::kTree: *out = rootedTree(f, S, true); return true;
-        case Algo::kChain: *out = chain(f, a, S, true); return true;
+        case Algo::kTree: *out = rootedTree(f, S); return true;
+        case Algo::kChain: *out = chain(f, a, S); return true;
         case Algo::kHierarchical:
           if (!f.gpu || f.hosts <= 1 || f.ranksPerHost <= 1) return false;
           *out = hierarchicalRooted(f, S, /*reduce=*/true);
