@@ -147,7 +147,11 @@ struct Schedule {
   size_t outputCount = 0;
 };
 
-// Element range of chunk i when `count` is split into n near-equal chunks.
+// Element range of chunk i when `count` is split into n near-equal chunks. Where each
+// chunk can have at least kChunkAlign elements, chunks start at multiples of kChunkAlign
+// (of an element of any size, a multiple of 16 bytes: the GPU kernels copy and reduce in
+// 16-byte vectors only where every address is aligned) and the last one takes the tail.
+inline constexpr size_t kChunkAlign = 16;
 void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
 
 // The schedules. `count` follows the C API: per-rank count for AllGather (sendcount)

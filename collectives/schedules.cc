@@ -34,11 +34,19 @@ const char* algorithmName(Algorithm algo) {
 }
 
 void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size) {
-  size_t base = count / n;
-  size_t extra = count % n;
-  size_t idx = static_cast<size_t>(i);
-  *offset = idx * base + std::min(idx, extra);
-  *size = base + (idx < extra ? 1 : 0);
+  const size_t idx = static_cast<size_t>(i);
+  if (count < static_cast<size_t>(n) * kChunkAlign) {
+    const size_t base = count / n, extra = count % n;
+    *offset = idx * base + std::min(idx, extra);
+    *size = base + (idx < extra ? 1 : 0);
+    return;
+  }
+  // Whole units of kChunkAlign elements, near-equal; the last chunk also takes the tail.
+  const size_t units = count / kChunkAlign;
+  const size_t base = units / n, extra = units % n;
+  *offset = (idx * base + std::min(idx, extra)) * kChunkAlign;
+  *size = (base + (idx < extra ? 1 : 0)) * kChunkAlign;
+  if (i == n - 1) *size = count - *offset;
 }
 
 namespace {

@@ -473,15 +473,25 @@ TEST(Schedules, BinaryTreeMatchesParentWalk) {
 
 TEST(Schedules, ChunksCoverTheCount) {
   for (int n = 1; n <= 64; ++n) {
-    for (size_t count : {size_t{0}, size_t{1}, size_t{63}, size_t{1000003}}) {
-      size_t next = 0;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{63}, size_t{262144}, size_t{1000003}}) {
+      const bool aligned = count >= static_cast<size_t>(n) * kChunkAlign;
+      size_t next = 0, least = count, most = 0;
       for (int i = 0; i < n; ++i) {
         size_t off, sz;
         chunkRange(count, n, i, &off, &sz);
         ASSERT_EQ(off, next);
+        // Aligned chunks start on a 16-byte vector of any element, none empty.
+        if (aligned) {
+          ASSERT_EQ(off % kChunkAlign, 0u) << count << " in " << n;
+          ASSERT_GT(sz, 0u);
+        }
+        least = std::min(least, sz);
+        most = std::max(most, sz);
         next += sz;
       }
       ASSERT_EQ(next, count);
+      // Near-equal: within a unit, and the last chunk's tail.
+      ASSERT_LE(most - least, aligned ? 2 * kChunkAlign : 1) << count << " in " << n;
     }
   }
 }
