@@ -421,7 +421,7 @@ struct StepRun {
         io.post = reduces && st.final != 0;
         if (dst) io.dsts[io.ndst++] = dst;
         for (int j = 0; j < st.nsend; ++j) io.dsts[io.ndst++] = send[j];
-        if (io.nsrc > 0 && io.ndst > 0 && elems > 0) reduceCopy<E>(io, op, elems);
+        if (io.nsrc > 0 && io.ndst > 0 && elems > 0) reduceCopy<E, true>(io, op, elems);
       }
       trace(10);
       __syncthreads();

@@ -162,9 +162,79 @@ __device__ __forceinline__ void reduceElems(const Io& io, const Op<E>& op, size_
   }
 }
 
-// Not inlined: one copy per type and width instead of one per call site keeps the
-// compile time and the code size down; the call costs nothing next to a tile.
+// Addresses off a 16-byte boundary (a reduce-scatter's or all-gather's block whose size is
+// not a multiple of 16 bytes): one element a load, but several in flight a thread, where
+// reduceElems waits out each load before the next. A read of the network FIFOs' mapped host
+// memory takes a PCIe round trip. (Loads of 8 bytes where the addresses allow them took
+// net_kernels.cu's build from 2.0 to 4.1 minutes on 2 cores: left out.)
 template <typename E, int NS>
+__device__ __noinline__ void reduceCopyUnaligned(const Io& io, const Op<E>& op, size_t n) {
+  using S = typename E::Storage;
+  using C = typename E::Compute;
+  constexpr int U = NS <= 2 ? 8 : 2;  // elements in flight a thread (registers as vectors')
+  const bool copy = io.nsrc == 1 && io.preMask == 0 && !io.post;
+  const size_t stride = blockDim.x;
+  const S* srcs[NS];
+  S* dsts[NS + 1];
+#pragma unroll
+  for (int s = 0; s < NS; ++s)
+    srcs[s] = s < io.nsrc ? reinterpret_cast<const S*>(io.srcs[s]) : nullptr;
+#pragma unroll
+  for (int d = 0; d < NS + 1; ++d)
+    dsts[d] = d < io.ndst ? reinterpret_cast<S*>(io.dsts[d]) : nullptr;
+  size_t i = threadIdx.x;
+  if (copy) {
+    for (; i + 7 * stride < n; i += 8 * stride) {
+      S v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = srcs[0][i + u * stride];
+#pragma unroll
+      for (int d = 0; d < NS + 1; ++d) {
+        if (d < io.ndst) {
+#pragma unroll
+          for (int u = 0; u < 8; ++u) dsts[d][i + u * stride] = v[u];
+        }
+      }
+    }
+  } else {
+    for (; i + (U - 1) * stride < n; i += U * stride) {
+      S in[U][NS];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          if (s < io.nsrc) in[u][s] = srcs[s][i + u * stride];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        C acc{};
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {
+          if (s < io.nsrc) {
+            C x = E::load(in[u][s]);
+            if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
+            acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
+          }
+        }
+        if (io.post) acc = op.post(acc);
+        const S v = E::store(acc);
+#pragma unroll
+        for (int d = 0; d < NS + 1; ++d) {
+          if (d < io.ndst) dsts[d][i + u * stride] = v;
+        }
+      }
+    }
+  }
+  for (; i < n; i += stride) reduceElems<E>(io, op, i);
+}
+
+// Not inlined: one copy per type and width instead of one per call site keeps the
+// compile time and the code size down; the call costs nothing next to a tile. `Unaligned`:
+// addresses off 16 bytes take reduceCopyUnaligned (the network kernel, whose FIFOs are host
+// memory), not one element at a time (the mesh's kernels, which move device memory, whose
+// reads wait far less: a first version of these loops kept ptxas on them past 17 minutes).
+template <typename E, int NS, bool Unaligned>
 __device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n) {
   using S = typename E::Storage;
   using C = typename E::Compute;
@@ -173,6 +243,9 @@ __device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n
   uintptr_t bits = 0;
   for (int s = 0; s < io.nsrc; ++s) bits |= reinterpret_cast<uintptr_t>(io.srcs[s]);
   for (int d = 0; d < io.ndst; ++d) bits |= reinterpret_cast<uintptr_t>(io.dsts[d]);
+  if constexpr (Unaligned) {
+    if ((bits & 15) != 0) return reduceCopyUnaligned<E, NS>(io, op, n);
+  }
   size_t nvec = (bits & 15) == 0 ? n / kPer : 0;
   const size_t stride = blockDim.x;
   // Pointers into registers (the Io itself sits in local memory).
@@ -267,12 +340,12 @@ __device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n
 
 // Two and three sources (two ranks) get their own instantiation: the general one needs
 // more registers than a thread has at 512 threads per block.
-template <typename E>
+template <typename E, bool Unaligned = false>
 __device__ void reduceCopy(const Io& io, const Op<E>& op, size_t n) {
   if (io.nsrc <= 2 && io.ndst <= 3) {
-    reduceCopyN<E, 2>(io, op, n);
+    reduceCopyN<E, 2, Unaligned>(io, op, n);
   } else {
-    reduceCopyN<E, kMaxRanks>(io, op, n);
+    reduceCopyN<E, kMaxRanks, Unaligned>(io, op, n);
   }
 }
 
