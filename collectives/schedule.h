@@ -147,12 +147,18 @@ struct Schedule {
   size_t outputCount = 0;
 };
 
-// Element range of chunk i when `count` is split into n near-equal chunks. Where each
-// chunk can have at least kChunkAlign elements, chunks start at multiples of kChunkAlign
-// (of an element of any size, a multiple of 16 bytes: the GPU kernels copy and reduce in
-// 16-byte vectors only where every address is aligned) and the last one takes the tail.
+// Element range of chunk i when `count` is split into n near-equal chunks. With a `unit`
+// (chunkUnit) and at least one for each chunk, chunks start at multiples of `unit` and the
+// last one takes the tail: the GPU kernels copy and reduce in 16-byte vectors only where
+// every address is aligned. A count of at most n pieces, of a piece that is whole units,
+// never gives a chunk larger than the piece (the ring and direct forms' FIFOs rely on it).
+void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size, size_t unit = 1);
+
+// The unit of chunkRange for chunks of at most `piece` elements: the largest power of two
+// up to kChunkAlign that divides the piece. The network executor's pieces are multiples of
+// 64 bytes, so for an element of any size the unit is a multiple of 16 bytes.
 inline constexpr size_t kChunkAlign = 16;
-void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size);
+size_t chunkUnit(size_t piece);
 
 // The schedules. `count` follows the C API: per-rank count for AllGather (sendcount)
 // and ReduceScatter (recvcount), per-peer block for AllToAll, total otherwise.

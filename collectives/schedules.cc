@@ -33,20 +33,27 @@ const char* algorithmName(Algorithm algo) {
   return "?";
 }
 
-void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size) {
+void chunkRange(size_t count, int n, int i, size_t* offset, size_t* size, size_t unit) {
   const size_t idx = static_cast<size_t>(i);
-  if (count < static_cast<size_t>(n) * kChunkAlign) {
+  if (unit <= 1 || count < static_cast<size_t>(n) * unit) {
     const size_t base = count / n, extra = count % n;
     *offset = idx * base + std::min(idx, extra);
     *size = base + (idx < extra ? 1 : 0);
     return;
   }
-  // Whole units of kChunkAlign elements, near-equal; the last chunk also takes the tail.
-  const size_t units = count / kChunkAlign;
+  // Whole units, near-equal; the last chunk also takes the tail (less than a unit, and
+  // only where the count is not n pieces: no chunk outgrows a piece that is whole units).
+  const size_t units = count / unit;
   const size_t base = units / n, extra = units % n;
-  *offset = (idx * base + std::min(idx, extra)) * kChunkAlign;
-  *size = (base + (idx < extra ? 1 : 0)) * kChunkAlign;
+  *offset = (idx * base + std::min(idx, extra)) * unit;
+  *size = (base + (idx < extra ? 1 : 0)) * unit;
   if (i == n - 1) *size = count - *offset;
+}
+
+size_t chunkUnit(size_t piece) {
+  size_t unit = kChunkAlign;
+  while (unit > 1 && piece % unit != 0) unit /= 2;
+  return unit;
 }
 
 namespace {
@@ -193,16 +200,17 @@ Schedule ringAllReduce(int r, int n, size_t count, size_t piece, const std::vect
   s.reduces = true;
   s.inputCount = s.outputCount = count;
   const size_t block = piece * n;
+  const size_t unit = chunkUnit(piece);
   for (size_t base = 0; base < count; base += block) {
     size_t bc = std::min(block, count - base);
     auto off = [&](int c) {
       size_t o, z;
-      chunkRange(bc, n, c, &o, &z);
+      chunkRange(bc, n, c, &o, &z, unit);
       return base + o;
     };
     auto size = [&](int c) {
       size_t o, z;
-      chunkRange(bc, n, c, &o, &z);
+      chunkRange(bc, n, c, &o, &z, unit);
       return z;
     };
     ringPass(&s, ro, n, RingMode::kAllReduce, off, off, size);
@@ -446,10 +454,11 @@ Schedule directAllReduce(int r, int n, size_t count, size_t piece) {
   // block (a contribution, then a result), so FIFOs of two slots cannot deadlock. One
   // phase a block: steps sharing a connection take turns in the order below.
   const size_t block = piece * n;
+  const size_t unit = chunkUnit(piece);
   for (size_t base = 0; base < count; base += block) {
     const size_t bc = std::min(block, count - base);
     auto chunk = [&](int c, size_t* off, size_t* size) {
-      chunkRange(bc, n, c, off, size);
+      chunkRange(bc, n, c, off, size, unit);
       *off += base;
     };
     Phase phase;
@@ -823,7 +832,7 @@ Schedule treeAllReduceOver(int r, size_t count, size_t piece, bool lagResults,
     const size_t upSlot = 2 * bi, downSlot = 2 * (bi + static_cast<size_t>(lag)) + 1;
     for (int tree = 0; tree < 2; ++tree) {
       size_t off, sz;
-      chunkRange(bc, 2, tree, &off, &sz);
+      chunkRange(bc, 2, tree, &off, &sz, chunkUnit(piece));
       off += base;
       const RankLinks t = links(tree, r);
       Step up;
@@ -908,7 +917,7 @@ Schedule hostTreeAllReduce(const Hierarchy& h, size_t count, size_t piece, bool 
     const size_t upSlot = 2 * bi, downSlot = 2 * (bi + static_cast<size_t>(kTreeLag)) + 1;
     for (int tree = 0; tree < 2; ++tree) {
       size_t off, sz;
-      chunkRange(bc, 2, tree, &off, &sz);
+      chunkRange(bc, 2, tree, &off, &sz, chunkUnit(piece));
       off += base;
       Step up;
       up.count = sz;

@@ -163,10 +163,11 @@ __device__ __forceinline__ void reduceElems(const Io& io, const Op<E>& op, size_
 }
 
 // Addresses off a 16-byte boundary (a reduce-scatter's or all-gather's block whose size is
-// not a multiple of 16 bytes): one element a load, but several in flight a thread, where
-// reduceElems waits out each load before the next. A read of the network FIFOs' mapped host
-// memory takes a PCIe round trip. (Loads of 8 bytes where the addresses allow them took
-// net_kernels.cu's build from 2.0 to 4.1 minutes on 2 cores: left out.)
+// not a multiple of 16 bytes): one element a load, but several elements in flight a thread,
+// where reduceElems has one element's loads in flight at a time. A read of the network
+// FIFOs' mapped host memory takes a PCIe round trip. (Loads of 8 bytes where the addresses
+// allow them as well took net_kernels.cu's build to 4.1 minutes on 2 cores, against 2.3
+// without and 2.0 before: left out.)
 template <typename E, int NS>
 __device__ __noinline__ void reduceCopyUnaligned(const Io& io, const Op<E>& op, size_t n) {
   using S = typename E::Storage;
@@ -231,9 +232,10 @@ __device__ __noinline__ void reduceCopyUnaligned(const Io& io, const Op<E>& op, 
 
 // Not inlined: one copy per type and width instead of one per call site keeps the
 // compile time and the code size down; the call costs nothing next to a tile. `Unaligned`:
-// addresses off 16 bytes take reduceCopyUnaligned (the network kernel, whose FIFOs are host
-// memory), not one element at a time (the mesh's kernels, which move device memory, whose
-// reads wait far less: a first version of these loops kept ptxas on them past 17 minutes).
+// addresses off 16 bytes take reduceCopyUnaligned (the network kernel, whose FIFOs are
+// mostly mapped host memory), not one element at a time (the mesh's kernels, which move device
+// memory, whose reads wait far less: a first version of these loops kept ptxas on them past 17
+// minutes).
 template <typename E, int NS, bool Unaligned>
 __device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n) {
   using S = typename E::Storage;

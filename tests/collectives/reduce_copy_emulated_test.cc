@@ -3,7 +3,8 @@
 // barrier and gives each element to one thread, so the order does not change a result.
 // It checks what the GPU tests check only where a GPU is: both forms (16-byte vectors; one
 // element a load, several in flight, where an address is off 16 bytes), aligned and not, sums of
-// one to eight sources, a pre-operation, in place, and several destinations.
+// one to eight sources, a pre-operation on the first or the last, a post-operation, in place,
+// and one to four destinations.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -38,15 +39,19 @@ void runBlock(const Io& io, const Op<E>& op, size_t n, unsigned threads, bool un
   }
 }
 
-// Integers whose sums and products of up to 8 stay exact in every type below.
+// Even integers whose sums of up to 8, doubled, stay exact in every type below.
 template <typename T>
 T valueAt(int source, size_t i) {
-  return static_cast<T>(1 + (source * 7 + i * 3) % 5);
+  return static_cast<T>(2 * (1 + (source * 7 + i * 3) % 5));
 }
+
+// What is applied besides the sum: nothing; the pre-op (doubling) on source 0; on the last
+// source; the post-op (halving: SumPostDiv by 2).
+enum class Extra { kNone, kPreFirst, kPreLast, kPost };
 
 template <typename T>
 void checkSums(size_t n, int nsrc, int ndst, const size_t* shifts, unsigned threads, bool inPlace,
-               bool pre, bool unaligned) {
+               Extra extra, bool unaligned) {
   using E = Plain<T, T>;
   // Each buffer 256-byte aligned, then shifted by `shifts` elements.
   constexpr size_t kSlack = 64;
@@ -70,14 +75,19 @@ void checkSums(size_t n, int nsrc, int ndst, const size_t* shifts, unsigned thre
     io.dsts[d] = reinterpret_cast<char*>(dst[d]);
   }
   Op<E> op;
-  op.kind = pre ? RedKind::kPreMulSum : RedKind::kSum;
+  const int doubled = extra == Extra::kPreFirst ? 0 : extra == Extra::kPreLast ? nsrc - 1 : -1;
+  op.kind = doubled >= 0            ? RedKind::kPreMulSum
+            : extra == Extra::kPost ? RedKind::kSumPostDiv
+                                    : RedKind::kSum;
   op.scalar = 2;
-  op.divisor = 1;
-  io.preMask = pre ? 1u : 0u;  // source 0 doubled
+  op.divisor = 2;
+  io.preMask = doubled >= 0 ? 1u << doubled : 0u;
+  io.post = extra == Extra::kPost;
   runBlock<E>(io, op, n, threads, unaligned);
   for (size_t i = 0; i < n; ++i) {
     T want = 0;
-    for (int s = 0; s < nsrc; ++s) want += valueAt<T>(s, i) * (pre && s == 0 ? 2 : 1);
+    for (int s = 0; s < nsrc; ++s) want += valueAt<T>(s, i) * (s == doubled ? 2 : 1);
+    if (extra == Extra::kPost) want /= 2;
     for (int d = 0; d < ndst; ++d) {
       ASSERT_EQ(dst[d][i], want) << "element " << i << " of " << n << ", destination " << d << ", "
                                  << nsrc << " sources, shifts " << shifts[0] << "/"
@@ -96,7 +106,7 @@ void sweep() {
   const size_t counts[] = {0, 1, 3, 17, 100, 1000, 4099};
   for (size_t n : counts) {
     for (int nsrc : {1, 2, 3, 8}) {
-      for (int ndst : {1, 2, 3}) {
+      for (int ndst : {1, 2, 3, 4}) {
         if (nsrc == 8 && ndst > 1) continue;  // (a mesh's eight sources go to one place)
         // Every source and destination at the same shift, and mixed shifts.
         for (int pattern = 0; pattern < 4; ++pattern) {
@@ -107,11 +117,11 @@ void sweep() {
             if (pattern == 3 && sizeof(T) <= 4) shifts[k] = (k % 2) * (8 / sizeof(T));
           }
           for (unsigned threads : {32u, 96u}) {
-            for (bool pre : {false, true}) {
+            for (Extra extra : {Extra::kNone, Extra::kPreFirst, Extra::kPreLast, Extra::kPost}) {
               for (bool unaligned : {false, true}) {
-                checkSums<T>(n, nsrc, ndst, shifts, threads, false, pre, unaligned);
-                if (nsrc > 1 || pre)
-                  checkSums<T>(n, nsrc, ndst, shifts, threads, true, pre, unaligned);
+                checkSums<T>(n, nsrc, ndst, shifts, threads, false, extra, unaligned);
+                if (nsrc > 1 || extra != Extra::kNone)
+                  checkSums<T>(n, nsrc, ndst, shifts, threads, true, extra, unaligned);
               }
             }
           }

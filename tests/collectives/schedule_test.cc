@@ -38,8 +38,10 @@ struct RankState {
 
 class Simulator {
  public:
-  explicit Simulator(std::vector<Schedule> schedules, std::vector<std::vector<int64_t>> inputs)
-      : n_(static_cast<int>(schedules.size())) {
+  // `piece`: the elements of a FIFO slot, as the schedules were built with.
+  Simulator(std::vector<Schedule> schedules, std::vector<std::vector<int64_t>> inputs,
+            size_t piece = kPiece)
+      : n_(static_cast<int>(schedules.size())), piece_(piece) {
     ranks_.resize(n_);
     for (int r = 0; r < n_; ++r) {
       ranks_[r].sch = std::move(schedules[r]);
@@ -62,7 +64,7 @@ class Simulator {
         std::map<std::pair<int, bool>, bool> busy;  // connection used by an earlier step
         for (size_t k = 0; k < ph.size(); ++k) {
           const Step& st = ph[k];
-          size_t pieces = (st.count + kPiece - 1) / kPiece;
+          size_t pieces = (st.count + piece_ - 1) / piece_;
           bool blocked = false;
           for (int j = 0; j < st.nrecv; ++j) blocked |= busy[{st.recvPeers[j], false}];
           for (int j = 0; j < st.nsend; ++j) blocked |= busy[{st.sendPeers[j], true}];
@@ -99,8 +101,8 @@ class Simulator {
  private:
   bool tryPiece(int r, const Step& st, size_t piece) {
     RankState& s = ranks_[r];
-    size_t first = piece * kPiece;
-    size_t m = std::min(kPiece, st.count - first);
+    size_t first = piece * piece_;
+    size_t m = std::min(piece_, st.count - first);
     for (int j = 0; j < st.nrecv; ++j) {
       auto& q = fifo_[{st.recvPeers[j], r}];
       if (q.empty()) return false;
@@ -154,6 +156,7 @@ class Simulator {
   }
 
   int n_;
+  size_t piece_;
   std::vector<RankState> ranks_;
   std::map<std::pair<int, int>, std::deque<std::vector<int64_t>>> fifo_;
 };
@@ -275,7 +278,8 @@ TEST(RingOrder, RejectsWhatIsNotAPermutation) {
   EXPECT_EQ(a.phases.size(), b.phases.size());
 }
 
-void checkCase(const Case& cs, int n, size_t count, int root, bool split = false) {
+void checkCase(const Case& cs, int n, size_t count, int root, bool split = false,
+               size_t piece = kPiece) {
   std::vector<Schedule> schedules;
   std::vector<std::vector<int64_t>> inputs;
   for (int r = 0; r < n; ++r) {
@@ -285,9 +289,9 @@ void checkCase(const Case& cs, int n, size_t count, int root, bool split = false
     for (size_t i = 0; i < in.size(); ++i) in[i] = inputValue(r, i);
     inputs.push_back(std::move(in));
   }
-  Simulator sim(schedules, inputs);
+  Simulator sim(schedules, inputs, piece);
   ASSERT_TRUE(sim.run()) << cs.name << " deadlocks or leaves data behind: n=" << n
-                         << " count=" << count;
+                         << " count=" << count << " piece=" << piece;
   for (int r = 0; r < n; ++r) {
     const auto& out = sim.output(r);
     auto sumAt = [&](size_t i) {
@@ -341,6 +345,36 @@ TEST(Schedules, EveryCollectiveEveryRankCount) {
 // a connection in sub-phases of their own, every phase strictly after the one before.
 TEST(Schedules, EveryCollectiveSplitByConnection) {
   checkEveryCase(true);
+}
+
+// The forms that cut blocks of n pieces into chunks (chunkRange with chunkUnit), with pieces
+// that are and are not whole units of kChunkAlign, and counts from a partial block of more
+// than n units to several blocks; split by connection too. A chunk larger than a piece
+// deadlocked the direct form with two slots a connection (4 ranks, pieces of 24 elements).
+TEST(Schedules, ChunkedFormsWithAnyPiece) {
+  for (size_t piece : {size_t{16}, size_t{24}, size_t{40}, size_t{48}}) {
+    const std::vector<Case> chunked = {
+        {"RingAllReduce", CollType::kAllReduce,
+         [piece](int r, int n, size_t c, int) { return ringAllReduce(r, n, c, piece); }},
+        {"DirectAllReduce", CollType::kAllReduce,
+         [piece](int r, int n, size_t c, int) { return directAllReduce(r, n, c, piece); }},
+        {"TreeAllReduceLagged", CollType::kAllReduce,
+         [piece](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, piece, true); }},
+        {"TreeAllReduce", CollType::kAllReduce,
+         [piece](int r, int n, size_t c, int) { return treeAllReduce(r, n, c, piece); }},
+    };
+    for (const Case& cs : chunked) {
+      for (int n : {2, 3, 4, 5, 8}) {
+        const size_t block = piece * n;
+        for (size_t count : {size_t{16} * n + 7, block - 1, block, block + 17, 3 * block + 5}) {
+          for (bool split : {false, true}) {
+            checkCase(cs, n, count, 0, split, piece);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
 }
 
 // The hierarchical all-reduce, all-gather and reduce-scatter (host buffers): hosts of L
@@ -474,24 +508,46 @@ TEST(Schedules, BinaryTreeMatchesParentWalk) {
 TEST(Schedules, ChunksCoverTheCount) {
   for (int n = 1; n <= 64; ++n) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{63}, size_t{262144}, size_t{1000003}}) {
-      const bool aligned = count >= static_cast<size_t>(n) * kChunkAlign;
-      size_t next = 0, least = count, most = 0;
-      for (int i = 0; i < n; ++i) {
-        size_t off, sz;
-        chunkRange(count, n, i, &off, &sz);
-        ASSERT_EQ(off, next);
-        // Aligned chunks start on a 16-byte vector of any element, none empty.
-        if (aligned) {
-          ASSERT_EQ(off % kChunkAlign, 0u) << count << " in " << n;
-          ASSERT_GT(sz, 0u);
+      for (size_t unit : {size_t{1}, size_t{2}, size_t{8}, kChunkAlign}) {
+        const bool aligned = unit > 1 && count >= static_cast<size_t>(n) * unit;
+        size_t next = 0, least = count, most = 0;
+        for (int i = 0; i < n; ++i) {
+          size_t off, sz;
+          chunkRange(count, n, i, &off, &sz, unit);
+          ASSERT_EQ(off, next);
+          if (aligned) {
+            ASSERT_EQ(off % unit, 0u) << count << " in " << n << " by " << unit;
+            ASSERT_GT(sz, 0u);
+          }
+          least = std::min(least, sz);
+          most = std::max(most, sz);
+          next += sz;
         }
-        least = std::min(least, sz);
-        most = std::max(most, sz);
-        next += sz;
+        ASSERT_EQ(next, count);
+        ASSERT_LE(most - least, aligned ? unit : 1) << count << " in " << n << " by " << unit;
       }
-      ASSERT_EQ(next, count);
-      // Near-equal: within a unit, and the last chunk's tail.
-      ASSERT_LE(most - least, aligned ? 2 * kChunkAlign : 1) << count << " in " << n;
+    }
+  }
+}
+
+// The ring's and the direct form's FIFOs rely on no chunk of a block (at most n pieces)
+// being larger than a piece; chunkUnit's unit keeps that for any piece.
+TEST(Schedules, AlignedChunksNeverOutgrowAPiece) {
+  EXPECT_EQ(chunkUnit(16384), kChunkAlign);
+  EXPECT_EQ(chunkUnit(2056), 8u);  // 16448 bytes of doubles: a multiple of 64 bytes
+  EXPECT_EQ(chunkUnit(24), 8u);
+  EXPECT_EQ(chunkUnit(5), 1u);
+  for (int n = 1; n <= 9; ++n) {
+    for (size_t piece : {size_t{5}, size_t{24}, size_t{40}, size_t{48}, size_t{2056}}) {
+      const size_t block = piece * n;
+      for (size_t count : {size_t{1}, block / 2, block - 1, block, size_t{16} * n + 7}) {
+        if (count > block) continue;
+        for (int i = 0; i < n; ++i) {
+          size_t off, sz;
+          chunkRange(count, n, i, &off, &sz, chunkUnit(piece));
+          ASSERT_LE(sz, piece) << "chunk " << i << " of " << count << " in " << n;
+        }
+      }
     }
   }
 }
