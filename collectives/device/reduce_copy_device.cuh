@@ -141,21 +141,30 @@ struct Io {
   bool post = false;
 };
 
-template <typename E>
-__device__ __forceinline__ void reduceElems(const Io& io, const Op<E>& op, size_t i) {
-  using S = typename E::Storage;
+// One element of the result from source s's value at it, value(s), for s < io.nsrc (at
+// most NS): the pre-op on the sources in preMask, combined in order, then the post-op.
+template <typename E, int NS, typename Value>
+__device__ __forceinline__ typename E::Storage combineSources(const Io& io, const Op<E>& op,
+                                                              Value value) {
   using C = typename E::Compute;
   C acc{};
 #pragma unroll
-  for (int s = 0; s < kMaxRanks; ++s) {
+  for (int s = 0; s < NS; ++s) {
     if (s < io.nsrc) {
-      C x = E::load(reinterpret_cast<const S*>(io.srcs[s])[i]);
+      C x = E::load(value(s));
       if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
       acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
     }
   }
   if (io.post) acc = op.post(acc);
-  S v = E::store(acc);
+  return E::store(acc);
+}
+
+template <typename E>
+__device__ __forceinline__ void reduceElems(const Io& io, const Op<E>& op, size_t i) {
+  using S = typename E::Storage;
+  const S v = combineSources<E, kMaxRanks>(
+      io, op, [&](int s) { return reinterpret_cast<const S*>(io.srcs[s])[i]; });
 #pragma unroll
   for (int d = 0; d < kMaxRanks + 1; ++d) {
     if (d < io.ndst) reinterpret_cast<S*>(io.dsts[d])[i] = v;
@@ -171,7 +180,6 @@ __device__ __forceinline__ void reduceElems(const Io& io, const Op<E>& op, size_
 template <typename E, int NS>
 __device__ __noinline__ void reduceCopyUnaligned(const Io& io, const Op<E>& op, size_t n) {
   using S = typename E::Storage;
-  using C = typename E::Compute;
   constexpr int U = NS <= 2 ? 8 : 2;  // elements in flight a thread (registers as vectors')
   const bool copy = io.nsrc == 1 && io.preMask == 0 && !io.post;
   const size_t stride = blockDim.x;
@@ -209,17 +217,7 @@ __device__ __noinline__ void reduceCopyUnaligned(const Io& io, const Op<E>& op, 
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        C acc{};
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          if (s < io.nsrc) {
-            C x = E::load(in[u][s]);
-            if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
-            acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
-          }
-        }
-        if (io.post) acc = op.post(acc);
-        const S v = E::store(acc);
+        const S v = combineSources<E, NS>(io, op, [&](int s) { return in[u][s]; });
 #pragma unroll
         for (int d = 0; d < NS + 1; ++d) {
           if (d < io.ndst) dsts[d][i + u * stride] = v;
@@ -239,7 +237,6 @@ __device__ __noinline__ void reduceCopyUnaligned(const Io& io, const Op<E>& op, 
 template <typename E, int NS, bool Unaligned>
 __device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n) {
   using S = typename E::Storage;
-  using C = typename E::Compute;
   constexpr int kPer = 16 / sizeof(S);
   const bool copy = io.nsrc == 1 && io.preMask == 0 && !io.post;
   uintptr_t bits = 0;
@@ -289,19 +286,8 @@ __device__ __noinline__ void reduceCopyN(const Io& io, const Op<E>& op, size_t n
     constexpr int U = NS <= 2 ? 4 : 1;
     auto combineVec = [&](Pack* in, Pack& res) {
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        C acc{};
-#pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          if (s < io.nsrc) {
-            C x = E::load(in[s].e[k]);
-            if (io.preMask & (1u << s)) x = rounded<E>(op.pre(x));
-            acc = s == 0 ? x : rounded<E>(op.combine(acc, x));
-          }
-        }
-        if (io.post) acc = op.post(acc);
-        res.e[k] = E::store(acc);
-      }
+      for (int k = 0; k < kPer; ++k)
+        res.e[k] = combineSources<E, NS>(io, op, [&](int s) { return in[s].e[k]; });
     };
     size_t i = threadIdx.x;
     for (; i + (U - 1) * stride < nvec; i += U * stride) {

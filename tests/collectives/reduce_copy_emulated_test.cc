@@ -8,8 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
-#include <random>
 #include <vector>
 
 struct Dim3Shim {
