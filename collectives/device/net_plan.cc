@@ -163,11 +163,8 @@ std::vector<Schedule> netLaneSchedules(const CollRequest& req, Algorithm algo, i
   const Buffer blockedBuffer = req.type == CollType::kAllGather ? Buffer::kOutput : Buffer::kInput;
   std::vector<Schedule> out;
   for (int l = 0; l < lanes; ++l) {
-    size_t first, n;
-    chunkRange(vectors, lanes, l, &first, &n);
-    first *= vec;
-    n *= vec;
-    if (l == lanes - 1) n = req.count - first;  // the tail that is not a whole vector
+    size_t first, n;  // whole vectors; the last lane also takes the tail
+    chunkRange(req.count, lanes, l, &first, &n, vec);
     CollRequest part = req;
     part.count = n;
     Schedule s = netSchedule(part, algo);
