@@ -227,6 +227,14 @@ Schedule ringReduceScatter(int rank, int n, size_t count, size_t piece,
 // reduces the n - 1 contributions to its own block with its input in one step. One hop
 // against the ring's n - 1, the same bytes.
 Schedule directReduceScatter(int rank, int n, size_t count, size_t piece);
+// Recursive halving reduce-scatter (`count` per rank), for n a power of two with log2(n)
+// <= kMaxStepPeers (otherwise the ring): in round j a rank passes its partners
+// rank ^ (n >> (j + 1)) the half of what it still holds that their side owns. Each block
+// travels up a binomial tree to its owner: a rank adds its input to the partial sums it
+// received for that block in earlier rounds and sends the sum on (one step a block), and
+// the owner adds every round's partial to its input. log2(n) hops against the ring's n - 1,
+// the same bytes through each rank; in pieces of at most `piece` a block.
+Schedule halvingReduceScatter(int rank, int n, size_t count, size_t piece);
 // True when `ring` lists each of 0..n-1 exactly once.
 bool isRingOrder(const std::vector<int>& ring, int n);
 // A pipelined chain from the root along `ring` (as the ring schedules take it: rank order
@@ -250,6 +258,13 @@ Schedule roundsAllToAll(int rank, int n, size_t count, int peersPerPhase);
 // Every rank sends its `count` elements to every other rank at once; block q of the
 // output holds rank q's input. The first half of a one-shot all-reduce.
 Schedule directAllGather(int rank, int n, size_t count);
+// Recursive doubling all-gather (`count` per rank), the mirror of halvingReduceScatter:
+// each block goes down a binomial tree from its owner, which sends it to rank ^ 2^j for
+// every round j; a rank that receives it in round j writes it to the output and passes it
+// to its partners of the later rounds. log2(n) hops against the ring's n - 1; for n a
+// power of two with log2(n) <= kMaxStepPeers (otherwise the ring), in pieces of at most
+// `piece`.
+Schedule doublingAllGather(int rank, int n, size_t count, size_t piece);
 // A one-shot all-reduce for executors that combine what arrives as it arrives (GPU
 // buffers over the network): a step sends the input to every other rank (the pre-op
 // applied), then a step receives every other rank's and adds them all in rank order

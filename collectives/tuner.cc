@@ -267,6 +267,15 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       // step instead of the ring's n - 1. GPU buffers: kDirectAllGatherMaxBytes and
       // kDirectReduceScatterMaxBytes say where; host buffers across hosts of one rank each:
       // from kDirectHostMinBytes a rank. LOOM_ALGO=direct: any size on up to 4 ranks.
+      // Recursive doubling (all-gather) or halving (reduce-scatter): log2(n) hops of one
+      // peer each, for n a power of two up to 2^kMaxStepPeers; only where LOOM_ALGO asks for
+      // it and for neither the ring nor the direct form (not measured ahead of them yet).
+      if (n > 2 && (n & (n - 1)) == 0 && n <= (1 << kMaxStepPeers) &&
+          forced.onlyOf(AlgoName::kDoubling, AlgoName::kRing, AlgoName::kDirect)) {
+        c.algo = Algorithm::kDoubling;
+        c.reason = "forced by LOOM_ALGO";
+        break;
+      }
       const bool direct =
           req.network && n > 2 && n - 1 <= kMaxStepPeers && forced.allows(AlgoName::kDirect);
       const bool ring = forced.allows(AlgoName::kRing);
@@ -485,11 +494,14 @@ Schedule buildSchedule(const CollRequest& req, Algorithm algo) {
                                       : ringAllReduce(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kAllGather:
       if (algo == Algorithm::kDirect) return directAllGather(r, n, req.count);
+      if (algo == Algorithm::kDoubling) return doublingAllGather(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kHier && req.hier)
         return hierAllGather(*req.hier, req.count, req.pieceElems);
       return ringAllGather(r, n, req.count, req.pieceElems, req.ring);
     case CollType::kReduceScatter:
       if (algo == Algorithm::kDirect) return directReduceScatter(r, n, req.count, req.pieceElems);
+      if (algo == Algorithm::kDoubling)
+        return halvingReduceScatter(r, n, req.count, req.pieceElems);
       if (algo == Algorithm::kHier && req.hier)
         return hierReduceScatter(*req.hier, req.count, req.pieceElems);
       return ringReduceScatter(r, n, req.count, req.pieceElems, req.ring);

@@ -51,12 +51,19 @@ struct Case {
   Algorithm algo;
 };
 const Case kCases[] = {
-    {CollType::kAllReduce, Algorithm::kRing},   {CollType::kAllReduce, Algorithm::kTree},
-    {CollType::kAllReduce, Algorithm::kDirect}, {CollType::kAllReduce, Algorithm::kDoubling},
-    {CollType::kAllGather, Algorithm::kRing},   {CollType::kReduceScatter, Algorithm::kRing},
-    {CollType::kBroadcast, Algorithm::kChain},  {CollType::kBroadcast, Algorithm::kTree},
-    {CollType::kReduce, Algorithm::kTree},      {CollType::kReduce, Algorithm::kChain},
+    {CollType::kAllReduce, Algorithm::kRing},
+    {CollType::kAllReduce, Algorithm::kTree},
+    {CollType::kAllReduce, Algorithm::kDirect},
+    {CollType::kAllReduce, Algorithm::kDoubling},
+    {CollType::kAllGather, Algorithm::kRing},
+    {CollType::kReduceScatter, Algorithm::kRing},
+    {CollType::kBroadcast, Algorithm::kChain},
+    {CollType::kBroadcast, Algorithm::kTree},
+    {CollType::kReduce, Algorithm::kTree},
+    {CollType::kReduce, Algorithm::kChain},
     {CollType::kAllToAll, Algorithm::kDirect},
+    {CollType::kAllGather, Algorithm::kDoubling},
+    {CollType::kReduceScatter, Algorithm::kDoubling},
 };
 // Forms that only some rank counts take.
 const Case kOneShotCase = {CollType::kAllReduce, Algorithm::kOneShot};
@@ -776,6 +783,22 @@ TEST(NetPlanOverSockets, TreeAllReduceStreamsManyBlocks) {
         runCollective(n, CollType::kAllReduce, Algorithm::kTree, count, 0, lanes);
         if (HasFatalFailure()) return;
       }
+    }
+  }
+}
+
+// Recursive doubling (all-gather) and halving (reduce-scatter): a step a block, each
+// block's steps one hop apart on a binomial tree; on 4 and 8 ranks, in lanes and not (in
+// place: tests/comm/collectives_api_test.cc, tests/gpu/gpu_network_test.cc).
+TEST(NetPlanOverSockets, DoublingGatherAndHalvingScatter) {
+  for (int n : {4, 8}) {
+    for (CollType type : {CollType::kAllGather, CollType::kReduceScatter}) {
+      for (int lanes : {1, 3}) {
+        runCollective(n, type, Algorithm::kDoubling, 20011, 0, lanes);
+        if (HasFatalFailure()) return;
+      }
+      runCollective(n, type, Algorithm::kDoubling, 1, 0);
+      if (HasFatalFailure()) return;
     }
   }
 }

@@ -243,6 +243,10 @@ std::vector<Case> cases() {
        [](int r, int n, size_t c, int) { return directAllGather(r, n, c); }},
       {"DirectReduceScatter", CollType::kReduceScatter,
        [](int r, int n, size_t c, int) { return directReduceScatter(r, n, c, kPiece); }},
+      {"HalvingReduceScatter", CollType::kReduceScatter,
+       [](int r, int n, size_t c, int) { return halvingReduceScatter(r, n, c, kPiece); }},
+      {"DoublingAllGather", CollType::kAllGather,
+       [](int r, int n, size_t c, int) { return doublingAllGather(r, n, c, kPiece); }},
   };
 }
 

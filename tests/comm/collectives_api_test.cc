@@ -389,6 +389,37 @@ TEST(ApiCollectives, DoublingAllReduceEveryOpAndBitwiseEqual) {
   unsetenv("LOOM_ALGO");
 }
 
+// Recursive halving (reduce-scatter) and doubling (all-gather), forced: over shared memory
+// and over TCP, 4 and 8 ranks, every type and op, in and out of place, counts of 0, one
+// element, one piece and many.
+TEST(ApiCollectives, HalvingScatterAndDoublingGather) {
+  setenv("LOOM_ALGO", "doubling", 1);
+  for (const char* transports : {"shm", "tcp"}) {
+    setenv("LOOM_TRANSPORTS", transports, 1);
+    for (int n : {4, 8}) {
+      Comms cm(n);
+      for (int t = 0; t < loom::kNumDataTypes; ++t) {
+        for (ncclRedOp_t op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+          runCase(cm, Coll::kReduceScatter, static_cast<DataType>(t), op, 67, false, 0);
+          if (HasFatalFailure()) return;
+        }
+        runCase(cm, Coll::kAllGather, static_cast<DataType>(t), ncclSum, 67, false, 0);
+      }
+      for (bool inPlace : {false, true}) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{1009}, size_t{300007}}) {
+          runCase(cm, Coll::kReduceScatter, DataType::kFloat32, ncclSum, count, inPlace, 0);
+          runCase(cm, Coll::kReduceScatter, DataType::kInt32, ncclAvg, count, inPlace, 0);
+          runCase(cm, Coll::kAllGather, DataType::kFloat32, ncclSum, count, inPlace, 0);
+          runCase(cm, Coll::kAllGather, DataType::kInt8, ncclSum, count, inPlace, 0);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  unsetenv("LOOM_TRANSPORTS");
+  unsetenv("LOOM_ALGO");
+}
+
 TEST(ApiCollectives, PreMulSum) {
   const int n = 3;
   Comms cm(n);

@@ -85,6 +85,23 @@ TEST_P(OverTheNetwork, RecursiveDoublingInManyPieces) {
   }
 }
 
+// Recursive doubling (all-gather) and halving (reduce-scatter) forced, a piece and many, in
+// place and not, off alignment: on 4 ranks a block's steps one hop apart on a binomial tree;
+// 2 and 3 ranks take the ring.
+TEST_P(OverTheNetwork, DoublingGatherAndHalvingScatter) {
+  NETWORK_RANKS(R, {"LOOM_ALGO", "doubling"}, {"LOOM_CHUNK_BYTES", "65536"});
+  for (Coll c : {Coll::kAllGather, Coll::kReduceScatter}) {
+    for (size_t count : {size_t{1}, size_t{16383}, (size_t{1} << 20) + 7}) {
+      EXPECT_EQ(runAndCheck(R, c, DataType::kFloat32, ncclSum, count, false, 0), 0u)
+          << collName(c) << ", count " << count;
+      EXPECT_EQ(runAndCheck(R, c, DataType::kInt32, ncclMax, count, true, 4), 0u)
+          << collName(c) << ", count " << count << " in place";
+      EXPECT_EQ(runAndCheck(R, c, DataType::kFloat16, ncclAvg, count, false, 2), 0u)
+          << collName(c) << ", count " << count << ", avg";
+    }
+  }
+}
+
 // The double binary tree forced (the tuner takes it on 3 ranks from 512 KiB to 8 MiB and
 // where the cost model prices it under the ring, at many ranks), in many
 // pieces: both trees' reductions stream up while the results of two blocks before stream
