@@ -48,19 +48,10 @@ inline constexpr size_t kTwoRankDoublingMaxBytes = 256 * 1024;
 // the ring ahead at 4 MiB (1556-1835 against 1804-1904), 8 MiB (2588-2796 against
 // 3254-3458) and 16 MiB (5045-5554 against 6107-6373), as in four checks before at 16 MiB.
 // Measured on 4 hosts of one rank; the rule holds for any 4 ranks of a network executor.
-// On 3 ranks the direct form, not the ring: in the same call ahead at 1 and 4 MiB, within
-// 4 % of the ring at 16 and 64 MiB (the tree takes 512 KiB to 8 MiB: below).
+// On 3 ranks the direct form at every size: in the same call ahead of the ring at 1 and 4
+// MiB, within 4 % of it at 16 and 64 MiB; with its chunks on 16-byte boundaries (2edbd8c)
+// ahead of the tree at 256 KiB-16 MiB (2026-12-08 01:16-01:21, docs/decisions.md).
 inline constexpr size_t kDirectAllReduceMaxBytes4 = 2 * 1024 * 1024;
-// All-reduce of GPU buffers over the network on 3 ranks: the double binary tree (each
-// tree's root takes half the buffer from the other two and streams the result back) from
-// kTreeAllReduceMinBytes3 to kTreeAllReduceMaxBytes3, the direct form outside. Processes
-// as hosts on an H100 under MPS, tree forced against the default (2026-12-07 18:17 and
-// 18:23, two rounds each, docs/perf/crosshost.md): at 1 MiB 808-887 us against 1259-1324,
-// 2 MiB 1018-1111 against 1415-1549, 8 MiB 2383-2624 against 3156-3524, 4 MiB ahead in 3
-// of 4; at 256 KiB level or behind (387-569 against 387-398), at 16 MiB 0.89-1.01 x the
-// direct form's time, at 64 MiB 1.04-1.07 x.
-inline constexpr size_t kTreeAllReduceMinBytes3 = 512 * 1024;
-inline constexpr size_t kTreeAllReduceMaxBytes3 = 8 * 1024 * 1024;
 // All-gather of GPU buffers over the network: the direct form (every block to every peer
 // in one step) on 3 ranks at every size, on 4 up to this many bytes a rank, the ring above
 // and on more ranks. Processes as hosts on an H100 under MPS (2026-12-06 08:17, two rounds,

@@ -338,15 +338,6 @@ Result<TunerChoice> chooseNetAlgorithm(CollRequest req, const AlgoRequest& force
         "4 ranks, more than 2 MiB: ring (the direct form's 3 connections at once fall behind)";
     return c;
   }
-  // 3 ranks from 512 KiB to 8 MiB: the double binary tree, where the direct form was
-  // chosen (not where LOOM_ALGO names direct).
-  if (req.type == CollType::kAllReduce && n == 3 && c.algo == Algorithm::kDirect &&
-      bytes >= kTreeAllReduceMinBytes3 && bytes <= kTreeAllReduceMaxBytes3 &&
-      !forced.names(AlgoName::kDirect) && forced.allows(AlgoName::kTree)) {
-    c.algo = Algorithm::kTree;
-    c.reason = "3 ranks, 512 KiB to 8 MiB: tree (each half reduced at a root while it streams)";
-    return c;
-  }
   if (c.algo != Algorithm::kOneShot) return c;
   // One-shot over the network runs on 3 or 4 ranks only: the next form LOOM_ALGO leaves in.
   if (n > 1 && (n & (n - 1)) == 0 && forced.allows(AlgoName::kDoubling)) {

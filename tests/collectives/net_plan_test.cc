@@ -190,13 +190,12 @@ TEST(NetPlan, FourRanksTakeTheRingAbove2MiB) {
   EXPECT_NE(allReducePick(8, 16u << 20, ""), Algorithm::kDirect);
 }
 
-TEST(NetPlan, ThreeRanksTakeTheTreeFrom512KiBTo8MiB) {
-  EXPECT_EQ(allReducePick(3, 256 * 1024, ""), Algorithm::kDirect);
-  EXPECT_EQ(allReducePick(3, kTreeAllReduceMinBytes3 - 4, ""), Algorithm::kDirect);
-  EXPECT_EQ(allReducePick(3, kTreeAllReduceMinBytes3, ""), Algorithm::kTree);
-  EXPECT_EQ(allReducePick(3, 2u << 20, ""), Algorithm::kTree);
-  EXPECT_EQ(allReducePick(3, kTreeAllReduceMaxBytes3, ""), Algorithm::kTree);
-  EXPECT_EQ(allReducePick(3, kTreeAllReduceMaxBytes3 + 4, ""), Algorithm::kDirect);
+TEST(NetPlan, ThreeRanksTakeDirectFrom256KiB) {
+  for (size_t bytes : {size_t{256} << 10, size_t{512} << 10, size_t{1} << 20, size_t{2} << 20,
+                       size_t{8} << 20, size_t{64} << 20}) {
+    EXPECT_EQ(allReducePick(3, bytes, ""), Algorithm::kDirect) << bytes;
+  }
+  EXPECT_EQ(allReducePick(3, 2u << 20, "tree"), Algorithm::kTree);      // named: kept
   EXPECT_EQ(allReducePick(3, 2u << 20, "direct"), Algorithm::kDirect);  // named: kept
   EXPECT_EQ(allReducePick(3, 2u << 20, "^tree"), Algorithm::kDirect);
   EXPECT_EQ(allReducePick(3, 2u << 20, "ring"), Algorithm::kRing);

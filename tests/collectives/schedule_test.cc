@@ -784,7 +784,7 @@ TEST(Tuner, PickForAFabricIsTheTunersChoice) {
   ASSERT_TRUE(tunerPick(CollType::kAllReduce, 8, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kOneShot) << why;  // 3 ranks: one step with both peers
   ASSERT_TRUE(tunerPick(CollType::kAllReduce, 1 << 20, gpus, &a, &why));
-  EXPECT_EQ(a, model::Algo::kTree) << why;  // 3 ranks, 512 KiB to 8 MiB: the tree
+  EXPECT_EQ(a, model::Algo::kDirect) << why;  // 3 ranks: direct at every size from 256 KiB
   ASSERT_TRUE(tunerPick(CollType::kAllReduce, 64 << 20, gpus, &a, &why));
   EXPECT_EQ(a, model::Algo::kDirect) << why;
   ASSERT_TRUE(tunerPick(CollType::kReduce, 4 << 20, gpus, &a, &why));

@@ -102,7 +102,7 @@ TEST_P(OverTheNetwork, DoublingGatherAndHalvingScatter) {
   }
 }
 
-// The double binary tree forced (the tuner takes it on 3 ranks from 512 KiB to 8 MiB and
+// The double binary tree forced (the tuner takes it
 // where the cost model prices it under the ring, at many ranks), in many
 // pieces: both trees' reductions stream up while the results of two blocks before stream
 // down. On 2 ranks it is the ring.
