@@ -224,7 +224,9 @@ Schedule directReduceScatter(int rank, int n, size_t count, size_t piece);
 // travels up a binomial tree to its owner: a rank adds its input to the partial sums it
 // received for that block in earlier rounds and sends the sum on (one step a block), and
 // the owner adds every round's partial to its input. log2(n) hops against the ring's n - 1,
-// the same bytes through each rank; in pieces of at most `piece` a block.
+// the same bytes through each rank; in pieces of at most `piece` a block. (Split by
+// connection for the GPU network executor, a piece's steps take n / 2 sub-phases one after
+// the other, which puts back hops: 4 against the ring's 3 on 4 ranks.)
 Schedule halvingReduceScatter(int rank, int n, size_t count, size_t piece);
 // True when `ring` lists each of 0..n-1 exactly once.
 bool isRingOrder(const std::vector<int>& ring, int n);
@@ -252,9 +254,9 @@ Schedule directAllGather(int rank, int n, size_t count);
 // Recursive doubling all-gather (`count` per rank), the mirror of halvingReduceScatter:
 // each block goes down a binomial tree from its owner, which sends it to rank ^ 2^j for
 // every round j; a rank that receives it in round j writes it to the output and passes it
-// to its partners of the later rounds. log2(n) hops against the ring's n - 1; for n a
-// power of two with log2(n) <= kMaxStepPeers (otherwise the ring), in pieces of at most
-// `piece`.
+// to its partners of the later rounds. log2(n) hops against the ring's n - 1 (split by
+// connection, as halvingReduceScatter says, more); for n a power of two with log2(n) <=
+// kMaxStepPeers (otherwise the ring), in pieces of at most `piece`.
 Schedule doublingAllGather(int rank, int n, size_t count, size_t piece);
 // A one-shot all-reduce for executors that combine what arrives as it arrives (GPU
 // buffers over the network): a step sends the input to every other rank (the pre-op

@@ -267,11 +267,13 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       // step instead of the ring's n - 1. GPU buffers: kDirectAllGatherMaxBytes and
       // kDirectReduceScatterMaxBytes say where; host buffers across hosts of one rank each:
       // from kDirectHostMinBytes a rank. LOOM_ALGO=direct: any size on up to 4 ranks.
-      // Recursive doubling (all-gather) or halving (reduce-scatter): log2(n) hops of one
-      // peer each, for n a power of two up to 2^kMaxStepPeers; only where LOOM_ALGO asks for
-      // it and for neither the ring nor the direct form (not measured ahead of them yet).
+      // Recursive doubling (all-gather) or halving (reduce-scatter), for n a power of two
+      // up to 2^kMaxStepPeers: only where LOOM_ALGO names it and none of the ring, the
+      // direct form and hier (one reading each on 4 GPU hosts, 2026-12-08: not ahead of the
+      // ring or direct; the cost model has no price for it to weigh against hier).
       if (n > 2 && (n & (n - 1)) == 0 && n <= (1 << kMaxStepPeers) &&
-          forced.onlyOf(AlgoName::kDoubling, AlgoName::kRing, AlgoName::kDirect)) {
+          forced.names(AlgoName::kDoubling) &&
+          forced.onlyOf(AlgoName::kDoubling, AlgoName::kRing, AlgoName::kDirect, AlgoName::kHier)) {
         c.algo = Algorithm::kDoubling;
         c.reason = "forced by LOOM_ALGO";
         break;

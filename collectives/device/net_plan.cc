@@ -177,7 +177,7 @@ std::vector<Schedule> netLaneSchedules(const CollRequest& req, Algorithm algo, i
             continue;
           }
           // Block b of the part is block b of the whole, `first` elements in. A step that
-          // spans blocks (recursive halving and doubling do) cannot be split this way.
+          // spans blocks cannot be split this way.
           const size_t b = r->offset / n;
           if (st.count > 0 && (r->offset + st.count - 1) / n != b) return {netSchedule(req, algo)};
           r->offset = b * req.count + first + r->offset % n;

@@ -145,6 +145,23 @@ Algorithm allReducePick(int n, size_t bytes, const char* algo) {
   return netPick(CollType::kAllReduce, n, bytes / 4, algo);
 }
 
+// Recursive doubling and halving for all-gather and reduce-scatter: only where LOOM_ALGO
+// names doubling and none of ring, direct and hier, on 4 and 8 ranks; never by default.
+TEST(NetPlan, GatherAndScatterTakeDoublingOnlyWhereNamed) {
+  for (CollType type : {CollType::kAllGather, CollType::kReduceScatter}) {
+    for (int n : {2, 3, 4, 8, 16}) {
+      for (size_t count : {size_t{64}, size_t{1} << 20}) {
+        const bool fits = n == 4 || n == 8;
+        EXPECT_EQ(netPick(type, n, count, "doubling") == Algorithm::kDoubling, fits) << n;
+        EXPECT_NE(netPick(type, n, count, ""), Algorithm::kDoubling) << n;
+        EXPECT_NE(netPick(type, n, count, "doubling,ring"), Algorithm::kDoubling) << n;
+        EXPECT_NE(netPick(type, n, count, "doubling,direct"), Algorithm::kDoubling) << n;
+        EXPECT_NE(netPick(type, n, count, "^ring,direct"), Algorithm::kDoubling) << n;
+      }
+    }
+  }
+}
+
 // A small all-reduce over the network: one-shot on 3 ranks by default and on 3 and 4 when
 // forced, recursive doubling on 2 and 4 (one exchange on 2; on 4 two, one peer each), never
 // one-shot beyond 4 (a step has at most kMaxStepPeers peers); LOOM_ALGO=doubling still
