@@ -217,7 +217,9 @@
   X(kTuning, kAlgo, "LOOM_ALGO", "NCCL_ALGO", kString, "", "", \
     "force algorithms (NCCL's syntax: a comma list, or ^ and a list to leave out; any case): " \
     "ring, tree (double binary tree), chain, oneshot, twoshot (the ring on host memory), " \
-    "doubling (recursive doubling), direct, or hier (across hosts of several ranks each: inside " \
+    "doubling (recursive doubling; for all-gather and reduce-scatter, recursive doubling and " \
+    "halving on 4 or 8 ranks, taken only where named without ring, direct or hier), direct, or " \
+    "hier (across hosts of several ranks each: inside " \
     "each host and between the ranks of one local index; host buffers: all-reduce, " \
     "all-gather and reduce-scatter; GPU buffers: all-reduce, all-gather, broadcast, reduce and " \
     "reduce-scatter; each taken where the cost model prices it " \
