@@ -228,6 +228,9 @@ Schedule directReduceScatter(int rank, int n, size_t count, size_t piece);
 // connection for the GPU network executor, a piece's steps take n / 2 sub-phases one after
 // the other, which puts back hops: 4 against the ring's 3 on 4 ranks.)
 Schedule halvingReduceScatter(int rank, int n, size_t count, size_t piece);
+// True where halvingReduceScatter and doublingAllGather run their binomial trees: n a
+// power of two from 2 with log2(n) <= kMaxStepPeers (elsewhere they are the ring).
+bool binomialTreesFit(int n);
 // True when `ring` lists each of 0..n-1 exactly once.
 bool isRingOrder(const std::vector<int>& ring, int n);
 // A pipelined chain from the root along `ring` (as the ring schedules take it: rank order

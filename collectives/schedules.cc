@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <bit>
 #include <functional>
 #include <utility>
 
@@ -546,92 +547,84 @@ Schedule directReduceScatter(int r, int n, size_t recvcount, size_t piece) {
   return s;
 }
 
-namespace {
-
-// log2(n) where n is a power of two whose rounds fit a step's peers; -1 otherwise.
-int binomialRounds(int n) {
-  if (n < 2 || (n & (n - 1)) != 0) return -1;
-  int k = 0;
-  while ((1 << k) < n) ++k;
-  return k <= kMaxStepPeers ? k : -1;
+bool binomialTreesFit(int n) {
+  return n >= 2 && std::has_single_bit(static_cast<unsigned>(n)) &&
+         std::bit_width(static_cast<unsigned>(n)) - 1 <= kMaxStepPeers;
 }
+
+namespace {
 
 // The highest bit in which a and b differ (a != b).
 int highestDifference(int a, int b) {
-  int d = 1;
-  while ((d << 1) <= (a ^ b)) d <<= 1;
-  return d;
+  return static_cast<int>(std::bit_floor(static_cast<unsigned>(a ^ b)));
+}
+
+// One phase a piece of every block, the blocks in ascending order on every rank (what the
+// binomial forms need: a connection then carries its blocks in the order its receiver
+// takes them, and a block's steps wait only on the same block's steps of other ranks,
+// further along its tree). step(b, base, count) is block b's step for that piece.
+template <typename F>
+void piecesOfEveryBlock(Schedule* s, int n, size_t count, size_t piece, F step) {
+  piece = std::max<size_t>(piece, 1);
+  for (size_t base = 0; base < count; base += piece) {
+    Phase phase;
+    phase.reserve(static_cast<size_t>(n));
+    for (int b = 0; b < n; ++b) phase.push_back(step(b, base, std::min(piece, count - base)));
+    s->phases.push_back(std::move(phase));
+  }
 }
 
 }  // namespace
 
 Schedule halvingReduceScatter(int r, int n, size_t recvcount, size_t piece) {
   if (n == 1) return localOnly(recvcount, recvcount, recvcount, true);
-  if (binomialRounds(n) < 0) return ringReduceScatter(r, n, recvcount, piece);
+  if (!binomialTreesFit(n)) return ringReduceScatter(r, n, recvcount, piece);
   Schedule s;
   s.reduces = true;
   s.inputCount = recvcount * n;
   s.outputCount = recvcount;
-  piece = std::max<size_t>(piece, 1);
-  // One phase a piece, the blocks in ascending order on every rank: what a connection
-  // carries (rank r to partner r ^ d: the blocks that agree with r above bit d and differ in
-  // it) then comes in the order its receiver takes it, and a block's steps wait only on the
-  // same block's steps of other ranks, further up its tree.
-  for (size_t base = 0; base < recvcount; base += piece) {
-    const size_t bc = std::min(piece, recvcount - base);
-    Phase phase;
-    phase.reserve(static_cast<size_t>(n));
-    for (int b = 0; b < n; ++b) {
-      Step st;
-      st.src = in(static_cast<size_t>(b) * recvcount + base);
-      st.count = bc;
-      // The partial sums of block b from the partners of the rounds before the one that
-      // sends it on (all rounds for this rank's own block), in round order.
-      const int sendAt = b == r ? 0 : highestDifference(b, r);
-      for (int d = n >> 1; d > sendAt; d >>= 1) st.recvFrom(r ^ d);
-      if (b == r) {
-        st.dst = out(base);
-        st.final = true;
-      } else {
-        st.sendTo(r ^ sendAt);
-      }
-      phase.push_back(st);
+  // Rank r sends partner r ^ d the blocks that agree with r above bit d and differ in it.
+  piecesOfEveryBlock(&s, n, recvcount, piece, [&](int b, size_t base, size_t count) {
+    Step st;
+    st.src = in(static_cast<size_t>(b) * recvcount + base);
+    st.count = count;
+    // The partial sums of block b from the partners of the rounds before the one that
+    // sends it on (all rounds for this rank's own block), in round order.
+    const int sendAt = b == r ? 0 : highestDifference(b, r);
+    for (int d = n >> 1; d > sendAt; d >>= 1) st.recvFrom(r ^ d);
+    if (b == r) {
+      st.dst = out(base);
+      st.final = true;
+    } else {
+      st.sendTo(r ^ sendAt);
     }
-    s.phases.push_back(std::move(phase));
-  }
+    return st;
+  });
   return s;
 }
 
 Schedule doublingAllGather(int r, int n, size_t sendcount, size_t piece) {
-  if (binomialRounds(n) < 0) return ringAllGather(r, n, sendcount, piece);
+  if (!binomialTreesFit(n)) return ringAllGather(r, n, sendcount, piece);
   Schedule s;
   s.reduces = false;
   s.inputCount = sendcount;
   s.outputCount = sendcount * n;
-  piece = std::max<size_t>(piece, 1);
-  // One phase a piece, the blocks in ascending order (as in halvingReduceScatter): rank r
-  // sends partner r ^ d the blocks that agree with r from bit d up.
-  for (size_t base = 0; base < sendcount; base += piece) {
-    const size_t bc = std::min(piece, sendcount - base);
-    Phase phase;
-    phase.reserve(static_cast<size_t>(n));
-    for (int b = 0; b < n; ++b) {
-      Step st;
-      st.dst = out(static_cast<size_t>(b) * sendcount + base);
-      st.count = bc;
-      // Block b arrives over the highest bit in which b and r differ, and goes on over
-      // every higher one; this rank's own block leaves over every bit.
-      const int from = b == r ? 0 : highestDifference(b, r);
-      if (b == r) {
-        st.src = in(base);
-      } else {
-        st.recvFrom(r ^ from);
-      }
-      for (int d = from == 0 ? 1 : from << 1; d < n; d <<= 1) st.sendTo(r ^ d);
-      phase.push_back(st);
+  // Rank r sends partner r ^ d the blocks that agree with r from bit d up.
+  piecesOfEveryBlock(&s, n, sendcount, piece, [&](int b, size_t base, size_t count) {
+    Step st;
+    st.dst = out(static_cast<size_t>(b) * sendcount + base);
+    st.count = count;
+    // Block b arrives over the highest bit in which b and r differ, and goes on over
+    // every higher one; this rank's own block leaves over every bit.
+    const int from = b == r ? 0 : highestDifference(b, r);
+    if (b == r) {
+      st.src = in(base);
+    } else {
+      st.recvFrom(r ^ from);
     }
-    s.phases.push_back(std::move(phase));
-  }
+    for (int d = from == 0 ? 1 : from << 1; d < n; d <<= 1) st.sendTo(r ^ d);
+    return st;
+  });
   return s;
 }
 

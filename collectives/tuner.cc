@@ -263,21 +263,20 @@ Result<TunerChoice> chooseFlatAlgorithm(const CollRequest& req, const AlgoReques
       break;
     case CollType::kAllGather:
     case CollType::kReduceScatter: {
-      // Over the network, few ranks: every rank sends each block to its owner at once, one
-      // step instead of the ring's n - 1. GPU buffers: kDirectAllGatherMaxBytes and
-      // kDirectReduceScatterMaxBytes say where; host buffers across hosts of one rank each:
-      // from kDirectHostMinBytes a rank. LOOM_ALGO=direct: any size on up to 4 ranks.
-      // Recursive doubling (all-gather) or halving (reduce-scatter), for n a power of two
-      // up to 2^kMaxStepPeers: only where LOOM_ALGO names it and none of the ring, the
-      // direct form and hier (one reading each on 4 GPU hosts, 2026-12-08: not ahead of the
-      // ring or direct; the cost model has no price for it to weigh against hier).
-      if (n > 2 && (n & (n - 1)) == 0 && n <= (1 << kMaxStepPeers) &&
-          forced.names(AlgoName::kDoubling) &&
+      // Recursive doubling (all-gather) or halving (reduce-scatter), where their trees fit:
+      // only where LOOM_ALGO names it and none of the ring, the direct form and hier (one
+      // reading each on 4 GPU hosts, 2026-12-08: not ahead of the ring or direct; the cost
+      // model has no price for it to weigh against hier). On 2 ranks it is the ring.
+      if (n > 2 && binomialTreesFit(n) && forced.names(AlgoName::kDoubling) &&
           forced.onlyOf(AlgoName::kDoubling, AlgoName::kRing, AlgoName::kDirect, AlgoName::kHier)) {
         c.algo = Algorithm::kDoubling;
         c.reason = "forced by LOOM_ALGO";
         break;
       }
+      // Over the network, few ranks: every rank sends each block to its owner at once, one
+      // step instead of the ring's n - 1. GPU buffers: kDirectAllGatherMaxBytes and
+      // kDirectReduceScatterMaxBytes say where; host buffers across hosts of one rank each:
+      // from kDirectHostMinBytes a rank. LOOM_ALGO=direct: any size on up to 4 ranks.
       const bool direct =
           req.network && n > 2 && n - 1 <= kMaxStepPeers && forced.allows(AlgoName::kDirect);
       const bool ring = forced.allows(AlgoName::kRing);
